@@ -1,0 +1,19 @@
+//! Sluice: a MongoDB wire-protocol router, compatible with mongos.
+//!
+//! Layers, in the order a request meets them:
+//!
+//! - [`wire`]: bytes to messages and back (OP_MSG, the legacy OP_QUERY handshake,
+//!   OP_COMPRESSED); zero-copy views over `bytes::Bytes`.
+//! - [`frontend`]: the listener, one task per client connection, the handshake state of each
+//!   connection, graceful shutdown.
+//! - [`command`]: command dispatch and the commands the router answers itself (`hello`,
+//!   `buildInfo`, `serverStatus`, …), each replying with mongos's shape.
+//! - [`config`]: the TOML configuration and its defaults.
+//!
+//! [`error_codes`] holds the MongoDB error codes every layer replies with.
+
+pub mod command;
+pub mod config;
+pub mod error_codes;
+pub mod frontend;
+pub mod wire;
