@@ -1,1 +1,149 @@
-fn main() {}
+//! The `sluice` binary: the router (`sluice run`, the default) and the demo (`sluice demo`).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use sluice::config::{Config, LogFormat};
+
+/// A MongoDB wire-protocol router, compatible with mongos.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Args)]
+struct GlobalArgs {
+    /// TOML configuration file (see configs/).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Address to listen on for clients (overrides `listen`).
+    #[arg(long, global = true)]
+    listen: Option<String>,
+    /// Most client connections open at once (overrides `max_connections`).
+    #[arg(long, global = true)]
+    max_connections: Option<usize>,
+    /// Log format (overrides `log.format`).
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<LogFormat>,
+    /// Log filter such as `info` or `sluice=debug` (overrides `log.level`).
+    #[arg(long, global = true)]
+    log_level: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the router (the default).
+    Run,
+    /// Run a demo on loopback that mongosh can connect to.
+    Demo {
+        /// Port for the router.
+        #[arg(long, default_value_t = 27017)]
+        port: u16,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let mut config = match &cli.global.config {
+        Some(path) => Config::from_file(path)?,
+        None => Config::default(),
+    };
+    if let Some(listen) = &cli.global.listen {
+        config.listen = listen.clone();
+    }
+    if let Some(n) = cli.global.max_connections {
+        config.max_connections = n;
+    }
+    if let Some(f) = cli.global.log_format {
+        config.log.format = f;
+    }
+    if let Some(l) = &cli.global.log_level {
+        config.log.level = l.clone();
+    }
+    let demo = match cli.command {
+        Some(Command::Demo { port }) => {
+            if cli.global.listen.is_none() {
+                config.listen = format!("127.0.0.1:{port}");
+            }
+            true
+        }
+        Some(Command::Run) | None => false,
+    };
+    config.validate()?;
+    init_logging(&config);
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run(config, demo))
+}
+
+async fn run(config: Config, demo: bool) -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    let listen = config.listen.clone();
+    let router = sluice::frontend::start(config, argv)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let addr = router.local_addr();
+    tracing::info!(%addr, "sluice router listening");
+    if demo {
+        println!(
+            "Sluice {} is listening on {addr}.",
+            env!("CARGO_PKG_VERSION")
+        );
+        println!(
+            "Embedded shards are not available yet: the router runs alone and answers only the commands it handles itself (hello, ping, buildInfo, serverStatus, ...)."
+        );
+        println!("Connection string: mongodb://{addr}/");
+        println!("Try:               mongosh \"mongodb://{addr}/\"");
+        println!("Stop with Ctrl-C.");
+    }
+    wait_for_signal().await;
+    tracing::info!("shutting down: no new connections, finishing requests in flight");
+    router.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the router");
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn init_logging(config: &Config) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&config.log.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}

@@ -1,1 +1,400 @@
-//! x
+//! Command dispatch: a decoded request becomes a typed [`CommandRequest`], is routed by name to
+//! its handler, and comes back as a reply document with mongos's shape.
+//!
+//! One file per command family: [`hello`] (the handshake and its awaitable form),
+//! [`server_info`] (`buildInfo`, `serverStatus`, `getParameter`, …). An unknown command is a
+//! value ([`CommandError`] with code 59), never a panic. Handlers do not touch sockets; the
+//! frontend owns the connection and hands them the per-connection [`ClientState`].
+
+pub mod hello;
+pub mod server_info;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use bson::{doc, oid::ObjectId, Bson, Document, Timestamp};
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::error_codes::ErrorCode;
+use crate::wire::{BsonDoc, Compressor, DocumentSequence};
+
+/// What one command failed with: the `{ok: 0, errmsg, code, codeName}` reply.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct CommandError {
+    /// The MongoDB code.
+    pub code: ErrorCode,
+    /// The `errmsg`.
+    pub message: String,
+    /// `errorLabels`, when the error carries any.
+    pub labels: Vec<String>,
+}
+
+impl CommandError {
+    /// An error with this code and message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        CommandError {
+            code,
+            message: message.into(),
+            labels: Vec::new(),
+        }
+    }
+
+    /// The reply document for this error.
+    pub fn to_reply(&self) -> Document {
+        let mut d = doc! {
+            "ok": 0.0,
+            "errmsg": &self.message,
+            "code": self.code.0,
+            "codeName": self.code.name(),
+        };
+        if !self.labels.is_empty() {
+            d.insert("errorLabels", self.labels.clone());
+        }
+        d
+    }
+}
+
+/// A command as the dispatcher sees it, whatever opcode carried it.
+#[derive(Debug, Clone)]
+pub struct CommandRequest {
+    /// The database (`$db` of OP_MSG, or the namespace's database of OP_QUERY).
+    pub db: String,
+    /// The command name: the body's first field.
+    pub name: String,
+    /// The body.
+    pub body: BsonDoc,
+    /// Kind-1 sections.
+    pub sequences: Vec<DocumentSequence>,
+    /// Arrived over the legacy OP_QUERY.
+    pub legacy: bool,
+}
+
+impl CommandRequest {
+    /// The body as an owned document (local commands only; the write path reads raw).
+    pub fn body_document(&self) -> Document {
+        self.body.to_document()
+    }
+}
+
+/// Per-connection state that commands read and change (the handshake's results).
+#[derive(Debug)]
+pub struct ClientState {
+    /// The connection's id (`connectionId` in `hello`).
+    pub id: i64,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// Compressors negotiated in the handshake, in the client's order of preference.
+    pub compressors: Vec<Compressor>,
+    /// The `client` metadata document of the first `hello`, once received.
+    pub client_metadata: Option<Document>,
+}
+
+impl ClientState {
+    /// A connection that has not shaken hands yet.
+    pub fn new(id: i64, peer: SocketAddr) -> Self {
+        ClientState {
+            id,
+            peer,
+            compressors: Vec::new(),
+            client_metadata: None,
+        }
+    }
+}
+
+/// Byte counters of one compressor, in `serverStatus().network.compression`'s shape.
+#[derive(Debug, Default)]
+pub struct CompressionCounters {
+    /// Uncompressed bytes handed to the compressor.
+    pub compressor_in: AtomicU64,
+    /// Compressed bytes it produced.
+    pub compressor_out: AtomicU64,
+    /// Compressed bytes received.
+    pub decompressor_in: AtomicU64,
+    /// Uncompressed bytes they expanded to.
+    pub decompressor_out: AtomicU64,
+}
+
+/// Router-wide counters reported by `serverStatus`.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Open client connections.
+    pub connections_current: AtomicI64,
+    /// Client connections accepted since start.
+    pub connections_total: AtomicI64,
+    /// Connections refused because `max_connections` was reached.
+    pub connections_rejected: AtomicI64,
+    /// Bytes received from clients.
+    pub bytes_in: AtomicU64,
+    /// Bytes sent to clients.
+    pub bytes_out: AtomicU64,
+    /// Requests received.
+    pub requests: AtomicU64,
+    /// `opcounters.insert`.
+    pub op_insert: AtomicI64,
+    /// `opcounters.query`.
+    pub op_query: AtomicI64,
+    /// `opcounters.update`.
+    pub op_update: AtomicI64,
+    /// `opcounters.delete`.
+    pub op_delete: AtomicI64,
+    /// `opcounters.getmore`.
+    pub op_getmore: AtomicI64,
+    /// `opcounters.command`.
+    pub op_command: AtomicI64,
+    /// Per-compressor byte counts: snappy, zstd, zlib (the order of [`Compressor::SUPPORTED`]).
+    pub compression: [CompressionCounters; 3],
+}
+
+impl Counters {
+    /// The byte counters of `c` (`None` for noop).
+    pub fn compression_for(&self, c: Compressor) -> Option<&CompressionCounters> {
+        Compressor::SUPPORTED
+            .iter()
+            .position(|s| *s == c)
+            .map(|i| &self.compression[i])
+    }
+}
+
+/// MongoDB's hybrid logical clock, as far as a router needs it: a `Timestamp` that never goes
+/// backwards, gossiped as `$clusterTime` and `operationTime`.
+#[derive(Debug, Default)]
+pub struct ClusterClock {
+    last: AtomicU64,
+}
+
+impl ClusterClock {
+    /// A new cluster time, later than every earlier one.
+    pub fn tick(&self) -> Timestamp {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let wall = now << 32;
+        let mut prev = self.last.load(Ordering::Relaxed);
+        loop {
+            let next = if wall > prev { wall | 1 } else { prev + 1 };
+            match self
+                .last
+                .compare_exchange_weak(prev, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    return Timestamp {
+                        time: (next >> 32) as u32,
+                        increment: next as u32,
+                    }
+                }
+                Err(p) => prev = p,
+            }
+        }
+    }
+
+    /// The latest time handed out, without advancing.
+    pub fn now(&self) -> Timestamp {
+        let v = self.last.load(Ordering::Relaxed);
+        Timestamp {
+            time: (v >> 32) as u32,
+            increment: v as u32,
+        }
+    }
+}
+
+/// State shared by every connection of one router process.
+#[derive(Debug)]
+pub struct ServerState {
+    /// The configuration the router started with.
+    pub config: Config,
+    /// `topologyVersion.processId`: new for every process.
+    pub process_id: ObjectId,
+    /// When the router started.
+    pub started: Instant,
+    /// The command line, for `getCmdLineOpts`.
+    pub argv: Vec<String>,
+    /// Counters for `serverStatus`.
+    pub counters: Counters,
+    /// The cluster clock.
+    pub clock: ClusterClock,
+    /// Request ids of the replies the router sends.
+    next_request_id: AtomicI32,
+    /// Connection ids.
+    next_connection_id: AtomicI64,
+    /// Flips to `true` when the router begins shutting down.
+    shutdown: watch::Receiver<bool>,
+}
+
+impl ServerState {
+    /// State for a router with this configuration; `shutdown` tells long waits (awaitable
+    /// `hello`) to end early.
+    pub fn new(config: Config, argv: Vec<String>, shutdown: watch::Receiver<bool>) -> Self {
+        ServerState {
+            config,
+            process_id: ObjectId::new(),
+            started: Instant::now(),
+            argv,
+            counters: Counters::default(),
+            clock: ClusterClock::default(),
+            next_request_id: AtomicI32::new(1),
+            next_connection_id: AtomicI64::new(1),
+            shutdown,
+        }
+    }
+
+    /// A fresh request id for an outgoing message.
+    pub fn next_request_id(&self) -> i32 {
+        self.next_request_id.fetch_add(1, Ordering::Relaxed) & i32::MAX
+    }
+
+    /// A fresh connection id.
+    pub fn next_connection_id(&self) -> i64 {
+        self.next_connection_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A receiver that sees the shutdown signal.
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.clone()
+    }
+
+    /// Whether shutdown has begun.
+    pub fn shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+}
+
+/// Fields any command may carry that no handler needs to interpret.
+pub const GENERIC_ARGUMENTS: &[&str] = &[
+    "$db",
+    "lsid",
+    "txnNumber",
+    "autocommit",
+    "startTransaction",
+    "$clusterTime",
+    "$readPreference",
+    "readConcern",
+    "writeConcern",
+    "maxTimeMS",
+    "comment",
+    "apiVersion",
+    "apiStrict",
+    "apiDeprecationErrors",
+    "$audit",
+    "$client",
+    "$configServerState",
+    "$queryOptions",
+    "mayBypassWriteBlocking",
+    "backpressure",
+];
+
+/// Runs one command and returns its reply, `$clusterTime` and `operationTime` included, as
+/// mongos appends them to every reply.
+pub async fn dispatch(
+    state: &Arc<ServerState>,
+    client: &mut ClientState,
+    req: &CommandRequest,
+) -> Document {
+    state.counters.op_command.fetch_add(1, Ordering::Relaxed);
+    let result = match req.name.as_str() {
+        "hello" | "isMaster" | "ismaster" => hello::hello(state, client, req).await,
+        "ping" => Ok(doc! {}),
+        "buildInfo" | "buildinfo" => Ok(server_info::build_info()),
+        "getParameter" => server_info::get_parameter(req),
+        "getLog" => server_info::get_log(req),
+        "whatsmyuri" => Ok(doc! {"you": client.peer.to_string()}),
+        "connectionStatus" => Ok(server_info::connection_status(req)),
+        "endSessions" => server_info::end_sessions(req),
+        "getCmdLineOpts" => Ok(server_info::get_cmd_line_opts(state)),
+        "serverStatus" => Ok(server_info::server_status(state)),
+        other => Err(CommandError::new(
+            ErrorCode::CommandNotFound,
+            format!("no such command: '{other}'"),
+        )),
+    };
+    let mut reply = match result {
+        Ok(mut d) => {
+            d.insert("ok", 1.0);
+            d
+        }
+        Err(e) => e.to_reply(),
+    };
+    append_cluster_time(state, &mut reply);
+    reply
+}
+
+/// Appends `$clusterTime` (unsigned, as a router without keys sends it) and `operationTime`.
+pub fn append_cluster_time(state: &ServerState, reply: &mut Document) {
+    let t = state.clock.tick();
+    reply.insert(
+        "$clusterTime",
+        doc! {
+            "clusterTime": t,
+            "signature": {
+                "hash": Bson::Binary(bson::Binary {
+                    subtype: bson::spec::BinarySubtype::Generic,
+                    bytes: vec![0; 20],
+                }),
+                "keyId": 0i64,
+            },
+        },
+    );
+    reply.insert("operationTime", t);
+}
+
+/// Reads a field that must be a number, as an `i64` (doubles are truncated as mongod does).
+pub fn number_field(doc: &Document, key: &str) -> Option<i64> {
+    match doc.get(key)? {
+        Bson::Int32(v) => Some(*v as i64),
+        Bson::Int64(v) => Some(*v),
+        Bson::Double(v) if v.is_finite() => Some(*v as i64),
+        _ => None,
+    }
+}
+
+/// MongoDB's truthiness for option fields: false, 0 and null are false.
+pub fn truthy(value: &Bson) -> bool {
+    match value {
+        Bson::Boolean(b) => *b,
+        Bson::Int32(v) => *v != 0,
+        Bson::Int64(v) => *v != 0,
+        Bson::Double(v) => *v != 0.0,
+        Bson::Null | Bson::Undefined => false,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_clock_is_monotonic() {
+        let c = ClusterClock::default();
+        let mut prev = c.tick();
+        for _ in 0..1000 {
+            let t = c.tick();
+            assert!((t.time, t.increment) > (prev.time, prev.increment));
+            prev = t;
+        }
+        assert_eq!(c.now(), prev);
+    }
+
+    #[test]
+    fn error_reply_shape() {
+        let e = CommandError::new(ErrorCode::CommandNotFound, "no such command: 'x'");
+        let d = e.to_reply();
+        let keys: Vec<&str> = d.keys().map(|k| k.as_str()).collect();
+        assert_eq!(keys, ["ok", "errmsg", "code", "codeName"]);
+        assert_eq!(d.get_f64("ok").unwrap(), 0.0);
+        assert_eq!(d.get_i32("code").unwrap(), 59);
+        assert_eq!(d.get_str("codeName").unwrap(), "CommandNotFound");
+    }
+
+    #[test]
+    fn truthiness() {
+        assert!(truthy(&Bson::Int32(1)));
+        assert!(!truthy(&Bson::Double(0.0)));
+        assert!(!truthy(&Bson::Null));
+        assert!(truthy(&Bson::String(String::new())));
+    }
+}

@@ -103,8 +103,8 @@ fn validate_elements(doc: &RawDocument, depth: usize) -> Result<(), WireError> {
         match value {
             RawBsonRef::Document(d) => validate_elements(d, depth + 1)?,
             RawBsonRef::Array(a) => {
-                let as_doc = RawDocument::from_bytes(a.as_bytes())
-                    .map_err(|e| invalid(e.to_string()))?;
+                let as_doc =
+                    RawDocument::from_bytes(a.as_bytes()).map_err(|e| invalid(e.to_string()))?;
                 validate_elements(as_doc, depth + 1)?
             }
             RawBsonRef::JavaScriptCodeWithScope(c) => validate_elements(c.scope, depth + 1)?,

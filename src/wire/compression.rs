@@ -138,7 +138,9 @@ mod tests {
 
     #[test]
     fn every_compressor_round_trips() {
-        let data: Vec<u8> = (0..10_000u32).flat_map(|i| (i % 97).to_le_bytes()).collect();
+        let data: Vec<u8> = (0..10_000u32)
+            .flat_map(|i| (i % 97).to_le_bytes())
+            .collect();
         for c in [
             Compressor::Noop,
             Compressor::Snappy,

@@ -3,9 +3,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use super::{
-    Compressor, Header, OpCode, OpMsg, OpQuery, WireError, HEADER_LEN, MAX_MESSAGE_SIZE,
-};
+use super::{Compressor, Header, OpCode, OpMsg, OpQuery, WireError, HEADER_LEN, MAX_MESSAGE_SIZE};
 use crate::error_codes::ErrorCode;
 
 /// A decoded request.
@@ -106,8 +104,7 @@ fn decompress_frame(header: &Header, frame: &[u8]) -> Result<(Bytes, Compressor)
     }
     let p = HEADER_LEN;
     let original_opcode = i32::from_le_bytes([frame[p], frame[p + 1], frame[p + 2], frame[p + 3]]);
-    let uncompressed =
-        i32::from_le_bytes([frame[p + 4], frame[p + 5], frame[p + 6], frame[p + 7]]);
+    let uncompressed = i32::from_le_bytes([frame[p + 4], frame[p + 5], frame[p + 6], frame[p + 7]]);
     let compressor_id = frame[p + 8];
     if uncompressed < 0 || uncompressed as usize > MAX_MESSAGE_SIZE - HEADER_LEN {
         return Err(WireError::Fatal(format!(

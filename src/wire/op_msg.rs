@@ -393,7 +393,10 @@ mod tests {
         // Unknown required flag bit.
         let mut m = good.clone();
         m[16] = 0x04;
-        assert_eq!(code_of(OpMsg::decode(&Bytes::from(m)).unwrap_err()), (223, true));
+        assert_eq!(
+            code_of(OpMsg::decode(&Bytes::from(m)).unwrap_err()),
+            (223, true)
+        );
         // Unknown optional bit is ignored.
         let mut m = good.clone();
         m[19] = 0x80;
@@ -403,13 +406,19 @@ mod tests {
         let mut m = good.clone();
         m.push(0);
         m.extend_from_slice(&body);
-        assert_eq!(code_of(OpMsg::decode(&with_length(m)).unwrap_err()).0, 40430);
+        assert_eq!(
+            code_of(OpMsg::decode(&with_length(m)).unwrap_err()).0,
+            40430
+        );
 
         // Unknown section kind.
         let mut m = good.clone();
         m.push(7);
         m.extend_from_slice(&body);
-        assert_eq!(code_of(OpMsg::decode(&with_length(m)).unwrap_err()).0, 40432);
+        assert_eq!(
+            code_of(OpMsg::decode(&with_length(m)).unwrap_err()).0,
+            40432
+        );
 
         // No body.
         let mut b = OpMsgBuilder::new(0, &body);
@@ -417,7 +426,10 @@ mod tests {
         let only_seq = b.finish(1, 0).to_vec();
         let mut m = only_seq[..20].to_vec();
         m.extend_from_slice(&only_seq[20 + 1 + body.len()..]);
-        assert_eq!(code_of(OpMsg::decode(&with_length(m)).unwrap_err()).0, 40587);
+        assert_eq!(
+            code_of(OpMsg::decode(&with_length(m)).unwrap_err()).0,
+            40587
+        );
 
         // Duplicate sequence.
         let ib = bson::doc! {"insert": "c", "$db": "d"}.to_vec().unwrap();
@@ -425,7 +437,10 @@ mod tests {
         b.begin_sequence("documents");
         b.push_document(&bson::doc! {"_id": 1}.to_vec().unwrap());
         b.begin_sequence("documents");
-        assert_eq!(code_of(OpMsg::decode(&b.finish(1, 0)).unwrap_err()).0, 40431);
+        assert_eq!(
+            code_of(OpMsg::decode(&b.finish(1, 0)).unwrap_err()).0,
+            40431
+        );
 
         // Field both in the body and a sequence.
         let ib = bson::doc! {"insert": "c", "documents": [], "$db": "d"}
@@ -433,7 +448,10 @@ mod tests {
             .unwrap();
         let mut b = OpMsgBuilder::new(0, &ib);
         b.begin_sequence("documents");
-        assert_eq!(code_of(OpMsg::decode(&b.finish(1, 0)).unwrap_err()).0, 40433);
+        assert_eq!(
+            code_of(OpMsg::decode(&b.finish(1, 0)).unwrap_err()).0,
+            40433
+        );
 
         // Wrong checksum.
         let mut m = OpMsgBuilder::new(MsgFlags::CHECKSUM_PRESENT, &body)
@@ -441,7 +459,10 @@ mod tests {
             .to_vec();
         let last = m.len() - 1;
         m[last] ^= 0xff;
-        assert_eq!(code_of(OpMsg::decode(&Bytes::from(m)).unwrap_err()), (288, true));
+        assert_eq!(
+            code_of(OpMsg::decode(&Bytes::from(m)).unwrap_err()),
+            (288, true)
+        );
 
         // Body length beyond the message.
         let mut m = good.clone();
@@ -467,6 +488,9 @@ mod tests {
     }
 
     fn ib_len() -> usize {
-        bson::doc! {"insert": "c", "$db": "d"}.to_vec().unwrap().len()
+        bson::doc! {"insert": "c", "$db": "d"}
+            .to_vec()
+            .unwrap()
+            .len()
     }
 }

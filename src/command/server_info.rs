@@ -1,0 +1,272 @@
+//! Commands about the server itself: `buildInfo`, `getParameter`, `getLog`,
+//! `connectionStatus`, `endSessions`, `getCmdLineOpts`, `serverStatus`.
+//!
+//! Shapes follow mongos: mongosh reads `buildInfo.version` for its banner,
+//! `getParameter.featureCompatibilityVersion.version`, and `getLog("startupWarnings").log`
+//! (empty: no banner). `buildInfo` also carries a `sluice` field with Sluice's own version,
+//! the one place where a client can tell Sluice from mongos.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bson::{doc, Bson, Document};
+
+use super::{CommandError, CommandRequest, ServerState, GENERIC_ARGUMENTS};
+use crate::error_codes::ErrorCode;
+use crate::wire::{Compressor, MAX_BSON_OBJECT_SIZE};
+
+/// The MongoDB version Sluice presents (drivers and mongosh gate features on it).
+pub const MONGODB_VERSION: &str = "8.0.4";
+/// The same, as `versionArray`.
+pub const MONGODB_VERSION_ARRAY: [i32; 4] = [8, 0, 4, 0];
+/// The feature compatibility version reported by `getParameter`.
+pub const FEATURE_COMPATIBILITY_VERSION: &str = "8.0";
+
+/// `buildInfo`.
+pub fn build_info() -> Document {
+    doc! {
+        "version": MONGODB_VERSION,
+        "gitVersion": "sluice",
+        "modules": [],
+        "allocator": "system",
+        "javascriptEngine": "none",
+        "sysInfo": "deprecated",
+        "versionArray": MONGODB_VERSION_ARRAY.to_vec(),
+        "openssl": {"running": "disabled"},
+        "buildEnvironment": {
+            "target_os": std::env::consts::OS,
+            "target_arch": std::env::consts::ARCH,
+        },
+        "bits": 64,
+        "debug": cfg!(debug_assertions),
+        "maxBsonObjectSize": MAX_BSON_OBJECT_SIZE as i32,
+        "storageEngines": [],
+        "sluice": {"version": env!("CARGO_PKG_VERSION")},
+    }
+}
+
+/// The server parameters `getParameter` knows.
+fn parameter(name: &str) -> Option<Bson> {
+    Some(match name {
+        "featureCompatibilityVersion" => {
+            Bson::Document(doc! {"version": FEATURE_COMPATIBILITY_VERSION})
+        }
+        "logLevel" => Bson::Int32(0),
+        "authenticationMechanisms" => Bson::Array(vec![]),
+        "maxBSONDepth" => Bson::Int32(200),
+        "localLogicalSessionTimeoutMinutes" => {
+            Bson::Int32(super::hello::LOGICAL_SESSION_TIMEOUT_MINUTES)
+        }
+        "internalQueryMaxPushBytes" => Bson::Int32(100 * 1024 * 1024),
+        _ => return None,
+    })
+}
+
+const ALL_PARAMETERS: &[&str] = &[
+    "authenticationMechanisms",
+    "featureCompatibilityVersion",
+    "internalQueryMaxPushBytes",
+    "localLogicalSessionTimeoutMinutes",
+    "logLevel",
+    "maxBSONDepth",
+];
+
+/// `getParameter`: `{getParameter: 1, <name>: 1, …}`, or `"*"` / `{allParameters: true}`.
+pub fn get_parameter(req: &CommandRequest) -> Result<Document, CommandError> {
+    let body = req.body_document();
+    let all = match body.get("getParameter") {
+        Some(Bson::String(s)) => s == "*",
+        Some(Bson::Document(d)) => d.get_bool("allParameters").unwrap_or(false),
+        _ => false,
+    };
+    let mut out = Document::new();
+    if all {
+        for name in ALL_PARAMETERS {
+            if let Some(v) = parameter(name) {
+                out.insert(*name, v);
+            }
+        }
+        return Ok(out);
+    }
+    for key in body.keys() {
+        if key == "getParameter" || GENERIC_ARGUMENTS.contains(&key.as_str()) {
+            continue;
+        }
+        if let Some(v) = parameter(key) {
+            out.insert(key.clone(), v);
+        }
+    }
+    if out.is_empty() {
+        return Err(CommandError::new(
+            ErrorCode::InvalidOptions,
+            "no option found to get",
+        ));
+    }
+    Ok(out)
+}
+
+/// `getLog`: the router keeps no in-memory log, so the lists are empty.
+pub fn get_log(req: &CommandRequest) -> Result<Document, CommandError> {
+    let body = req.body_document();
+    match body.get("getLog") {
+        Some(Bson::String(s)) if s == "*" => Ok(doc! {"names": ["global", "startupWarnings"]}),
+        Some(Bson::String(s)) if s == "global" || s == "startupWarnings" => {
+            Ok(doc! {"totalLinesWritten": 0, "log": []})
+        }
+        Some(Bson::String(s)) => Err(CommandError::new(
+            ErrorCode::NoSuchKey,
+            format!("No log named '{s}'"),
+        )),
+        _ => Err(CommandError::new(
+            ErrorCode::TypeMismatch,
+            "Argument to getLog must be of type String",
+        )),
+    }
+}
+
+/// `connectionStatus`: no authentication yet, so no users.
+pub fn connection_status(req: &CommandRequest) -> Document {
+    let body = req.body_document();
+    let mut auth = doc! {"authenticatedUsers": [], "authenticatedUserRoles": []};
+    if body.get("showPrivileges").is_some_and(super::truthy) {
+        auth.insert("authenticatedUserPrivileges", Bson::Array(vec![]));
+    }
+    doc! {"authInfo": auth}
+}
+
+/// `endSessions`: the router keeps no session state of its own yet.
+pub fn end_sessions(req: &CommandRequest) -> Result<Document, CommandError> {
+    match req.body_document().get("endSessions") {
+        Some(Bson::Array(_)) => Ok(Document::new()),
+        _ => Err(CommandError::new(
+            ErrorCode::TypeMismatch,
+            "BSON field 'endSessions.endSessions' is the wrong type, expected type 'array'",
+        )),
+    }
+}
+
+/// `getCmdLineOpts`.
+pub fn get_cmd_line_opts(state: &Arc<ServerState>) -> Document {
+    let (ip, port) = state
+        .config
+        .listen
+        .rsplit_once(':')
+        .map(|(h, p)| (h.to_string(), p.parse::<i32>().unwrap_or(0)))
+        .unwrap_or_default();
+    doc! {
+        "argv": state.argv.clone(),
+        "parsed": {"net": {"bindIp": ip, "port": port, "maxIncomingConnections": state.config.max_connections as i64}},
+    }
+}
+
+/// `serverStatus`: router-level sections.
+pub fn server_status(state: &Arc<ServerState>) -> Document {
+    let c = &state.counters;
+    let uptime = state.started.elapsed();
+    let current = c.connections_current.load(Ordering::Relaxed);
+    let available = state.config.max_connections as i64 - current;
+    let mut compression = Document::new();
+    for comp in Compressor::SUPPORTED {
+        if let Some(k) = c.compression_for(comp) {
+            compression.insert(
+                comp.name(),
+                doc! {
+                    "compressor": {
+                        "bytesIn": k.compressor_in.load(Ordering::Relaxed) as i64,
+                        "bytesOut": k.compressor_out.load(Ordering::Relaxed) as i64,
+                    },
+                    "decompressor": {
+                        "bytesIn": k.decompressor_in.load(Ordering::Relaxed) as i64,
+                        "bytesOut": k.decompressor_out.load(Ordering::Relaxed) as i64,
+                    },
+                },
+            );
+        }
+    }
+    doc! {
+        "host": hostname(),
+        "version": MONGODB_VERSION,
+        "process": "mongos",
+        "pid": std::process::id() as i64,
+        "uptime": uptime.as_secs_f64(),
+        "uptimeMillis": uptime.as_millis() as i64,
+        "uptimeEstimate": uptime.as_secs() as i64,
+        "localTime": bson::DateTime::now(),
+        "connections": {
+            "current": current as i32,
+            "available": available.max(0) as i32,
+            "totalCreated": c.connections_total.load(Ordering::Relaxed) as i32,
+            "rejected": c.connections_rejected.load(Ordering::Relaxed) as i32,
+        },
+        "network": {
+            "bytesIn": c.bytes_in.load(Ordering::Relaxed) as i64,
+            "bytesOut": c.bytes_out.load(Ordering::Relaxed) as i64,
+            "numRequests": c.requests.load(Ordering::Relaxed) as i64,
+            "compression": compression,
+        },
+        "opcounters": {
+            "insert": c.op_insert.load(Ordering::Relaxed),
+            "query": c.op_query.load(Ordering::Relaxed),
+            "update": c.op_update.load(Ordering::Relaxed),
+            "delete": c.op_delete.load(Ordering::Relaxed),
+            "getmore": c.op_getmore.load(Ordering::Relaxed),
+            "command": c.op_command.load(Ordering::Relaxed),
+        },
+        "sluice": {"version": env!("CARGO_PKG_VERSION")},
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::BsonDoc;
+
+    fn req(body: Document) -> CommandRequest {
+        CommandRequest {
+            db: "admin".into(),
+            name: body.keys().next().cloned().unwrap_or_default(),
+            body: BsonDoc::from_encoded(body.to_vec().unwrap()),
+            sequences: vec![],
+            legacy: false,
+        }
+    }
+
+    #[test]
+    fn get_parameter_fcv() {
+        let r = get_parameter(&req(
+            doc! {"getParameter": 1, "featureCompatibilityVersion": 1, "$db": "admin"},
+        ))
+        .unwrap();
+        assert_eq!(
+            r.get_document("featureCompatibilityVersion")
+                .unwrap()
+                .get_str("version")
+                .unwrap(),
+            "8.0"
+        );
+        let all = get_parameter(&req(doc! {"getParameter": "*"})).unwrap();
+        assert!(all.contains_key("featureCompatibilityVersion"));
+        let err = get_parameter(&req(doc! {"getParameter": 1, "nope": 1})).unwrap_err();
+        assert_eq!(err.code, ErrorCode::InvalidOptions);
+    }
+
+    #[test]
+    fn get_log_startup_warnings_is_empty() {
+        let r = get_log(&req(doc! {"getLog": "startupWarnings"})).unwrap();
+        assert!(r.get_array("log").unwrap().is_empty());
+        assert!(get_log(&req(doc! {"getLog": 1})).is_err());
+    }
+
+    #[test]
+    fn build_info_names_sluice() {
+        let b = build_info();
+        assert_eq!(b.get_str("version").unwrap(), MONGODB_VERSION);
+        assert!(b.get_document("sluice").unwrap().contains_key("version"));
+    }
+}

@@ -1,0 +1,481 @@
+//! One task per client connection: read whole messages (length checked first, then parsed),
+//! dispatch each command, write its reply, and keep the connection's handshake state.
+//!
+//! Protocol duties that belong to the connection rather than to any command live here:
+//! `moreToCome` (no reply), exhaust streaming of awaitable `hello` (`exhaustAllowed`),
+//! compressing replies with the compressor the request used, the legacy OP_QUERY handshake
+//! answered with OP_REPLY, and the fate of malformed input: an error reply where mongod sends
+//! one, a logged close where the stream cannot be trusted.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bson::{doc, Document};
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::command::{self, hello, ClientState, CommandError, CommandRequest, ServerState};
+use crate::error_codes::ErrorCode;
+use crate::wire::{
+    self, encode_compressed, encode_op_reply, Compressor, Header, Incoming, Message, MsgFlags,
+    OpCode, OpMsg, OpMsgBuilder, OpQuery, ReplyFlags, WireError,
+};
+
+/// Commands whose requests and replies are never compressed (OP_COMPRESSED spec).
+const NEVER_COMPRESSED: &[&str] = &[
+    "hello",
+    "isMaster",
+    "ismaster",
+    "saslStart",
+    "saslContinue",
+    "getnonce",
+    "authenticate",
+    "createUser",
+    "updateUser",
+    "copydbSaslStart",
+    "copydbgetnonce",
+    "copydb",
+];
+
+/// Commands accepted over OP_QUERY (the handshake only, as on MongoDB 5.1+).
+const OP_QUERY_COMMANDS: &[&str] = &["hello", "isMaster", "ismaster"];
+
+const LEGACY_OPCODE_MESSAGE: &str = "OP_QUERY is no longer supported. The client driver may require an upgrade. For more details see https://dochub.mongodb.org/core/legacy-opcode-removal";
+
+/// Whether the connection goes on after a message.
+enum Flow {
+    Continue,
+    Close,
+}
+
+/// Keeps the open-connection gauge right however the task ends.
+struct OpenConnection<'a>(&'a ServerState);
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.0
+            .counters
+            .connections_current
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves one client until it disconnects, sends something unrecoverable, or the router shuts
+/// down (after the request in flight is answered).
+pub async fn serve(
+    mut socket: TcpStream,
+    peer: SocketAddr,
+    state: Arc<ServerState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    state
+        .counters
+        .connections_current
+        .fetch_add(1, Ordering::Relaxed);
+    state
+        .counters
+        .connections_total
+        .fetch_add(1, Ordering::Relaxed);
+    let _open = OpenConnection(&state);
+    let mut client = ClientState::new(state.next_connection_id(), peer);
+    let conn = client.id;
+    tracing::debug!(conn, %peer, "connection accepted");
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        let frame = tokio::select! {
+            r = read_frame(&mut socket, &mut buf) => r,
+            _ = shutdown.changed() => break,
+        };
+        let frame = match frame {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(reason) => {
+                tracing::warn!(conn, %peer, %reason, "closing connection");
+                break;
+            }
+        };
+        let mut session = Session {
+            socket: &mut socket,
+            buf: &mut buf,
+            state: &state,
+            client: &mut client,
+        };
+        match session.handle_frame(frame).await {
+            Ok(Flow::Continue) => {}
+            Ok(Flow::Close) => break,
+            Err(e) => {
+                tracing::debug!(conn, %peer, error = %e, "connection write failed");
+                break;
+            }
+        }
+    }
+    let _ = socket.shutdown().await;
+    tracing::debug!(conn, %peer, "connection closed");
+}
+
+/// Reads one whole frame into `buf` and splits it off. `Ok(None)` on a clean EOF between
+/// messages. Cancel-safe: partial data stays in `buf`.
+async fn read_frame(socket: &mut TcpStream, buf: &mut BytesMut) -> Result<Option<Bytes>, String> {
+    loop {
+        match wire::frame_length(buf) {
+            Ok(Some(len)) if buf.len() >= len => return Ok(Some(buf.split_to(len).freeze())),
+            Ok(Some(len)) => buf.reserve(len - buf.len()),
+            Ok(None) => buf.reserve(4096),
+            Err(e) => return Err(e.to_string()),
+        }
+        match socket.read_buf(buf).await {
+            Ok(0) if buf.is_empty() => return Ok(None),
+            Ok(0) => {
+                return Err(format!(
+                    "peer closed the connection in the middle of a message ({} bytes buffered)",
+                    buf.len()
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+struct Session<'a> {
+    socket: &'a mut TcpStream,
+    buf: &'a mut BytesMut,
+    state: &'a Arc<ServerState>,
+    client: &'a mut ClientState,
+}
+
+impl Session<'_> {
+    async fn handle_frame(&mut self, frame: Bytes) -> std::io::Result<Flow> {
+        let counters = &self.state.counters;
+        counters.requests.fetch_add(1, Ordering::Relaxed);
+        counters
+            .bytes_in
+            .fetch_add(frame.len() as u64, Ordering::Relaxed);
+        let Some(header) = Header::parse(&frame) else {
+            return Ok(Flow::Close);
+        };
+        let more_to_come_flag = header.op_code == OpCode::Msg
+            && frame.len() >= 20
+            && u32::from_le_bytes([frame[16], frame[17], frame[18], frame[19]])
+                & MsgFlags::MORE_TO_COME
+                != 0;
+        let incoming = match wire::decode(frame) {
+            Ok(incoming) => incoming,
+            Err(WireError::Fatal(reason)) => {
+                tracing::warn!(conn = self.client.id, peer = %self.client.peer, %reason, "closing connection");
+                return Ok(Flow::Close);
+            }
+            Err(WireError::Invalid {
+                code,
+                message,
+                close_after,
+            }) => {
+                tracing::debug!(conn = self.client.id, %code, %message, "malformed message");
+                if more_to_come_flag {
+                    // The client reads no reply to this message: closing is the only way to
+                    // tell it something went wrong.
+                    tracing::warn!(conn = self.client.id, %code, %message, "closing connection after a malformed moreToCome message");
+                    return Ok(Flow::Close);
+                }
+                let mut reply = CommandError::new(code, message).to_reply();
+                command::append_cluster_time(self.state, &mut reply);
+                if header.op_code == OpCode::Query {
+                    self.send_op_reply(header.request_id, ReplyFlags::AWAIT_CAPABLE, &reply)
+                        .await?;
+                } else {
+                    self.send_msg(&reply, header.request_id, 0, None).await?;
+                }
+                return Ok(if close_after {
+                    Flow::Close
+                } else {
+                    Flow::Continue
+                });
+            }
+        };
+        if let Some(c) = incoming.compressor {
+            if let Some(k) = counters.compression_for(c) {
+                k.decompressor_in
+                    .fetch_add(incoming.wire_size as u64, Ordering::Relaxed);
+            }
+        }
+        match &incoming.message {
+            Message::Msg(msg) => self.handle_msg(&incoming, msg).await,
+            Message::Query(query) => self.handle_query(&incoming, query).await,
+            Message::Legacy(op) => self.handle_legacy(&incoming, *op).await,
+        }
+    }
+
+    async fn handle_msg(&mut self, incoming: &Incoming, msg: &OpMsg) -> std::io::Result<Flow> {
+        if let Some(c) = incoming.compressor {
+            if let Some(k) = self.state.counters.compression_for(c) {
+                k.decompressor_out
+                    .fetch_add(msg_size(msg) as u64, Ordering::Relaxed);
+            }
+        }
+        let request_id = incoming.header.request_id;
+        let more_to_come = msg.flags.more_to_come();
+        // A request that carried a checksum gets one back.
+        let reply_flags = msg.flags.0 & MsgFlags::CHECKSUM_PRESENT;
+        let req = match command_request(msg) {
+            Ok(req) => req,
+            Err(e) => {
+                if more_to_come {
+                    return Ok(Flow::Continue);
+                }
+                let mut reply = e.to_reply();
+                command::append_cluster_time(self.state, &mut reply);
+                self.send_msg(&reply, request_id, reply_flags, incoming.compressor)
+                    .await?;
+                return Ok(Flow::Continue);
+            }
+        };
+        let compressor = incoming
+            .compressor
+            .filter(|_| !NEVER_COMPRESSED.contains(&req.name.as_str()));
+        let exhaust = msg.flags.exhaust_allowed()
+            && !more_to_come
+            && OP_QUERY_COMMANDS.contains(&req.name.as_str())
+            && hello::is_awaitable(&req.body_document());
+
+        let reply = command::dispatch(self.state, self.client, &req).await;
+        if more_to_come {
+            return Ok(Flow::Continue);
+        }
+        if !exhaust {
+            self.send_msg(&reply, request_id, reply_flags, compressor)
+                .await?;
+            return Ok(Flow::Continue);
+        }
+        self.stream_hello(req, reply, request_id, reply_flags, compressor)
+            .await
+    }
+
+    /// Exhaust mode: keep answering the awaitable `hello` with `moreToCome` set, each reply
+    /// responding to the previous one, until the client closes or speaks, or shutdown.
+    async fn stream_hello(
+        &mut self,
+        req: CommandRequest,
+        first: Document,
+        request_id: i32,
+        reply_flags: u32,
+        compressor: Option<Compressor>,
+    ) -> std::io::Result<Flow> {
+        let mut reply = first;
+        let mut respond_to = request_id;
+        loop {
+            let last = self.state.shutting_down() || reply.get_f64("ok").ok() != Some(1.0);
+            let flags = reply_flags | if last { 0 } else { MsgFlags::MORE_TO_COME };
+            respond_to = self.send_msg(&reply, respond_to, flags, compressor).await?;
+            if last {
+                return Ok(Flow::Continue);
+            }
+            let next = tokio::select! {
+                r = command::dispatch(self.state, self.client, &req) => Some(r),
+                read = self.socket.read_buf(self.buf) => match read {
+                    Ok(0) | Err(_) => return Ok(Flow::Close),
+                    // The client sent a new request: streaming ends, the request is served
+                    // by the main loop from the buffer.
+                    Ok(_) => None,
+                },
+            };
+            match next {
+                Some(r) => reply = r,
+                None => return Ok(Flow::Continue),
+            }
+        }
+    }
+
+    async fn handle_query(
+        &mut self,
+        incoming: &Incoming,
+        query: &OpQuery,
+    ) -> std::io::Result<Flow> {
+        let request_id = incoming.header.request_id;
+        if !query.is_command() {
+            self.state.counters.op_query.fetch_add(1, Ordering::Relaxed);
+            let mut reply = doc! {
+                "$err": LEGACY_OPCODE_MESSAGE,
+                "code": ErrorCode::LegacyOpcodeRemoved.0,
+                "ok": 0.0,
+            };
+            command::append_cluster_time(self.state, &mut reply);
+            self.send_op_reply(
+                request_id,
+                ReplyFlags::QUERY_FAILURE | ReplyFlags::AWAIT_CAPABLE,
+                &reply,
+            )
+            .await?;
+            return Ok(Flow::Continue);
+        }
+        let body = query.command();
+        let name = body.first_key().unwrap_or_default().to_string();
+        let reply = if OP_QUERY_COMMANDS.contains(&name.as_str()) {
+            let req = CommandRequest {
+                db: query.database().to_string(),
+                name,
+                body,
+                sequences: Vec::new(),
+                legacy: true,
+            };
+            command::dispatch(self.state, self.client, &req).await
+        } else {
+            let mut reply = CommandError::new(
+                ErrorCode::UnsupportedOpQueryCommand,
+                format!(
+                    "Unsupported OP_QUERY command: {name}. The client driver may require an upgrade. For more details see https://dochub.mongodb.org/core/legacy-opcode-removal"
+                ),
+            )
+            .to_reply();
+            command::append_cluster_time(self.state, &mut reply);
+            reply
+        };
+        self.send_op_reply(request_id, ReplyFlags::AWAIT_CAPABLE, &reply)
+            .await?;
+        Ok(Flow::Continue)
+    }
+
+    async fn handle_legacy(&mut self, incoming: &Incoming, op: OpCode) -> std::io::Result<Flow> {
+        if op == OpCode::GetMore {
+            self.state
+                .counters
+                .op_getmore
+                .fetch_add(1, Ordering::Relaxed);
+            let reply = doc! {
+                "$err": LEGACY_OPCODE_MESSAGE,
+                "code": ErrorCode::LegacyOpcodeRemoved.0,
+                "ok": 0.0,
+            };
+            self.send_op_reply(
+                incoming.header.request_id,
+                ReplyFlags::QUERY_FAILURE | ReplyFlags::AWAIT_CAPABLE,
+                &reply,
+            )
+            .await?;
+            return Ok(Flow::Continue);
+        }
+        // OP_INSERT, OP_UPDATE, OP_DELETE and OP_KILL_CURSORS expect no reply; closing the
+        // connection is the only way to make sure the client does not believe its write landed.
+        tracing::warn!(
+            conn = self.client.id,
+            peer = %self.client.peer,
+            opcode = op.as_i32(),
+            "closing connection: legacy opcode removed in MongoDB 5.1"
+        );
+        Ok(Flow::Close)
+    }
+
+    /// Sends an OP_MSG reply; returns its request id.
+    async fn send_msg(
+        &mut self,
+        reply: &Document,
+        response_to: i32,
+        flags: u32,
+        compressor: Option<Compressor>,
+    ) -> std::io::Result<i32> {
+        let bytes = encode_document(reply);
+        let request_id = self.state.next_request_id();
+        let frame = OpMsgBuilder::new(flags, &bytes).finish(request_id, response_to);
+        let frame = match compressor {
+            Some(c) if c != Compressor::Noop => match encode_compressed(&frame, c) {
+                Ok(packed) => {
+                    if let Some(k) = self.state.counters.compression_for(c) {
+                        k.compressor_in
+                            .fetch_add(frame.len() as u64, Ordering::Relaxed);
+                        k.compressor_out
+                            .fetch_add(packed.len() as u64, Ordering::Relaxed);
+                    }
+                    packed
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reply compression failed; sending it uncompressed");
+                    frame
+                }
+            },
+            _ => frame,
+        };
+        self.write(&frame).await?;
+        Ok(request_id)
+    }
+
+    async fn send_op_reply(
+        &mut self,
+        response_to: i32,
+        flags: i32,
+        reply: &Document,
+    ) -> std::io::Result<()> {
+        let bytes = encode_document(reply);
+        let frame = encode_op_reply(self.state.next_request_id(), response_to, flags, &bytes);
+        self.write(&frame).await
+    }
+
+    async fn write(&mut self, frame: &[u8]) -> std::io::Result<()> {
+        self.socket.write_all(frame).await?;
+        self.state
+            .counters
+            .bytes_out
+            .fetch_add(frame.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Encodes a reply; a reply that cannot be encoded (over 16 MiB, say) becomes an error reply.
+fn encode_document(reply: &Document) -> Vec<u8> {
+    match reply.to_vec() {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let fallback = CommandError::new(
+                ErrorCode::InternalError,
+                format!("cannot encode the reply: {e}"),
+            )
+            .to_reply();
+            fallback.to_vec().unwrap_or_default()
+        }
+    }
+}
+
+fn msg_size(msg: &OpMsg) -> usize {
+    crate::wire::HEADER_LEN
+        + 4
+        + 1
+        + msg.body.len()
+        + msg
+            .sequences
+            .iter()
+            .map(|s| {
+                1 + 4 + s.identifier.len() + 1 + s.documents.iter().map(|d| d.len()).sum::<usize>()
+            })
+            .sum::<usize>()
+}
+
+/// Builds the dispatcher's view of an OP_MSG: the command name and `$db`.
+fn command_request(msg: &OpMsg) -> Result<CommandRequest, CommandError> {
+    let name = msg.body.first_key().unwrap_or_default().to_string();
+    let db = match msg.body.raw().get("$db") {
+        Ok(Some(bson::RawBsonRef::String(db))) => db.to_string(),
+        Ok(Some(_)) => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                "BSON field '$db' is the wrong type, expected type 'string'",
+            ))
+        }
+        _ => {
+            return Err(CommandError::new(
+                ErrorCode(40571),
+                "OP_MSG requests require a $db argument",
+            ))
+        }
+    };
+    Ok(CommandRequest {
+        db,
+        name,
+        body: msg.body.clone(),
+        sequences: msg.sequences.clone(),
+        legacy: false,
+    })
+}

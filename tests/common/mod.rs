@@ -1,0 +1,135 @@
+//! Helpers shared by the integration tests: a router on an ephemeral loopback port, and a
+//! raw-socket client that speaks the wire protocol byte by byte.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bson::Document;
+use sluice::config::Config;
+use sluice::frontend::RouterHandle;
+use sluice::wire::{Header, OpCode, OpMsgBuilder, HEADER_LEN};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Starts a router on 127.0.0.1 with an ephemeral port.
+pub async fn start_router() -> RouterHandle {
+    start_router_with(Config::default()).await
+}
+
+/// Starts a router with `config`, listening on an ephemeral loopback port.
+pub async fn start_router_with(mut config: Config) -> RouterHandle {
+    config.listen = "127.0.0.1:0".to_string();
+    sluice::frontend::start(config, vec!["sluice".into()])
+        .await
+        .expect("router starts")
+}
+
+/// A client for the stock Rust driver.
+pub async fn driver(addr: SocketAddr, extra: &str) -> mongodb::Client {
+    let uri = format!("mongodb://{addr}/?serverSelectionTimeoutMS=5000{extra}");
+    mongodb::Client::with_uri_str(uri).await.expect("client")
+}
+
+/// A raw connection.
+pub struct Raw {
+    pub stream: TcpStream,
+    next_id: i32,
+}
+
+impl Raw {
+    pub async fn connect(addr: SocketAddr) -> Raw {
+        Raw {
+            stream: TcpStream::connect(addr).await.expect("connect"),
+            next_id: 100,
+        }
+    }
+
+    /// Sends raw bytes.
+    pub async fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("send");
+    }
+
+    /// Encodes and sends an OP_MSG with this body and flags; returns its request id.
+    pub async fn send_msg(&mut self, body: &Document, flags: u32) -> i32 {
+        self.next_id += 1;
+        let frame = OpMsgBuilder::new(flags, &body.to_vec().unwrap()).finish(self.next_id, 0);
+        self.send(&frame).await;
+        self.next_id
+    }
+
+    /// Reads one whole reply frame (header included), or `None` if the server closed.
+    pub async fn read_frame(&mut self, timeout: Duration) -> Option<Vec<u8>> {
+        let mut head = [0u8; 4];
+        match tokio::time::timeout(timeout, self.stream.read_exact(&mut head)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return None,
+            Err(_) => panic!("no reply within {timeout:?}"),
+        }
+        let len = i32::from_le_bytes(head) as usize;
+        let mut frame = head.to_vec();
+        frame.resize(len, 0);
+        tokio::time::timeout(timeout, self.stream.read_exact(&mut frame[4..]))
+            .await
+            .expect("reply body in time")
+            .ok()?;
+        Some(frame)
+    }
+
+    /// Reads one OP_MSG reply: its header, flag bits and body.
+    pub async fn read_msg(&mut self) -> (Header, u32, Document) {
+        let frame = self
+            .read_frame(Duration::from_secs(10))
+            .await
+            .expect("a reply, not a closed connection");
+        parse_msg_reply(&frame)
+    }
+
+    /// Sends a command and reads its reply body.
+    pub async fn command(&mut self, body: &Document) -> Document {
+        let id = self.send_msg(body, 0).await;
+        let (h, _, doc) = self.read_msg().await;
+        assert_eq!(h.response_to, id);
+        doc
+    }
+
+    /// Whether the server closed the connection (reads EOF within the timeout).
+    pub async fn is_closed(&mut self) -> bool {
+        let mut b = [0u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), self.stream.read(&mut b)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+}
+
+/// Splits an OP_MSG reply frame into header, flags and body.
+pub fn parse_msg_reply(frame: &[u8]) -> (Header, u32, Document) {
+    let h = Header::parse(frame).expect("header");
+    assert_eq!(h.op_code, OpCode::Msg, "reply opcode");
+    let flags = u32::from_le_bytes(frame[16..20].try_into().unwrap());
+    assert_eq!(frame[20], 0, "body section first");
+    let body = bson::Document::from_reader(&frame[21..]).expect("reply body");
+    let _ = HEADER_LEN;
+    (h, flags, body)
+}
+
+/// Sets the header's length field to the frame's real length.
+pub fn fix_length(mut v: Vec<u8>) -> Vec<u8> {
+    let len = v.len() as i32;
+    v[..4].copy_from_slice(&len.to_le_bytes());
+    v
+}
+
+/// Asserts that a fresh connection still gets `ping` answered.
+pub async fn assert_still_serving(addr: SocketAddr) {
+    let mut raw = Raw::connect(addr).await;
+    let reply = raw.command(&bson::doc! {"ping": 1, "$db": "admin"}).await;
+    assert_eq!(reply.get_f64("ok").unwrap(), 1.0, "{reply}");
+}
+
+/// `OpCode` re-exported for tests that build legacy frames.
+pub fn op_code(n: i32) -> OpCode {
+    OpCode::from_i32(n)
+}
