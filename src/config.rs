@@ -144,6 +144,12 @@ mod tests {
     }
 
     #[test]
+    fn shipped_example_is_the_defaults() {
+        let c: Config = toml::from_str(include_str!("../configs/sluice.toml")).unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
     fn unknown_fields_are_refused() {
         assert!(toml::from_str::<Config>("max_conections = 5").is_err());
         assert!(toml::from_str::<Config>("[log]\ncolour = true").is_err());
