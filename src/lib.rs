@@ -9,11 +9,16 @@
 //! - [`command`]: command dispatch and the commands the router answers itself (`hello`,
 //!   `buildInfo`, `serverStatus`, …), each replying with mongos's shape.
 //! - [`config`]: the TOML configuration and its defaults.
+//! - [`embedded`]: the embedded shard, an in-memory mongod-compatible server for the demo, the
+//!   tests and the benchmarks (memory only, not for production).
+//! - [`order`]: MongoDB's cross-type comparison order for BSON values.
 //!
 //! [`error_codes`] holds the MongoDB error codes every layer replies with.
 
 pub mod command;
 pub mod config;
+pub mod embedded;
 pub mod error_codes;
 pub mod frontend;
+pub mod order;
 pub mod wire;

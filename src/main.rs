@@ -45,6 +45,24 @@ enum Command {
         #[arg(long, default_value_t = 27017)]
         port: u16,
     },
+    /// Run one embedded shard (in memory, for tests and benchmarks; not for production).
+    Shard {
+        /// Port to listen on (127.0.0.1 unless --listen says otherwise).
+        #[arg(long, default_value_t = 27018)]
+        port: u16,
+        /// Replica set name reported by hello (the shard's id).
+        #[arg(long, default_value = "shard0")]
+        set_name: String,
+        /// Time added to every data command, e.g. 1ms.
+        #[arg(long, value_parser = sluice::embedded::parse_duration, default_value = "0ms")]
+        latency_per_command: std::time::Duration,
+        /// Time added per statement written, e.g. 0.2ms.
+        #[arg(long, value_parser = sluice::embedded::parse_duration, default_value = "0ms")]
+        latency_per_document: std::time::Duration,
+        /// Most data commands executing at once; the rest queue.
+        #[arg(long)]
+        max_concurrency: Option<usize>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -65,6 +83,12 @@ fn main() -> anyhow::Result<()> {
     if let Some(l) = &cli.global.log_level {
         config.log.level = l.clone();
     }
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")
+    };
     let demo = match cli.command {
         Some(Command::Demo { port }) => {
             if cli.global.listen.is_none() {
@@ -72,16 +96,44 @@ fn main() -> anyhow::Result<()> {
             }
             true
         }
+        Some(Command::Shard {
+            port,
+            set_name,
+            latency_per_command,
+            latency_per_document,
+            max_concurrency,
+        }) => {
+            if cli.global.listen.is_none() {
+                config.listen = format!("127.0.0.1:{port}");
+            }
+            config.validate()?;
+            init_logging(&config);
+            let options = sluice::embedded::ShardOptions {
+                set_name,
+                latency_per_command,
+                latency_per_document,
+                max_concurrency,
+            };
+            return runtime()?.block_on(run_shard(config, options));
+        }
         Some(Command::Run) | None => false,
     };
     config.validate()?;
     init_logging(&config);
+    runtime()?.block_on(run(config, demo))
+}
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(run(config, demo))
+async fn run_shard(config: Config, options: sluice::embedded::ShardOptions) -> anyhow::Result<()> {
+    let name = options.set_name.clone();
+    let shard = sluice::embedded::EmbeddedShard::start(&config.listen, options)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let addr = shard.local_addr();
+    tracing::info!(%addr, %name, "embedded shard listening (memory only, not for production)");
+    println!("Embedded shard {name} is listening on {addr} (memory only).");
+    wait_for_signal().await;
+    shard.shutdown().await;
+    Ok(())
 }
 
 async fn run(config: Config, demo: bool) -> anyhow::Result<()> {

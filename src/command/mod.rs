@@ -287,6 +287,35 @@ pub const GENERIC_ARGUMENTS: &[&str] = &[
     "backpressure",
 ];
 
+/// The router's command handler, served by the frontend.
+#[derive(Debug)]
+pub struct Router {
+    state: Arc<ServerState>,
+}
+
+impl Router {
+    /// A router over this shared state.
+    pub fn new(state: Arc<ServerState>) -> Self {
+        Router { state }
+    }
+}
+
+impl crate::frontend::Service for Router {
+    fn state(&self) -> &Arc<ServerState> {
+        &self.state
+    }
+
+    fn handle<'a>(
+        &'a self,
+        client: &'a mut ClientState,
+        req: &'a CommandRequest,
+    ) -> crate::frontend::BoxFuture<'a, crate::frontend::Response> {
+        Box::pin(async move {
+            crate::frontend::Response::Reply(dispatch(&self.state, client, req).await)
+        })
+    }
+}
+
 /// Runs one command and returns its reply, `$clusterTime` and `operationTime` included, as
 /// mongos appends them to every reply.
 pub async fn dispatch(

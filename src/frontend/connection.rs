@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use super::{Response, Service};
 use crate::command::{self, hello, ClientState, CommandError, CommandRequest, ServerState};
 use crate::error_codes::ErrorCode;
 use crate::wire::{
@@ -68,9 +69,10 @@ impl Drop for OpenConnection<'_> {
 pub async fn serve(
     mut socket: TcpStream,
     peer: SocketAddr,
-    state: Arc<ServerState>,
+    service: Arc<dyn Service>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let state = service.state().clone();
     state
         .counters
         .connections_current
@@ -104,6 +106,7 @@ pub async fn serve(
             socket: &mut socket,
             buf: &mut buf,
             state: &state,
+            service: &service,
             client: &mut client,
         };
         match session.handle_frame(frame).await {
@@ -147,6 +150,7 @@ struct Session<'a> {
     socket: &'a mut TcpStream,
     buf: &'a mut BytesMut,
     state: &'a Arc<ServerState>,
+    service: &'a Arc<dyn Service>,
     client: &'a mut ClientState,
 }
 
@@ -243,7 +247,10 @@ impl Session<'_> {
             && OP_QUERY_COMMANDS.contains(&req.name.as_str())
             && hello::is_awaitable(&req.body_document());
 
-        let reply = command::dispatch(self.state, self.client, &req).await;
+        let reply = match self.service.handle(self.client, &req).await {
+            Response::Reply(reply) => reply,
+            Response::CloseConnection => return Ok(Flow::Close),
+        };
         if more_to_come {
             return Ok(Flow::Continue);
         }
@@ -276,7 +283,10 @@ impl Session<'_> {
                 return Ok(Flow::Continue);
             }
             let next = tokio::select! {
-                r = command::dispatch(self.state, self.client, &req) => Some(r),
+                r = self.service.handle(self.client, &req) => match r {
+                    Response::Reply(reply) => Some(reply),
+                    Response::CloseConnection => return Ok(Flow::Close),
+                },
                 read = self.socket.read_buf(self.buf) => match read {
                     Ok(0) | Err(_) => return Ok(Flow::Close),
                     // The client sent a new request: streaming ends, the request is served
@@ -323,7 +333,10 @@ impl Session<'_> {
                 sequences: Vec::new(),
                 legacy: true,
             };
-            command::dispatch(self.state, self.client, &req).await
+            match self.service.handle(self.client, &req).await {
+                Response::Reply(reply) => reply,
+                Response::CloseConnection => return Ok(Flow::Close),
+            }
         } else {
             let mut reply = CommandError::new(
                 ErrorCode::UnsupportedOpQueryCommand,

@@ -11,8 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use super::connection;
-use crate::command::ServerState;
+use super::{connection, Service};
 
 /// Binds a listening socket with address reuse and the given backlog.
 pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
@@ -28,9 +27,10 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
 /// open connections to finish their in-flight requests.
 pub async fn accept_loop(
     listener: TcpListener,
-    state: Arc<ServerState>,
+    service: Arc<dyn Service>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let state = service.state().clone();
     let limit = Arc::new(Semaphore::new(state.config.max_connections));
     let mut connections = JoinSet::new();
     let mut backoff = Duration::from_millis(5);
@@ -65,10 +65,10 @@ pub async fn accept_loop(
                 if let Err(e) = socket.set_nodelay(true) {
                     tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
                 }
-                let state = state.clone();
+                let service = service.clone();
                 let shutdown = shutdown.clone();
                 connections.spawn(async move {
-                    connection::serve(socket, peer, state, shutdown).await;
+                    connection::serve(socket, peer, service, shutdown).await;
                     drop(permit);
                 });
             }

@@ -7,19 +7,47 @@
 mod connection;
 mod listener;
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
+use bson::Document;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::command::ServerState;
+use crate::command::{ClientState, CommandRequest, Router, ServerState};
 use crate::config::Config;
 
 pub use listener::bind;
 
-/// A running router.
+/// A boxed future, as returned by [`Service::handle`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a service wants done with one request.
 #[derive(Debug)]
+pub enum Response {
+    /// Send this reply (nothing is sent when the request carried `moreToCome`).
+    Reply(Document),
+    /// Close the connection without replying (a `closeConnection` failpoint, for instance).
+    CloseConnection,
+}
+
+/// Whatever answers commands behind a listener: the router, or an embedded shard. The
+/// frontend owns sockets, framing, compression and exhaust; the service owns meaning.
+pub trait Service: Send + Sync + 'static {
+    /// The counters, clock and shutdown signal of this process.
+    fn state(&self) -> &Arc<ServerState>;
+
+    /// Answers one command.
+    fn handle<'a>(
+        &'a self,
+        client: &'a mut ClientState,
+        req: &'a CommandRequest,
+    ) -> BoxFuture<'a, Response>;
+}
+
+/// A running listener (the router's, or an embedded shard's).
 pub struct RouterHandle {
     addr: SocketAddr,
     state: Arc<ServerState>,
@@ -51,8 +79,25 @@ impl RouterHandle {
     }
 }
 
-/// Binds the configured address and starts serving clients.
+impl std::fmt::Debug for RouterHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouterHandle")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+/// Binds the configured address and starts serving clients as a router.
 pub async fn start(config: Config, argv: Vec<String>) -> std::io::Result<RouterHandle> {
+    start_service(config, argv, |state| Arc::new(Router::new(state))).await
+}
+
+/// Binds the configured address and serves `make(state)`'s commands on it.
+pub async fn start_service(
+    config: Config,
+    argv: Vec<String>,
+    make: impl FnOnce(Arc<ServerState>) -> Arc<dyn Service>,
+) -> std::io::Result<RouterHandle> {
     let addr: SocketAddr = config.listen.parse().map_err(|_| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -63,7 +108,8 @@ pub async fn start(config: Config, argv: Vec<String>) -> std::io::Result<RouterH
     let addr = listener.local_addr()?;
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ServerState::new(config, argv, rx.clone()));
-    let task = tokio::spawn(listener::accept_loop(listener, state.clone(), rx));
+    let service = make(state.clone());
+    let task = tokio::spawn(listener::accept_loop(listener, service, rx));
     Ok(RouterHandle {
         addr,
         state,

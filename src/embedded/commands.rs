@@ -1,0 +1,1235 @@
+//! The embedded shard's data commands: CRUD, cursors, aggregation and DDL, with mongod 8.0's
+//! reply shapes.
+
+use std::collections::VecDeque;
+
+use bson::{doc, oid::ObjectId, Bson, Document};
+
+use super::aggregate;
+use super::matcher::{equality_fields, Matcher};
+use super::query::{Projection, SortSpec};
+use super::service::{lock, Cursor, RetryCtx, ShardService, StmtOutcome};
+use super::store::{check_namespace, Catalog, Collection};
+use super::update::Update;
+use super::{path, EngineError};
+use crate::command::{number_field, truthy, CommandRequest};
+use crate::error_codes::ErrorCode;
+use crate::order::values_equal;
+use crate::wire::MAX_BSON_OBJECT_SIZE;
+
+/// Default size of a first batch, as mongod.
+const DEFAULT_BATCH: usize = 101;
+
+fn err(code: ErrorCode, msg: impl Into<String>) -> EngineError {
+    EngineError::new(code, msg)
+}
+
+/// The statements of a write command (from its document sequence or its body array).
+fn statements(
+    req: &CommandRequest,
+    body: &Document,
+    field: &str,
+) -> Result<Vec<Document>, EngineError> {
+    if let Some(seq) = req.sequences.iter().find(|s| s.identifier == field) {
+        return Ok(seq.documents.iter().map(|d| d.to_document()).collect());
+    }
+    match body.get(field) {
+        Some(Bson::Array(items)) => items
+            .iter()
+            .map(|i| match i {
+                Bson::Document(d) => Ok(d.clone()),
+                _ => Err(err(
+                    ErrorCode::TypeMismatch,
+                    format!(
+                        "BSON field '{}.{field}' is the wrong type, expected type 'object'",
+                        req.name
+                    ),
+                )),
+            })
+            .collect(),
+        Some(_) => Err(err(
+            ErrorCode::TypeMismatch,
+            format!(
+                "BSON field '{}.{field}' is the wrong type, expected type 'array'",
+                req.name
+            ),
+        )),
+        None => Err(err(
+            ErrorCode(40414),
+            format!(
+                "BSON field '{}.{field}' is missing but a required field",
+                req.name
+            ),
+        )),
+    }
+}
+
+/// How many statements a write carries (1 for anything else), for latency injection and
+/// retryable-write statement ids.
+pub fn statement_count(req: &CommandRequest) -> usize {
+    let field = match req.name.as_str() {
+        "insert" => "documents",
+        "update" => "updates",
+        "delete" => "deletes",
+        _ => return 1,
+    };
+    if let Some(seq) = req.sequences.iter().find(|s| s.identifier == field) {
+        return seq.documents.len();
+    }
+    match req.body.raw().get(field) {
+        Ok(Some(bson::RawBsonRef::Array(a))) => a.into_iter().count(),
+        _ => 1,
+    }
+}
+
+/// The collection a command names in its first field.
+fn collection_name(req: &CommandRequest, body: &Document) -> Result<String, EngineError> {
+    match body.get(&req.name) {
+        Some(Bson::String(s)) => {
+            check_namespace(&req.db, s)?;
+            Ok(s.clone())
+        }
+        Some(other) => Err(err(
+            ErrorCode::InvalidNamespace,
+            format!(
+                "collection name has invalid type {}",
+                super::update::type_name(other)
+            ),
+        )),
+        None => Err(err(ErrorCode::InvalidNamespace, "missing collection name")),
+    }
+}
+
+/// Runs one data or DDL command.
+pub fn run(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+    retry: Option<&RetryCtx>,
+) -> Result<Document, EngineError> {
+    match req.name.as_str() {
+        "insert" => insert(svc, req, body, retry),
+        "update" => update(svc, req, body, retry),
+        "delete" => delete(svc, req, body, retry),
+        "findAndModify" | "findandmodify" => find_and_modify(svc, req, body, retry),
+        "find" => find(svc, req, body),
+        "getMore" => get_more(svc, req, body),
+        "killCursors" => kill_cursors(svc, req, body),
+        "count" => count(svc, req, body),
+        "distinct" => distinct(svc, req, body),
+        "aggregate" => aggregate_cmd(svc, req, body),
+        "create" => create(svc, req, body),
+        "drop" => drop_collection(svc, req, body),
+        "dropDatabase" => {
+            lock(&svc.catalog).dbs.remove(&req.db);
+            Ok(doc! {"dropped": &req.db})
+        }
+        "listCollections" => list_collections(svc, req, body),
+        "listDatabases" => list_databases(svc, body),
+        "createIndexes" => create_indexes(svc, req, body),
+        "listIndexes" => list_indexes(svc, req, body),
+        "dropIndexes" | "deleteIndexes" => drop_indexes(svc, req, body),
+        "collStats" => coll_stats(svc, req, body),
+        "dbStats" => db_stats(svc, req),
+        other => Err(err(
+            ErrorCode::CommandNotFound,
+            format!("no such command: '{other}'"),
+        )),
+    }
+}
+
+fn ordered(body: &Document) -> bool {
+    body.get("ordered").map(truthy).unwrap_or(true)
+}
+
+/// A write reply with its stale-config error, when the shard version does not match.
+fn stale_write_reply(e: EngineError, with_modified: bool) -> Document {
+    let mut d = doc! {"n": 0};
+    if with_modified {
+        d.insert("nModified", 0);
+    }
+    d.insert("writeErrors", vec![Bson::Document(e.write_error(0))]);
+    d
+}
+
+/// Puts `_id` first, generating an ObjectId when missing, as mongod stores documents.
+fn prepare_insert(mut d: Document) -> Result<Document, EngineError> {
+    let id = match d.remove("_id") {
+        Some(Bson::Array(_)) => {
+            return Err(err(
+                ErrorCode::InvalidIdField,
+                "The '_id' value cannot be of type array",
+            ))
+        }
+        Some(Bson::RegularExpression(_)) => {
+            return Err(err(
+                ErrorCode::InvalidIdField,
+                "The '_id' value cannot be of type regex",
+            ))
+        }
+        Some(Bson::Undefined) => {
+            return Err(err(
+                ErrorCode::InvalidIdField,
+                "The '_id' value cannot be of type undefined",
+            ))
+        }
+        Some(v) => v,
+        None => Bson::ObjectId(ObjectId::new()),
+    };
+    let mut out = Document::new();
+    out.insert("_id", id);
+    for (k, v) in d {
+        out.insert(k, v);
+    }
+    let size = out.to_vec().map(|v| v.len()).unwrap_or(usize::MAX);
+    if size > MAX_BSON_OBJECT_SIZE {
+        return Err(err(
+            ErrorCode::BSONObjectTooLarge,
+            format!("object to insert too large. size in bytes: {size}, max size: {MAX_BSON_OBJECT_SIZE}"),
+        ));
+    }
+    Ok(out)
+}
+
+fn insert(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+    retry: Option<&RetryCtx>,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let docs = statements(req, body, "documents")?;
+    let ns = format!("{}.{coll}", req.db);
+    if let Err(e) = svc.check_version(&ns, body) {
+        return Ok(stale_write_reply(e, false));
+    }
+    let ordered = ordered(body);
+    let mut n = 0i32;
+    let mut errors = Vec::new();
+    let mut retried = Vec::new();
+    let mut cat = lock(&svc.catalog);
+    let (c, _) = cat.collection_mut(&req.db, &coll);
+    for (i, d) in docs.into_iter().enumerate() {
+        if let Some(ctx) = retry {
+            let sid = ctx.stmt_id(i);
+            if svc.recorded(ctx, sid).is_some() {
+                n += 1;
+                retried.push(sid);
+                continue;
+            }
+        }
+        let result = prepare_insert(d).and_then(|d| c.insert(&ns, d));
+        match result {
+            Ok(_) => {
+                n += 1;
+                if let Some(ctx) = retry {
+                    svc.record(ctx, ctx.stmt_id(i), StmtOutcome::Inserted);
+                }
+            }
+            Err(e) => {
+                errors.push(Bson::Document(e.write_error(i)));
+                if ordered {
+                    break;
+                }
+            }
+        }
+    }
+    drop(cat);
+    svc.bump_opcounter("insert", n as i64);
+    let mut reply = doc! {"n": n};
+    if !errors.is_empty() {
+        reply.insert("writeErrors", errors);
+    }
+    if !retried.is_empty() {
+        reply.insert("retriedStmtIds", retried);
+    }
+    Ok(reply)
+}
+
+/// The document an upsert inserts: the filter's equality fields, then the update applied.
+fn upsert_document(filter: &Document, upd: &Update) -> Result<Document, EngineError> {
+    let mut seed = Document::new();
+    match upd {
+        Update::Replacement(_) => {
+            if let Some((_, id)) = equality_fields(filter)
+                .into_iter()
+                .find(|(k, _)| k == "_id")
+            {
+                seed.insert("_id", id);
+            }
+        }
+        Update::Operators(_) => {
+            for (k, v) in equality_fields(filter) {
+                if k.starts_with('$') {
+                    continue;
+                }
+                path::set(&mut seed, &k, v)?;
+            }
+        }
+    }
+    upd.apply(&mut seed, true)?;
+    prepare_insert(seed)
+}
+
+fn update(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+    retry: Option<&RetryCtx>,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let stmts = statements(req, body, "updates")?;
+    let ns = format!("{}.{coll}", req.db);
+    if let Err(e) = svc.check_version(&ns, body) {
+        return Ok(stale_write_reply(e, true));
+    }
+    let ordered = ordered(body);
+    let (mut n, mut modified) = (0i64, 0i64);
+    let mut upserted = Vec::new();
+    let mut errors = Vec::new();
+    let mut retried = Vec::new();
+    let mut cat = lock(&svc.catalog);
+    for (i, stmt) in stmts.iter().enumerate() {
+        if let Some(ctx) = retry {
+            let sid = ctx.stmt_id(i);
+            if let Some(StmtOutcome::Updated {
+                n: sn,
+                modified: sm,
+                upserted: su,
+            }) = svc.recorded(ctx, sid)
+            {
+                n += sn;
+                modified += sm;
+                if let Some(id) = su {
+                    upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id}));
+                }
+                retried.push(sid);
+                continue;
+            }
+        }
+        match update_one_statement(&mut cat, &req.db, &coll, &ns, stmt) {
+            Ok(out) => {
+                if let StmtOutcome::Updated {
+                    n: sn,
+                    modified: sm,
+                    upserted: su,
+                } = &out
+                {
+                    n += sn;
+                    modified += sm;
+                    if let Some(id) = su {
+                        upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id.clone()}));
+                    }
+                }
+                if let Some(ctx) = retry {
+                    svc.record(ctx, ctx.stmt_id(i), out);
+                }
+            }
+            Err(e) => {
+                errors.push(Bson::Document(e.write_error(i)));
+                if ordered {
+                    break;
+                }
+            }
+        }
+    }
+    drop(cat);
+    svc.bump_opcounter("update", stmts.len() as i64);
+    let mut reply = doc! {"n": count_value(n), "nModified": count_value(modified)};
+    if !upserted.is_empty() {
+        reply.insert("upserted", upserted);
+    }
+    if !errors.is_empty() {
+        reply.insert("writeErrors", errors);
+    }
+    if !retried.is_empty() {
+        reply.insert("retriedStmtIds", retried);
+    }
+    Ok(reply)
+}
+
+fn count_value(n: i64) -> Bson {
+    i32::try_from(n).map(Bson::Int32).unwrap_or(Bson::Int64(n))
+}
+
+fn update_one_statement(
+    cat: &mut Catalog,
+    db: &str,
+    coll: &str,
+    ns: &str,
+    stmt: &Document,
+) -> Result<StmtOutcome, EngineError> {
+    let q = match stmt.get("q") {
+        Some(Bson::Document(q)) => q.clone(),
+        Some(_) => {
+            return Err(err(
+                ErrorCode::TypeMismatch,
+                "BSON field 'update.updates.q' is the wrong type, expected type 'object'",
+            ))
+        }
+        None => {
+            return Err(err(
+                ErrorCode(40414),
+                "BSON field 'update.updates.q' is missing but a required field",
+            ))
+        }
+    };
+    let Some(u) = stmt.get("u") else {
+        return Err(err(
+            ErrorCode(40414),
+            "BSON field 'update.updates.u' is missing but a required field",
+        ));
+    };
+    if matches!(stmt.get("arrayFilters"), Some(Bson::Array(a)) if !a.is_empty()) {
+        return Err(err(
+            ErrorCode::BadValue,
+            "arrayFilters are not supported by the embedded shard",
+        ));
+    }
+    let multi = stmt.get("multi").is_some_and(truthy);
+    let upsert = stmt.get("upsert").is_some_and(truthy);
+    let upd = Update::parse(u)?;
+    if multi && upd.is_replacement() {
+        return Err(err(
+            ErrorCode::FailedToParse,
+            "multi update is not supported for replacement-style update",
+        ));
+    }
+    let matcher = Matcher::parse(&q)?;
+    let rids = match cat.collection(db, coll) {
+        Some(c) => c.find(&q, &matcher),
+        None => Vec::new(),
+    };
+    if rids.is_empty() {
+        if !upsert {
+            return Ok(StmtOutcome::Updated {
+                n: 0,
+                modified: 0,
+                upserted: None,
+            });
+        }
+        let d = upsert_document(&q, &upd)?;
+        let id = d.get("_id").cloned().unwrap_or(Bson::Null);
+        let (c, _) = cat.collection_mut(db, coll);
+        c.insert(ns, d)?;
+        return Ok(StmtOutcome::Updated {
+            n: 1,
+            modified: 0,
+            upserted: Some(id),
+        });
+    }
+    let Some(c) = cat.existing_mut(db, coll) else {
+        return Ok(StmtOutcome::Updated {
+            n: 0,
+            modified: 0,
+            upserted: None,
+        });
+    };
+    let targets = if multi {
+        rids
+    } else {
+        rids.into_iter().take(1).collect()
+    };
+    let (mut n, mut modified) = (0, 0);
+    for rid in targets {
+        let Some(old) = c.get(rid).cloned() else {
+            continue;
+        };
+        let mut new = old.clone();
+        upd.apply(&mut new, false)?;
+        n += 1;
+        if new != old {
+            c.replace(ns, rid, new)?;
+            modified += 1;
+        }
+    }
+    Ok(StmtOutcome::Updated {
+        n,
+        modified,
+        upserted: None,
+    })
+}
+
+fn delete(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+    retry: Option<&RetryCtx>,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let stmts = statements(req, body, "deletes")?;
+    let ns = format!("{}.{coll}", req.db);
+    if let Err(e) = svc.check_version(&ns, body) {
+        return Ok(stale_write_reply(e, false));
+    }
+    let ordered = ordered(body);
+    let mut n = 0i64;
+    let mut errors = Vec::new();
+    let mut retried = Vec::new();
+    let mut cat = lock(&svc.catalog);
+    for (i, stmt) in stmts.iter().enumerate() {
+        if let Some(ctx) = retry {
+            let sid = ctx.stmt_id(i);
+            if let Some(StmtOutcome::Deleted { n: sn }) = svc.recorded(ctx, sid) {
+                n += sn;
+                retried.push(sid);
+                continue;
+            }
+        }
+        let result = (|| {
+            let q = match stmt.get("q") {
+                Some(Bson::Document(q)) => q.clone(),
+                _ => {
+                    return Err(err(
+                        ErrorCode(40414),
+                        "BSON field 'delete.deletes.q' is missing but a required field",
+                    ))
+                }
+            };
+            let limit = match stmt.get("limit").and_then(|v| match v {
+                Bson::Int32(i) => Some(*i as i64),
+                Bson::Int64(i) => Some(*i),
+                Bson::Double(d) => Some(*d as i64),
+                _ => None,
+            }) {
+                Some(l @ (0 | 1)) => l,
+                Some(other) => {
+                    return Err(err(
+                        ErrorCode::FailedToParse,
+                        format!("The limit field in delete objects must be 0 or 1. Got {other}"),
+                    ))
+                }
+                None => {
+                    return Err(err(
+                        ErrorCode(40414),
+                        "BSON field 'delete.deletes.limit' is missing but a required field",
+                    ))
+                }
+            };
+            let matcher = Matcher::parse(&q)?;
+            let Some(c) = cat.existing_mut(&req.db, &coll) else {
+                return Ok(0);
+            };
+            let mut rids = c.find(&q, &matcher);
+            if limit == 1 {
+                rids.truncate(1);
+            }
+            let removed = rids
+                .into_iter()
+                .filter(|rid| c.remove(*rid).is_some())
+                .count();
+            Ok(removed as i64)
+        })();
+        match result {
+            Ok(removed) => {
+                n += removed;
+                if let Some(ctx) = retry {
+                    svc.record(ctx, ctx.stmt_id(i), StmtOutcome::Deleted { n: removed });
+                }
+            }
+            Err(e) => {
+                errors.push(Bson::Document(e.write_error(i)));
+                if ordered {
+                    break;
+                }
+            }
+        }
+    }
+    drop(cat);
+    svc.bump_opcounter("delete", stmts.len() as i64);
+    let mut reply = doc! {"n": count_value(n)};
+    if !errors.is_empty() {
+        reply.insert("writeErrors", errors);
+    }
+    if !retried.is_empty() {
+        reply.insert("retriedStmtIds", retried);
+    }
+    Ok(reply)
+}
+
+fn find_and_modify(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+    retry: Option<&RetryCtx>,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let ns = format!("{}.{coll}", req.db);
+    svc.check_version(&ns, body)?;
+    if let Some(ctx) = retry {
+        if let Some(StmtOutcome::Reply(r)) = svc.recorded(ctx, ctx.stmt_id(0)) {
+            return Ok(r);
+        }
+    }
+    let query = body.get_document("query").cloned().unwrap_or_default();
+    let remove = body.get("remove").is_some_and(truthy);
+    let want_new = body.get("new").is_some_and(truthy);
+    let upsert = body.get("upsert").is_some_and(truthy);
+    let upd = body.get("update");
+    match (remove, upd) {
+        (true, Some(_)) => return Err(err(ErrorCode::FailedToParse, "Cannot specify both an update and remove=true")),
+        (false, None) => return Err(err(ErrorCode::FailedToParse, "Either an update or remove=true must be specified")),
+        (true, None) if upsert => return Err(err(ErrorCode::FailedToParse, "Cannot specify both upsert=true and remove=true")),
+        (true, None) if want_new => return Err(err(ErrorCode::FailedToParse, "Cannot specify both new=true and remove=true; 'remove' always returns the deleted document")),
+        _ => {}
+    }
+    let sort = SortSpec::parse(&body.get_document("sort").cloned().unwrap_or_default())?;
+    let projection = Projection::parse(&body.get_document("fields").cloned().unwrap_or_default())?;
+    let show = |d: &Document| match &projection {
+        Some(p) => Bson::Document(p.apply(d)),
+        None => Bson::Document(d.clone()),
+    };
+    let matcher = Matcher::parse(&query)?;
+    let mut cat = lock(&svc.catalog);
+    let mut candidates: Vec<(u64, Document)> = match cat.collection(&req.db, &coll) {
+        Some(c) => c
+            .find(&query, &matcher)
+            .into_iter()
+            .filter_map(|rid| c.get(rid).map(|d| (rid, d.clone())))
+            .collect(),
+        None => Vec::new(),
+    };
+    if !sort.is_empty() {
+        candidates.sort_by(|a, b| sort.compare(&a.1, &b.1));
+    }
+    let found = candidates.into_iter().next();
+    let reply = if remove {
+        match found {
+            Some((rid, d)) => {
+                if let Some(c) = cat.existing_mut(&req.db, &coll) {
+                    c.remove(rid);
+                }
+                doc! {"lastErrorObject": {"n": 1}, "value": show(&d)}
+            }
+            None => doc! {"lastErrorObject": {"n": 0}, "value": Bson::Null},
+        }
+    } else {
+        let upd = Update::parse(upd.unwrap_or(&Bson::Null))?;
+        match found {
+            Some((rid, old)) => {
+                let mut new = old.clone();
+                upd.apply(&mut new, false)?;
+                if new != old {
+                    if let Some(c) = cat.existing_mut(&req.db, &coll) {
+                        c.replace(&ns, rid, new.clone())?;
+                    }
+                }
+                doc! {
+                    "lastErrorObject": {"n": 1, "updatedExisting": true},
+                    "value": if want_new { show(&new) } else { show(&old) },
+                }
+            }
+            None if upsert => {
+                let d = upsert_document(&query, &upd)?;
+                let id = d.get("_id").cloned().unwrap_or(Bson::Null);
+                let (c, _) = cat.collection_mut(&req.db, &coll);
+                c.insert(&ns, d.clone())?;
+                doc! {
+                    "lastErrorObject": {"n": 1, "updatedExisting": false, "upserted": id},
+                    "value": if want_new { show(&d) } else { Bson::Null },
+                }
+            }
+            None => {
+                doc! {"lastErrorObject": {"n": 0, "updatedExisting": false}, "value": Bson::Null}
+            }
+        }
+    };
+    drop(cat);
+    if let Some(ctx) = retry {
+        svc.record(ctx, ctx.stmt_id(0), StmtOutcome::Reply(reply.clone()));
+    }
+    Ok(reply)
+}
+
+/// Splits `docs` into a first batch of at most `batch` documents (and 16 MiB) and the rest; the
+/// rest becomes a cursor unless `single_batch`.
+fn cursor_reply(
+    svc: &ShardService,
+    ns: String,
+    docs: Vec<Document>,
+    batch: usize,
+    single_batch: bool,
+    first: &str,
+) -> Document {
+    let mut remaining: VecDeque<Document> = docs.into();
+    let out = take_batch(&mut remaining, batch);
+    let id = if remaining.is_empty() || single_batch {
+        0i64
+    } else {
+        let id = loop {
+            let candidate = (rand_u64() >> 2) as i64;
+            if candidate != 0 && !lock(&svc.cursors).contains_key(&candidate) {
+                break candidate;
+            }
+        };
+        lock(&svc.cursors).insert(
+            id,
+            Cursor {
+                ns: ns.clone(),
+                remaining,
+            },
+        );
+        id
+    };
+    doc! {"cursor": {first: out, "id": id, "ns": ns}}
+}
+
+fn take_batch(remaining: &mut VecDeque<Document>, batch: usize) -> Vec<Bson> {
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    while out.len() < batch {
+        let Some(d) = remaining.front() else { break };
+        let size = d.to_vec().map(|v| v.len()).unwrap_or(0);
+        if !out.is_empty() && bytes + size > MAX_BSON_OBJECT_SIZE {
+            break;
+        }
+        bytes += size;
+        if let Some(d) = remaining.pop_front() {
+            out.push(Bson::Document(d));
+        }
+    }
+    out
+}
+
+fn rand_u64() -> u64 {
+    let oid = ObjectId::new().bytes();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut x = u64::from_le_bytes([
+        oid[4], oid[5], oid[6], oid[7], oid[8], oid[9], oid[10], oid[11],
+    ]) ^ t.rotate_left(17);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51afd7ed558ccd);
+    x ^= x >> 33;
+    x
+}
+
+fn batch_size(body: &Document, field: &str) -> Result<Option<usize>, EngineError> {
+    match body.get(field) {
+        None => Ok(None),
+        Some(v) => match number_field(body, field) {
+            Some(n) if n >= 0 => Ok(Some(n as usize)),
+            Some(_) => Err(err(
+                ErrorCode(51024),
+                format!(
+                    "BSON field '{field}' value must be >= 0, actual value '{}'",
+                    super::render::render_value(v)
+                ),
+            )),
+            None => Err(err(
+                ErrorCode::TypeMismatch,
+                format!("BSON field '{field}' is the wrong type"),
+            )),
+        },
+    }
+}
+
+fn matching_documents(
+    svc: &ShardService,
+    db: &str,
+    coll: &str,
+    filter: &Document,
+) -> Result<Vec<Document>, EngineError> {
+    let matcher = Matcher::parse(filter)?;
+    let cat = lock(&svc.catalog);
+    Ok(match cat.collection(db, coll) {
+        Some(c) => c
+            .find(filter, &matcher)
+            .into_iter()
+            .filter_map(|rid| c.get(rid).cloned())
+            .collect(),
+        None => Vec::new(),
+    })
+}
+
+fn doc_arg(body: &Document, field: &str, cmd: &str) -> Result<Document, EngineError> {
+    match body.get(field) {
+        None | Some(Bson::Null) => Ok(Document::new()),
+        Some(Bson::Document(d)) => Ok(d.clone()),
+        Some(other) => Err(err(
+            ErrorCode::TypeMismatch,
+            format!(
+                "BSON field '{cmd}.{field}' is the wrong type '{}', expected type 'object'",
+                super::update::type_name(other)
+            ),
+        )),
+    }
+}
+
+fn find(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let ns = format!("{}.{coll}", req.db);
+    svc.check_version(&ns, body)?;
+    let filter = doc_arg(body, "filter", "find")?;
+    let sort = SortSpec::parse(&doc_arg(body, "sort", "find")?)?;
+    let projection = Projection::parse(&doc_arg(body, "projection", "find")?)?;
+    let skip = batch_size(body, "skip")?.unwrap_or(0);
+    let mut single_batch = body.get("singleBatch").is_some_and(truthy);
+    let limit = match number_field(body, "limit") {
+        Some(l) if l < 0 => {
+            single_batch = true;
+            Some(l.unsigned_abs() as usize)
+        }
+        Some(0) | None => None,
+        Some(l) => Some(l as usize),
+    };
+    let mut docs = matching_documents(svc, &req.db, &coll, &filter)?;
+    sort.sort(&mut docs);
+    let docs: Vec<Document> = docs
+        .into_iter()
+        .skip(skip)
+        .take(limit.unwrap_or(usize::MAX))
+        .map(|d| match &projection {
+            Some(p) => p.apply(&d),
+            None => d,
+        })
+        .collect();
+    svc.bump_opcounter("query", 1);
+    let batch = batch_size(body, "batchSize")?.unwrap_or(DEFAULT_BATCH);
+    let batch = if single_batch { usize::MAX } else { batch };
+    Ok(cursor_reply(
+        svc,
+        ns,
+        docs,
+        batch,
+        single_batch,
+        "firstBatch",
+    ))
+}
+
+fn get_more(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    let id = match body.get("getMore") {
+        Some(Bson::Int64(i)) => *i,
+        _ => {
+            return Err(err(
+                ErrorCode::TypeMismatch,
+                "BSON field 'getMore.getMore' is the wrong type, expected type 'long'",
+            ))
+        }
+    };
+    let coll = body.get_str("collection").map_err(|_| {
+        err(
+            ErrorCode(40414),
+            "BSON field 'getMore.collection' is missing but a required field",
+        )
+    })?;
+    let ns = format!("{}.{coll}", req.db);
+    let batch = batch_size(body, "batchSize")?.unwrap_or(usize::MAX);
+    let mut cursors = lock(&svc.cursors);
+    let Some(cursor) = cursors.get_mut(&id) else {
+        return Err(err(
+            ErrorCode::CursorNotFound,
+            format!("cursor id {id} not found"),
+        ));
+    };
+    if cursor.ns != ns {
+        return Err(err(
+            ErrorCode::Unauthorized,
+            format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", cursor.ns),
+        ));
+    }
+    let out = take_batch(&mut cursor.remaining, batch.max(1));
+    let next_id = if cursor.remaining.is_empty() {
+        cursors.remove(&id);
+        0i64
+    } else {
+        id
+    };
+    drop(cursors);
+    svc.bump_opcounter("getmore", 1);
+    Ok(doc! {"cursor": {"nextBatch": out, "id": next_id, "ns": ns}})
+}
+
+fn kill_cursors(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    collection_name(req, body)?;
+    let Ok(ids) = body.get_array("cursors") else {
+        return Err(err(
+            ErrorCode(40414),
+            "BSON field 'killCursors.cursors' is missing but a required field",
+        ));
+    };
+    let mut killed = Vec::new();
+    let mut not_found = Vec::new();
+    let mut cursors = lock(&svc.cursors);
+    for id in ids {
+        let Bson::Int64(id) = id else {
+            return Err(err(
+                ErrorCode::TypeMismatch,
+                "BSON field 'killCursors.cursors' must hold longs",
+            ));
+        };
+        if cursors.remove(id).is_some() {
+            killed.push(*id);
+        } else {
+            not_found.push(*id);
+        }
+    }
+    Ok(
+        doc! {"cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [], "cursorsUnknown": []},
+    )
+}
+
+fn count(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let query = doc_arg(body, "query", "count")?;
+    let docs = matching_documents(svc, &req.db, &coll, &query)?;
+    let skip = batch_size(body, "skip")?.unwrap_or(0);
+    let mut n = docs.len().saturating_sub(skip);
+    if let Some(l) = number_field(body, "limit") {
+        if l != 0 {
+            n = n.min(l.unsigned_abs() as usize);
+        }
+    }
+    Ok(doc! {"n": count_value(n as i64)})
+}
+
+fn distinct(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let key = body.get_str("key").map_err(|_| {
+        err(
+            ErrorCode(40414),
+            "BSON field 'distinct.key' is missing but a required field",
+        )
+    })?;
+    let query = doc_arg(body, "query", "distinct")?;
+    let docs = matching_documents(svc, &req.db, &coll, &query)?;
+    let mut values: Vec<Bson> = Vec::new();
+    for d in &docs {
+        for v in path::lookup(d, key).expanded() {
+            if !values.iter().any(|x| values_equal(x, v)) {
+                values.push(v.clone());
+            }
+        }
+    }
+    values.sort_by(crate::order::compare);
+    Ok(doc! {"values": values})
+}
+
+fn aggregate_cmd(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    let coll = match body.get("aggregate") {
+        Some(Bson::String(s)) => {
+            check_namespace(&req.db, s)?;
+            s.clone()
+        }
+        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(_)) => return Err(err(
+            ErrorCode::InvalidNamespace,
+            "collection-less aggregations ({aggregate: 1}) are not supported by the embedded shard",
+        )),
+        _ => {
+            return Err(err(
+                ErrorCode::InvalidNamespace,
+                "Invalid collection name specified",
+            ))
+        }
+    };
+    let Ok(pipeline) = body.get_array("pipeline") else {
+        return Err(err(
+            ErrorCode::TypeMismatch,
+            "'pipeline' option must be specified as an array",
+        ));
+    };
+    let cursor_opts =
+        match body.get("cursor") {
+            Some(Bson::Document(c)) => c.clone(),
+            _ if body.get("explain").is_some_and(truthy) => Document::new(),
+            _ => return Err(err(
+                ErrorCode::FailedToParse,
+                "The 'cursor' option is required, except for aggregate with the explain argument",
+            )),
+        };
+    let ns = format!("{}.{coll}", req.db);
+    svc.check_version(&ns, body)?;
+    let docs = matching_documents(svc, &req.db, &coll, &Document::new())?;
+    let out = aggregate::run(pipeline, docs)?;
+    let batch = batch_size(&cursor_opts, "batchSize")?.unwrap_or(DEFAULT_BATCH);
+    svc.bump_opcounter("command", 1);
+    Ok(cursor_reply(svc, ns, out, batch, false, "firstBatch"))
+}
+
+fn create(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let mut cat = lock(&svc.catalog);
+    if cat.collection(&req.db, &coll).is_some() {
+        return Err(err(
+            ErrorCode::NamespaceExists,
+            format!("Collection {}.{coll} already exists.", req.db),
+        ));
+    }
+    let mut options = Document::new();
+    for (k, v) in body {
+        if k != "create" && !crate::command::GENERIC_ARGUMENTS.contains(&k.as_str()) {
+            options.insert(k.clone(), v.clone());
+        }
+    }
+    cat.dbs
+        .entry(req.db.clone())
+        .or_default()
+        .insert(coll, Collection::new(options));
+    Ok(Document::new())
+}
+
+fn drop_collection(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let ns = format!("{}.{coll}", req.db);
+    let mut cat = lock(&svc.catalog);
+    let removed = cat
+        .dbs
+        .get_mut(&req.db)
+        .and_then(|colls| colls.remove(&coll));
+    if cat.dbs.get(&req.db).is_some_and(|c| c.is_empty()) {
+        cat.dbs.remove(&req.db);
+    }
+    drop_cursors(svc, &ns);
+    Ok(match removed {
+        Some(c) => doc! {"nIndexesWas": c.indexes().len() as i32, "ns": ns},
+        None => Document::new(),
+    })
+}
+
+fn drop_cursors(svc: &ShardService, ns: &str) {
+    lock(&svc.cursors).retain(|_, c| c.ns != ns);
+}
+
+fn list_collections(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    let filter = doc_arg(body, "filter", "listCollections")?;
+    let matcher = Matcher::parse(&filter)?;
+    let name_only = body.get("nameOnly").is_some_and(truthy);
+    let cat = lock(&svc.catalog);
+    let mut out = Vec::new();
+    if let Some(colls) = cat.dbs.get(&req.db) {
+        for (name, c) in colls {
+            let d = if name_only {
+                doc! {"name": name, "type": "collection"}
+            } else {
+                doc! {
+                    "name": name,
+                    "type": "collection",
+                    "options": c.options.clone(),
+                    "info": {"readOnly": false, "uuid": c.uuid},
+                    "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"},
+                }
+            };
+            if matcher.matches(&d) {
+                out.push(d);
+            }
+        }
+    }
+    drop(cat);
+    Ok(cursor_reply(
+        svc,
+        format!("{}.$cmd.listCollections", req.db),
+        out,
+        usize::MAX,
+        true,
+        "firstBatch",
+    ))
+}
+
+fn list_databases(svc: &ShardService, body: &Document) -> Result<Document, EngineError> {
+    let filter = doc_arg(body, "filter", "listDatabases")?;
+    let matcher = Matcher::parse(&filter)?;
+    let name_only = body.get("nameOnly").is_some_and(truthy);
+    let cat = lock(&svc.catalog);
+    let mut dbs = Vec::new();
+    let mut total = 0i64;
+    for (name, colls) in &cat.dbs {
+        let size: i64 = colls.values().map(|c| c.data_size() as i64).sum();
+        let d = if name_only {
+            doc! {"name": name}
+        } else {
+            doc! {"name": name, "sizeOnDisk": size, "empty": colls.values().all(|c| c.is_empty())}
+        };
+        if matcher.matches(&d) {
+            total += size;
+            dbs.push(d);
+        }
+    }
+    let mut reply = doc! {"databases": dbs};
+    if !name_only {
+        reply.insert("totalSize", total);
+        reply.insert("totalSizeMb", total / (1024 * 1024));
+    }
+    Ok(reply)
+}
+
+fn create_indexes(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let Ok(specs) = body.get_array("indexes") else {
+        return Err(err(
+            ErrorCode(40414),
+            "BSON field 'createIndexes.indexes' is missing but a required field",
+        ));
+    };
+    if specs.is_empty() {
+        return Err(err(
+            ErrorCode::BadValue,
+            "Must specify at least one index to create",
+        ));
+    }
+    let ns = format!("{}.{coll}", req.db);
+    let mut cat = lock(&svc.catalog);
+    let (c, created) = cat.collection_mut(&req.db, &coll);
+    let before = c.indexes().len() as i32;
+    let mut backup = c.clone();
+    let mut any_new = false;
+    for spec in specs {
+        let Bson::Document(spec) = spec else {
+            return Err(err(
+                ErrorCode::TypeMismatch,
+                "index specification must be an object",
+            ));
+        };
+        match backup.create_index(&ns, spec) {
+            Ok(new) => any_new |= new,
+            Err(e) => return Err(e),
+        }
+    }
+    std::mem::swap(c, &mut backup);
+    let after = c.indexes().len() as i32;
+    let mut reply = doc! {"numIndexesBefore": before, "numIndexesAfter": after, "createdCollectionAutomatically": created};
+    if !any_new {
+        reply.insert("note", "all indexes already exist");
+    }
+    Ok(reply)
+}
+
+fn list_indexes(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let ns = format!("{}.{coll}", req.db);
+    let specs: Vec<Document> = {
+        let cat = lock(&svc.catalog);
+        let Some(c) = cat.collection(&req.db, &coll) else {
+            return Err(err(
+                ErrorCode::NamespaceNotFound,
+                format!("ns does not exist: {ns}"),
+            ));
+        };
+        c.indexes().iter().map(|i| i.spec.clone()).collect()
+    };
+    Ok(cursor_reply(svc, ns, specs, usize::MAX, true, "firstBatch"))
+}
+
+fn drop_indexes(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let ns = format!("{}.{coll}", req.db);
+    let mut cat = lock(&svc.catalog);
+    let Some(c) = cat.existing_mut(&req.db, &coll) else {
+        return Err(err(
+            ErrorCode::NamespaceNotFound,
+            format!("ns not found {ns}"),
+        ));
+    };
+    let was = c.indexes().len() as i32;
+    match body.get("index") {
+        Some(Bson::String(s)) if s == "*" => c.drop_all_indexes(),
+        Some(Bson::Array(names)) => {
+            for n in names {
+                c.drop_index(n)?;
+            }
+        }
+        Some(which) => c.drop_index(which)?,
+        None => {
+            return Err(err(
+                ErrorCode(40414),
+                "BSON field 'dropIndexes.index' is missing but a required field",
+            ))
+        }
+    }
+    Ok(doc! {"nIndexesWas": was})
+}
+
+fn coll_stats(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    let coll = collection_name(req, body)?;
+    let ns = format!("{}.{coll}", req.db);
+    let cat = lock(&svc.catalog);
+    let (count, size, nindexes) = match cat.collection(&req.db, &coll) {
+        Some(c) => (
+            c.len() as i64,
+            c.data_size() as i64,
+            c.indexes().len() as i32,
+        ),
+        None => (0, 0, 0),
+    };
+    let avg = if count > 0 { size / count } else { 0 };
+    Ok(doc! {
+        "ns": ns, "size": size, "count": count, "avgObjSize": avg, "storageSize": size,
+        "nindexes": nindexes, "totalIndexSize": 0i64, "totalSize": size, "indexSizes": {},
+    })
+}
+
+fn db_stats(svc: &ShardService, req: &CommandRequest) -> Result<Document, EngineError> {
+    let cat = lock(&svc.catalog);
+    let (mut colls, mut objects, mut size, mut indexes) = (0i64, 0i64, 0i64, 0i64);
+    if let Some(db) = cat.dbs.get(&req.db) {
+        for c in db.values() {
+            colls += 1;
+            objects += c.len() as i64;
+            size += c.data_size() as i64;
+            indexes += c.indexes().len() as i64;
+        }
+    }
+    let avg = if objects > 0 {
+        size as f64 / objects as f64
+    } else {
+        0.0
+    };
+    Ok(doc! {
+        "db": &req.db, "collections": colls, "views": 0i64, "objects": objects, "avgObjSize": avg,
+        "dataSize": size as f64, "storageSize": size as f64, "indexes": indexes, "indexSize": 0.0,
+        "totalSize": size as f64, "scaleFactor": 1i64,
+    })
+}

@@ -1,0 +1,227 @@
+//! The embedded shard: an in-memory, mongod-compatible server behind the same wire codec and
+//! frontend as the router. It exists for `sluice demo`, the tests and the benchmarks, because
+//! no real mongod can be installed everywhere Sluice is tried. **Memory only, not for
+//! production**: real deployments point Sluice at real mongod shards, so the engine's replies
+//! (shapes, codes, messages) follow mongod 8.0's as closely as the tests can hold them.
+//!
+//! What it answers: `hello` as a replica-set primary (with `setName`), CRUD (`insert`,
+//! `update`, `delete`, `find`/`getMore`/`killCursors`, `count`, `distinct`, `findAndModify`,
+//! `aggregate`), DDL (`create`, `drop`, `dropDatabase`, `listCollections`, `listDatabases`,
+//! `createIndexes`, `listIndexes`, `dropIndexes`, `collStats`, `dbStats`), `serverStatus` with
+//! `metrics.commands.<name>.total`, retryable writes (`lsid` + `txnNumber` + `stmtIds`),
+//! shard versions (`shardVersion` checked against what `sluiceSetShardVersion` recorded),
+//! MongoDB's `failCommand` failpoint, and injected latency and a concurrency cap to model a
+//! slow or saturated shard.
+//!
+//! Modules: [`store`] (catalog, collections, unique indexes), [`matcher`] (query language),
+//! [`update`] (update operators), [`query`] (sort, projection), [`aggregate`] (pipelines),
+//! [`path`] (dotted paths), [`render`] (values in error messages), [`service`] (commands).
+
+pub mod aggregate;
+pub mod commands;
+pub mod matcher;
+pub mod path;
+pub mod query;
+pub mod render;
+pub mod service;
+pub mod store;
+pub mod update;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, Document};
+
+use crate::config::Config;
+use crate::error_codes::ErrorCode;
+use crate::frontend::RouterHandle;
+
+pub use service::ShardService;
+
+/// An error of the embedded engine, with the extra fields mongod puts beside `code` and
+/// `errmsg` (`keyPattern`/`keyValue` for a duplicate key, the versions of a StaleConfig).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct EngineError {
+    /// The MongoDB code.
+    pub code: ErrorCode,
+    /// The `errmsg`.
+    pub message: String,
+    /// Extra fields.
+    pub extra: Option<Document>,
+}
+
+impl EngineError {
+    /// An error with this code and message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        EngineError {
+            code,
+            message: message.into(),
+            extra: None,
+        }
+    }
+
+    /// Adds extra fields.
+    pub fn with_extra(mut self, extra: Document) -> Self {
+        self.extra = Some(extra);
+        self
+    }
+
+    /// The `writeErrors` entry for statement `index`.
+    pub fn write_error(&self, index: usize) -> Document {
+        let mut d = doc! {"index": index as i32, "code": self.code.0, "errmsg": &self.message};
+        if let Some(extra) = &self.extra {
+            for (k, v) in extra {
+                d.insert(k.clone(), v.clone());
+            }
+        }
+        d
+    }
+
+    /// The `{ok: 0, errmsg, code, codeName, …}` reply.
+    pub fn to_reply(&self) -> Document {
+        let mut d = doc! {
+            "ok": 0.0,
+            "errmsg": &self.message,
+            "code": self.code.0,
+            "codeName": self.code.name(),
+        };
+        if let Some(extra) = &self.extra {
+            for (k, v) in extra {
+                d.insert(k.clone(), v.clone());
+            }
+        }
+        d
+    }
+}
+
+/// How an embedded shard behaves.
+#[derive(Debug, Clone)]
+pub struct ShardOptions {
+    /// The replica set name `hello` reports (and the shard id the router knows it by).
+    pub set_name: String,
+    /// Time added to every data command (CRUD, aggregate).
+    pub latency_per_command: Duration,
+    /// Time added per statement written or document returned.
+    pub latency_per_document: Duration,
+    /// Most data commands executing at once (`None`: unlimited); the rest wait.
+    pub max_concurrency: Option<usize>,
+}
+
+impl Default for ShardOptions {
+    fn default() -> Self {
+        ShardOptions {
+            set_name: "shard0".to_string(),
+            latency_per_command: Duration::ZERO,
+            latency_per_document: Duration::ZERO,
+            max_concurrency: None,
+        }
+    }
+}
+
+/// A running embedded shard.
+#[derive(Debug)]
+pub struct EmbeddedShard {
+    handle: RouterHandle,
+    service: Arc<ShardService>,
+}
+
+impl EmbeddedShard {
+    /// Starts a shard on `listen` (`127.0.0.1:0` for an ephemeral port).
+    pub async fn start(listen: &str, options: ShardOptions) -> std::io::Result<EmbeddedShard> {
+        let config = Config {
+            listen: listen.to_string(),
+            ..Config::default()
+        };
+        let mut made: Option<Arc<ShardService>> = None;
+        let handle = crate::frontend::start_service(
+            config,
+            vec!["sluice".into(), "shard".into()],
+            |state| {
+                let s = Arc::new(ShardService::new(state, options));
+                made = Some(s.clone());
+                s
+            },
+        )
+        .await?;
+        let service = made.ok_or_else(|| std::io::Error::other("shard service was not created"))?;
+        service.set_address(handle.local_addr());
+        Ok(EmbeddedShard { handle, service })
+    }
+
+    /// Starts `n` shards on ephemeral loopback ports, named `shard0`, `shard1`, ….
+    pub async fn start_many(n: usize, base: ShardOptions) -> std::io::Result<Vec<EmbeddedShard>> {
+        let mut shards = Vec::with_capacity(n);
+        for i in 0..n {
+            let options = ShardOptions {
+                set_name: format!("shard{i}"),
+                ..base.clone()
+            };
+            shards.push(EmbeddedShard::start("127.0.0.1:0", options).await?);
+        }
+        Ok(shards)
+    }
+
+    /// The address the shard listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.handle.local_addr()
+    }
+
+    /// The shard's command handler (for in-process inspection).
+    pub fn service(&self) -> &Arc<ShardService> {
+        &self.service
+    }
+
+    /// Stops the shard.
+    pub async fn shutdown(self) {
+        self.handle.shutdown().await;
+    }
+
+    /// Waits until the shard stops.
+    pub async fn wait(self) {
+        self.handle.wait().await;
+    }
+}
+
+/// Parses a duration such as `1ms`, `200us`, `0.2ms`, `2s` or `500ns`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected a number and a unit such as 1ms"))?;
+    let nanos = match unit.trim() {
+        "ns" => value,
+        "us" | "µs" => value * 1e3,
+        "ms" | "" => value * 1e6,
+        "s" => value * 1e9,
+        other => {
+            return Err(format!(
+                "invalid duration unit {other:?} in {s:?} (ns, us, ms, s)"
+            ))
+        }
+    };
+    if !nanos.is_finite() || nanos < 0.0 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_nanos(nanos as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1ms").unwrap(), Duration::from_millis(1));
+        assert_eq!(parse_duration("0.2ms").unwrap(), Duration::from_micros(200));
+        assert_eq!(parse_duration("200us").unwrap(), Duration::from_micros(200));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("1 parsec").is_err());
+    }
+}

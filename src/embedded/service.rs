@@ -1,0 +1,628 @@
+//! The embedded shard's command handler: dispatch, the `failCommand` failpoint, injected
+//! latency and the concurrency cap, `hello` as a replica-set primary, `serverStatus` with
+//! per-command counters, shard versions, retryable-write records and cursors. The data
+//! commands themselves are in [`super::commands`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bson::{doc, oid::ObjectId, Bson, Document};
+use tokio::sync::Semaphore;
+
+use super::store::Catalog;
+use super::{EngineError, ShardOptions};
+use crate::command::{self, hello, server_info, ClientState, CommandRequest, ServerState};
+use crate::error_codes::ErrorCode;
+use crate::frontend::{BoxFuture, Response, Service};
+use crate::order::values_equal;
+use crate::wire::{MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE};
+
+/// Commands that touch data: they pay the injected latency and take a concurrency slot.
+const DATA_COMMANDS: &[&str] = &[
+    "insert",
+    "update",
+    "delete",
+    "find",
+    "getMore",
+    "aggregate",
+    "count",
+    "distinct",
+    "findAndModify",
+    "findandmodify",
+];
+
+/// Error codes a retryable write may be retried on (they get the `RetryableWriteError`
+/// label).
+const RETRYABLE_CODES: &[i32] = &[
+    6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 50915,
+];
+
+/// What one statement of a retryable write did, kept so a resend returns it unchanged.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StmtOutcome {
+    /// An insert that succeeded.
+    Inserted,
+    /// An update: matched (or upserted), modified, upserted `_id`.
+    Updated {
+        /// Documents matched, or 1 for an upsert.
+        n: i64,
+        /// Documents changed.
+        modified: i64,
+        /// The `_id` of an upserted document.
+        upserted: Option<Bson>,
+    },
+    /// A delete.
+    Deleted {
+        /// Documents removed.
+        n: i64,
+    },
+    /// A whole reply (findAndModify).
+    Reply(Document),
+}
+
+/// The retryable-write records of one session: its newest `txnNumber` and what each statement
+/// of it did.
+#[derive(Debug, Default)]
+struct SessionRecord {
+    txn_number: i64,
+    statements: HashMap<i32, StmtOutcome>,
+}
+
+/// The retryable-write context of one command.
+#[derive(Debug, Clone)]
+pub struct RetryCtx {
+    session: String,
+    txn_number: i64,
+    stmt_ids: Vec<i32>,
+}
+
+impl RetryCtx {
+    /// The statement id of statement `i`.
+    pub fn stmt_id(&self, i: usize) -> i32 {
+        self.stmt_ids.get(i).copied().unwrap_or(i as i32)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct FailPoint {
+    /// `None`: always on; `Some(n)`: n more times.
+    times: Option<u64>,
+    commands: Vec<String>,
+    close_connection: bool,
+    error_code: Option<i32>,
+    error_labels: Option<Vec<Bson>>,
+    block: Option<Duration>,
+    write_concern_error: Option<Document>,
+    app_name: Option<String>,
+}
+
+/// A cursor the shard keeps open between `find`/`aggregate` and `getMore`.
+#[derive(Debug)]
+pub struct Cursor {
+    /// `db.coll` it reads.
+    pub ns: String,
+    /// Documents not yet returned.
+    pub remaining: std::collections::VecDeque<Document>,
+}
+
+/// Per-command counters (`metrics.commands.<name>`).
+#[derive(Debug, Default, Clone, Copy)]
+struct CommandCount {
+    total: i64,
+    failed: i64,
+}
+
+/// The embedded shard's command handler.
+#[derive(Debug)]
+pub struct ShardService {
+    state: Arc<ServerState>,
+    options: ShardOptions,
+    address: Mutex<String>,
+    election_id: ObjectId,
+    pub(super) catalog: Mutex<Catalog>,
+    pub(super) cursors: Mutex<HashMap<i64, Cursor>>,
+    sessions: Mutex<HashMap<String, SessionRecord>>,
+    failpoint: Mutex<Option<FailPoint>>,
+    pub(super) versions: Mutex<HashMap<String, Document>>,
+    counts: Mutex<BTreeMap<String, CommandCount>>,
+    opcounters: Mutex<BTreeMap<&'static str, i64>>,
+    latency: Mutex<(Duration, Duration)>,
+    slots: Option<Semaphore>,
+}
+
+/// Locks a mutex, recovering the data if a panic poisoned it (the engine's state stays
+/// usable; a panic would be a bug, but it must not take every later command down with it).
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ShardService {
+    /// A shard with these options.
+    pub fn new(state: Arc<ServerState>, options: ShardOptions) -> Self {
+        let slots = options.max_concurrency.map(|n| Semaphore::new(n.max(1)));
+        let latency = (options.latency_per_command, options.latency_per_document);
+        ShardService {
+            state,
+            options,
+            address: Mutex::new(String::new()),
+            election_id: ObjectId::new(),
+            catalog: Mutex::new(Catalog::default()),
+            cursors: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            failpoint: Mutex::new(None),
+            versions: Mutex::new(HashMap::new()),
+            counts: Mutex::new(BTreeMap::new()),
+            opcounters: Mutex::new(BTreeMap::new()),
+            latency: Mutex::new(latency),
+            slots,
+        }
+    }
+
+    /// Records the address the shard listens on (for `hello`'s `me`, `hosts`, `primary`).
+    pub fn set_address(&self, addr: SocketAddr) {
+        *lock(&self.address) = addr.to_string();
+    }
+
+    /// The shard's name (its replica set name).
+    pub fn name(&self) -> &str {
+        &self.options.set_name
+    }
+
+    /// `metrics.commands.<name>.total` for one command.
+    pub fn command_total(&self, name: &str) -> i64 {
+        lock(&self.counts).get(name).map(|c| c.total).unwrap_or(0)
+    }
+
+    /// Documents currently in `db.coll`.
+    pub fn count_documents(&self, db: &str, coll: &str) -> usize {
+        lock(&self.catalog)
+            .collection(db, coll)
+            .map(|c| c.len())
+            .unwrap_or(0)
+    }
+
+    pub(super) fn bump_opcounter(&self, name: &'static str, by: i64) {
+        *lock(&self.opcounters).entry(name).or_insert(0) += by;
+    }
+
+    fn count_command(&self, name: &str, failed: bool) {
+        let mut counts = lock(&self.counts);
+        let c = counts.entry(name.to_string()).or_default();
+        c.total += 1;
+        if failed {
+            c.failed += 1;
+        }
+    }
+
+    /// The failpoint's action for this command, consuming one of its `times`.
+    fn failpoint_for(&self, client: &ClientState, name: &str) -> Option<FailPoint> {
+        let mut guard = lock(&self.failpoint);
+        let fp = guard.as_mut()?;
+        if !fp.commands.iter().any(|c| c == name) {
+            return None;
+        }
+        if let Some(app) = &fp.app_name {
+            let client_app = client
+                .client_metadata
+                .as_ref()
+                .and_then(|m| m.get_document("application").ok())
+                .and_then(|a| a.get_str("name").ok());
+            if client_app != Some(app.as_str()) {
+                return None;
+            }
+        }
+        let fired = fp.clone();
+        if let Some(t) = fp.times.as_mut() {
+            *t -= 1;
+            if *t == 0 {
+                *guard = None;
+            }
+        }
+        Some(fired)
+    }
+
+    /// The retryable-write context of a write command, if it carries `lsid` + `txnNumber`.
+    /// A `txnNumber` older than the session's newest is refused, as mongod does.
+    fn retry_ctx(&self, body: &Document, n: usize) -> Result<Option<RetryCtx>, EngineError> {
+        let (Ok(lsid), Some(txn)) = (
+            body.get_document("lsid"),
+            command::number_field(body, "txnNumber"),
+        ) else {
+            return Ok(None);
+        };
+        let session = format!("{:?}", lsid.get("id"));
+        let stmt_ids: Vec<i32> = match body.get("stmtIds") {
+            Some(Bson::Array(ids)) => ids
+                .iter()
+                .map(|v| match v {
+                    Bson::Int32(i) => *i,
+                    Bson::Int64(i) => *i as i32,
+                    _ => -1,
+                })
+                .collect(),
+            _ => {
+                let first = command::number_field(body, "stmtId").unwrap_or(0) as i32;
+                (0..n as i32).map(|i| first + i).collect()
+            }
+        };
+        let mut sessions = lock(&self.sessions);
+        let rec = sessions.entry(session.clone()).or_default();
+        if txn < rec.txn_number {
+            return Err(EngineError::new(
+                ErrorCode(225),
+                format!("Retryable write with txnNumber {txn} is prohibited on session {session} because a newer retryable write with txnNumber {} has already started on this session.", rec.txn_number),
+            ));
+        }
+        if txn > rec.txn_number {
+            rec.txn_number = txn;
+            rec.statements.clear();
+        }
+        Ok(Some(RetryCtx {
+            session,
+            txn_number: txn,
+            stmt_ids,
+        }))
+    }
+
+    /// What statement `stmt_id` of this retryable write already did, if it ran.
+    pub(super) fn recorded(&self, ctx: &RetryCtx, stmt_id: i32) -> Option<StmtOutcome> {
+        let sessions = lock(&self.sessions);
+        let rec = sessions.get(&ctx.session)?;
+        if rec.txn_number != ctx.txn_number {
+            return None;
+        }
+        rec.statements.get(&stmt_id).cloned()
+    }
+
+    /// Records what a statement did.
+    pub(super) fn record(&self, ctx: &RetryCtx, stmt_id: i32, outcome: StmtOutcome) {
+        let mut sessions = lock(&self.sessions);
+        let rec = sessions.entry(ctx.session.clone()).or_default();
+        if rec.txn_number == ctx.txn_number {
+            rec.statements.insert(stmt_id, outcome);
+        }
+    }
+
+    /// Checks a versioned request against the version this shard was given for `ns`.
+    pub(super) fn check_version(&self, ns: &str, body: &Document) -> Result<(), EngineError> {
+        let Some(received) = body.get("shardVersion") else {
+            return Ok(());
+        };
+        let versions = lock(&self.versions);
+        let Some(wanted) = versions.get(ns) else {
+            return Ok(());
+        };
+        if values_equal(received, &Bson::Document(wanted.clone())) {
+            return Ok(());
+        }
+        Err(EngineError::new(
+            ErrorCode::StaleConfig,
+            format!("version mismatch detected for {ns}"),
+        )
+        .with_extra(doc! {
+            "ns": ns,
+            "vReceived": received.clone(),
+            "vWanted": wanted.clone(),
+            "shardId": &self.options.set_name,
+        }))
+    }
+
+    fn hello(&self, client: &mut ClientState, body: &Document, name: &str) -> Document {
+        let me = lock(&self.address).clone();
+        let mut d = Document::new();
+        d.insert(
+            "topologyVersion",
+            doc! {"processId": self.state.process_id, "counter": 0i64},
+        );
+        d.insert("hosts", vec![Bson::String(me.clone())]);
+        d.insert("setName", &self.options.set_name);
+        d.insert("setVersion", 1);
+        if name == "hello" {
+            d.insert("isWritablePrimary", true);
+        } else {
+            d.insert("ismaster", true);
+        }
+        d.insert("secondary", false);
+        d.insert("primary", me.clone());
+        d.insert("me", me);
+        d.insert("electionId", self.election_id);
+        let now = self.state.clock.now();
+        d.insert(
+            "lastWrite",
+            doc! {"opTime": {"ts": now, "t": 1i64}, "lastWriteDate": bson::DateTime::now()},
+        );
+        if body.get("helloOk").is_some_and(command::truthy) {
+            d.insert("helloOk", true);
+        }
+        d.insert("maxBsonObjectSize", MAX_BSON_OBJECT_SIZE as i32);
+        d.insert("maxMessageSizeBytes", MAX_MESSAGE_SIZE as i32);
+        d.insert("maxWriteBatchSize", hello::MAX_WRITE_BATCH_SIZE);
+        d.insert("localTime", bson::DateTime::now());
+        d.insert(
+            "logicalSessionTimeoutMinutes",
+            hello::LOGICAL_SESSION_TIMEOUT_MINUTES,
+        );
+        d.insert("connectionId", client.id);
+        d.insert("minWireVersion", 0);
+        d.insert("maxWireVersion", hello::MAX_WIRE_VERSION);
+        d.insert("readOnly", false);
+        if body.contains_key("compression") && !client.compressors.is_empty() {
+            let names: Vec<Bson> = client
+                .compressors
+                .iter()
+                .map(|c| Bson::String(c.name().into()))
+                .collect();
+            d.insert("compression", names);
+        }
+        d
+    }
+
+    fn server_status(&self) -> Document {
+        let mut d = server_info::server_status(&self.state);
+        d.insert("process", "mongod");
+        d.insert(
+            "repl",
+            doc! {"setName": &self.options.set_name, "isWritablePrimary": true},
+        );
+        let mut commands = Document::new();
+        for (name, c) in lock(&self.counts).iter() {
+            commands.insert(name.clone(), doc! {"failed": c.failed, "total": c.total});
+        }
+        let mut ops = doc! {"insert": 0i64, "query": 0i64, "update": 0i64, "delete": 0i64, "getmore": 0i64, "command": 0i64};
+        for (k, v) in lock(&self.opcounters).iter() {
+            ops.insert(*k, *v);
+        }
+        d.insert("opcounters", ops);
+        d.insert("metrics", doc! {"commands": commands});
+        d
+    }
+
+    fn configure_fail_point(&self, body: &Document) -> Result<Document, EngineError> {
+        let name = body.get_str("configureFailPoint").unwrap_or("");
+        if name != "failCommand" {
+            return Err(EngineError::new(
+                ErrorCode::BadValue,
+                format!("Cannot find failpoint: {name}"),
+            ));
+        }
+        let mut guard = lock(&self.failpoint);
+        let previously = guard.is_some() as i32;
+        let times = match body.get("mode") {
+            Some(Bson::String(m)) if m == "off" => {
+                *guard = None;
+                return Ok(doc! {"count": previously});
+            }
+            Some(Bson::String(m)) if m == "alwaysOn" => None,
+            Some(Bson::Document(m)) => match command::number_field(m, "times") {
+                Some(n) if n > 0 => Some(n as u64),
+                Some(_) => {
+                    *guard = None;
+                    return Ok(doc! {"count": previously});
+                }
+                None => {
+                    return Err(EngineError::new(
+                        ErrorCode::BadValue,
+                        "mode: { times: <n> } is the only document mode supported by the embedded shard",
+                    ))
+                }
+            },
+            _ => {
+                return Err(EngineError::new(
+                    ErrorCode::BadValue,
+                    "mode must be \"alwaysOn\", \"off\" or {times: <n>}",
+                ))
+            }
+        };
+        let data = body.get_document("data").cloned().unwrap_or_default();
+        let commands: Vec<String> = match data.get("failCommands") {
+            Some(Bson::Array(items)) => items
+                .iter()
+                .filter_map(|v| v.as_str().map(|s| s.to_string()))
+                .collect(),
+            _ => {
+                return Err(EngineError::new(
+                    ErrorCode::BadValue,
+                    "data.failCommands must be an array of command names",
+                ))
+            }
+        };
+        let block = if data.get("blockConnection").is_some_and(command::truthy) {
+            Some(Duration::from_millis(
+                command::number_field(&data, "blockTimeMS")
+                    .unwrap_or(0)
+                    .max(0) as u64,
+            ))
+        } else {
+            None
+        };
+        *guard = Some(FailPoint {
+            times,
+            commands,
+            close_connection: data.get("closeConnection").is_some_and(command::truthy),
+            error_code: command::number_field(&data, "errorCode").map(|c| c as i32),
+            error_labels: data.get_array("errorLabels").ok().cloned(),
+            block,
+            write_concern_error: data.get_document("writeConcernError").ok().cloned(),
+            app_name: data.get_str("appName").ok().map(|s| s.to_string()),
+        });
+        Ok(doc! {"count": previously})
+    }
+
+    async fn run(
+        &self,
+        client: &mut ClientState,
+        req: &CommandRequest,
+    ) -> Result<Option<Document>, EngineError> {
+        let body = req.body_document();
+        let name = req.name.as_str();
+        let failpoint = if name == "configureFailPoint" {
+            None
+        } else {
+            self.failpoint_for(client, name)
+        };
+        if let Some(fp) = &failpoint {
+            if let Some(block) = fp.block {
+                tokio::time::sleep(block).await;
+            }
+            if fp.close_connection {
+                return Ok(None);
+            }
+            if let Some(code) = fp.error_code {
+                let mut e = EngineError::new(
+                    ErrorCode(code),
+                    "Failing command via 'failCommand' failpoint",
+                );
+                let labels = match &fp.error_labels {
+                    Some(l) => l.clone(),
+                    None if body.contains_key("txnNumber") && RETRYABLE_CODES.contains(&code) => {
+                        vec![Bson::String("RetryableWriteError".into())]
+                    }
+                    None => Vec::new(),
+                };
+                if !labels.is_empty() {
+                    e = e.with_extra(doc! {"errorLabels": labels});
+                }
+                return Err(e);
+            }
+        }
+
+        let _slot = if DATA_COMMANDS.contains(&name) {
+            let permit = match &self.slots {
+                Some(s) => s.acquire().await.ok(),
+                None => None,
+            };
+            let (per_cmd, per_doc) = *lock(&self.latency);
+            let docs = super::commands::statement_count(req) as u32;
+            let delay = per_cmd + per_doc * docs;
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            permit
+        } else {
+            None
+        };
+
+        let mut reply = match name {
+            "hello" | "isMaster" | "ismaster" => {
+                // Handshake bookkeeping (client metadata, compression) is shared with the router.
+                let shared = hello::hello(&self.state, client, req)
+                    .await
+                    .map_err(|e| EngineError::new(e.code, e.message))?;
+                let mut d = self.hello(client, &body, name);
+                if let Some(c) = shared.get("compression") {
+                    d.insert("compression", c.clone());
+                }
+                d
+            }
+            "ping" => Document::new(),
+            "buildInfo" | "buildinfo" => {
+                let mut b = server_info::build_info();
+                b.insert("storageEngines", vec!["memory"]);
+                b
+            }
+            "serverStatus" => self.server_status(),
+            "getParameter" => server_info::get_parameter(req).map_err(from_command)?,
+            "getLog" => server_info::get_log(req).map_err(from_command)?,
+            "whatsmyuri" => doc! {"you": client.peer.to_string()},
+            "connectionStatus" => server_info::connection_status(req),
+            "endSessions" => server_info::end_sessions(req).map_err(from_command)?,
+            "getCmdLineOpts" => server_info::get_cmd_line_opts(&self.state),
+            "configureFailPoint" => self.configure_fail_point(&body)?,
+            "sluiceSetShardVersion" => self.set_shard_version(&body)?,
+            "sluiceSetLatency" => self.set_latency(&body)?,
+            _ => {
+                let retry = if matches!(
+                    name,
+                    "insert" | "update" | "delete" | "findAndModify" | "findandmodify"
+                ) {
+                    let n = super::commands::statement_count(req);
+                    self.retry_ctx(&body, n)?
+                } else {
+                    None
+                };
+                super::commands::run(self, req, &body, retry.as_ref())?
+            }
+        };
+        if let Some(wce) = failpoint.and_then(|f| f.write_concern_error) {
+            reply.insert("writeConcernError", wce);
+        }
+        Ok(Some(reply))
+    }
+
+    fn set_shard_version(&self, body: &Document) -> Result<Document, EngineError> {
+        let ns = body.get_str("sluiceSetShardVersion").map_err(|_| {
+            EngineError::new(
+                ErrorCode::TypeMismatch,
+                "sluiceSetShardVersion takes a namespace string",
+            )
+        })?;
+        match body.get("shardVersion") {
+            Some(Bson::Document(v)) => {
+                lock(&self.versions).insert(ns.to_string(), v.clone());
+            }
+            Some(Bson::Null) | None => {
+                lock(&self.versions).remove(ns);
+            }
+            Some(_) => {
+                return Err(EngineError::new(
+                    ErrorCode::TypeMismatch,
+                    "shardVersion must be a document {e, t, v}",
+                ))
+            }
+        }
+        Ok(Document::new())
+    }
+
+    fn set_latency(&self, body: &Document) -> Result<Document, EngineError> {
+        let per_cmd = command::number_field(body, "perCommandMicros")
+            .unwrap_or(0)
+            .max(0) as u64;
+        let per_doc = command::number_field(body, "perDocumentMicros")
+            .unwrap_or(0)
+            .max(0) as u64;
+        *lock(&self.latency) = (
+            Duration::from_micros(per_cmd),
+            Duration::from_micros(per_doc),
+        );
+        Ok(Document::new())
+    }
+}
+
+fn from_command(e: command::CommandError) -> EngineError {
+    EngineError::new(e.code, e.message)
+}
+
+impl Service for ShardService {
+    fn state(&self) -> &Arc<ServerState> {
+        &self.state
+    }
+
+    fn handle<'a>(
+        &'a self,
+        client: &'a mut ClientState,
+        req: &'a CommandRequest,
+    ) -> BoxFuture<'a, Response> {
+        Box::pin(async move {
+            let result = self.run(client, req).await;
+            let mut reply = match result {
+                Ok(None) => {
+                    self.count_command(&req.name, true);
+                    return Response::CloseConnection;
+                }
+                Ok(Some(mut d)) => {
+                    self.count_command(&req.name, false);
+                    d.insert("ok", 1.0);
+                    d
+                }
+                Err(e) => {
+                    self.count_command(&req.name, true);
+                    e.to_reply()
+                }
+            };
+            command::append_cluster_time(&self.state, &mut reply);
+            Response::Reply(reply)
+        })
+    }
+}

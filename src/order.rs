@@ -1,0 +1,314 @@
+//! MongoDB's cross-type comparison order for BSON values, shared by the embedded engine (sort,
+//! range queries, unique indexes) and the chunk map (shard key bounds).
+//!
+//! Values compare first by *canonical type* (MinKey < null < numbers < strings < objects <
+//! arrays < binary < ObjectId < bool < date < timestamp < regex < … < MaxKey), then within the
+//! type: numbers numerically across int32/int64/double/decimal (NaN below every other number),
+//! strings byte-wise (the simple collation), documents field by field (type, then name, then
+//! value), binary by length, subtype, then bytes.
+
+use std::cmp::Ordering;
+
+use bson::{Bson, Document};
+
+/// The canonical type number MongoDB orders (and hashes) by.
+pub fn canonical_type(v: &Bson) -> i32 {
+    match v {
+        Bson::MinKey => -1,
+        Bson::Undefined => 0,
+        Bson::Null => 5,
+        Bson::Double(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Decimal128(_) => 10,
+        Bson::String(_) | Bson::Symbol(_) => 15,
+        Bson::Document(_) => 20,
+        Bson::Array(_) => 25,
+        Bson::Binary(_) => 30,
+        Bson::ObjectId(_) => 35,
+        Bson::Boolean(_) => 40,
+        Bson::DateTime(_) => 45,
+        Bson::Timestamp(_) => 47,
+        Bson::RegularExpression(_) => 50,
+        Bson::DbPointer(_) => 55,
+        Bson::JavaScriptCode(_) => 60,
+        Bson::JavaScriptCodeWithScope(_) => 65,
+        Bson::MaxKey => 127,
+    }
+}
+
+/// A number in a form that compares exactly across BSON's numeric types.
+#[derive(Debug, Clone, Copy)]
+enum Num {
+    Int(i64),
+    Float(f64),
+}
+
+fn as_num(v: &Bson) -> Option<Num> {
+    match v {
+        Bson::Int32(i) => Some(Num::Int(*i as i64)),
+        Bson::Int64(i) => Some(Num::Int(*i)),
+        Bson::Double(d) => Some(Num::Float(*d)),
+        Bson::Decimal128(d) => Some(Num::Float(decimal_to_f64(d))),
+        _ => None,
+    }
+}
+
+/// Decimal128 as the nearest double (exact for the integers and short fractions that appear
+/// in practice; comparisons of decimals beyond double precision are approximate).
+pub fn decimal_to_f64(d: &bson::Decimal128) -> f64 {
+    let s = d.to_string();
+    match s.as_str() {
+        "NaN" | "-NaN" => f64::NAN,
+        "Infinity" | "+Infinity" => f64::INFINITY,
+        "-Infinity" => f64::NEG_INFINITY,
+        other => other.parse::<f64>().unwrap_or(f64::NAN),
+    }
+}
+
+/// Compares an integer with a double exactly.
+fn cmp_int_float(i: i64, f: f64) -> Ordering {
+    if f.is_nan() {
+        return Ordering::Greater; // NaN is below every number
+    }
+    if f >= 9.223_372_036_854_775_807e18 {
+        return Ordering::Less;
+    }
+    if f < -9.223_372_036_854_775_808e18 {
+        return Ordering::Greater;
+    }
+    let t = f.trunc();
+    let ti = t as i64;
+    match i.cmp(&ti) {
+        Ordering::Equal => {
+            let frac = f - t;
+            if frac > 0.0 {
+                Ordering::Less
+            } else if frac < 0.0 {
+                Ordering::Greater
+            } else {
+                Ordering::Equal
+            }
+        }
+        o => o,
+    }
+}
+
+fn cmp_float(a: f64, b: f64) -> Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Less,
+        (false, true) => Ordering::Greater,
+        _ => a.partial_cmp(&b).unwrap_or(Ordering::Equal),
+    }
+}
+
+fn cmp_num(a: Num, b: Num) -> Ordering {
+    match (a, b) {
+        (Num::Int(x), Num::Int(y)) => x.cmp(&y),
+        (Num::Float(x), Num::Float(y)) => cmp_float(x, y),
+        (Num::Int(x), Num::Float(y)) => cmp_int_float(x, y),
+        (Num::Float(x), Num::Int(y)) => cmp_int_float(y, x).reverse(),
+    }
+}
+
+/// Compares two values in MongoDB's order.
+pub fn compare(a: &Bson, b: &Bson) -> Ordering {
+    let (ta, tb) = (canonical_type(a), canonical_type(b));
+    if ta != tb {
+        return ta.cmp(&tb);
+    }
+    match (a, b) {
+        _ if ta == 10 => match (as_num(a), as_num(b)) {
+            (Some(x), Some(y)) => cmp_num(x, y),
+            _ => Ordering::Equal,
+        },
+        (Bson::String(x) | Bson::Symbol(x), Bson::String(y) | Bson::Symbol(y)) => {
+            x.as_bytes().cmp(y.as_bytes())
+        }
+        (Bson::Document(x), Bson::Document(y)) => compare_documents(x, y),
+        (Bson::Array(x), Bson::Array(y)) => compare_arrays(x, y),
+        (Bson::Binary(x), Bson::Binary(y)) => x
+            .bytes
+            .len()
+            .cmp(&y.bytes.len())
+            .then_with(|| u8::from(x.subtype).cmp(&u8::from(y.subtype)))
+            .then_with(|| x.bytes.cmp(&y.bytes)),
+        (Bson::ObjectId(x), Bson::ObjectId(y)) => x.bytes().cmp(&y.bytes()),
+        (Bson::Boolean(x), Bson::Boolean(y)) => x.cmp(y),
+        (Bson::DateTime(x), Bson::DateTime(y)) => x.timestamp_millis().cmp(&y.timestamp_millis()),
+        (Bson::Timestamp(x), Bson::Timestamp(y)) => {
+            (x.time, x.increment).cmp(&(y.time, y.increment))
+        }
+        (Bson::RegularExpression(x), Bson::RegularExpression(y)) => x
+            .pattern
+            .as_str()
+            .cmp(y.pattern.as_str())
+            .then_with(|| x.options.as_str().cmp(y.options.as_str())),
+        (Bson::JavaScriptCode(x), Bson::JavaScriptCode(y)) => x.cmp(y),
+        (Bson::JavaScriptCodeWithScope(x), Bson::JavaScriptCodeWithScope(y)) => x
+            .code
+            .cmp(&y.code)
+            .then_with(|| compare_documents(&x.scope, &y.scope)),
+        (Bson::DbPointer(x), Bson::DbPointer(y)) => format!("{x:?}").cmp(&format!("{y:?}")),
+        _ => Ordering::Equal,
+    }
+}
+
+/// Compares documents field by field: canonical type, then field name, then value; a prefix
+/// sorts first.
+pub fn compare_documents(a: &Document, b: &Document) -> Ordering {
+    let mut ia = a.iter();
+    let mut ib = b.iter();
+    loop {
+        match (ia.next(), ib.next()) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some((ka, va)), Some((kb, vb))) => {
+                let o = canonical_type(va)
+                    .cmp(&canonical_type(vb))
+                    .then_with(|| ka.as_bytes().cmp(kb.as_bytes()))
+                    .then_with(|| compare(va, vb));
+                if o != Ordering::Equal {
+                    return o;
+                }
+            }
+        }
+    }
+}
+
+fn compare_arrays(a: &[Bson], b: &[Bson]) -> Ordering {
+    for (x, y) in a.iter().zip(b.iter()) {
+        let o = canonical_type(x)
+            .cmp(&canonical_type(y))
+            .then_with(|| compare(x, y));
+        if o != Ordering::Equal {
+            return o;
+        }
+    }
+    a.len().cmp(&b.len())
+}
+
+/// Whether two values are equal in MongoDB's sense (1 == 1.0 == NumberLong(1)).
+pub fn values_equal(a: &Bson, b: &Bson) -> bool {
+    compare(a, b) == Ordering::Equal
+}
+
+/// A value with MongoDB's total order, for ordered maps keyed by BSON values (index keys,
+/// chunk bounds).
+#[derive(Debug, Clone)]
+pub struct OrdBson(pub Bson);
+
+impl PartialEq for OrdBson {
+    fn eq(&self, other: &Self) -> bool {
+        compare(&self.0, &other.0) == Ordering::Equal
+    }
+}
+
+impl Eq for OrdBson {}
+
+impl PartialOrd for OrdBson {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OrdBson {
+    fn cmp(&self, other: &Self) -> Ordering {
+        compare(&self.0, &other.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::{doc, oid::ObjectId, Bson};
+
+    #[test]
+    fn cross_type_order() {
+        let ordered = vec![
+            Bson::MinKey,
+            Bson::Null,
+            Bson::Double(f64::NAN),
+            Bson::Int32(-5),
+            Bson::Double(1.5),
+            Bson::Int64(2),
+            Bson::String("a".into()),
+            Bson::String("b".into()),
+            Bson::Document(doc! {}),
+            Bson::Document(doc! {"a": 1}),
+            Bson::Array(vec![]),
+            Bson::Array(vec![Bson::Int32(1)]),
+            Bson::Binary(bson::Binary {
+                subtype: bson::spec::BinarySubtype::Generic,
+                bytes: vec![1],
+            }),
+            Bson::ObjectId(ObjectId::from_bytes([0; 12])),
+            Bson::Boolean(false),
+            Bson::Boolean(true),
+            Bson::DateTime(bson::DateTime::from_millis(-1)),
+            Bson::DateTime(bson::DateTime::from_millis(5)),
+            Bson::Timestamp(bson::Timestamp {
+                time: 1,
+                increment: 0,
+            }),
+            Bson::RegularExpression(bson::Regex {
+                pattern: "a".try_into().unwrap(),
+                options: "".try_into().unwrap(),
+            }),
+            Bson::MaxKey,
+        ];
+        for (i, a) in ordered.iter().enumerate() {
+            for (j, b) in ordered.iter().enumerate() {
+                assert_eq!(compare(a, b), i.cmp(&j), "{a:?} vs {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn numbers_compare_across_types_exactly() {
+        assert!(values_equal(&Bson::Int32(1), &Bson::Double(1.0)));
+        assert!(values_equal(&Bson::Int64(3), &Bson::Int32(3)));
+        assert_eq!(
+            compare(
+                &Bson::Int64(i64::MAX),
+                &Bson::Double(9.223372036854775807e18)
+            ),
+            Ordering::Less
+        );
+        assert_eq!(
+            compare(
+                &Bson::Int64(9_007_199_254_740_993),
+                &Bson::Double(9_007_199_254_740_992.0)
+            ),
+            Ordering::Greater
+        );
+        assert_eq!(
+            compare(&Bson::Double(-0.5), &Bson::Int32(0)),
+            Ordering::Less
+        );
+        let dec: bson::Decimal128 = "2.5".parse().unwrap();
+        assert_eq!(
+            compare(&Bson::Decimal128(dec), &Bson::Int32(2)),
+            Ordering::Greater
+        );
+    }
+
+    #[test]
+    fn documents_compare_by_type_then_name_then_value() {
+        assert_eq!(
+            compare_documents(&doc! {"a": 1}, &doc! {"a": "x"}),
+            Ordering::Less
+        );
+        assert_eq!(
+            compare_documents(&doc! {"a": 1}, &doc! {"b": 0}),
+            Ordering::Less
+        );
+        assert_eq!(
+            compare_documents(&doc! {"a": 1}, &doc! {"a": 1, "b": 1}),
+            Ordering::Less
+        );
+        assert_eq!(
+            compare_documents(&doc! {"a": 2}, &doc! {"a": 1.5}),
+            Ordering::Greater
+        );
+    }
+}
