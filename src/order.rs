@@ -63,15 +63,18 @@ pub fn decimal_to_f64(d: &bson::Decimal128) -> f64 {
     }
 }
 
+/// 2^63 as a double: the first double above every int64.
+const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
+
 /// Compares an integer with a double exactly.
 fn cmp_int_float(i: i64, f: f64) -> Ordering {
     if f.is_nan() {
         return Ordering::Greater; // NaN is below every number
     }
-    if f >= 9.223_372_036_854_775_807e18 {
+    if f >= TWO_POW_63 {
         return Ordering::Less;
     }
-    if f < -9.223_372_036_854_775_808e18 {
+    if f < -TWO_POW_63 {
         return Ordering::Greater;
     }
     let t = f.trunc();
@@ -270,7 +273,7 @@ mod tests {
         assert_eq!(
             compare(
                 &Bson::Int64(i64::MAX),
-                &Bson::Double(9.223372036854775807e18)
+                &Bson::Double(TWO_POW_63)
             ),
             Ordering::Less
         );

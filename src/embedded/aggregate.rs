@@ -537,8 +537,9 @@ fn args_list(args: &Bson, root: &Document) -> Result<Vec<Bson>, EngineError> {
 }
 
 fn truthy(v: &Bson) -> bool {
-    !matches!(v, Bson::Null | Bson::Undefined | Bson::Boolean(false))
-        && !(is_number(v) && to_f64(v) == 0.0)
+    let falsy = matches!(v, Bson::Null | Bson::Undefined | Bson::Boolean(false))
+        || (is_number(v) && to_f64(v) == 0.0);
+    !falsy
 }
 
 fn operator(op: &str, args: &Bson, root: &Document) -> Result<Option<Bson>, EngineError> {

@@ -284,6 +284,29 @@ fn update(
         return Ok(stale_write_reply(e, true));
     }
     let ordered = ordered(body);
+    for stmt in &stmts {
+        match stmt.get("q") {
+            Some(Bson::Document(_)) => {}
+            Some(_) => {
+                return Err(err(
+                    ErrorCode::TypeMismatch,
+                    "BSON field 'update.updates.q' is the wrong type, expected type 'object'",
+                ))
+            }
+            None => {
+                return Err(err(
+                    ErrorCode(40414),
+                    "BSON field 'update.updates.q' is missing but a required field",
+                ))
+            }
+        }
+        if stmt.get("u").is_none() {
+            return Err(err(
+                ErrorCode(40414),
+                "BSON field 'update.updates.u' is missing but a required field",
+            ));
+        }
+    }
     let (mut n, mut modified) = (0i64, 0i64);
     let mut upserted = Vec::new();
     let mut errors = Vec::new();
@@ -463,29 +486,25 @@ fn delete(
         return Ok(stale_write_reply(e, false));
     }
     let ordered = ordered(body);
-    let mut n = 0i64;
-    let mut errors = Vec::new();
-    let mut retried = Vec::new();
-    let mut cat = lock(&svc.catalog);
-    for (i, stmt) in stmts.iter().enumerate() {
-        if let Some(ctx) = retry {
-            let sid = ctx.stmt_id(i);
-            if let Some(StmtOutcome::Deleted { n: sn }) = svc.recorded(ctx, sid) {
-                n += sn;
-                retried.push(sid);
-                continue;
-            }
-        }
-        let result = (|| {
-            let q = match stmt.get("q") {
-                Some(Bson::Document(q)) => q.clone(),
-                _ => {
-                    return Err(err(
-                        ErrorCode(40414),
-                        "BSON field 'delete.deletes.q' is missing but a required field",
-                    ))
-                }
-            };
+    // Statement shapes are checked before anything runs: a malformed statement fails the
+    // whole command, as mongod's parser does.
+    let parsed: Vec<(Document, i64)> = stmts
+        .iter()
+        .map(|stmt| {
+            let q =
+                match stmt.get("q") {
+                    Some(Bson::Document(q)) => q.clone(),
+                    Some(_) => return Err(err(
+                        ErrorCode::TypeMismatch,
+                        "BSON field 'delete.deletes.q' is the wrong type, expected type 'object'",
+                    )),
+                    None => {
+                        return Err(err(
+                            ErrorCode(40414),
+                            "BSON field 'delete.deletes.q' is missing but a required field",
+                        ))
+                    }
+                };
             let limit = match stmt.get("limit").and_then(|v| match v {
                 Bson::Int32(i) => Some(*i as i64),
                 Bson::Int64(i) => Some(*i),
@@ -506,12 +525,30 @@ fn delete(
                     ))
                 }
             };
-            let matcher = Matcher::parse(&q)?;
+            Ok((q, limit))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut n = 0i64;
+    let mut errors = Vec::new();
+    let mut retried = Vec::new();
+    let mut cat = lock(&svc.catalog);
+    for (i, _) in stmts.iter().enumerate() {
+        if let Some(ctx) = retry {
+            let sid = ctx.stmt_id(i);
+            if let Some(StmtOutcome::Deleted { n: sn }) = svc.recorded(ctx, sid) {
+                n += sn;
+                retried.push(sid);
+                continue;
+            }
+        }
+        let result: Result<i64, EngineError> = (|| {
+            let (q, limit) = &parsed[i];
+            let matcher = Matcher::parse(q)?;
             let Some(c) = cat.existing_mut(&req.db, &coll) else {
                 return Ok(0);
             };
-            let mut rids = c.find(&q, &matcher);
-            if limit == 1 {
+            let mut rids = c.find(q, &matcher);
+            if *limit == 1 {
                 rids.truncate(1);
             }
             let removed = rids

@@ -444,7 +444,7 @@ fn eval_op(op: &Op, l: &Lookup) -> bool {
         Op::Cmp(c, t) => cmp_matches(*c, t, l),
         Op::In(items) => in_matches(items, l),
         Op::Nin(items) => !in_matches(items, l),
-        Op::Exists(want) => !l.values.is_empty() == *want,
+        Op::Exists(want) => l.values.is_empty() != *want,
         Op::Type(sels) => l.candidates().into_iter().any(|v| {
             sels.iter().any(|s| match s {
                 TypeSel::Number => canonical_type(v) == 10,

@@ -65,3 +65,22 @@ def router():
     p = Process(["--listen", f"127.0.0.1:{port}"], port)
     yield p
     p.stop()
+
+
+@pytest.fixture(scope="module")
+def shard():
+    """One embedded shard in its own process, driven directly (not through the router)."""
+    port = free_port()
+    p = Process(["shard", "--port", str(port), "--set-name", "shardA"], port)
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def shard_db(shard):
+    """A fresh database on the shard, dropped afterwards."""
+    client = shard.client(directConnection=True)
+    db = client[f"t_{os.getpid()}_{int(time.time() * 1e6) % 10**9}"]
+    yield db
+    client.drop_database(db.name)
+    client.close()

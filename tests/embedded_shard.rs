@@ -1,0 +1,185 @@
+//! The embedded shard driven in-process: retryable-write resends, shard versions, injected
+//! latency, and the speed of a plain 1,000-document insert.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bson::{doc, Bson, Document};
+use common::Raw;
+use sluice::embedded::{EmbeddedShard, ShardOptions};
+use sluice::wire::OpMsgBuilder;
+
+async fn shard() -> EmbeddedShard {
+    EmbeddedShard::start("127.0.0.1:0", ShardOptions::default())
+        .await
+        .expect("shard starts")
+}
+
+/// Sends an insert with its documents as a kind-1 sequence.
+async fn insert_seq(raw: &mut Raw, body: Document, docs: &[Document]) -> Document {
+    let mut b = OpMsgBuilder::new(0, &body.to_vec().unwrap());
+    b.begin_sequence("documents");
+    for d in docs {
+        b.push_document(&d.to_vec().unwrap());
+    }
+    raw.send(&b.finish(77, 0)).await;
+    raw.read_msg().await.2
+}
+
+#[tokio::test]
+async fn retryable_resend_is_not_applied_twice() {
+    let s = shard().await;
+    let mut raw = Raw::connect(s.local_addr()).await;
+    let lsid = doc! {"id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] })};
+    let body = doc! {"insert": "c", "$db": "d", "lsid": lsid.clone(), "txnNumber": 1i64, "stmtIds": [10, 11, 12]};
+    let docs: Vec<Document> = (0..3).map(|i| doc! {"_id": i}).collect();
+    let first = insert_seq(&mut raw, body.clone(), &docs).await;
+    assert_eq!(first.get_i32("n").unwrap(), 3, "{first}");
+    // The same (lsid, txnNumber, stmtIds) again: the recorded results come back, nothing is
+    // inserted twice, and no duplicate-key error appears.
+    let again = insert_seq(&mut raw, body.clone(), &docs).await;
+    assert_eq!(again.get_i32("n").unwrap(), 3, "{again}");
+    assert!(!again.contains_key("writeErrors"), "{again}");
+    assert_eq!(again.get_array("retriedStmtIds").unwrap().len(), 3);
+    assert_eq!(s.service().count_documents("d", "c"), 3);
+
+    // Updates: an $inc resent with the same statement id is applied once.
+    let upd = doc! {"update": "c", "$db": "d", "lsid": lsid.clone(), "txnNumber": 2i64, "stmtIds": [0],
+    "updates": [{"q": {"_id": 1}, "u": {"$inc": {"n": 1}}}]};
+    for _ in 0..3 {
+        let r = raw.command(&upd).await;
+        assert_eq!(r.get_i32("n").unwrap(), 1, "{r}");
+    }
+    let found = raw
+        .command(&doc! {"find": "c", "filter": {"_id": 1}, "$db": "d"})
+        .await;
+    let d = found
+        .get_document("cursor")
+        .unwrap()
+        .get_array("firstBatch")
+        .unwrap()[0]
+        .as_document()
+        .unwrap()
+        .clone();
+    assert_eq!(d.get_i32("n").unwrap(), 1);
+
+    // An older txnNumber on the same session is refused.
+    let old = doc! {"insert": "c", "$db": "d", "lsid": lsid, "txnNumber": 1i64, "documents": [{"_id": 9}]};
+    let r = raw.command(&old).await;
+    assert_eq!(r.get_i32("code").unwrap(), 225, "{r}");
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn stale_shard_version_is_refused() {
+    let s = shard().await;
+    let mut raw = Raw::connect(s.local_addr()).await;
+    let epoch = bson::oid::ObjectId::new();
+    let v2 = doc! {"e": epoch, "t": bson::Timestamp { time: 1, increment: 0 }, "v": bson::Timestamp { time: 2, increment: 0 }};
+    let v1 = doc! {"e": epoch, "t": bson::Timestamp { time: 1, increment: 0 }, "v": bson::Timestamp { time: 1, increment: 0 }};
+    let r = raw
+        .command(&doc! {"sluiceSetShardVersion": "d.c", "shardVersion": v2.clone(), "$db": "admin"})
+        .await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0);
+    let r = raw
+        .command(&doc! {"insert": "c", "documents": [{"_id": 1}], "shardVersion": v1.clone(), "$db": "d"})
+        .await;
+    let e = r.get_array("writeErrors").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .clone();
+    assert_eq!(e.get_i32("code").unwrap(), 13388);
+    assert_eq!(e.get_str("ns").unwrap(), "d.c");
+    assert_eq!(e.get_document("vReceived").unwrap(), &v1);
+    assert_eq!(e.get_document("vWanted").unwrap(), &v2);
+    assert_eq!(e.get_str("shardId").unwrap(), "shard0");
+    assert_eq!(s.service().count_documents("d", "c"), 0);
+    // The current version and unversioned writes are accepted.
+    let r = raw
+        .command(&doc! {"insert": "c", "documents": [{"_id": 1}], "shardVersion": v2, "$db": "d"})
+        .await;
+    assert_eq!(r.get_i32("n").unwrap(), 1);
+    let r = raw
+        .command(&doc! {"insert": "c", "documents": [{"_id": 2}], "$db": "d"})
+        .await;
+    assert_eq!(r.get_i32("n").unwrap(), 1);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn injected_latency_and_concurrency_cap() {
+    let s = EmbeddedShard::start(
+        "127.0.0.1:0",
+        ShardOptions {
+            latency_per_command: Duration::from_millis(20),
+            latency_per_document: Duration::from_millis(1),
+            max_concurrency: Some(1),
+            ..ShardOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let addr = s.local_addr();
+    let docs: Vec<Document> = (0..30).map(|i| doc! {"_id": i}).collect();
+    let start = Instant::now();
+    let mut raw = Raw::connect(addr).await;
+    insert_seq(&mut raw, doc! {"insert": "c", "$db": "d"}, &docs).await;
+    assert!(
+        start.elapsed() >= Duration::from_millis(50),
+        "20 ms + 30 × 1 ms"
+    );
+    // Two pings are not data commands: no latency.
+    let start = Instant::now();
+    raw.command(&doc! {"ping": 1, "$db": "admin"}).await;
+    assert!(start.elapsed() < Duration::from_millis(20));
+    // With one slot, two concurrent finds run one after the other.
+    let start = Instant::now();
+    let a = tokio::spawn(async move {
+        let mut r = Raw::connect(addr).await;
+        r.command(&doc! {"find": "c", "$db": "d"}).await
+    });
+    let b = tokio::spawn(async move {
+        let mut r = Raw::connect(addr).await;
+        r.command(&doc! {"find": "c", "$db": "d"}).await
+    });
+    a.await.unwrap();
+    b.await.unwrap();
+    assert!(
+        start.elapsed() >= Duration::from_millis(42),
+        "two 21 ms finds serialised"
+    );
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn stock_driver_against_the_shard() {
+    let s = shard().await;
+    let client = mongodb::Client::with_uri_str(format!(
+        "mongodb://{}/?directConnection=true",
+        s.local_addr()
+    ))
+    .await
+    .unwrap();
+    let coll = client.database("d").collection::<Document>("c");
+    let docs: Vec<Document> = (0..1000)
+        .map(|i| doc! {"_id": i, "v": i % 7, "s": "x"})
+        .collect();
+    let start = Instant::now();
+    coll.insert_many(docs).await.unwrap();
+    let took = start.elapsed();
+    eprintln!("1,000-document insert_many against the embedded shard took {took:?}");
+    assert_eq!(coll.count_documents(doc! {"v": 3}).await.unwrap(), 143);
+    let mut cursor = coll
+        .find(doc! {})
+        .sort(doc! {"_id": -1})
+        .batch_size(100)
+        .await
+        .unwrap();
+    let mut n = 0;
+    while cursor.advance().await.unwrap() {
+        n += 1;
+    }
+    assert_eq!(n, 1000);
+    s.shutdown().await;
+}
