@@ -183,3 +183,20 @@ async fn stock_driver_against_the_shard() {
     assert_eq!(n, 1000);
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn documents_over_16_mib_are_rejected() {
+    let s = shard().await;
+    let mut raw = Raw::connect(s.local_addr()).await;
+    let big = doc! {"_id": 1, "blob": "x".repeat(16 * 1024 * 1024)};
+    let small = doc! {"_id": 2};
+    let r = insert_seq(&mut raw, doc! {"insert": "c", "$db": "d", "ordered": false}, &[big, small]).await;
+    let errors = r.get_array("writeErrors").unwrap();
+    assert_eq!(errors.len(), 1, "{r}");
+    let e = errors[0].as_document().unwrap();
+    assert_eq!(e.get_i32("index").unwrap(), 0);
+    assert_eq!(e.get_i32("code").unwrap(), 10334);
+    assert_eq!(r.get_i32("n").unwrap(), 1);
+    assert_eq!(s.service().count_documents("d", "c"), 1);
+    s.shutdown().await;
+}
