@@ -21,4 +21,5 @@ pub mod embedded;
 pub mod error_codes;
 pub mod frontend;
 pub mod order;
+pub mod routing;
 pub mod wire;

@@ -9,28 +9,35 @@
 
 use std::cmp::Ordering;
 
+use bson::spec::ElementType;
 use bson::{Bson, Document};
 
 /// The canonical type number MongoDB orders (and hashes) by.
 pub fn canonical_type(v: &Bson) -> i32 {
-    match v {
-        Bson::MinKey => -1,
-        Bson::Undefined => 0,
-        Bson::Null => 5,
-        Bson::Double(_) | Bson::Int32(_) | Bson::Int64(_) | Bson::Decimal128(_) => 10,
-        Bson::String(_) | Bson::Symbol(_) => 15,
-        Bson::Document(_) => 20,
-        Bson::Array(_) => 25,
-        Bson::Binary(_) => 30,
-        Bson::ObjectId(_) => 35,
-        Bson::Boolean(_) => 40,
-        Bson::DateTime(_) => 45,
-        Bson::Timestamp(_) => 47,
-        Bson::RegularExpression(_) => 50,
-        Bson::DbPointer(_) => 55,
-        Bson::JavaScriptCode(_) => 60,
-        Bson::JavaScriptCodeWithScope(_) => 65,
-        Bson::MaxKey => 127,
+    canonical_for(v.element_type())
+}
+
+/// The canonical type number of a BSON element type.
+pub fn canonical_for(t: ElementType) -> i32 {
+    use ElementType::*;
+    match t {
+        MinKey => -1,
+        Undefined => 0,
+        Null => 5,
+        Double | Int32 | Int64 | Decimal128 => 10,
+        String | Symbol => 15,
+        EmbeddedDocument => 20,
+        Array => 25,
+        Binary => 30,
+        ObjectId => 35,
+        Boolean => 40,
+        DateTime => 45,
+        Timestamp => 47,
+        RegularExpression => 50,
+        DbPointer => 55,
+        JavaScriptCode => 60,
+        JavaScriptCodeWithScope => 65,
+        MaxKey => 127,
     }
 }
 
@@ -271,10 +278,7 @@ mod tests {
         assert!(values_equal(&Bson::Int32(1), &Bson::Double(1.0)));
         assert!(values_equal(&Bson::Int64(3), &Bson::Int32(3)));
         assert_eq!(
-            compare(
-                &Bson::Int64(i64::MAX),
-                &Bson::Double(TWO_POW_63)
-            ),
+            compare(&Bson::Int64(i64::MAX), &Bson::Double(TWO_POW_63)),
             Ordering::Less
         );
         assert_eq!(

@@ -190,7 +190,12 @@ async fn documents_over_16_mib_are_rejected() {
     let mut raw = Raw::connect(s.local_addr()).await;
     let big = doc! {"_id": 1, "blob": "x".repeat(16 * 1024 * 1024)};
     let small = doc! {"_id": 2};
-    let r = insert_seq(&mut raw, doc! {"insert": "c", "$db": "d", "ordered": false}, &[big, small]).await;
+    let r = insert_seq(
+        &mut raw,
+        doc! {"insert": "c", "$db": "d", "ordered": false},
+        &[big, small],
+    )
+    .await;
     let errors = r.get_array("writeErrors").unwrap();
     assert_eq!(errors.len(), 1, "{r}");
     let e = errors[0].as_document().unwrap();
