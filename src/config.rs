@@ -30,6 +30,13 @@ pub struct Config {
     pub shutdown_timeout_secs: u64,
     /// Logging.
     pub log: LogConfig,
+    /// Where the router keeps its sharding metadata (written atomically on every change) so a
+    /// restart routes exactly as before. Without it, metadata lives in memory only.
+    pub metadata_path: Option<String>,
+    /// The shards. Empty: the router runs alone and answers only its own commands.
+    pub shards: Vec<ShardConfig>,
+    /// Collections to shard at start-up (kept as they are if already sharded with this key).
+    pub collections: Vec<CollectionConfig>,
 }
 
 impl Default for Config {
@@ -40,6 +47,64 @@ impl Default for Config {
             backlog: 1024,
             shutdown_timeout_secs: 15,
             log: LogConfig::default(),
+            metadata_path: None,
+            shards: Vec::new(),
+            collections: Vec::new(),
+        }
+    }
+}
+
+/// One shard of the cluster.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ShardConfig {
+    /// The shard id (`config.shards._id`), e.g. `"shard0"`.
+    pub id: String,
+    /// `host:port` of the shard's primary: a `sluice shard` process or a mongod.
+    pub address: String,
+    /// Whether the shard understands `shardVersion` on requests: true for `sluice shard` and
+    /// for mongod started as a shard server (`--shardsvr`); false for a plain mongod, which
+    /// rejects the field.
+    #[serde(default = "default_true")]
+    pub shard_server: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// A collection sharded at start-up.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CollectionConfig {
+    /// `db.collection`.
+    pub ns: String,
+    /// The shard key as a JSON document, e.g. `'{"_id": "hashed"}'` (a string, so that the
+    /// order of compound key fields is kept).
+    pub key: String,
+    /// Whether the shard key is unique (not allowed for hashed keys).
+    #[serde(default)]
+    pub unique: bool,
+    /// Initial chunks for a hashed key (default: 2 per shard).
+    #[serde(default)]
+    pub num_initial_chunks: Option<u32>,
+}
+
+impl CollectionConfig {
+    /// The key as a BSON document.
+    pub fn key_document(&self) -> Result<bson::Document, ConfigError> {
+        let v: serde_json::Value = serde_json::from_str(&self.key).map_err(|e| {
+            ConfigError::Invalid(format!(
+                "collection {}: key {:?} is not JSON: {e}",
+                self.ns, self.key
+            ))
+        })?;
+        match bson::Bson::try_from(v) {
+            Ok(bson::Bson::Document(d)) => Ok(d),
+            _ => Err(ConfigError::Invalid(format!(
+                "collection {}: key {:?} must be a JSON object",
+                self.ns, self.key
+            ))),
         }
     }
 }
@@ -120,6 +185,37 @@ impl Config {
                 "max_connections must be at least 1".into(),
             ));
         }
+        let mut ids = std::collections::BTreeSet::new();
+        for s in &self.shards {
+            if s.id.is_empty() || !ids.insert(s.id.clone()) {
+                return Err(ConfigError::Invalid(format!(
+                    "shard id {:?} is empty or repeated",
+                    s.id
+                )));
+            }
+            if s.address
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse::<u16>().ok())
+                .is_none()
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "shard {}: address {:?} is not host:port",
+                    s.id, s.address
+                )));
+            }
+        }
+        for c in &self.collections {
+            if c.ns
+                .split_once('.')
+                .is_none_or(|(d, c)| d.is_empty() || c.is_empty())
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "collection {:?} is not db.collection",
+                    c.ns
+                )));
+            }
+            c.key_document()?;
+        }
         if self.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err(ConfigError::Invalid(format!(
                 "listen = {:?} is not an address of the form ip:port",
@@ -147,6 +243,31 @@ mod tests {
     fn shipped_example_is_the_defaults() {
         let c: Config = toml::from_str(include_str!("../configs/sluice.toml")).unwrap();
         assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn cluster_example_parses() {
+        let c: Config = toml::from_str(include_str!("../configs/cluster.toml")).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.shards.len(), 3);
+        assert_eq!(
+            c.collections[0].key_document().unwrap(),
+            bson::doc! {"_id": "hashed"}
+        );
+        let demo: Config = toml::from_str(include_str!("../configs/demo.toml")).unwrap();
+        demo.validate().unwrap();
+        assert!(demo
+            .collections
+            .iter()
+            .any(|c| c.ns == "demo.store_inventory"));
+        let compound = CollectionConfig {
+            ns: "a.b".into(),
+            key: r#"{"region": 1, "_id": "hashed"}"#.into(),
+            unique: false,
+            num_initial_chunks: None,
+        };
+        let keys: Vec<String> = compound.key_document().unwrap().keys().cloned().collect();
+        assert_eq!(keys, ["region", "_id"], "field order is kept");
     }
 
     #[test]

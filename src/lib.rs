@@ -15,6 +15,8 @@
 //!
 //! [`error_codes`] holds the MongoDB error codes every layer replies with.
 
+pub mod backend;
+pub mod cluster;
 pub mod command;
 pub mod config;
 pub mod embedded;

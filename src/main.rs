@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use sluice::config::{Config, LogFormat};
+use sluice::routing::ShardInfo;
 
 /// A MongoDB wire-protocol router, compatible with mongos.
 #[derive(Debug, Parser)]
@@ -39,11 +40,21 @@ struct GlobalArgs {
 enum Command {
     /// Run the router (the default).
     Run,
-    /// Run a demo on loopback that mongosh can connect to.
+    /// Run a demo on loopback that mongosh can connect to: embedded shards (in memory) and
+    /// the router, with the collections of configs/demo.toml sharded on hashed keys.
     Demo {
         /// Port for the router.
         #[arg(long, default_value_t = 27017)]
         port: u16,
+        /// Number of embedded shards.
+        #[arg(long, default_value_t = 3)]
+        shards: usize,
+    },
+    /// Print the hashed shard key value (NumberLong) of an extended JSON value, as
+    /// convertShardKeyToHashed() does.
+    Hash {
+        /// The value, in extended JSON: 42, "abc", {"$oid": "…"}, {"productId": 1, "storeId": 2}.
+        value: String,
     },
     /// Run one embedded shard (in memory, for tests and benchmarks; not for production).
     Shard {
@@ -90,11 +101,22 @@ fn main() -> anyhow::Result<()> {
             .context("cannot start the async runtime")
     };
     let demo = match cli.command {
-        Some(Command::Demo { port }) => {
+        Some(Command::Hash { value }) => {
+            let json: serde_json::Value = serde_json::from_str(&value)
+                .with_context(|| format!("{value:?} is not valid extended JSON"))?;
+            let bson = bson::Bson::try_from(json)
+                .map_err(|e| anyhow::anyhow!("{value:?} is not valid extended JSON: {e}"))?;
+            println!("{}", sluice::routing::hash64(&bson));
+            return Ok(());
+        }
+        Some(Command::Demo { port, shards }) => {
             if cli.global.listen.is_none() {
                 config.listen = format!("127.0.0.1:{port}");
             }
-            true
+            if shards == 0 {
+                anyhow::bail!("--shards must be at least 1");
+            }
+            Some(shards)
         }
         Some(Command::Shard {
             port,
@@ -116,7 +138,7 @@ fn main() -> anyhow::Result<()> {
             };
             return runtime()?.block_on(run_shard(config, options));
         }
-        Some(Command::Run) | None => false,
+        Some(Command::Run) | None => None,
     };
     config.validate()?;
     init_logging(&config);
@@ -136,29 +158,83 @@ async fn run_shard(config: Config, options: sluice::embedded::ShardOptions) -> a
     Ok(())
 }
 
-async fn run(config: Config, demo: bool) -> anyhow::Result<()> {
+async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     let listen = config.listen.clone();
-    let router = sluice::frontend::start(config, argv)
+    let mut embedded = Vec::new();
+    let cluster = if let Some(n) = demo_shards {
+        embedded = sluice::embedded::EmbeddedShard::start_many(n, Default::default())
+            .await
+            .context("cannot start the embedded shards")?;
+        let infos: Vec<ShardInfo> = embedded
+            .iter()
+            .map(|s| ShardInfo {
+                id: s.service().name().to_string(),
+                addr: s.local_addr().to_string(),
+                shard_server: true,
+            })
+            .collect();
+        let demo: Config = toml::from_str(include_str!("../configs/demo.toml"))
+            .context("configs/demo.toml is invalid")?;
+        Some(
+            sluice::cluster::bootstrap(None, &infos, &demo.collections)
+                .await
+                .map_err(|e| anyhow::anyhow!(e))?,
+        )
+    } else if !config.shards.is_empty() {
+        let infos: Vec<ShardInfo> = config
+            .shards
+            .iter()
+            .map(|s| ShardInfo {
+                id: s.id.clone(),
+                addr: s.address.clone(),
+                shard_server: s.shard_server,
+            })
+            .collect();
+        Some(
+            sluice::cluster::bootstrap(
+                config.metadata_path.as_ref().map(Into::into),
+                &infos,
+                &config.collections,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?,
+        )
+    } else {
+        None
+    };
+    let router = sluice::frontend::start_router(config, argv, cluster.clone())
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = router.local_addr();
     tracing::info!(%addr, "sluice router listening");
-    if demo {
+    if let (Some(cluster), Some(_)) = (&cluster, demo_shards) {
         println!(
             "Sluice {} is listening on {addr}.",
             env!("CARGO_PKG_VERSION")
         );
+        let shards: Vec<String> = cluster
+            .shards()
+            .iter()
+            .map(|s| format!("{} at {}", s.id, s.addr))
+            .collect();
         println!(
-            "Embedded shards are not available yet: the router runs alone and answers only the commands it handles itself (hello, ping, buildInfo, serverStatus, ...)."
+            "Embedded shards (in memory, not for production): {}",
+            shards.join(", ")
+        );
+        println!(
+            "Sharded on hashed keys: demo.store_inventory {{_id: \"hashed\"}}, demo.orders {{customerId: \"hashed\"}}"
         );
         println!("Connection string: mongodb://{addr}/");
-        println!("Try:               mongosh \"mongodb://{addr}/\"");
+        println!("Try:               mongosh \"mongodb://{addr}/demo\" --eval 'sh.status()'");
         println!("Stop with Ctrl-C.");
     }
     wait_for_signal().await;
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     router.shutdown().await;
+    for shard in embedded {
+        shard.shutdown().await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

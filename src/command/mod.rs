@@ -8,6 +8,7 @@
 
 pub mod hello;
 pub mod server_info;
+pub mod sharding;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
@@ -291,12 +292,13 @@ pub const GENERIC_ARGUMENTS: &[&str] = &[
 #[derive(Debug)]
 pub struct Router {
     state: Arc<ServerState>,
+    cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl Router {
-    /// A router over this shared state.
-    pub fn new(state: Arc<ServerState>) -> Self {
-        Router { state }
+    /// A router over this shared state and, when it has shards, its cluster.
+    pub fn new(state: Arc<ServerState>, cluster: Option<Arc<crate::cluster::Cluster>>) -> Self {
+        Router { state, cluster }
     }
 }
 
@@ -311,7 +313,9 @@ impl crate::frontend::Service for Router {
         req: &'a CommandRequest,
     ) -> crate::frontend::BoxFuture<'a, crate::frontend::Response> {
         Box::pin(async move {
-            crate::frontend::Response::Reply(dispatch(&self.state, client, req).await)
+            crate::frontend::Response::Reply(
+                dispatch(&self.state, self.cluster.as_ref(), client, req).await,
+            )
         })
     }
 }
@@ -320,25 +324,58 @@ impl crate::frontend::Service for Router {
 /// mongos appends them to every reply.
 pub async fn dispatch(
     state: &Arc<ServerState>,
+    cluster: Option<&Arc<crate::cluster::Cluster>>,
     client: &mut ClientState,
     req: &CommandRequest,
 ) -> Document {
     state.counters.op_command.fetch_add(1, Ordering::Relaxed);
-    let result = match req.name.as_str() {
-        "hello" | "isMaster" | "ismaster" => hello::hello(state, client, req).await,
-        "ping" => Ok(doc! {}),
-        "buildInfo" | "buildinfo" => Ok(server_info::build_info()),
-        "getParameter" => server_info::get_parameter(req),
-        "getLog" => server_info::get_log(req),
-        "whatsmyuri" => Ok(doc! {"you": client.peer.to_string()}),
-        "connectionStatus" => Ok(server_info::connection_status(req)),
-        "endSessions" => server_info::end_sessions(req),
-        "getCmdLineOpts" => Ok(server_info::get_cmd_line_opts(state)),
-        "serverStatus" => Ok(server_info::server_status(state)),
-        other => Err(CommandError::new(
-            ErrorCode::CommandNotFound,
-            format!("no such command: '{other}'"),
-        )),
+    let result = if req.db == "config"
+        && !matches!(
+            req.name.as_str(),
+            "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo"
+        ) {
+        let name = format!(
+            "{}:{}",
+            server_info::hostname(),
+            state.config.listen.rsplit(':').next().unwrap_or("")
+        );
+        sharding::config_read(
+            cluster,
+            client,
+            req,
+            &name,
+            state.started.elapsed().as_secs() as i64,
+        )
+        .await
+    } else {
+        match req.name.as_str() {
+            "hello" | "isMaster" | "ismaster" => hello::hello(state, client, req).await,
+            "ping" => Ok(doc! {}),
+            "buildInfo" | "buildinfo" => Ok(server_info::build_info()),
+            "getParameter" => server_info::get_parameter(req),
+            "getLog" => server_info::get_log(req),
+            "whatsmyuri" => Ok(doc! {"you": client.peer.to_string()}),
+            "connectionStatus" => Ok(server_info::connection_status(req)),
+            "endSessions" => server_info::end_sessions(req),
+            "getCmdLineOpts" => Ok(server_info::get_cmd_line_opts(state)),
+            "serverStatus" => Ok(server_info::server_status(state)),
+            "enableSharding" | "enablesharding" => sharding::enable_sharding(cluster, req),
+            "shardCollection" | "shardcollection" => sharding::shard_collection(cluster, req).await,
+            "listShards" | "listshards" => sharding::list_shards(cluster),
+            "flushRouterConfig" | "flushrouterconfig" => sharding::flush_router_config(cluster),
+            "balancerStatus" => Ok(sharding::balancer_status()),
+            "aggregate" => match sharding::local_documents_aggregate(req) {
+                Some(r) => r,
+                None => Err(CommandError::new(
+                    ErrorCode::CommandNotFound,
+                    "no such command: 'aggregate'",
+                )),
+            },
+            other => Err(CommandError::new(
+                ErrorCode::CommandNotFound,
+                format!("no such command: '{other}'"),
+            )),
+        }
     };
     let mut reply = match result {
         Ok(mut d) => {

@@ -216,7 +216,8 @@ pub fn server_status(state: &Arc<ServerState>) -> Document {
     }
 }
 
-fn hostname() -> String {
+/// The machine's host name (for `serverStatus.host` and `config.mongos`).
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "localhost".to_string())

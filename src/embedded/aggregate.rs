@@ -134,6 +134,21 @@ pub fn run(pipeline: &[Bson], mut docs: Vec<Document>) -> Result<Vec<Document>, 
                 }
             }
             "$group" => group(spec, docs)?,
+            "$documents" => {
+                let Bson::Array(items) = spec else {
+                    return Err(err(5858203, "an array is expected for $documents"));
+                };
+                items
+                    .iter()
+                    .map(|i| match i {
+                        Bson::Document(d) => Ok(d.clone()),
+                        _ => Err(err(
+                            5858203,
+                            "$documents must evaluate to an array of objects",
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
             "$unwind" => unwind(spec, docs)?,
             other => {
                 return Err(err(
@@ -769,6 +784,9 @@ fn operator(op: &str, args: &Bson, root: &Document) -> Result<Option<Bson>, Engi
             Some(v) => super::update::type_name(v).to_string(),
             None => "missing".to_string(),
         }),
+        "$toHashedIndexKey" => Bson::Int64(crate::routing::hash64(
+            &eval(args, root)?.unwrap_or(Bson::Null),
+        )),
         "$toString" => match a.first() {
             Some(Bson::String(s)) => Bson::String(s.clone()),
             Some(Bson::ObjectId(o)) => Bson::String(o.to_hex()),

@@ -183,6 +183,35 @@ impl ShardService {
             .unwrap_or(0)
     }
 
+    /// Every document of `db.coll`, in natural order (for in-process readers such as the
+    /// router's config store).
+    pub fn documents(&self, db: &str, coll: &str) -> Vec<Document> {
+        lock(&self.catalog)
+            .collection(db, coll)
+            .map(|c| c.iter().map(|(_, d)| d.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Replaces the contents of `db.coll` with `docs` (in-process writers only).
+    pub fn set_documents(
+        &self,
+        db: &str,
+        coll: &str,
+        docs: Vec<Document>,
+    ) -> Result<(), EngineError> {
+        let mut fresh = super::store::Collection::new(Document::new());
+        let ns = format!("{db}.{coll}");
+        for d in docs {
+            fresh.insert(&ns, d)?;
+        }
+        lock(&self.catalog)
+            .dbs
+            .entry(db.to_string())
+            .or_default()
+            .insert(coll.to_string(), fresh);
+        Ok(())
+    }
+
     pub(super) fn bump_opcounter(&self, name: &'static str, by: i64) {
         *lock(&self.opcounters).entry(name).or_insert(0) += by;
     }

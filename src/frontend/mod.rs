@@ -87,9 +87,18 @@ impl std::fmt::Debug for RouterHandle {
     }
 }
 
-/// Binds the configured address and starts serving clients as a router.
+/// Binds the configured address and starts serving clients as a router without shards.
 pub async fn start(config: Config, argv: Vec<String>) -> std::io::Result<RouterHandle> {
-    start_service(config, argv, |state| Arc::new(Router::new(state))).await
+    start_router(config, argv, None).await
+}
+
+/// Binds the configured address and starts serving clients as the router of `cluster`.
+pub async fn start_router(
+    config: Config,
+    argv: Vec<String>,
+    cluster: Option<Arc<crate::cluster::Cluster>>,
+) -> std::io::Result<RouterHandle> {
+    start_service(config, argv, |state| Arc::new(Router::new(state, cluster))).await
 }
 
 /// Binds the configured address and serves `make(state)`'s commands on it.

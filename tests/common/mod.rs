@@ -133,3 +133,65 @@ pub async fn assert_still_serving(addr: SocketAddr) {
 pub fn op_code(n: i32) -> OpCode {
     OpCode::from_i32(n)
 }
+
+/// A router in front of `n` embedded shards, all in process, with `collections` sharded.
+pub struct TestCluster {
+    pub router: RouterHandle,
+    pub shards: Vec<sluice::embedded::EmbeddedShard>,
+    pub cluster: std::sync::Arc<sluice::cluster::Cluster>,
+}
+
+impl TestCluster {
+    pub async fn start(n: usize, collections: &[(&str, bson::Document)]) -> TestCluster {
+        let shards = sluice::embedded::EmbeddedShard::start_many(n, Default::default())
+            .await
+            .expect("shards start");
+        let infos: Vec<sluice::routing::ShardInfo> = shards
+            .iter()
+            .map(|s| sluice::routing::ShardInfo {
+                id: s.service().name().to_string(),
+                addr: s.local_addr().to_string(),
+                shard_server: true,
+            })
+            .collect();
+        let colls: Vec<sluice::config::CollectionConfig> = collections
+            .iter()
+            .map(|(ns, key)| sluice::config::CollectionConfig {
+                ns: ns.to_string(),
+                key: serde_json::to_string(
+                    &bson::Bson::Document(key.clone()).into_relaxed_extjson(),
+                )
+                .unwrap(),
+                unique: false,
+                num_initial_chunks: None,
+            })
+            .collect();
+        let cluster = sluice::cluster::bootstrap(None, &infos, &colls)
+            .await
+            .expect("cluster");
+        let config = Config {
+            listen: "127.0.0.1:0".into(),
+            ..Config::default()
+        };
+        let router =
+            sluice::frontend::start_router(config, vec!["sluice".into()], Some(cluster.clone()))
+                .await
+                .expect("router");
+        TestCluster {
+            router,
+            shards,
+            cluster,
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.router.local_addr()
+    }
+
+    pub async fn stop(self) {
+        self.router.shutdown().await;
+        for s in self.shards {
+            s.shutdown().await;
+        }
+    }
+}

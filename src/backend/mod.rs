@@ -1,0 +1,438 @@
+//! Shard connections and pools.
+//!
+//! A [`ShardPool`] holds connections to one shard: at most `max_size` open at once (an RAII
+//! [`PooledConnection`] guard per checkout, returned on drop), a connect timeout, the shard
+//! handshake (`hello`), a per-request timeout, request/response matching by `requestID`, and
+//! two rules from production proxies: an idle connection that the shard closed (EOF or
+//! unexpected bytes) is evicted at checkout, and a connection that saw an error mid-exchange
+//! is never reused.
+
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bson::{doc, Document};
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error_codes::ErrorCode;
+use crate::wire::{self, BsonDoc, Message, OpMsgBuilder};
+
+/// Why a request to a shard failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BackendError {
+    /// The shard could not be reached (connect failed, or the connection broke).
+    #[error("{0}")]
+    Unreachable(String),
+    /// The shard did not answer in time.
+    #[error("{0}")]
+    Timeout(String),
+    /// The shard answered something that is not a valid reply.
+    #[error("{0}")]
+    Protocol(String),
+}
+
+impl BackendError {
+    /// The MongoDB code a client sees for this error (6 HostUnreachable, 89 NetworkTimeout).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            BackendError::Unreachable(_) | BackendError::Protocol(_) => ErrorCode::HostUnreachable,
+            BackendError::Timeout(_) => ErrorCode::NetworkTimeout,
+        }
+    }
+
+    /// Whether the request may have reached the shard (and been applied).
+    pub fn maybe_applied(&self) -> bool {
+        !matches!(self, BackendError::Unreachable(m) if m.starts_with("cannot connect"))
+    }
+}
+
+/// Settings of one pool.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    /// Most connections open at once.
+    pub max_size: usize,
+    /// Connections kept open when idle.
+    pub min_idle: usize,
+    /// Time allowed to connect and shake hands.
+    pub connect_timeout: Duration,
+    /// Time allowed for one request.
+    pub request_timeout: Duration,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            max_size: 64,
+            min_idle: 0,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// One connection to a shard.
+#[derive(Debug)]
+pub struct ShardConnection {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+static NEXT_REQUEST_ID: AtomicI32 = AtomicI32::new(1);
+
+fn next_request_id() -> i32 {
+    NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed) & i32::MAX
+}
+
+impl ShardConnection {
+    /// Connects and shakes hands.
+    pub async fn connect(addr: &str, timeout: Duration) -> Result<ShardConnection, BackendError> {
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| {
+                BackendError::Unreachable(format!(
+                    "cannot connect to {addr}: timed out after {timeout:?}"
+                ))
+            })?
+            .map_err(|e| BackendError::Unreachable(format!("cannot connect to {addr}: {e}")))?;
+        let _ = stream.set_nodelay(true);
+        let mut conn = ShardConnection {
+            stream,
+            buf: BytesMut::with_capacity(16 * 1024),
+        };
+        let hello = doc! {
+            "hello": 1,
+            "$db": "admin",
+            "client": {"driver": {"name": "sluice", "version": env!("CARGO_PKG_VERSION")}, "os": {"type": std::env::consts::OS}},
+        };
+        let reply = conn.run(&hello, timeout).await?;
+        if reply.get_f64("ok").ok() != Some(1.0) {
+            return Err(BackendError::Protocol(format!(
+                "{addr} refused the handshake: {reply}"
+            )));
+        }
+        Ok(conn)
+    }
+
+    /// Sends an encoded request (whose request id is `request_id`) and reads its reply body.
+    pub async fn request(
+        &mut self,
+        frame: &[u8],
+        request_id: i32,
+        timeout: Duration,
+    ) -> Result<BsonDoc, BackendError> {
+        let exchange = async {
+            self.stream
+                .write_all(frame)
+                .await
+                .map_err(|e| BackendError::Unreachable(format!("connection to shard lost: {e}")))?;
+            let reply = self.read_frame().await?;
+            let incoming = wire::decode(reply)
+                .map_err(|e| BackendError::Protocol(format!("invalid reply from shard: {e}")))?;
+            if incoming.header.response_to != request_id {
+                return Err(BackendError::Protocol(format!(
+                    "reply answers request {} instead of {request_id}",
+                    incoming.header.response_to
+                )));
+            }
+            match incoming.message {
+                Message::Msg(m) => Ok(m.body),
+                other => Err(BackendError::Protocol(format!(
+                    "unexpected reply {other:?}"
+                ))),
+            }
+        };
+        tokio::time::timeout(timeout, exchange).await.map_err(|_| {
+            BackendError::Timeout(format!("shard did not answer within {timeout:?}"))
+        })?
+    }
+
+    /// Runs a command given as a document.
+    pub async fn run(
+        &mut self,
+        body: &Document,
+        timeout: Duration,
+    ) -> Result<Document, BackendError> {
+        let bytes = body
+            .to_vec()
+            .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))?;
+        let id = next_request_id();
+        let frame = OpMsgBuilder::new(0, &bytes).finish(id, 0);
+        let reply = self.request(&frame, id, timeout).await?;
+        Ok(reply.to_document())
+    }
+
+    async fn read_frame(&mut self) -> Result<Bytes, BackendError> {
+        loop {
+            match wire::frame_length(&self.buf) {
+                Ok(Some(len)) if self.buf.len() >= len => {
+                    return Ok(self.buf.split_to(len).freeze())
+                }
+                Ok(Some(len)) => self.buf.reserve(len - self.buf.len()),
+                Ok(None) => self.buf.reserve(4096),
+                Err(e) => return Err(BackendError::Protocol(e.to_string())),
+            }
+            match self.stream.read_buf(&mut self.buf).await {
+                Ok(0) => {
+                    return Err(BackendError::Unreachable(
+                        "connection to shard closed".into(),
+                    ))
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    return Err(BackendError::Unreachable(format!(
+                        "connection to shard lost: {e}"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Whether an idle connection is still usable: no EOF and no unexpected bytes pending.
+    fn is_healthy(&self) -> bool {
+        let mut probe = [0u8; 1];
+        match self.stream.try_read(&mut probe) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.buf.is_empty(),
+            _ => false,
+        }
+    }
+}
+
+/// Connections to one shard.
+#[derive(Debug)]
+pub struct ShardPool {
+    shard: String,
+    addr: String,
+    options: PoolOptions,
+    idle: Mutex<Vec<ShardConnection>>,
+    slots: Arc<Semaphore>,
+    checkouts: AtomicU64,
+    evicted: AtomicU64,
+}
+
+impl ShardPool {
+    /// A pool for shard `shard` at `addr` (connections are opened on demand).
+    pub fn new(shard: &str, addr: &str, options: PoolOptions) -> ShardPool {
+        ShardPool {
+            shard: shard.to_string(),
+            addr: addr.to_string(),
+            slots: Arc::new(Semaphore::new(options.max_size.max(1))),
+            options,
+            idle: Mutex::new(Vec::new()),
+            checkouts: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+        }
+    }
+
+    /// The shard's id.
+    pub fn shard(&self) -> &str {
+        &self.shard
+    }
+
+    /// The shard's address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The pool's settings.
+    pub fn options(&self) -> &PoolOptions {
+        &self.options
+    }
+
+    /// Idle connections right now.
+    pub fn idle_count(&self) -> usize {
+        self.idle.lock().map(|v| v.len()).unwrap_or(0)
+    }
+
+    /// Connections evicted because the shard closed them or they broke.
+    pub fn evicted_count(&self) -> u64 {
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    /// Takes a connection (an idle healthy one, or a new one), waiting for a slot if all
+    /// `max_size` are in use.
+    pub async fn checkout(self: &Arc<Self>) -> Result<PooledConnection, BackendError> {
+        let permit = tokio::time::timeout(
+            self.options.connect_timeout,
+            self.slots.clone().acquire_owned(),
+        )
+        .await
+        .map_err(|_| {
+            BackendError::Timeout(format!(
+                "no connection to {} became free within {:?}",
+                self.shard, self.options.connect_timeout
+            ))
+        })?
+        .map_err(|_| BackendError::Unreachable("pool closed".into()))?;
+        self.checkouts.fetch_add(1, Ordering::Relaxed);
+        loop {
+            let candidate = self.idle.lock().ok().and_then(|mut v| v.pop());
+            match candidate {
+                Some(conn) if conn.is_healthy() => {
+                    return Ok(PooledConnection {
+                        conn: Some(conn),
+                        pool: self.clone(),
+                        broken: false,
+                        _permit: permit,
+                    })
+                }
+                Some(_) => {
+                    self.evicted.fetch_add(1, Ordering::Relaxed);
+                }
+                None => break,
+            }
+        }
+        let conn = ShardConnection::connect(&self.addr, self.options.connect_timeout).await?;
+        Ok(PooledConnection {
+            conn: Some(conn),
+            pool: self.clone(),
+            broken: false,
+            _permit: permit,
+        })
+    }
+
+    /// Runs one command on the shard (a checkout for the duration).
+    pub async fn run_command(self: &Arc<Self>, body: &Document) -> Result<Document, BackendError> {
+        let mut conn = self.checkout().await?;
+        conn.run(body).await
+    }
+}
+
+/// A checked-out connection; returned to its pool on drop unless it broke.
+#[derive(Debug)]
+pub struct PooledConnection {
+    conn: Option<ShardConnection>,
+    pool: Arc<ShardPool>,
+    broken: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl PooledConnection {
+    /// Sends an encoded request and reads its reply; any failure marks the connection broken
+    /// so it is never reused.
+    pub async fn request(
+        &mut self,
+        frame: &[u8],
+        request_id: i32,
+    ) -> Result<BsonDoc, BackendError> {
+        let timeout = self.pool.options.request_timeout;
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(BackendError::Unreachable(
+                "connection already closed".into(),
+            ));
+        };
+        let result = conn.request(frame, request_id, timeout).await;
+        if result.is_err() {
+            self.broken = true;
+        }
+        result
+    }
+
+    /// Runs a command given as a document.
+    pub async fn run(&mut self, body: &Document) -> Result<Document, BackendError> {
+        let bytes = body
+            .to_vec()
+            .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))?;
+        let id = next_request_id();
+        let frame = OpMsgBuilder::new(0, &bytes).finish(id, 0);
+        Ok(self.request(&frame, id).await?.to_document())
+    }
+
+    /// A fresh request id for a frame built by the caller.
+    pub fn next_request_id() -> i32 {
+        next_request_id()
+    }
+}
+
+impl Drop for PooledConnection {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if self.broken {
+                self.pool.evicted.fetch_add(1, Ordering::Relaxed);
+            } else if let Ok(mut idle) = self.pool.idle.lock() {
+                idle.push(conn);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::embedded::{EmbeddedShard, ShardOptions};
+
+    #[tokio::test]
+    async fn pool_reuses_and_evicts() {
+        let shard = EmbeddedShard::start("127.0.0.1:0", ShardOptions::default())
+            .await
+            .unwrap();
+        let pool = Arc::new(ShardPool::new(
+            "shard0",
+            &shard.local_addr().to_string(),
+            PoolOptions {
+                max_size: 2,
+                ..PoolOptions::default()
+            },
+        ));
+        let r = pool
+            .run_command(&doc! {"ping": 1, "$db": "admin"})
+            .await
+            .unwrap();
+        assert_eq!(r.get_f64("ok").unwrap(), 1.0);
+        assert_eq!(pool.idle_count(), 1, "returned to the pool");
+        pool.run_command(&doc! {"ping": 1, "$db": "admin"})
+            .await
+            .unwrap();
+        assert_eq!(pool.idle_count(), 1, "reused, not a second connection");
+
+        // A connection the shard closes mid-exchange is not returned.
+        pool.run_command(&doc! {"configureFailPoint": "failCommand", "mode": {"times": 1}, "data": {"failCommands": ["ping"], "closeConnection": true}, "$db": "admin"})
+            .await
+            .unwrap();
+        let e = pool
+            .run_command(&doc! {"ping": 1, "$db": "admin"})
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::HostUnreachable);
+        assert_eq!(pool.idle_count(), 0);
+        assert!(pool
+            .run_command(&doc! {"ping": 1, "$db": "admin"})
+            .await
+            .is_ok());
+
+        // An idle connection whose shard went away is evicted at checkout.
+        let addr = shard.local_addr().to_string();
+        shard.shutdown().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let e = pool
+            .run_command(&doc! {"ping": 1, "$db": "admin"})
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("cannot connect"), "{e} ({addr})");
+        assert!(pool.evicted_count() >= 2);
+    }
+
+    #[tokio::test]
+    async fn pool_bounds_open_connections() {
+        let shard = EmbeddedShard::start("127.0.0.1:0", ShardOptions::default())
+            .await
+            .unwrap();
+        let pool = Arc::new(ShardPool::new(
+            "s",
+            &shard.local_addr().to_string(),
+            PoolOptions {
+                max_size: 1,
+                connect_timeout: Duration::from_millis(200),
+                ..PoolOptions::default()
+            },
+        ));
+        let held = pool.checkout().await.unwrap();
+        let e = pool.checkout().await.unwrap_err();
+        assert_eq!(e.code(), ErrorCode::NetworkTimeout);
+        drop(held);
+        assert!(pool.checkout().await.is_ok());
+        shard.shutdown().await;
+    }
+}

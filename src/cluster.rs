@@ -1,0 +1,128 @@
+//! The router's view of its cluster: the config store, the routing table cache and a
+//! connection pool per shard.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bson::Document;
+
+use crate::backend::{BackendError, PoolOptions, ShardPool};
+use crate::routing::{ConfigStore, RoutingTable, ShardInfo};
+
+/// Shards, metadata and pools of one router.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The metadata.
+    pub store: Arc<ConfigStore>,
+    /// Cached routing snapshots.
+    pub routing: RoutingTable,
+    pools: BTreeMap<String, Arc<ShardPool>>,
+    shards: Vec<ShardInfo>,
+}
+
+impl Cluster {
+    /// A cluster over the shards the store knows.
+    pub fn new(store: Arc<ConfigStore>, pool_options: PoolOptions) -> Cluster {
+        let shards = store.shards();
+        let pools = shards
+            .iter()
+            .map(|s| {
+                (
+                    s.id.clone(),
+                    Arc::new(ShardPool::new(&s.id, &s.addr, pool_options.clone())),
+                )
+            })
+            .collect();
+        let routing = RoutingTable::new(store.clone());
+        Cluster {
+            store,
+            routing,
+            pools,
+            shards,
+        }
+    }
+
+    /// The shards, sorted by id.
+    pub fn shards(&self) -> &[ShardInfo] {
+        &self.shards
+    }
+
+    /// The pool of one shard.
+    pub fn pool(&self, shard: &str) -> Option<&Arc<ShardPool>> {
+        self.pools.get(shard)
+    }
+
+    /// Whether `shard` understands `shardVersion`.
+    pub fn is_shard_server(&self, shard: &str) -> bool {
+        self.shards.iter().any(|s| s.id == shard && s.shard_server)
+    }
+
+    /// Runs `body` on one shard.
+    pub async fn run_on(&self, shard: &str, body: &Document) -> Result<Document, BackendError> {
+        match self.pools.get(shard) {
+            Some(p) => p.run_command(body).await,
+            None => Err(BackendError::Unreachable(format!("unknown shard {shard}"))),
+        }
+    }
+
+    /// Runs `body` on every shard at once; results in shard order.
+    pub async fn run_on_all(
+        &self,
+        body: &Document,
+    ) -> Vec<(String, Result<Document, BackendError>)> {
+        let futures = self.pools.iter().map(|(id, p)| {
+            let p = p.clone();
+            let id = id.clone();
+            let body = body.clone();
+            async move { (id, p.run_command(&body).await) }
+        });
+        futures_join_all(futures).await
+    }
+}
+
+/// Runs futures concurrently and collects their outputs in order.
+async fn futures_join_all<F, T>(futures: impl IntoIterator<Item = F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        if let Ok(v) = h.await {
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// Opens the metadata, registers the shards (refusing a list that contradicts persisted
+/// metadata), connects pools and shards the configured collections.
+pub async fn bootstrap(
+    metadata_path: Option<std::path::PathBuf>,
+    shards: &[ShardInfo],
+    collections: &[crate::config::CollectionConfig],
+) -> Result<Arc<Cluster>, String> {
+    let store = Arc::new(ConfigStore::open(metadata_path).map_err(|e| e.message)?);
+    store.set_shards(shards).map_err(|e| e.message)?;
+    let cluster = Arc::new(Cluster::new(store, PoolOptions::default()));
+    for c in collections {
+        let key = c.key_document().map_err(|e| e.to_string())?;
+        let mut body =
+            bson::doc! {"shardCollection": &c.ns, "key": key, "unique": c.unique, "$db": "admin"};
+        if let Some(n) = c.num_initial_chunks {
+            body.insert("numInitialChunks", n as i64);
+        }
+        let req = crate::command::CommandRequest {
+            db: "admin".into(),
+            name: "shardCollection".into(),
+            body: crate::wire::BsonDoc::from_encoded(body.to_vec().map_err(|e| e.to_string())?),
+            sequences: Vec::new(),
+            legacy: false,
+        };
+        crate::command::sharding::shard_collection(Some(&cluster), &req)
+            .await
+            .map_err(|e| format!("cannot shard {}: {}", c.ns, e.message))?;
+    }
+    Ok(cluster)
+}

@@ -1,0 +1,511 @@
+//! The embedded config store: the cluster's metadata kept as the documents MongoDB 5.0+ keeps
+//! in its config database (`config.version`, `config.shards`, `config.databases`,
+//! `config.collections`, `config.chunks`, `config.mongos`), stored in an in-process embedded
+//! engine so that clients' reads of the `config` database (mongosh's `sh.status()`,
+//! `db.getSiblingDB("config").chunks.find()`) run through the same query code as any
+//! collection.
+//!
+//! With a `metadata_path`, every change is persisted atomically (temporary file, fsync,
+//! rename, fsync of the directory) as one BSON document, so a restarted router routes exactly
+//! as before.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bson::{doc, oid::ObjectId, Bson, Document, Timestamp};
+use tokio::sync::watch;
+
+use super::chunks::{Chunk, ChunkMap, ChunkVersion};
+use super::table::{MetadataLoader, RoutingSnapshot};
+use super::{RoutingError, ShardKeyPattern};
+use crate::command::ServerState;
+use crate::config::Config;
+use crate::embedded::{ShardOptions, ShardService};
+use crate::error_codes::ErrorCode;
+
+/// The config collections persisted and served.
+const COLLECTIONS: &[&str] = &["version", "shards", "databases", "collections", "chunks"];
+
+/// A shard as the router knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardInfo {
+    /// The shard id (`config.shards._id`).
+    pub id: String,
+    /// `host:port` to connect to.
+    pub addr: String,
+    /// Whether it understands `shardVersion` (embedded shards and mongod started as shard
+    /// servers); a plain mongod rejects the field.
+    pub shard_server: bool,
+}
+
+/// The config store.
+pub struct ConfigStore {
+    engine: Arc<ShardService>,
+    path: Option<PathBuf>,
+    shard_servers: Mutex<BTreeSet<String>>,
+    write: Mutex<()>,
+    _shutdown: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for ConfigStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigStore")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> RoutingError {
+    RoutingError::new(ErrorCode::InternalError, e.to_string())
+}
+
+impl ConfigStore {
+    /// A store, loaded from `path` when that file exists.
+    pub fn open(path: Option<PathBuf>) -> Result<ConfigStore, RoutingError> {
+        let (tx, rx) = watch::channel(false);
+        let state = Arc::new(ServerState::new(Config::default(), Vec::new(), rx));
+        let engine = Arc::new(ShardService::new(
+            state,
+            ShardOptions {
+                set_name: "config".into(),
+                ..ShardOptions::default()
+            },
+        ));
+        let store = ConfigStore {
+            engine,
+            path,
+            shard_servers: Mutex::new(BTreeSet::new()),
+            write: Mutex::new(()),
+            _shutdown: tx,
+        };
+        let loaded = match &store.path {
+            Some(p) if p.exists() => {
+                store.load(p)?;
+                true
+            }
+            _ => false,
+        };
+        if !loaded {
+            store.put(
+                "version",
+                vec![doc! {"_id": 1, "clusterId": ObjectId::new()}],
+            )?;
+        }
+        Ok(store)
+    }
+
+    /// The in-process engine holding the config database (reads are served by it).
+    pub fn engine(&self) -> &Arc<ShardService> {
+        &self.engine
+    }
+
+    fn docs(&self, coll: &str) -> Vec<Document> {
+        self.engine.documents("config", coll)
+    }
+
+    fn put(&self, coll: &str, docs: Vec<Document>) -> Result<(), RoutingError> {
+        self.engine
+            .set_documents("config", coll, docs)
+            .map_err(internal)
+    }
+
+    fn load(&self, path: &Path) -> Result<(), RoutingError> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| internal(format!("cannot read metadata file {}: {e}", path.display())))?;
+        let root = Document::from_reader(&bytes[..]).map_err(|e| {
+            internal(format!(
+                "metadata file {} is not valid BSON: {e}",
+                path.display()
+            ))
+        })?;
+        for coll in COLLECTIONS {
+            let docs = root
+                .get_document("config")
+                .ok()
+                .and_then(|c| c.get_array(*coll).ok())
+                .map(|a| a.iter().filter_map(|v| v.as_document().cloned()).collect())
+                .unwrap_or_default();
+            self.put(coll, docs)?;
+        }
+        let servers: BTreeSet<String> = root
+            .get_array("shardServers")
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(|s| s.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Ok(mut s) = self.shard_servers.lock() {
+            *s = servers;
+        }
+        Ok(())
+    }
+
+    /// Writes the metadata atomically, if the store has a path.
+    pub fn persist(&self) -> Result<(), RoutingError> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let mut config = Document::new();
+        for coll in COLLECTIONS {
+            config.insert(
+                *coll,
+                self.docs(coll)
+                    .into_iter()
+                    .map(Bson::Document)
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let servers: Vec<Bson> = self
+            .shard_servers
+            .lock()
+            .map(|s| s.iter().map(|x| Bson::String(x.clone())).collect())
+            .unwrap_or_default();
+        let root = doc! {"format": 1, "config": config, "shardServers": servers};
+        let bytes = root.to_vec().map_err(internal)?;
+        write_atomically(path, &bytes).map_err(|e| {
+            internal(format!(
+                "cannot persist metadata to {}: {e}",
+                path.display()
+            ))
+        })
+    }
+
+    /// The shards, sorted by id.
+    pub fn shards(&self) -> Vec<ShardInfo> {
+        let servers = self
+            .shard_servers
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let mut out: Vec<ShardInfo> = self
+            .docs("shards")
+            .iter()
+            .filter_map(|d| {
+                let id = d.get_str("_id").ok()?.to_string();
+                let host = d.get_str("host").ok()?;
+                let addr = host.split_once('/').map(|(_, h)| h).unwrap_or(host);
+                let addr = addr.split(',').next().unwrap_or(addr).to_string();
+                Some(ShardInfo {
+                    shard_server: servers.contains(&id),
+                    id,
+                    addr,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Registers the cluster's shards. With persisted metadata, the list must match it
+    /// exactly: a router must not route persisted chunks to different servers.
+    pub fn set_shards(&self, shards: &[ShardInfo]) -> Result<(), RoutingError> {
+        let _w = self.write.lock();
+        let existing = self.shards();
+        if !existing.is_empty() {
+            let same = existing.len() == shards.len()
+                && existing
+                    .iter()
+                    .all(|e| shards.iter().any(|s| s.id == e.id && s.addr == e.addr));
+            if !same {
+                let show = |l: &[ShardInfo]| {
+                    l.iter()
+                        .map(|s| format!("{}={}", s.id, s.addr))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                return Err(RoutingError::new(
+                    ErrorCode::InvalidOptions,
+                    format!(
+                        "the configured shards [{}] contradict the persisted metadata [{}]; restore the previous shard list or remove the metadata file",
+                        show(shards),
+                        show(&existing)
+                    ),
+                ));
+            }
+        } else {
+            let now = Timestamp {
+                time: now_secs(),
+                increment: 1,
+            };
+            let docs = shards
+                .iter()
+                .map(|s| doc! {"_id": &s.id, "host": format!("{}/{}", s.id, s.addr), "state": 1, "topologyTime": now})
+                .collect();
+            self.put("shards", docs)?;
+        }
+        if let Ok(mut servers) = self.shard_servers.lock() {
+            *servers = shards
+                .iter()
+                .filter(|s| s.shard_server)
+                .map(|s| s.id.clone())
+                .collect();
+        }
+        self.persist()
+    }
+
+    /// `config.databases` entry of `db`.
+    pub fn database(&self, db: &str) -> Option<Document> {
+        self.docs("databases")
+            .into_iter()
+            .find(|d| d.get_str("_id").ok() == Some(db))
+    }
+
+    /// The database's entry, created with `primary` (or the first shard) when missing.
+    pub fn ensure_database(
+        &self,
+        db: &str,
+        primary: Option<&str>,
+    ) -> Result<Document, RoutingError> {
+        let _w = self.write.lock();
+        if let Some(d) = self.database(db) {
+            return Ok(d);
+        }
+        let primary = match primary {
+            Some(p) => {
+                if !self.shards().iter().any(|s| s.id == p) {
+                    return Err(RoutingError::new(
+                        ErrorCode::ShardNotFound,
+                        format!("Shard {p} not found"),
+                    ));
+                }
+                p.to_string()
+            }
+            None => self.shards().first().map(|s| s.id.clone()).ok_or_else(|| {
+                RoutingError::new(ErrorCode::ShardNotFound, "the cluster has no shards")
+            })?,
+        };
+        let entry = doc! {
+            "_id": db,
+            "primary": primary,
+            "version": {"uuid": bson::Uuid::new(), "timestamp": Timestamp { time: now_secs(), increment: 1 }, "lastMod": 1},
+        };
+        let mut all = self.docs("databases");
+        all.push(entry.clone());
+        self.put("databases", all)?;
+        self.persist()?;
+        Ok(entry)
+    }
+
+    /// `config.collections` entry of `ns`.
+    pub fn collection(&self, ns: &str) -> Option<Document> {
+        self.docs("collections")
+            .into_iter()
+            .find(|d| d.get_str("_id").ok() == Some(ns))
+    }
+
+    /// Records a newly sharded collection and its chunks.
+    pub fn add_sharded_collection(
+        &self,
+        ns: &str,
+        pattern: &ShardKeyPattern,
+        unique: bool,
+        chunks: &[Chunk],
+    ) -> Result<RoutingSnapshot, RoutingError> {
+        let _w = self.write.lock();
+        if self.collection(ns).is_some() {
+            return Err(RoutingError::new(
+                ErrorCode(23),
+                format!("sharding already enabled for collection {ns}"),
+            ));
+        }
+        let epoch = ObjectId::new();
+        let timestamp = Timestamp {
+            time: now_secs(),
+            increment: 1,
+        };
+        let uuid = bson::Uuid::new();
+        let entry = doc! {
+            "_id": ns,
+            "lastmodEpoch": epoch,
+            "lastmod": bson::DateTime::now(),
+            "timestamp": timestamp,
+            "uuid": uuid,
+            "key": pattern.to_document(),
+            "unique": unique,
+            "noBalance": false,
+        };
+        let mut colls = self.docs("collections");
+        colls.push(entry);
+        let mut all_chunks = self.docs("chunks");
+        for c in chunks {
+            all_chunks.push(doc! {
+                "_id": c.id,
+                "uuid": uuid,
+                "min": pattern.key_document(&c.min),
+                "max": pattern.key_document(&c.max),
+                "shard": &c.shard,
+                "lastmod": c.version.timestamp(),
+                "onCurrentShardSince": timestamp,
+                "history": [{"validAfter": timestamp, "shard": &c.shard}],
+            });
+        }
+        self.put("collections", colls)?;
+        self.put("chunks", all_chunks)?;
+        self.persist()?;
+        self.load_collection(ns)?
+            .ok_or_else(|| internal(format!("{ns} vanished while being sharded")))
+    }
+
+    /// Refreshes `config.mongos` with this router's entry (read by `sh.status()`).
+    pub fn touch_mongos(&self, name: &str, up_secs: i64) {
+        let d = doc! {
+            "_id": name,
+            "advisoryHostFQDNs": [],
+            "mongoVersion": crate::command::server_info::MONGODB_VERSION,
+            "ping": bson::DateTime::now(),
+            "up": up_secs,
+            "waiting": true,
+        };
+        let _ = self.engine.set_documents("config", "mongos", vec![d]);
+    }
+}
+
+impl MetadataLoader for ConfigStore {
+    fn load_collection(&self, ns: &str) -> Result<Option<RoutingSnapshot>, RoutingError> {
+        let Some(c) = self.collection(ns) else {
+            return Ok(None);
+        };
+        let bad = |what: &str| {
+            internal(format!(
+                "config.collections entry of {ns} has no valid {what}"
+            ))
+        };
+        let key = c.get_document("key").map_err(|_| bad("key"))?;
+        let pattern = ShardKeyPattern::parse(key)?;
+        let epoch = c
+            .get_object_id("lastmodEpoch")
+            .map_err(|_| bad("lastmodEpoch"))?;
+        let timestamp = c.get_timestamp("timestamp").map_err(|_| bad("timestamp"))?;
+        let uuid = match c.get("uuid") {
+            Some(Bson::Binary(b)) => {
+                bson::Uuid::from_bytes(b.bytes.as_slice().try_into().map_err(|_| bad("uuid"))?)
+            }
+            _ => return Err(bad("uuid")),
+        };
+        let unique = c.get_bool("unique").unwrap_or(false);
+        let mut chunks = Vec::new();
+        for d in self.docs("chunks") {
+            let same = match d.get("uuid") {
+                Some(Bson::Binary(b)) => b.bytes.as_slice() == uuid.bytes().as_slice(),
+                _ => false,
+            };
+            if !same {
+                continue;
+            }
+            chunks.push(Chunk {
+                id: d.get_object_id("_id").unwrap_or_else(|_| ObjectId::new()),
+                min: pattern
+                    .key_from_document(d.get_document("min").map_err(|_| bad("chunk min"))?)?,
+                max: pattern
+                    .key_from_document(d.get_document("max").map_err(|_| bad("chunk max"))?)?,
+                shard: d
+                    .get_str("shard")
+                    .map_err(|_| bad("chunk shard"))?
+                    .to_string(),
+                version: ChunkVersion::from_timestamp(
+                    d.get_timestamp("lastmod")
+                        .map_err(|_| bad("chunk lastmod"))?,
+                ),
+            });
+        }
+        let chunks = ChunkMap::new(&pattern, chunks)?;
+        Ok(Some(RoutingSnapshot {
+            ns: ns.to_string(),
+            pattern,
+            unique,
+            epoch,
+            timestamp,
+            uuid,
+            chunks,
+        }))
+    }
+}
+
+fn now_secs() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as u32)
+        .unwrap_or(0)
+}
+
+/// Writes `bytes` to `path` so that a crash leaves either the old or the new file: a
+/// temporary file beside it, fsync, rename over, fsync of the directory.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::chunks::initial_chunks;
+
+    fn shards() -> Vec<ShardInfo> {
+        (0..3)
+            .map(|i| ShardInfo {
+                id: format!("shard{i}"),
+                addr: format!("127.0.0.1:{}", 40000 + i),
+                shard_server: true,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn persists_and_reloads_the_same_routing() {
+        let dir = std::env::temp_dir().join(format!("sluice-meta-{}", ObjectId::new()));
+        let path = dir.join("metadata.bson");
+        let store = ConfigStore::open(Some(path.clone())).unwrap();
+        store.set_shards(&shards()).unwrap();
+        store.ensure_database("demo", None).unwrap();
+        let pattern = ShardKeyPattern::parse(&doc! {"_id": "hashed"}).unwrap();
+        let ids: Vec<String> = shards().into_iter().map(|s| s.id).collect();
+        let chunks = initial_chunks(&pattern, &ids, "shard0", None);
+        let snap = store
+            .add_sharded_collection("demo.c", &pattern, false, &chunks)
+            .unwrap();
+        assert_eq!(snap.chunks.len(), 6);
+        assert!(store
+            .add_sharded_collection("demo.c", &pattern, false, &chunks)
+            .is_err());
+
+        let again = ConfigStore::open(Some(path.clone())).unwrap();
+        assert_eq!(again.shards(), shards());
+        let reloaded = again.load_collection("demo.c").unwrap().unwrap();
+        assert_eq!(reloaded, snap);
+        assert_eq!(
+            again.database("demo").unwrap().get_str("primary").unwrap(),
+            "shard0"
+        );
+        // A different shard list is refused.
+        let mut moved = shards();
+        moved[1].addr = "127.0.0.1:1".into();
+        let e = again.set_shards(&moved).unwrap_err();
+        assert!(e.message.contains("contradict"), "{}", e.message);
+        assert!(again.set_shards(&shards()).is_ok());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn unsharded_collections_have_no_snapshot() {
+        let store = ConfigStore::open(None).unwrap();
+        assert_eq!(store.load_collection("a.b").unwrap(), None);
+        assert!(store.ensure_database("x", None).is_err(), "no shards yet");
+    }
+}

@@ -1,0 +1,109 @@
+//! Routing snapshots and the routing table cache.
+//!
+//! A [`RoutingSnapshot`] is one collection's immutable routing state (key pattern, epoch,
+//! chunk map); the [`RoutingTable`] keeps them as `Arc`s in a `dashmap` keyed by namespace and
+//! replaces them whole on refresh, so a lookup is a map read that never waits on I/O.
+
+use std::sync::Arc;
+
+use bson::{doc, oid::ObjectId, Document, Timestamp};
+use dashmap::DashMap;
+
+use super::{ChunkMap, RoutingError, ShardKey, ShardKeyPattern};
+
+/// One sharded collection's routing state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutingSnapshot {
+    /// `db.coll`.
+    pub ns: String,
+    /// The shard key pattern.
+    pub pattern: ShardKeyPattern,
+    /// Whether the shard key is unique.
+    pub unique: bool,
+    /// The collection epoch (`lastmodEpoch`).
+    pub epoch: ObjectId,
+    /// The collection generation timestamp.
+    pub timestamp: Timestamp,
+    /// The collection UUID.
+    pub uuid: bson::Uuid,
+    /// The chunks.
+    pub chunks: ChunkMap,
+}
+
+impl RoutingSnapshot {
+    /// The shard owning `key`.
+    pub fn shard_for(&self, key: &ShardKey) -> Option<&str> {
+        self.chunks.find(key).map(|c| c.shard.as_str())
+    }
+
+    /// The `shardVersion` a child command to `shard` carries (MongoDB 6.0+ shape
+    /// `{e, t, v}`).
+    pub fn shard_version(&self, shard: &str) -> Document {
+        doc! {
+            "e": self.epoch,
+            "t": self.timestamp,
+            "v": self.chunks.shard_version(shard).timestamp(),
+        }
+    }
+}
+
+/// Where routing metadata comes from. The embedded config store is the first implementation;
+/// a real config server is the second.
+pub trait MetadataLoader: Send + Sync {
+    /// The routing state of `ns`, or `None` if it is not sharded.
+    fn load_collection(&self, ns: &str) -> Result<Option<RoutingSnapshot>, RoutingError>;
+}
+
+/// The router's cache of routing snapshots.
+pub struct RoutingTable {
+    entries: DashMap<String, Option<Arc<RoutingSnapshot>>>,
+    loader: Arc<dyn MetadataLoader>,
+}
+
+impl std::fmt::Debug for RoutingTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoutingTable")
+            .field("entries", &self.entries.len())
+            .finish()
+    }
+}
+
+impl RoutingTable {
+    /// An empty cache over `loader`.
+    pub fn new(loader: Arc<dyn MetadataLoader>) -> Self {
+        RoutingTable {
+            entries: DashMap::new(),
+            loader,
+        }
+    }
+
+    /// The routing state of `ns` (`None` when unsharded), loaded on first use.
+    pub fn get(&self, ns: &str) -> Result<Option<Arc<RoutingSnapshot>>, RoutingError> {
+        if let Some(e) = self.entries.get(ns) {
+            return Ok(e.clone());
+        }
+        self.refresh(ns)
+    }
+
+    /// Reloads `ns` and replaces its snapshot whole.
+    pub fn refresh(&self, ns: &str) -> Result<Option<Arc<RoutingSnapshot>>, RoutingError> {
+        let snap = self.loader.load_collection(ns)?.map(Arc::new);
+        self.entries.insert(ns.to_string(), snap.clone());
+        Ok(snap)
+    }
+
+    /// Forgets every cached snapshot (`flushRouterConfig`).
+    pub fn flush(&self) {
+        self.entries.clear();
+    }
+
+    /// Number of cached namespaces.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
