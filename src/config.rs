@@ -37,6 +37,12 @@ pub struct Config {
     pub shards: Vec<ShardConfig>,
     /// Collections to shard at start-up (kept as they are if already sharded with this key).
     pub collections: Vec<CollectionConfig>,
+    /// When an ORDERED bulk may be sent as one round of per-shard child batches:
+    /// `"retry-safe"` (proven order-independent and retry-safe; the default), `"always"`
+    /// (whenever every statement targets one shard) or `"off"` (mongos rounds).
+    pub ordered_rewrite: crate::write::plan::Policy,
+    /// Per-namespace overrides of `ordered_rewrite`, e.g. `"shop.ledger" = "off"`.
+    pub ordered_rewrite_overrides: std::collections::BTreeMap<String, crate::write::plan::Policy>,
 }
 
 impl Default for Config {
@@ -50,6 +56,8 @@ impl Default for Config {
             metadata_path: None,
             shards: Vec::new(),
             collections: Vec::new(),
+            ordered_rewrite: crate::write::plan::Policy::RetrySafe,
+            ordered_rewrite_overrides: Default::default(),
         }
     }
 }
@@ -164,6 +172,14 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The ordered-rewrite policy of a namespace.
+    pub fn rewrite_policy(&self, ns: &str) -> crate::write::plan::Policy {
+        self.ordered_rewrite_overrides
+            .get(ns)
+            .copied()
+            .unwrap_or(self.ordered_rewrite)
+    }
+
     /// Reads and checks a configuration file.
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -268,6 +284,19 @@ mod tests {
         };
         let keys: Vec<String> = compound.key_document().unwrap().keys().cloned().collect();
         assert_eq!(keys, ["region", "_id"], "field order is kept");
+    }
+
+    #[test]
+    fn rewrite_policy_overrides() {
+        use crate::write::plan::Policy;
+        let c: Config = toml::from_str(
+            "ordered_rewrite = \"always\"\n[ordered_rewrite_overrides]\n\"a.b\" = \"off\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.rewrite_policy("a.b"), Policy::Off);
+        assert_eq!(c.rewrite_policy("a.c"), Policy::Always);
+        assert_eq!(Config::default().rewrite_policy("x.y"), Policy::RetrySafe);
+        assert!(toml::from_str::<Config>("ordered_rewrite = \"sometimes\"").is_err());
     }
 
     #[test]

@@ -25,3 +25,4 @@ pub mod frontend;
 pub mod order;
 pub mod routing;
 pub mod wire;
+pub mod write;

@@ -7,6 +7,7 @@
 //! frontend owns the connection and hands them the per-connection [`ClientState`].
 
 pub mod hello;
+pub mod route;
 pub mod server_info;
 pub mod sharding;
 
@@ -224,6 +225,8 @@ pub struct ServerState {
     next_connection_id: AtomicI64,
     /// Flips to `true` when the router begins shutting down.
     shutdown: watch::Receiver<bool>,
+    /// Write-path counters.
+    pub writes: crate::write::WriteStats,
 }
 
 impl ServerState {
@@ -240,6 +243,7 @@ impl ServerState {
             next_request_id: AtomicI32::new(1),
             next_connection_id: AtomicI64::new(1),
             shutdown,
+            writes: crate::write::WriteStats::default(),
         }
     }
 
@@ -364,17 +368,32 @@ pub async fn dispatch(
             "listShards" | "listshards" => sharding::list_shards(cluster),
             "flushRouterConfig" | "flushrouterconfig" => sharding::flush_router_config(cluster),
             "balancerStatus" => Ok(sharding::balancer_status()),
-            "aggregate" => match sharding::local_documents_aggregate(req) {
-                Some(r) => r,
+            "aggregate" if req.body.raw().get_str("aggregate").is_err() => {
+                match sharding::local_documents_aggregate(req) {
+                    Some(r) => r,
+                    None => Err(CommandError::new(
+                        ErrorCode::InvalidNamespace,
+                        "collection-less aggregations are only supported with $documents",
+                    )),
+                }
+            }
+            other => match cluster {
+                Some(cluster) => {
+                    let coll = req.body.raw().get_str(other).unwrap_or("");
+                    let policy = state.config.rewrite_policy(&format!("{}.{coll}", req.db));
+                    match route::route(cluster, &state.writes, policy, req).await {
+                        Ok(mut reply) => {
+                            append_cluster_time(state, &mut reply);
+                            return reply;
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
                 None => Err(CommandError::new(
                     ErrorCode::CommandNotFound,
-                    "no such command: 'aggregate'",
+                    format!("no such command: '{other}'"),
                 )),
             },
-            other => Err(CommandError::new(
-                ErrorCode::CommandNotFound,
-                format!("no such command: '{other}'"),
-            )),
         }
     };
     let mut reply = match result {

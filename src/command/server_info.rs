@@ -212,7 +212,7 @@ pub fn server_status(state: &Arc<ServerState>) -> Document {
             "getmore": c.op_getmore.load(Ordering::Relaxed),
             "command": c.op_command.load(Ordering::Relaxed),
         },
-        "sluice": {"version": env!("CARGO_PKG_VERSION")},
+        "sluice": {"version": env!("CARGO_PKG_VERSION"), "writes": state.writes.to_document()},
     }
 }
 

@@ -1,0 +1,209 @@
+//! Commands the router forwards to shards.
+//!
+//! Writes on sharded collections go through the write path ([`crate::write`]);
+//! `findAndModify` on a sharded collection goes to the one shard its query's shard key
+//! targets. Every command on an unsharded collection (and any database-level command) goes to
+//! the database's primary shard unchanged: the client's body and document sequences are
+//! forwarded as they are (a `w: 0` write concern raised to `w: 1`), and the shard's reply comes
+//! back with the shard-only fields removed. A database gets its `config.databases` entry (and
+//! primary shard) on its first write, as with mongos.
+
+use std::sync::Arc;
+
+use bson::{Bson, Document};
+
+use super::{CommandError, CommandRequest};
+use crate::cluster::Cluster;
+use crate::error_codes::ErrorCode;
+use crate::routing::FilterKeys;
+use crate::wire::OpMsgBuilder;
+use crate::write::target::WriteKind;
+use crate::write::{plan::Policy, WriteStats};
+
+/// Commands that create data: they give a new database its primary shard.
+const CREATING: &[&str] = &[
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "findandmodify",
+    "create",
+    "createIndexes",
+];
+
+/// Fields a shard adds to replies that mongos does not pass on.
+const SHARD_ONLY_FIELDS: &[&str] = &[
+    "$clusterTime",
+    "operationTime",
+    "opTime",
+    "electionId",
+    "$configServerState",
+    "$gleStats",
+    "lastCommittedOpTime",
+    "$topologyTime",
+];
+
+/// The collection a command names, for commands that name one.
+fn collection_of(req: &CommandRequest, body: &Document) -> Option<String> {
+    match req.name.as_str() {
+        "getMore" => body.get_str("collection").ok().map(|s| s.to_string()),
+        _ => match body.get(&req.name) {
+            Some(Bson::String(s)) => Some(s.clone()),
+            _ => None,
+        },
+    }
+}
+
+/// Routes a command that is not answered by the router itself; returns the full reply
+/// (with `ok`).
+pub async fn route(
+    cluster: &Arc<Cluster>,
+    stats: &WriteStats,
+    policy: Policy,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    let body = req.body_document();
+    let coll = collection_of(req, &body);
+    let snapshot = match &coll {
+        Some(c) => cluster.routing.get(&format!("{}.{c}", req.db))?,
+        None => None,
+    };
+    if let Some(snap) = snapshot {
+        if let Some(kind) = WriteKind::from_command(&req.name) {
+            let mut reply = crate::write::execute(cluster, stats, policy, req, kind, snap).await?;
+            reply.insert("ok", 1.0);
+            return Ok(reply);
+        }
+        if matches!(req.name.as_str(), "findAndModify" | "findandmodify") {
+            return find_and_modify(cluster, req, &body, &snap).await;
+        }
+        return Err(CommandError::new(
+            ErrorCode::CommandNotSupported,
+            format!(
+                "'{}' on the sharded collection {} is not supported by this version of Sluice yet",
+                req.name, snap.ns
+            ),
+        ));
+    }
+    if req.db == "admin" || req.db == "local" {
+        return Err(CommandError::new(
+            ErrorCode::CommandNotFound,
+            format!("no such command: '{}'", req.name),
+        ));
+    }
+    let primary = match cluster.store.database(&req.db) {
+        Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
+        None if CREATING.contains(&req.name.as_str()) => cluster
+            .store
+            .ensure_database(&req.db, None)?
+            .get_str("primary")
+            .unwrap_or_default()
+            .to_string(),
+        None => match cluster.shards().first() {
+            Some(s) => s.id.clone(),
+            None => {
+                return Err(CommandError::new(
+                    ErrorCode::ShardNotFound,
+                    "the cluster has no shards",
+                ))
+            }
+        },
+    };
+    forward(cluster, &primary, req, None).await
+}
+
+/// Forwards the client's command to `shard` as it is (plus `shardVersion` when given) and
+/// returns the shard's reply without its shard-only fields.
+async fn forward(
+    cluster: &Arc<Cluster>,
+    shard: &str,
+    req: &CommandRequest,
+    shard_version: Option<Document>,
+) -> Result<Document, CommandError> {
+    let Some(pool) = cluster.pool(shard) else {
+        return Err(CommandError::new(
+            ErrorCode::ShardNotFound,
+            format!("Shard {shard} not found"),
+        ));
+    };
+    let raise_w0 = matches!(
+        req.body
+            .raw()
+            .get_document("writeConcern")
+            .ok()
+            .and_then(|wc| wc.get("w").ok().flatten()),
+        Some(bson::RawBsonRef::Int32(0) | bson::RawBsonRef::Int64(0))
+    );
+    let body_bytes: Vec<u8> = if raise_w0 || shard_version.is_some() {
+        let mut body = req.body_document();
+        if raise_w0 {
+            if let Ok(wc) = body.get_document_mut("writeConcern") {
+                wc.insert("w", 1);
+            }
+        }
+        if let Some(v) = shard_version {
+            body.insert("shardVersion", v);
+        }
+        body.to_vec()
+            .map_err(|e| CommandError::new(ErrorCode::InternalError, e.to_string()))?
+    } else {
+        req.body.bytes().to_vec()
+    };
+    let mut b = OpMsgBuilder::new(0, &body_bytes);
+    for seq in &req.sequences {
+        b.begin_sequence(&seq.identifier);
+        for d in &seq.documents {
+            b.push_document(d.bytes());
+        }
+    }
+    let id = crate::backend::PooledConnection::next_request_id();
+    let frame = b.finish(id, 0);
+    let reply = async {
+        let mut conn = pool.checkout().await?;
+        conn.request(&frame, id).await
+    }
+    .await
+    .map_err(|e| {
+        let mut err = CommandError::new(e.code(), format!("{e} (shard {shard})"));
+        if req.body.raw().get("txnNumber").ok().flatten().is_some() {
+            err.labels.push("RetryableWriteError".into());
+        }
+        err
+    })?;
+    let mut d = reply.to_document();
+    for f in SHARD_ONLY_FIELDS {
+        d.remove(*f);
+    }
+    Ok(d)
+}
+
+/// `findAndModify` on a sharded collection: the query must pin the full shard key; the
+/// command goes to the owning shard unchanged.
+async fn find_and_modify(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    body: &Document,
+    snap: &crate::routing::RoutingSnapshot,
+) -> Result<Document, CommandError> {
+    let query = body.get_document("query").cloned().unwrap_or_default();
+    let shard = match snap.pattern.extract_from_filter(&query) {
+        FilterKeys::Keys(keys) if keys.len() == 1 => {
+            snap.shard_for(&keys[0]).map(|s| s.to_string())
+        }
+        _ => None,
+    };
+    let Some(shard) = shard else {
+        return Err(CommandError::new(
+            ErrorCode::ShardKeyNotFound,
+            format!(
+                "Query for sharded findAndModify must contain the shard key (pattern {}); got {}",
+                crate::embedded::render::render_doc(&snap.pattern.to_document()),
+                crate::embedded::render::render_doc(&query)
+            ),
+        ));
+    };
+    let version = cluster
+        .is_shard_server(&shard)
+        .then(|| snap.shard_version(&shard));
+    forward(cluster, &shard, req, version).await
+}

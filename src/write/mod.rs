@@ -1,0 +1,571 @@
+//! The write path: `insert`, `update`, `delete` (and `findAndModify`) on sharded collections.
+//!
+//! [`target`] decides where each statement goes, [`plan`] turns the statements into rounds of
+//! child batches (mongos rounds, an unordered round, or the proven one-round rewrite), the
+//! executor here sends each round's child batches concurrently over the shard pools, and
+//! [`merge`] builds the client's reply. Targeting, planning and merging are pure; only this
+//! file does I/O. The contract is WRITE-PATH.md.
+
+pub mod merge;
+pub mod plan;
+pub mod target;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bson::{doc, oid::ObjectId, Bson, Document, RawDocument};
+use bytes::Bytes;
+
+use crate::backend::{BackendError, PooledConnection};
+use crate::cluster::Cluster;
+use crate::command::{number_field, truthy, CommandError, CommandRequest};
+use crate::error_codes::ErrorCode;
+use crate::routing::RoutingSnapshot;
+use crate::wire::OpMsgBuilder;
+use merge::{ChildOutcome, ChildResult, Merger};
+use plan::{Plan, PlanKind, Policy, Round};
+use target::{Targeted, WriteKind};
+
+/// Most statements in one child batch (`maxWriteBatchSize`).
+pub const MAX_BATCH_STATEMENTS: usize = 100_000;
+/// Most statement bytes in one child batch.
+pub const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
+/// Rounds without progress before stale statements fail with NoProgressMade.
+const MAX_ROUNDS_WITHOUT_PROGRESS: usize = 5;
+
+/// Write-path counters, reported under `serverStatus().sluice.writes` and as metrics.
+#[derive(Debug, Default)]
+pub struct WriteStats {
+    /// Bulks planned as mongos rounds.
+    pub plans_mongos_rounds: AtomicU64,
+    /// Bulks planned as one unordered round.
+    pub plans_unordered: AtomicU64,
+    /// Ordered bulks rewritten into one round.
+    pub plans_rewrite: AtomicU64,
+    /// Child batches sent.
+    pub child_batches: AtomicU64,
+    /// Rounds sent.
+    pub rounds: AtomicU64,
+    /// Statements of rewritten bulks applied after the bulk's first error.
+    pub applied_after_error: AtomicU64,
+}
+
+impl WriteStats {
+    fn count_plan(&self, kind: PlanKind) {
+        let c = match kind {
+            PlanKind::MongosRounds => &self.plans_mongos_rounds,
+            PlanKind::Unordered => &self.plans_unordered,
+            PlanKind::Rewrite => &self.plans_rewrite,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("sluice_write_plans_total", "kind" => kind.label()).increment(1);
+    }
+
+    /// The counters as a document.
+    pub fn to_document(&self) -> Document {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed) as i64;
+        doc! {
+            "plans": {"mongosRounds": g(&self.plans_mongos_rounds), "unordered": g(&self.plans_unordered), "rewrite": g(&self.plans_rewrite)},
+            "rounds": g(&self.rounds),
+            "childBatches": g(&self.child_batches),
+            "appliedAfterError": g(&self.applied_after_error),
+        }
+    }
+}
+
+/// The statements of a write request as raw documents (original bytes, or a re-encoded
+/// document when the router added an `_id`), with whether the client supplied the `_id`.
+struct Statements {
+    raw: Vec<Bytes>,
+    client_id: Vec<bool>,
+    parsed: Vec<Document>,
+}
+
+fn statements(req: &CommandRequest, kind: WriteKind) -> Result<Statements, CommandError> {
+    let field = kind.statements_field();
+    let mut raw: Vec<Bytes> = Vec::new();
+    if let Some(seq) = req.sequences.iter().find(|s| s.identifier == field) {
+        raw.extend(seq.documents.iter().map(|d| d.bytes().clone()));
+    } else {
+        match req.body.raw().get(field) {
+            Ok(Some(bson::RawBsonRef::Array(a))) => {
+                for item in a {
+                    match item {
+                        Ok(bson::RawBsonRef::Document(d)) => {
+                            raw.push(Bytes::copy_from_slice(d.as_bytes()))
+                        }
+                        _ => return Err(CommandError::new(
+                            ErrorCode::TypeMismatch,
+                            format!(
+                                "BSON field '{}.{field}' is the wrong type, expected type 'object'",
+                                kind.command()
+                            ),
+                        )),
+                    }
+                }
+            }
+            Ok(Some(_)) => {
+                return Err(CommandError::new(
+                    ErrorCode::TypeMismatch,
+                    format!(
+                        "BSON field '{}.{field}' is the wrong type, expected type 'array'",
+                        kind.command()
+                    ),
+                ))
+            }
+            _ => {
+                return Err(CommandError::new(
+                    ErrorCode(40414),
+                    format!(
+                        "BSON field '{}.{field}' is missing but a required field",
+                        kind.command()
+                    ),
+                ))
+            }
+        }
+    }
+    if raw.len() > MAX_BATCH_STATEMENTS {
+        return Err(CommandError::new(
+            ErrorCode::InvalidLength,
+            format!("Write batch sizes must be between 1 and {MAX_BATCH_STATEMENTS}. Got {} operations.", raw.len()),
+        ));
+    }
+    let mut client_id = Vec::with_capacity(raw.len());
+    let mut parsed = Vec::new();
+    for r in raw.iter_mut() {
+        let doc = RawDocument::from_bytes(&r[..])
+            .map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?;
+        match kind {
+            WriteKind::Insert => {
+                let has = matches!(doc.get("_id"), Ok(Some(_)));
+                client_id.push(has);
+                if !has {
+                    // As mongos: the router gives the document an ObjectId _id, first.
+                    let mut d = Document::new();
+                    d.insert("_id", ObjectId::new());
+                    for (k, v) in Document::try_from(doc)
+                        .map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?
+                    {
+                        d.insert(k, v);
+                    }
+                    *r =
+                        Bytes::from(d.to_vec().map_err(|e| {
+                            CommandError::new(ErrorCode::InvalidBSON, e.to_string())
+                        })?);
+                }
+            }
+            _ => {
+                client_id.push(false);
+                parsed.push(
+                    Document::try_from(doc)
+                        .map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?,
+                );
+            }
+        }
+    }
+    Ok(Statements {
+        raw,
+        client_id,
+        parsed,
+    })
+}
+
+/// The body every child batch starts from: the client's command minus its statements and
+/// routing fields, with a `w: 0` write concern raised to `w: 1` so the router sees errors.
+fn child_template(req: &CommandRequest, kind: WriteKind) -> Document {
+    let mut t = Document::new();
+    for (k, v) in req.body_document() {
+        match k.as_str() {
+            f if f == kind.statements_field() => {}
+            "stmtIds" | "stmtId" | "$clusterTime" | "shardVersion" | "databaseVersion"
+            | "ordered" | "$readPreference" => {}
+            "writeConcern" => {
+                let mut wc = v.as_document().cloned().unwrap_or_default();
+                if matches!(wc.get("w"), Some(Bson::Int32(0) | Bson::Int64(0))) {
+                    wc.insert("w", 1);
+                }
+                t.insert(k, wc);
+            }
+            _ => {
+                t.insert(k, v);
+            }
+        }
+    }
+    t
+}
+
+/// Builds one child batch's frame: the template plus `ordered`, `stmtIds` (for retryable
+/// writes), `shardVersion` (for shard servers), and the statements as a kind-1 sequence.
+fn encode_child(
+    template: &Document,
+    kind: WriteKind,
+    ordered: bool,
+    stmt_ids: Option<Vec<i32>>,
+    shard_version: Option<Document>,
+    stmts: &[&Bytes],
+) -> Result<(Bytes, i32), CommandError> {
+    let mut body = template.clone();
+    body.insert("ordered", ordered);
+    if let Some(ids) = stmt_ids {
+        body.insert("stmtIds", ids);
+    }
+    if let Some(v) = shard_version {
+        body.insert("shardVersion", v);
+    }
+    let bytes = body.to_vec().map_err(|e| {
+        CommandError::new(
+            ErrorCode::InternalError,
+            format!("cannot encode child batch: {e}"),
+        )
+    })?;
+    let mut b = OpMsgBuilder::new(0, &bytes);
+    b.begin_sequence(kind.statements_field());
+    for s in stmts {
+        b.push_document(s);
+    }
+    let id = PooledConnection::next_request_id();
+    Ok((b.finish(id, 0), id))
+}
+
+/// Everything the executor needs about one write request.
+struct WriteJob<'a> {
+    cluster: &'a Arc<Cluster>,
+    stats: &'a WriteStats,
+    kind: WriteKind,
+    ns: String,
+    template: Document,
+    stmts: Statements,
+    retryable: bool,
+    client_stmt_ids: Option<Vec<i32>>,
+}
+
+impl WriteJob<'_> {
+    fn stmt_id(&self, i: usize) -> i32 {
+        self.client_stmt_ids
+            .as_ref()
+            .and_then(|ids| ids.get(i).copied())
+            .unwrap_or(i as i32)
+    }
+
+    fn target(&self, snap: &RoutingSnapshot, i: usize) -> Targeted {
+        match self.kind {
+            WriteKind::Insert => match RawDocument::from_bytes(&self.stmts.raw[i][..]) {
+                Ok(d) => target::target_insert(snap, d, self.stmts.client_id[i]),
+                Err(e) => Targeted {
+                    target: target::Target::Error {
+                        code: ErrorCode::InvalidBSON,
+                        message: e.to_string(),
+                    },
+                    identity: None,
+                    retry_safe: false,
+                },
+            },
+            WriteKind::Update => target::target_update(snap, &self.stmts.parsed[i]),
+            WriteKind::Delete => target::target_delete(snap, &self.stmts.parsed[i]),
+        }
+    }
+
+    /// Sends one shard's statements as child batches (split at the size limits), one after
+    /// another; an ordered child stops at its first failure.
+    async fn run_shard(
+        &self,
+        snap: &RoutingSnapshot,
+        shard: String,
+        stmts: Vec<usize>,
+        ordered: bool,
+    ) -> Vec<ChildResult> {
+        let mut out = Vec::new();
+        let mut pieces: Vec<Vec<usize>> = Vec::new();
+        let mut current: Vec<usize> = Vec::new();
+        let mut bytes = 0usize;
+        for i in stmts {
+            let size = self.stmts.raw[i].len();
+            if !current.is_empty()
+                && (current.len() >= MAX_BATCH_STATEMENTS || bytes + size > MAX_BATCH_BYTES)
+            {
+                pieces.push(std::mem::take(&mut current));
+                bytes = 0;
+            }
+            bytes += size;
+            current.push(i);
+        }
+        if !current.is_empty() {
+            pieces.push(current);
+        }
+        let version = self
+            .cluster
+            .is_shard_server(&shard)
+            .then(|| snap.shard_version(&shard));
+        for piece in pieces {
+            let outcome = self.send(&shard, &piece, ordered, version.clone()).await;
+            let stop = ordered
+                && match &outcome {
+                    ChildOutcome::Failed { .. } => true,
+                    ChildOutcome::Reply(r) => {
+                        r.get_f64("ok").ok() != Some(1.0) || r.contains_key("writeErrors")
+                    }
+                };
+            out.push(ChildResult {
+                shard: shard.clone(),
+                statements: piece,
+                ordered,
+                outcome,
+            });
+            if stop {
+                break;
+            }
+        }
+        out
+    }
+
+    async fn send(
+        &self,
+        shard: &str,
+        piece: &[usize],
+        ordered: bool,
+        version: Option<Document>,
+    ) -> ChildOutcome {
+        let Some(pool) = self.cluster.pool(shard) else {
+            return ChildOutcome::Failed {
+                code: ErrorCode::ShardNotFound,
+                message: format!("unknown shard {shard}"),
+            };
+        };
+        let stmt_ids = self
+            .retryable
+            .then(|| piece.iter().map(|i| self.stmt_id(*i)).collect::<Vec<i32>>());
+        let raws: Vec<&Bytes> = piece.iter().map(|i| &self.stmts.raw[*i]).collect();
+        self.stats.child_batches.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("sluice_child_batches_total", "shard" => shard.to_string()).increment(1);
+        // A child batch carrying lsid + txnNumber may be resent once after a network error:
+        // the shard's retryable-write record makes the resend a no-op for what it applied.
+        let attempts = if self.retryable { 2 } else { 1 };
+        let mut last: Option<BackendError> = None;
+        for _ in 0..attempts {
+            let (frame, id) = match encode_child(
+                &self.template,
+                self.kind,
+                ordered,
+                stmt_ids.clone(),
+                version.clone(),
+                &raws,
+            ) {
+                Ok(f) => f,
+                Err(e) => {
+                    return ChildOutcome::Failed {
+                        code: e.code,
+                        message: e.message,
+                    }
+                }
+            };
+            let result = async {
+                let mut conn = pool.checkout().await?;
+                conn.request(&frame, id).await
+            }
+            .await;
+            match result {
+                Ok(reply) => return ChildOutcome::Reply(reply.to_document()),
+                Err(e) => {
+                    tracing::debug!(shard, error = %e, "child batch failed");
+                    last = Some(e);
+                }
+            }
+        }
+        let e = last.unwrap_or_else(|| BackendError::Unreachable("no attempt made".into()));
+        ChildOutcome::Failed {
+            code: e.code(),
+            message: format!("{e} (shard {shard})"),
+        }
+    }
+
+    async fn run_round(
+        &self,
+        snap: &Arc<RoutingSnapshot>,
+        work: Vec<plan::ShardWork>,
+        ordered: bool,
+    ) -> Vec<ChildResult> {
+        let futures = work
+            .into_iter()
+            .map(|w| self.run_shard(snap, w.shard, w.statements, ordered));
+        let results = join_all(futures).await;
+        results.into_iter().flatten().collect()
+    }
+
+    /// Resends statement `i` alone (same session, transaction number and statement id) to
+    /// learn its exact result: the shard answers from its retryable-write record.
+    async fn exact_result(
+        &self,
+        snap: &RoutingSnapshot,
+        i: usize,
+    ) -> Option<(i64, i64, Option<Bson>)> {
+        let target::Target::One(shard) = self.target(snap, i).target else {
+            return None;
+        };
+        let version = self
+            .cluster
+            .is_shard_server(&shard)
+            .then(|| snap.shard_version(&shard));
+        match self.send(&shard, &[i], true, version).await {
+            ChildOutcome::Reply(r)
+                if r.get_f64("ok").ok() == Some(1.0) && !r.contains_key("writeErrors") =>
+            {
+                let up = r
+                    .get_array("upserted")
+                    .ok()
+                    .and_then(|a| a.first())
+                    .and_then(|u| u.as_document())
+                    .and_then(|u| u.get("_id").cloned());
+                Some((
+                    number_field(&r, "n").unwrap_or(0),
+                    number_field(&r, "nModified").unwrap_or(0),
+                    up,
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Runs futures concurrently on the current task and returns their outputs in order.
+async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in pinned.iter_mut().enumerate() {
+            if outputs[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => outputs[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+/// Executes a write command on a sharded collection and returns the client's reply (without
+/// `ok`), or a command-level error.
+pub async fn execute(
+    cluster: &Arc<Cluster>,
+    stats: &WriteStats,
+    policy: Policy,
+    req: &CommandRequest,
+    kind: WriteKind,
+    snapshot: Arc<RoutingSnapshot>,
+) -> Result<Document, CommandError> {
+    let body = req.body_document();
+    let ordered = body.get("ordered").map(truthy).unwrap_or(true);
+    let retryable = body.contains_key("lsid") && body.contains_key("txnNumber");
+    let client_stmt_ids = body.get_array("stmtIds").ok().map(|ids| {
+        ids.iter()
+            .map(|v| match v {
+                Bson::Int32(i) => *i,
+                Bson::Int64(i) => *i as i32,
+                _ => 0,
+            })
+            .collect()
+    });
+    let job = WriteJob {
+        cluster,
+        stats,
+        kind,
+        ns: snapshot.ns.clone(),
+        template: child_template(req, kind),
+        stmts: statements(req, kind)?,
+        retryable,
+        client_stmt_ids,
+    };
+    let n = job.stmts.raw.len();
+    let mut merger = Merger::new(kind, ordered, n);
+    let mut snap = snapshot;
+    let mut pending: Vec<usize> = (0..n).collect();
+    let mut rounds_without_progress = 0;
+    let mut chosen: Option<PlanKind> = None;
+    let mut rounds_sent = 0u64;
+    loop {
+        let targeted: Vec<Targeted> = pending.iter().map(|&i| job.target(&snap, i)).collect();
+        let indexed: Vec<(usize, &Targeted)> =
+            pending.iter().copied().zip(targeted.iter()).collect();
+        let Plan {
+            kind: plan_kind,
+            rounds,
+        } = plan::plan(&indexed, ordered, policy);
+        if chosen.is_none() {
+            chosen = Some(plan_kind);
+            stats.count_plan(plan_kind);
+        }
+        let finished_before = merger.finished();
+        for round in rounds {
+            match round {
+                Round::Fail(i) => {
+                    if let Some((_, t)) = indexed.iter().find(|(j, _)| *j == i) {
+                        if let target::Target::Error { code, message } = &t.target {
+                            merger.fail(i, *code, message);
+                        }
+                    }
+                    if ordered {
+                        break;
+                    }
+                }
+                Round::Send(work) => {
+                    rounds_sent += 1;
+                    stats.rounds.fetch_add(1, Ordering::Relaxed);
+                    let rewrite = plan_kind == PlanKind::Rewrite;
+                    for child in job.run_round(&snap, work, ordered || rewrite).await {
+                        merger.add(&child);
+                    }
+                    if ordered && (merger.first_error().is_some() || merger.has_stale()) {
+                        break;
+                    }
+                }
+            }
+        }
+        if !merger.has_stale() || (ordered && merger.first_error().is_some()) {
+            break;
+        }
+        snap = match cluster.routing.refresh(&job.ns) {
+            Ok(Some(s)) => s,
+            _ => {
+                merger.give_up_stale(&job.ns);
+                break;
+            }
+        };
+        if merger.finished() == finished_before {
+            rounds_without_progress += 1;
+            if rounds_without_progress >= MAX_ROUNDS_WITHOUT_PROGRESS {
+                merger.give_up_stale(&job.ns);
+                break;
+            }
+        } else {
+            rounds_without_progress = 0;
+        }
+        pending = merger.take_unfinished();
+    }
+    metrics::histogram!("sluice_write_rounds_per_bulk").record(rounds_sent as f64);
+    if chosen == Some(PlanKind::Rewrite) {
+        if job.retryable {
+            for i in merger.straddlers() {
+                if let Some((n, m, up)) = job.exact_result(&snap, i).await {
+                    merger.resolve(i, n, m, up);
+                }
+            }
+        }
+        let late = merger.applied_after_error();
+        if !late.is_empty() {
+            stats
+                .applied_after_error
+                .fetch_add(late.len() as u64, Ordering::Relaxed);
+            metrics::counter!("sluice_rewrite_applied_after_error_total")
+                .increment(late.len() as u64);
+            tracing::debug!(ns = %job.ns, indexes = ?late, "statements of a rewritten bulk applied after its first error");
+        }
+    }
+    Ok(merger.reply())
+}

@@ -1,0 +1,383 @@
+//! The planner: targeted statements in, a plan out, no I/O. Three plans (WRITE-PATH.md
+//! section 2):
+//!
+//! - **mongos rounds**: each round is a maximal contiguous run of statements bound for one
+//!   shard; a multi-target statement is alone in its round; each round waits for the previous
+//!   one; execution stops at the first error. What mongos 4.2–8.x does with ordered bulks.
+//! - **unordered**: one round, every shard gets its statements in original order.
+//! - **proven rewrite**: an ordered bulk that is provably order-independent goes out as one
+//!   round, one ordered child batch per shard.
+
+use std::collections::BTreeSet;
+
+use serde::Deserialize;
+
+use super::target::{Target, Targeted};
+use crate::order::OrdBson;
+
+/// When an ordered bulk may be rewritten into one round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Rewrite when every statement targets one shard, every statement has a distinct
+    /// identity, and every statement is retry-safe (the default).
+    #[default]
+    RetrySafe,
+    /// Rewrite whenever every statement targets one shard; the client accepts unordered
+    /// failure semantics.
+    Always,
+    /// Never rewrite: mongos rounds for every ordered bulk.
+    Off,
+}
+
+/// Which plan was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanKind {
+    /// mongos's sequential rounds.
+    MongosRounds,
+    /// One round for an unordered bulk.
+    Unordered,
+    /// One round for a proven order-independent ordered bulk.
+    Rewrite,
+}
+
+impl PlanKind {
+    /// A label for metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            PlanKind::MongosRounds => "mongos_rounds",
+            PlanKind::Unordered => "unordered",
+            PlanKind::Rewrite => "rewrite",
+        }
+    }
+}
+
+/// The statements one shard receives in a round, in original order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardWork {
+    /// The shard.
+    pub shard: String,
+    /// Global statement indexes.
+    pub statements: Vec<usize>,
+}
+
+/// One step of a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Round {
+    /// Send these child batches together and wait for all of them.
+    Send(Vec<ShardWork>),
+    /// Statement `i` cannot be targeted: it fails, and an ordered bulk stops here.
+    Fail(usize),
+}
+
+/// A plan: rounds executed one after another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The kind chosen.
+    pub kind: PlanKind,
+    /// The rounds.
+    pub rounds: Vec<Round>,
+}
+
+impl Plan {
+    /// Rounds that send batches.
+    pub fn send_rounds(&self) -> usize {
+        self.rounds
+            .iter()
+            .filter(|r| matches!(r, Round::Send(_)))
+            .count()
+    }
+}
+
+/// Why a rewrite was refused (for logs and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProofFailure {
+    /// A statement targets several shards or cannot be targeted.
+    NotSingleShard,
+    /// A statement has no identity.
+    NoIdentity,
+    /// Two statements touch the same document.
+    DuplicateIdentity,
+    /// A statement is not retry-safe.
+    NotRetrySafe,
+    /// The policy forbids rewriting.
+    PolicyOff,
+}
+
+/// Checks the proof of WRITE-PATH.md 2 for an ordered bulk.
+pub fn prove(targeted: &[(usize, &Targeted)], policy: Policy) -> Result<(), ProofFailure> {
+    if policy == Policy::Off {
+        return Err(ProofFailure::PolicyOff);
+    }
+    if !targeted
+        .iter()
+        .all(|(_, t)| matches!(t.target, Target::One(_)))
+    {
+        return Err(ProofFailure::NotSingleShard);
+    }
+    if policy == Policy::Always {
+        return Ok(());
+    }
+    let mut seen = BTreeSet::new();
+    for (_, t) in targeted {
+        let Some(id) = &t.identity else {
+            return Err(ProofFailure::NoIdentity);
+        };
+        if !seen.insert(OrdBson(id.clone())) {
+            return Err(ProofFailure::DuplicateIdentity);
+        }
+    }
+    if !targeted.iter().all(|(_, t)| t.retry_safe) {
+        return Err(ProofFailure::NotRetrySafe);
+    }
+    Ok(())
+}
+
+/// Plans statements (global index, targeting), given in original order.
+pub fn plan(targeted: &[(usize, &Targeted)], ordered: bool, policy: Policy) -> Plan {
+    if !ordered {
+        return Plan {
+            kind: PlanKind::Unordered,
+            rounds: unordered_rounds(targeted),
+        };
+    }
+    if prove(targeted, policy).is_ok() {
+        return Plan {
+            kind: PlanKind::Rewrite,
+            rounds: per_shard_round(targeted),
+        };
+    }
+    Plan {
+        kind: PlanKind::MongosRounds,
+        rounds: mongos_rounds(targeted),
+    }
+}
+
+/// One round with every shard's statements in original order; statements that cannot be
+/// targeted fail first.
+fn unordered_rounds(targeted: &[(usize, &Targeted)]) -> Vec<Round> {
+    let mut rounds: Vec<Round> = targeted
+        .iter()
+        .filter(|(_, t)| matches!(t.target, Target::Error { .. }))
+        .map(|(i, _)| Round::Fail(*i))
+        .collect();
+    let work = group_by_shard(targeted.iter().filter_map(|(i, t)| match &t.target {
+        Target::One(s) => Some(vec![(s.clone(), *i)]),
+        Target::Many(shards) => Some(shards.iter().map(|s| (s.clone(), *i)).collect()),
+        Target::Error { .. } => None,
+    }));
+    if !work.is_empty() {
+        rounds.push(Round::Send(work));
+    }
+    rounds
+}
+
+fn per_shard_round(targeted: &[(usize, &Targeted)]) -> Vec<Round> {
+    let work = group_by_shard(targeted.iter().filter_map(|(i, t)| match &t.target {
+        Target::One(s) => Some(vec![(s.clone(), *i)]),
+        _ => None,
+    }));
+    if work.is_empty() {
+        Vec::new()
+    } else {
+        vec![Round::Send(work)]
+    }
+}
+
+fn group_by_shard(pairs: impl Iterator<Item = Vec<(String, usize)>>) -> Vec<ShardWork> {
+    let mut work: Vec<ShardWork> = Vec::new();
+    for group in pairs {
+        for (shard, i) in group {
+            match work.iter_mut().find(|w| w.shard == shard) {
+                Some(w) => w.statements.push(i),
+                None => work.push(ShardWork {
+                    shard,
+                    statements: vec![i],
+                }),
+            }
+        }
+    }
+    work.sort_by(|a, b| a.shard.cmp(&b.shard));
+    work
+}
+
+/// mongos's ordered rounds: a round holds either any number of statements bound for the same
+/// single shard, or one statement bound for several shards.
+fn mongos_rounds(targeted: &[(usize, &Targeted)]) -> Vec<Round> {
+    let mut rounds = Vec::new();
+    let mut current: Option<ShardWork> = None;
+    for (i, t) in targeted {
+        match &t.target {
+            Target::One(shard) => match &mut current {
+                Some(w) if &w.shard == shard => w.statements.push(*i),
+                _ => {
+                    if let Some(w) = current.take() {
+                        rounds.push(Round::Send(vec![w]));
+                    }
+                    current = Some(ShardWork {
+                        shard: shard.clone(),
+                        statements: vec![*i],
+                    });
+                }
+            },
+            Target::Many(shards) => {
+                if let Some(w) = current.take() {
+                    rounds.push(Round::Send(vec![w]));
+                }
+                rounds.push(Round::Send(
+                    shards
+                        .iter()
+                        .map(|s| ShardWork {
+                            shard: s.clone(),
+                            statements: vec![*i],
+                        })
+                        .collect(),
+                ));
+            }
+            Target::Error { .. } => {
+                if let Some(w) = current.take() {
+                    rounds.push(Round::Send(vec![w]));
+                }
+                rounds.push(Round::Fail(*i));
+                // Ordered execution stops at the failing statement.
+                return rounds;
+            }
+        }
+    }
+    if let Some(w) = current.take() {
+        rounds.push(Round::Send(vec![w]));
+    }
+    rounds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error_codes::ErrorCode;
+    use bson::Bson;
+
+    fn one(shard: &str, id: i32) -> Targeted {
+        Targeted {
+            target: Target::One(shard.into()),
+            identity: Some(Bson::Int32(id)),
+            retry_safe: true,
+        }
+    }
+
+    fn indexed(ts: &[Targeted]) -> Vec<(usize, &Targeted)> {
+        ts.iter().enumerate().collect()
+    }
+
+    #[test]
+    fn the_analysis_example() {
+        // d1..d8 on A, B, B, C, A, C, C, B: six ordered rounds, one unordered round.
+        let shards = ["A", "B", "B", "C", "A", "C", "C", "B"];
+        let ts: Vec<Targeted> = shards
+            .iter()
+            .enumerate()
+            .map(|(i, s)| one(s, i as i32))
+            .collect();
+        let p = plan(&indexed(&ts), true, Policy::Off);
+        assert_eq!(p.kind, PlanKind::MongosRounds);
+        assert_eq!(p.send_rounds(), 6);
+        assert_eq!(
+            p.rounds[1],
+            Round::Send(vec![ShardWork {
+                shard: "B".into(),
+                statements: vec![1, 2]
+            }])
+        );
+        let u = plan(&indexed(&ts), false, Policy::Off);
+        assert_eq!(u.send_rounds(), 1);
+        let Round::Send(work) = &u.rounds[0] else {
+            panic!()
+        };
+        assert_eq!(work.len(), 3);
+        assert_eq!(work[0].statements, vec![0, 4]);
+        assert_eq!(work[1].statements, vec![1, 2, 7]);
+        let r = plan(&indexed(&ts), true, Policy::RetrySafe);
+        assert_eq!(r.kind, PlanKind::Rewrite);
+        assert_eq!(r.rounds, u.rounds);
+    }
+
+    #[test]
+    fn proof_failures_fall_back_to_mongos_rounds() {
+        let mut dup = vec![one("A", 1), one("B", 2), one("A", 1)];
+        assert_eq!(
+            prove(&indexed(&dup), Policy::RetrySafe),
+            Err(ProofFailure::DuplicateIdentity)
+        );
+        assert_eq!(
+            plan(&indexed(&dup), true, Policy::RetrySafe).kind,
+            PlanKind::MongosRounds
+        );
+        // "always" keeps duplicates in order inside their shard's child batch.
+        let always = plan(&indexed(&dup), true, Policy::Always);
+        assert_eq!(always.kind, PlanKind::Rewrite);
+        let Round::Send(work) = &always.rounds[0] else {
+            panic!()
+        };
+        assert_eq!(work[0].statements, vec![0, 2]);
+
+        dup[2] = one("A", 3);
+        dup[1].retry_safe = false;
+        assert_eq!(
+            prove(&indexed(&dup), Policy::RetrySafe),
+            Err(ProofFailure::NotRetrySafe)
+        );
+        dup[1].retry_safe = true;
+        dup[1].identity = None;
+        assert_eq!(
+            prove(&indexed(&dup), Policy::RetrySafe),
+            Err(ProofFailure::NoIdentity)
+        );
+        dup[1] = Targeted {
+            target: Target::Many(vec!["A".into(), "B".into()]),
+            identity: None,
+            retry_safe: true,
+        };
+        assert_eq!(
+            prove(&indexed(&dup), Policy::Always),
+            Err(ProofFailure::NotSingleShard)
+        );
+        let p = plan(&indexed(&dup), true, Policy::RetrySafe);
+        assert_eq!(p.kind, PlanKind::MongosRounds);
+        assert_eq!(
+            p.rounds.len(),
+            3,
+            "the broadcast statement is alone in its round"
+        );
+        assert_eq!(
+            prove(&indexed(&[one("A", 1)]), Policy::Off),
+            Err(ProofFailure::PolicyOff)
+        );
+    }
+
+    #[test]
+    fn targeting_errors() {
+        let err = Targeted {
+            target: Target::Error {
+                code: ErrorCode::ShardKeyNotFound,
+                message: "x".into(),
+            },
+            identity: None,
+            retry_safe: false,
+        };
+        let ts = vec![one("A", 1), one("A", 2), err.clone(), one("B", 3)];
+        let p = plan(&indexed(&ts), true, Policy::RetrySafe);
+        assert_eq!(p.kind, PlanKind::MongosRounds);
+        assert_eq!(
+            p.rounds,
+            vec![
+                Round::Send(vec![ShardWork {
+                    shard: "A".into(),
+                    statements: vec![0, 1]
+                }]),
+                Round::Fail(2),
+            ]
+        );
+        let u = plan(&indexed(&ts), false, Policy::RetrySafe);
+        assert_eq!(u.rounds[0], Round::Fail(2));
+        assert_eq!(u.send_rounds(), 1);
+    }
+}
