@@ -94,13 +94,15 @@ fn statements(req: &CommandRequest, kind: WriteKind) -> Result<Statements, Comma
                         Ok(bson::RawBsonRef::Document(d)) => {
                             raw.push(Bytes::copy_from_slice(d.as_bytes()))
                         }
-                        _ => return Err(CommandError::new(
-                            ErrorCode::TypeMismatch,
-                            format!(
+                        _ => {
+                            return Err(CommandError::new(
+                                ErrorCode::TypeMismatch,
+                                format!(
                                 "BSON field '{}.{field}' is the wrong type, expected type 'object'",
                                 kind.command()
                             ),
-                        )),
+                            ))
+                        }
                     }
                 }
             }
@@ -227,95 +229,198 @@ fn encode_child(
     Ok((b.finish(id, 0), id))
 }
 
-/// Everything the executor needs about one write request.
-struct WriteJob<'a> {
+/// Sends one shard's statements of a round; the cluster's pools in production, a model store
+/// in the property tests.
+pub trait ChildSender: Send + Sync {
+    /// Sends `statements` (global indexes, in order) to `shard` as one or more child batches,
+    /// one after another; an ordered child stops at its first failure.
+    fn run_shard<'a>(
+        &'a self,
+        snap: &'a RoutingSnapshot,
+        shard: &'a str,
+        statements: Vec<usize>,
+        ordered: bool,
+    ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>>;
+}
+
+/// What the executor needs to know about a write besides its statements.
+#[derive(Debug, Clone)]
+pub struct WriteSpec {
+    /// insert, update or delete.
+    pub kind: WriteKind,
+    /// The client's `ordered`.
+    pub ordered: bool,
+    /// The rewrite policy for the namespace.
+    pub policy: Policy,
+    /// Whether the request carries `lsid` + `txnNumber`.
+    pub retryable: bool,
+    /// Number of statements.
+    pub statements: usize,
+    /// `db.coll`.
+    pub ns: String,
+}
+
+/// The result of executing a write: the merged outcome and the plan chosen.
+#[derive(Debug)]
+pub struct WriteOutcome {
+    /// Statement results; [`Merger::reply`] is the client's reply.
+    pub merger: Merger,
+    /// The plan of the first planning pass.
+    pub plan: Option<PlanKind>,
+    /// Rounds that sent child batches.
+    pub rounds: u64,
+}
+
+/// Plans, sends and merges a write: the executor loop of WRITE-PATH.md (rounds, stale routing
+/// retries up to NoProgressMade, exact counts for rewritten bulks that hit an error).
+pub async fn run_write(
+    spec: &WriteSpec,
+    sender: &dyn ChildSender,
+    target: &(dyn Fn(&RoutingSnapshot, usize) -> Targeted + Sync),
+    snapshot: Arc<RoutingSnapshot>,
+    refresh: &(dyn Fn() -> Option<Arc<RoutingSnapshot>> + Sync),
+    stats: &WriteStats,
+) -> WriteOutcome {
+    let ordered = spec.ordered;
+    let mut merger = Merger::new(spec.kind, ordered, spec.statements);
+    let mut snap = snapshot;
+    let mut pending: Vec<usize> = (0..spec.statements).collect();
+    let mut rounds_without_progress = 0;
+    let mut chosen: Option<PlanKind> = None;
+    let mut rounds_sent = 0u64;
+    loop {
+        let targeted: Vec<Targeted> = pending.iter().map(|&i| target(&snap, i)).collect();
+        let indexed: Vec<(usize, &Targeted)> =
+            pending.iter().copied().zip(targeted.iter()).collect();
+        let Plan {
+            kind: plan_kind,
+            rounds,
+        } = plan::plan(&indexed, ordered, spec.policy);
+        if chosen.is_none() {
+            chosen = Some(plan_kind);
+            stats.count_plan(plan_kind);
+        }
+        let finished_before = merger.finished();
+        for round in rounds {
+            match round {
+                Round::Fail(i) => {
+                    if let Some((_, t)) = indexed.iter().find(|(j, _)| *j == i) {
+                        if let target::Target::Error { code, message } = &t.target {
+                            merger.fail(i, *code, message);
+                        }
+                    }
+                    if ordered {
+                        break;
+                    }
+                }
+                Round::Send(work) => {
+                    rounds_sent += 1;
+                    stats.rounds.fetch_add(1, Ordering::Relaxed);
+                    // A rewritten bulk's child batches stay ordered, as the client asked.
+                    let child_ordered = ordered;
+                    let snap_ref = &snap;
+                    let futures = work.into_iter().map(|w| async move {
+                        sender
+                            .run_shard(snap_ref, &w.shard, w.statements, child_ordered)
+                            .await
+                    });
+                    for child in join_all(futures).await.into_iter().flatten() {
+                        stats.child_batches.fetch_add(1, Ordering::Relaxed);
+                        merger.add(&child);
+                    }
+                    if ordered && (merger.first_error().is_some() || merger.has_stale()) {
+                        break;
+                    }
+                }
+            }
+        }
+        if !merger.has_stale() || (ordered && merger.first_error().is_some()) {
+            break;
+        }
+        snap = match refresh() {
+            Some(s) => s,
+            None => {
+                merger.give_up_stale(&spec.ns);
+                break;
+            }
+        };
+        if merger.finished() == finished_before {
+            rounds_without_progress += 1;
+            if rounds_without_progress >= MAX_ROUNDS_WITHOUT_PROGRESS {
+                merger.give_up_stale(&spec.ns);
+                break;
+            }
+        } else {
+            rounds_without_progress = 0;
+        }
+        pending = merger.take_unfinished();
+    }
+    metrics::histogram!("sluice_write_rounds_per_bulk").record(rounds_sent as f64);
+    if chosen == Some(PlanKind::Rewrite) {
+        if spec.retryable {
+            // Resending a statement alone with its session, transaction number and statement id
+            // returns its recorded result: exact counts for a reply cut at the first error.
+            for i in merger.straddlers() {
+                let shard = match target(&snap, i).target {
+                    target::Target::One(s) => s,
+                    _ => continue,
+                };
+                let results = sender.run_shard(&snap, &shard, vec![i], true).await;
+                if let Some(ChildResult {
+                    outcome: ChildOutcome::Reply(r),
+                    ..
+                }) = results.first()
+                {
+                    if r.get_f64("ok").ok() == Some(1.0) && !r.contains_key("writeErrors") {
+                        let up = r
+                            .get_array("upserted")
+                            .ok()
+                            .and_then(|a| a.first())
+                            .and_then(|u| u.as_document())
+                            .and_then(|u| u.get("_id").cloned());
+                        merger.resolve(
+                            i,
+                            number_field(r, "n").unwrap_or(0),
+                            number_field(r, "nModified").unwrap_or(0),
+                            up,
+                        );
+                    }
+                }
+            }
+        }
+        let late = merger.applied_after_error();
+        if !late.is_empty() {
+            stats
+                .applied_after_error
+                .fetch_add(late.len() as u64, Ordering::Relaxed);
+            metrics::counter!("sluice_rewrite_applied_after_error_total")
+                .increment(late.len() as u64);
+            tracing::debug!(ns = %spec.ns, indexes = ?late, "statements of a rewritten bulk applied after its first error");
+        }
+    }
+    WriteOutcome {
+        merger,
+        plan: chosen,
+        rounds: rounds_sent,
+    }
+}
+
+/// Sends child batches over the cluster's shard pools.
+struct ClusterSender<'a> {
     cluster: &'a Arc<Cluster>,
-    stats: &'a WriteStats,
     kind: WriteKind,
-    ns: String,
     template: Document,
-    stmts: Statements,
+    stmts: &'a Statements,
     retryable: bool,
     client_stmt_ids: Option<Vec<i32>>,
 }
 
-impl WriteJob<'_> {
+impl ClusterSender<'_> {
     fn stmt_id(&self, i: usize) -> i32 {
         self.client_stmt_ids
             .as_ref()
             .and_then(|ids| ids.get(i).copied())
             .unwrap_or(i as i32)
-    }
-
-    fn target(&self, snap: &RoutingSnapshot, i: usize) -> Targeted {
-        match self.kind {
-            WriteKind::Insert => match RawDocument::from_bytes(&self.stmts.raw[i][..]) {
-                Ok(d) => target::target_insert(snap, d, self.stmts.client_id[i]),
-                Err(e) => Targeted {
-                    target: target::Target::Error {
-                        code: ErrorCode::InvalidBSON,
-                        message: e.to_string(),
-                    },
-                    identity: None,
-                    retry_safe: false,
-                },
-            },
-            WriteKind::Update => target::target_update(snap, &self.stmts.parsed[i]),
-            WriteKind::Delete => target::target_delete(snap, &self.stmts.parsed[i]),
-        }
-    }
-
-    /// Sends one shard's statements as child batches (split at the size limits), one after
-    /// another; an ordered child stops at its first failure.
-    async fn run_shard(
-        &self,
-        snap: &RoutingSnapshot,
-        shard: String,
-        stmts: Vec<usize>,
-        ordered: bool,
-    ) -> Vec<ChildResult> {
-        let mut out = Vec::new();
-        let mut pieces: Vec<Vec<usize>> = Vec::new();
-        let mut current: Vec<usize> = Vec::new();
-        let mut bytes = 0usize;
-        for i in stmts {
-            let size = self.stmts.raw[i].len();
-            if !current.is_empty()
-                && (current.len() >= MAX_BATCH_STATEMENTS || bytes + size > MAX_BATCH_BYTES)
-            {
-                pieces.push(std::mem::take(&mut current));
-                bytes = 0;
-            }
-            bytes += size;
-            current.push(i);
-        }
-        if !current.is_empty() {
-            pieces.push(current);
-        }
-        let version = self
-            .cluster
-            .is_shard_server(&shard)
-            .then(|| snap.shard_version(&shard));
-        for piece in pieces {
-            let outcome = self.send(&shard, &piece, ordered, version.clone()).await;
-            let stop = ordered
-                && match &outcome {
-                    ChildOutcome::Failed { .. } => true,
-                    ChildOutcome::Reply(r) => {
-                        r.get_f64("ok").ok() != Some(1.0) || r.contains_key("writeErrors")
-                    }
-                };
-            out.push(ChildResult {
-                shard: shard.clone(),
-                statements: piece,
-                ordered,
-                outcome,
-            });
-            if stop {
-                break;
-            }
-        }
-        out
     }
 
     async fn send(
@@ -335,7 +440,6 @@ impl WriteJob<'_> {
             .retryable
             .then(|| piece.iter().map(|i| self.stmt_id(*i)).collect::<Vec<i32>>());
         let raws: Vec<&Bytes> = piece.iter().map(|i| &self.stmts.raw[*i]).collect();
-        self.stats.child_batches.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("sluice_child_batches_total", "shard" => shard.to_string()).increment(1);
         // A child batch carrying lsid + txnNumber may be resent once after a network error:
         // the shard's retryable-write record makes the resend a no-op for what it applied.
@@ -377,52 +481,84 @@ impl WriteJob<'_> {
             message: format!("{e} (shard {shard})"),
         }
     }
+}
 
-    async fn run_round(
-        &self,
-        snap: &Arc<RoutingSnapshot>,
-        work: Vec<plan::ShardWork>,
+impl ChildSender for ClusterSender<'_> {
+    fn run_shard<'a>(
+        &'a self,
+        snap: &'a RoutingSnapshot,
+        shard: &'a str,
+        statements: Vec<usize>,
         ordered: bool,
-    ) -> Vec<ChildResult> {
-        let futures = work
-            .into_iter()
-            .map(|w| self.run_shard(snap, w.shard, w.statements, ordered));
-        let results = join_all(futures).await;
-        results.into_iter().flatten().collect()
-    }
-
-    /// Resends statement `i` alone (same session, transaction number and statement id) to
-    /// learn its exact result: the shard answers from its retryable-write record.
-    async fn exact_result(
-        &self,
-        snap: &RoutingSnapshot,
-        i: usize,
-    ) -> Option<(i64, i64, Option<Bson>)> {
-        let target::Target::One(shard) = self.target(snap, i).target else {
-            return None;
-        };
-        let version = self
-            .cluster
-            .is_shard_server(&shard)
-            .then(|| snap.shard_version(&shard));
-        match self.send(&shard, &[i], true, version).await {
-            ChildOutcome::Reply(r)
-                if r.get_f64("ok").ok() == Some(1.0) && !r.contains_key("writeErrors") =>
-            {
-                let up = r
-                    .get_array("upserted")
-                    .ok()
-                    .and_then(|a| a.first())
-                    .and_then(|u| u.as_document())
-                    .and_then(|u| u.get("_id").cloned());
-                Some((
-                    number_field(&r, "n").unwrap_or(0),
-                    number_field(&r, "nModified").unwrap_or(0),
-                    up,
-                ))
+    ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>> {
+        Box::pin(async move {
+            let mut out = Vec::new();
+            let mut pieces: Vec<Vec<usize>> = Vec::new();
+            let mut current: Vec<usize> = Vec::new();
+            let mut bytes = 0usize;
+            for i in statements {
+                let size = self.stmts.raw[i].len();
+                if !current.is_empty()
+                    && (current.len() >= MAX_BATCH_STATEMENTS || bytes + size > MAX_BATCH_BYTES)
+                {
+                    pieces.push(std::mem::take(&mut current));
+                    bytes = 0;
+                }
+                bytes += size;
+                current.push(i);
             }
-            _ => None,
-        }
+            if !current.is_empty() {
+                pieces.push(current);
+            }
+            let version = self
+                .cluster
+                .is_shard_server(shard)
+                .then(|| snap.shard_version(shard));
+            for piece in pieces {
+                let outcome = self.send(shard, &piece, ordered, version.clone()).await;
+                let stop = ordered
+                    && match &outcome {
+                        ChildOutcome::Failed { .. } => true,
+                        ChildOutcome::Reply(r) => {
+                            r.get_f64("ok").ok() != Some(1.0) || r.contains_key("writeErrors")
+                        }
+                    };
+                out.push(ChildResult {
+                    shard: shard.to_string(),
+                    statements: piece,
+                    ordered,
+                    outcome,
+                });
+                if stop {
+                    break;
+                }
+            }
+            out
+        })
+    }
+}
+
+/// Targets statement `i` of a parsed request.
+fn target_statement(
+    kind: WriteKind,
+    stmts: &Statements,
+    snap: &RoutingSnapshot,
+    i: usize,
+) -> Targeted {
+    match kind {
+        WriteKind::Insert => match RawDocument::from_bytes(&stmts.raw[i][..]) {
+            Ok(d) => target::target_insert(snap, d, stmts.client_id[i]),
+            Err(e) => Targeted {
+                target: target::Target::Error {
+                    code: ErrorCode::InvalidBSON,
+                    message: e.to_string(),
+                },
+                identity: None,
+                retry_safe: false,
+            },
+        },
+        WriteKind::Update => target::target_update(snap, &stmts.parsed[i]),
+        WriteKind::Delete => target::target_delete(snap, &stmts.parsed[i]),
     }
 }
 
@@ -472,100 +608,26 @@ pub async fn execute(
             })
             .collect()
     });
-    let job = WriteJob {
-        cluster,
-        stats,
+    let stmts = statements(req, kind)?;
+    let spec = WriteSpec {
         kind,
+        ordered,
+        policy,
+        retryable,
+        statements: stmts.raw.len(),
         ns: snapshot.ns.clone(),
+    };
+    let sender = ClusterSender {
+        cluster,
+        kind,
         template: child_template(req, kind),
-        stmts: statements(req, kind)?,
+        stmts: &stmts,
         retryable,
         client_stmt_ids,
     };
-    let n = job.stmts.raw.len();
-    let mut merger = Merger::new(kind, ordered, n);
-    let mut snap = snapshot;
-    let mut pending: Vec<usize> = (0..n).collect();
-    let mut rounds_without_progress = 0;
-    let mut chosen: Option<PlanKind> = None;
-    let mut rounds_sent = 0u64;
-    loop {
-        let targeted: Vec<Targeted> = pending.iter().map(|&i| job.target(&snap, i)).collect();
-        let indexed: Vec<(usize, &Targeted)> =
-            pending.iter().copied().zip(targeted.iter()).collect();
-        let Plan {
-            kind: plan_kind,
-            rounds,
-        } = plan::plan(&indexed, ordered, policy);
-        if chosen.is_none() {
-            chosen = Some(plan_kind);
-            stats.count_plan(plan_kind);
-        }
-        let finished_before = merger.finished();
-        for round in rounds {
-            match round {
-                Round::Fail(i) => {
-                    if let Some((_, t)) = indexed.iter().find(|(j, _)| *j == i) {
-                        if let target::Target::Error { code, message } = &t.target {
-                            merger.fail(i, *code, message);
-                        }
-                    }
-                    if ordered {
-                        break;
-                    }
-                }
-                Round::Send(work) => {
-                    rounds_sent += 1;
-                    stats.rounds.fetch_add(1, Ordering::Relaxed);
-                    let rewrite = plan_kind == PlanKind::Rewrite;
-                    for child in job.run_round(&snap, work, ordered || rewrite).await {
-                        merger.add(&child);
-                    }
-                    if ordered && (merger.first_error().is_some() || merger.has_stale()) {
-                        break;
-                    }
-                }
-            }
-        }
-        if !merger.has_stale() || (ordered && merger.first_error().is_some()) {
-            break;
-        }
-        snap = match cluster.routing.refresh(&job.ns) {
-            Ok(Some(s)) => s,
-            _ => {
-                merger.give_up_stale(&job.ns);
-                break;
-            }
-        };
-        if merger.finished() == finished_before {
-            rounds_without_progress += 1;
-            if rounds_without_progress >= MAX_ROUNDS_WITHOUT_PROGRESS {
-                merger.give_up_stale(&job.ns);
-                break;
-            }
-        } else {
-            rounds_without_progress = 0;
-        }
-        pending = merger.take_unfinished();
-    }
-    metrics::histogram!("sluice_write_rounds_per_bulk").record(rounds_sent as f64);
-    if chosen == Some(PlanKind::Rewrite) {
-        if job.retryable {
-            for i in merger.straddlers() {
-                if let Some((n, m, up)) = job.exact_result(&snap, i).await {
-                    merger.resolve(i, n, m, up);
-                }
-            }
-        }
-        let late = merger.applied_after_error();
-        if !late.is_empty() {
-            stats
-                .applied_after_error
-                .fetch_add(late.len() as u64, Ordering::Relaxed);
-            metrics::counter!("sluice_rewrite_applied_after_error_total")
-                .increment(late.len() as u64);
-            tracing::debug!(ns = %job.ns, indexes = ?late, "statements of a rewritten bulk applied after its first error");
-        }
-    }
-    Ok(merger.reply())
+    let ns = spec.ns.clone();
+    let target = |snap: &RoutingSnapshot, i: usize| target_statement(kind, &stmts, snap, i);
+    let refresh = || cluster.routing.refresh(&ns).ok().flatten();
+    let outcome = run_write(&spec, &sender, &target, snapshot, &refresh, stats).await;
+    Ok(outcome.merger.reply())
 }
