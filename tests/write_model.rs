@@ -42,15 +42,6 @@ enum Stmt {
 }
 
 impl Stmt {
-    fn id(&self) -> i32 {
-        match self {
-            Stmt::Insert { id, .. }
-            | Stmt::Upsert { id, .. }
-            | Stmt::Set { id, .. }
-            | Stmt::Delete { id } => *id,
-        }
-    }
-
     fn target(&self, snap: &RoutingSnapshot) -> Targeted {
         match self {
             Stmt::Insert { id, v } => {
