@@ -16,6 +16,8 @@ pub struct Cluster {
     pub store: Arc<ConfigStore>,
     /// Cached routing snapshots.
     pub routing: RoutingTable,
+    /// The router's own cursors over gathered results of sharded reads.
+    pub cursors: crate::read::RouterCursors,
     pools: BTreeMap<String, Arc<ShardPool>>,
     shards: Vec<ShardInfo>,
 }
@@ -37,6 +39,7 @@ impl Cluster {
         Cluster {
             store,
             routing,
+            cursors: Default::default(),
             pools,
             shards,
         }

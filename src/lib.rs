@@ -23,6 +23,7 @@ pub mod embedded;
 pub mod error_codes;
 pub mod frontend;
 pub mod order;
+pub mod read;
 pub mod routing;
 pub mod wire;
 pub mod write;

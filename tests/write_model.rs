@@ -64,18 +64,21 @@ impl Stmt {
 
 type State = BTreeMap<String, BTreeMap<i32, i32>>;
 
+/// A statement's recorded result: n, nModified, upserted _id.
+type StmtRecord = (i64, i64, Option<Bson>);
+
 /// The model shards, with retryable-write records and transient failures.
 struct Model {
     kind: WriteKind,
     stmts: Vec<Stmt>,
     state: Mutex<State>,
     transient: Mutex<BTreeSet<usize>>,
-    records: Mutex<BTreeMap<usize, (i64, i64, Option<Bson>)>>,
+    records: Mutex<BTreeMap<usize, StmtRecord>>,
 }
 
 impl Model {
     /// Applies one statement; `Ok((n, nModified, upserted))` or a permanent error code.
-    fn apply(&self, shard: &str, i: usize) -> Result<(i64, i64, Option<Bson>), i32> {
+    fn apply(&self, shard: &str, i: usize) -> Result<StmtRecord, i32> {
         let mut state = self.state.lock().unwrap();
         let docs = state.entry(shard.to_string()).or_default();
         match &self.stmts[i] {

@@ -381,7 +381,7 @@ pub async fn dispatch(
                 Some(cluster) => {
                     let coll = req.body.raw().get_str(other).unwrap_or("");
                     let policy = state.config.rewrite_policy(&format!("{}.{coll}", req.db));
-                    match route::route(cluster, &state.writes, policy, req).await {
+                    match route::route(cluster, &state.writes, policy, req, client.id).await {
                         Ok(mut reply) => {
                             append_cluster_time(state, &mut reply);
                             return reply;

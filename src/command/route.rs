@@ -61,6 +61,7 @@ pub async fn route(
     stats: &WriteStats,
     policy: Policy,
     req: &CommandRequest,
+    client_id: i64,
 ) -> Result<Document, CommandError> {
     let body = req.body_document();
     let coll = collection_of(req, &body);
@@ -76,6 +77,25 @@ pub async fn route(
         }
         if matches!(req.name.as_str(), "findAndModify" | "findandmodify") {
             return find_and_modify(cluster, req, &body, &snap).await;
+        }
+        let ok = |mut d: Document| {
+            d.insert("ok", 1.0);
+            d
+        };
+        match req.name.as_str() {
+            "getMore" => return cluster.cursors.get_more(req, client_id).map(ok),
+            "killCursors" => return Ok(ok(cluster.cursors.kill(req, client_id))),
+            "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" => {
+                return broadcast_ddl(cluster, req, &snap).await;
+            }
+            "listIndexes" | "collStats" => {
+                let first = snap.chunks.shards().into_iter().next().unwrap_or_default();
+                return forward(cluster, &first, req, None).await;
+            }
+            _ => {}
+        }
+        if let Some(result) = crate::read::read(cluster, &snap, req, client_id).await {
+            return result.map(ok);
         }
         return Err(CommandError::new(
             ErrorCode::CommandNotSupported,
@@ -110,6 +130,37 @@ pub async fn route(
         },
     };
     forward(cluster, &primary, req, None).await
+}
+
+/// DDL on a sharded collection: sent to every shard; the first failure is reported. A dropped
+/// collection also leaves the sharding metadata.
+async fn broadcast_ddl(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    snap: &crate::routing::RoutingSnapshot,
+) -> Result<Document, CommandError> {
+    let mut first_ok: Option<Document> = None;
+    for shard in cluster
+        .shards()
+        .iter()
+        .map(|s| s.id.clone())
+        .collect::<Vec<_>>()
+    {
+        let reply = forward(cluster, &shard, req, None).await?;
+        let ok = reply.get_f64("ok").ok() == Some(1.0);
+        let missing = reply.get_i32("code").ok() == Some(ErrorCode::NamespaceNotFound.0);
+        if !ok && !missing {
+            return Ok(reply);
+        }
+        if ok && first_ok.is_none() {
+            first_ok = Some(reply);
+        }
+    }
+    if req.name == "drop" {
+        cluster.store.drop_collection(&snap.ns)?;
+        cluster.routing.refresh(&snap.ns)?;
+    }
+    Ok(first_ok.unwrap_or_else(|| bson::doc! {"ok": 1.0}))
 }
 
 /// Forwards the client's command to `shard` as it is (plus `shardVersion` when given) and

@@ -348,6 +348,28 @@ impl ConfigStore {
             .ok_or_else(|| internal(format!("{ns} vanished while being sharded")))
     }
 
+    /// Forgets a sharded collection (after it was dropped on every shard).
+    pub fn drop_collection(&self, ns: &str) -> Result<(), RoutingError> {
+        let _w = self.write.lock();
+        let Some(entry) = self.collection(ns) else {
+            return Ok(());
+        };
+        let uuid = entry.get("uuid").cloned();
+        let colls: Vec<Document> = self
+            .docs("collections")
+            .into_iter()
+            .filter(|d| d.get_str("_id").ok() != Some(ns))
+            .collect();
+        let chunks: Vec<Document> = self
+            .docs("chunks")
+            .into_iter()
+            .filter(|d| d.get("uuid") != uuid.as_ref())
+            .collect();
+        self.put("collections", colls)?;
+        self.put("chunks", chunks)?;
+        self.persist()
+    }
+
     /// Refreshes `config.mongos` with this router's entry (read by `sh.status()`).
     pub fn touch_mongos(&self, name: &str, up_secs: i64) {
         let d = doc! {

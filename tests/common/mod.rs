@@ -143,6 +143,15 @@ pub struct TestCluster {
 
 impl TestCluster {
     pub async fn start(n: usize, collections: &[(&str, bson::Document)]) -> TestCluster {
+        Self::start_with(n, collections, Config::default()).await
+    }
+
+    /// Like `start`, with a router configuration (its `listen` is replaced).
+    pub async fn start_with(
+        n: usize,
+        collections: &[(&str, bson::Document)],
+        config: Config,
+    ) -> TestCluster {
         let shards = sluice::embedded::EmbeddedShard::start_many(n, Default::default())
             .await
             .expect("shards start");
@@ -171,7 +180,7 @@ impl TestCluster {
             .expect("cluster");
         let config = Config {
             listen: "127.0.0.1:0".into(),
-            ..Config::default()
+            ..config
         };
         let router =
             sluice::frontend::start_router(config, vec!["sluice".into()], Some(cluster.clone()))
@@ -193,5 +202,34 @@ impl TestCluster {
         for s in self.shards {
             s.shutdown().await;
         }
+    }
+}
+
+impl TestCluster {
+    /// `metrics.commands.<name>.total` summed over the shards.
+    pub fn shard_command_total(&self, name: &str) -> i64 {
+        self.shards
+            .iter()
+            .map(|s| s.service().command_total(name))
+            .sum()
+    }
+
+    /// Documents of `db.coll` summed over the shards.
+    pub fn count_on_shards(&self, db: &str, coll: &str) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.service().count_documents(db, coll))
+            .sum()
+    }
+
+    /// The router's `serverStatus().sluice.writes.plans`.
+    pub fn plans(&self) -> (i64, i64, i64) {
+        let w = &self.router.state().writes;
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            w.plans_mongos_rounds.load(Relaxed) as i64,
+            w.plans_unordered.load(Relaxed) as i64,
+            w.plans_rewrite.load(Relaxed) as i64,
+        )
     }
 }
