@@ -105,6 +105,16 @@ pub async fn route(
             ),
         ));
     }
+    match req.name.as_str() {
+        "explain" => {
+            if let Some(r) = explain(cluster, req, &body).await {
+                return r;
+            }
+        }
+        "listDatabases" => return list_databases(cluster, req).await,
+        "dbStats" => return db_stats(cluster, req).await,
+        _ => {}
+    }
     if req.db == "admin" || req.db == "local" {
         return Err(CommandError::new(
             ErrorCode::CommandNotFound,
@@ -130,6 +140,187 @@ pub async fn route(
         },
     };
     forward(cluster, &primary, req, None).await
+}
+
+/// `explain` of a `find`, `aggregate`, `count` or `distinct` on a sharded collection, in
+/// mongos's shape: `queryPlanner.winningPlan.shards[]` names each shard the query goes to
+/// (which is how one checks where a shard key value lives). `None` for anything else.
+async fn explain(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    body: &Document,
+) -> Option<Result<Document, CommandError>> {
+    let inner = body.get_document("explain").ok()?;
+    let (name, coll) = inner
+        .iter()
+        .next()
+        .map(|(k, v)| (k.clone(), v.as_str().map(|s| s.to_string())))?;
+    let coll = coll?;
+    let ns = format!("{}.{coll}", req.db);
+    let snap = match cluster.routing.get(&ns) {
+        Ok(Some(s)) => s,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(e.into())),
+    };
+    let filter = match name.as_str() {
+        "find" => inner.get_document("filter").cloned().unwrap_or_default(),
+        "count" | "distinct" => inner.get_document("query").cloned().unwrap_or_default(),
+        "aggregate" => inner
+            .get_array("pipeline")
+            .ok()
+            .and_then(|p| p.first())
+            .and_then(|s| s.as_document())
+            .and_then(|s| s.get_document("$match").ok())
+            .cloned()
+            .unwrap_or_default(),
+        _ => return None,
+    };
+    let shards: Vec<String> = match snap.pattern.extract_from_filter(&filter) {
+        FilterKeys::Keys(keys) => {
+            let mut v: Vec<String> = keys
+                .iter()
+                .filter_map(|k| snap.shard_for(k).map(|s| s.to_string()))
+                .collect();
+            v.sort();
+            v.dedup();
+            v
+        }
+        FilterKeys::Untargetable => snap.chunks.shards().into_iter().collect(),
+    };
+    let id_lookup = filter.len() == 1 && filter.contains_key("_id");
+    let shard_plans: Vec<Bson> = shards
+        .iter()
+        .map(|s| {
+            let addr = cluster.shards().iter().find(|x| &x.id == s).map(|x| x.addr.clone()).unwrap_or_default();
+            Bson::Document(bson::doc! {
+                "shardName": s,
+                "connectionString": format!("{s}/{addr}"),
+                "serverInfo": {"host": addr.clone(), "version": crate::command::server_info::MONGODB_VERSION},
+                "namespace": &ns,
+                "parsedQuery": filter.clone(),
+                "winningPlan": {"stage": if id_lookup { "IDHACK" } else { "COLLSCAN" }, "filter": filter.clone()},
+                "rejectedPlans": [],
+            })
+        })
+        .collect();
+    let stage = if shards.len() == 1 {
+        "SINGLE_SHARD"
+    } else {
+        "SHARD_MERGE"
+    };
+    Some(Ok(bson::doc! {
+        "queryPlanner": {
+            "mongosPlannerVersion": 1,
+            "winningPlan": {"stage": stage, "shards": shard_plans},
+        },
+        "serverInfo": {"version": crate::command::server_info::MONGODB_VERSION},
+        "command": inner.clone(),
+        "ok": 1.0,
+    }))
+}
+
+/// `listDatabases`: every shard's list, merged by name (sizes summed).
+async fn list_databases(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    let mut by_name: std::collections::BTreeMap<String, (i64, bool)> =
+        std::collections::BTreeMap::new();
+    let name_only = req.body.raw().get_bool("nameOnly").unwrap_or(false);
+    for shard in cluster
+        .shards()
+        .iter()
+        .map(|s| s.id.clone())
+        .collect::<Vec<_>>()
+    {
+        let reply = forward(cluster, &shard, req, None).await?;
+        if reply.get_f64("ok").ok() != Some(1.0) {
+            return Ok(reply);
+        }
+        for d in reply
+            .get_array("databases")
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.as_document())
+        {
+            let Ok(name) = d.get_str("name") else {
+                continue;
+            };
+            let e = by_name.entry(name.to_string()).or_insert((0, true));
+            e.0 += crate::command::number_field(d, "sizeOnDisk").unwrap_or(0);
+            e.1 &= d.get_bool("empty").unwrap_or(false);
+        }
+    }
+    let total: i64 = by_name.values().map(|(s, _)| *s).sum();
+    let databases: Vec<Bson> = by_name
+        .into_iter()
+        .map(|(name, (size, empty))| {
+            Bson::Document(if name_only {
+                bson::doc! {"name": name}
+            } else {
+                bson::doc! {"name": name, "sizeOnDisk": size, "empty": empty}
+            })
+        })
+        .collect();
+    let mut out = bson::doc! {"databases": databases};
+    if !name_only {
+        out.insert("totalSize", total);
+        out.insert("totalSizeMb", total / (1024 * 1024));
+    }
+    out.insert("ok", 1.0);
+    Ok(out)
+}
+
+/// `dbStats`: every shard's statistics summed, with each shard's reply under `raw`.
+async fn db_stats(cluster: &Arc<Cluster>, req: &CommandRequest) -> Result<Document, CommandError> {
+    let mut raw = Document::new();
+    let fields = [
+        "collections",
+        "views",
+        "objects",
+        "dataSize",
+        "storageSize",
+        "indexes",
+        "indexSize",
+        "totalSize",
+    ];
+    let mut sums = vec![0f64; fields.len()];
+    for shard in cluster
+        .shards()
+        .iter()
+        .map(|s| s.id.clone())
+        .collect::<Vec<_>>()
+    {
+        let reply = forward(cluster, &shard, req, None).await?;
+        if reply.get_f64("ok").ok() != Some(1.0) {
+            return Ok(reply);
+        }
+        for (i, f) in fields.iter().enumerate() {
+            sums[i] += match reply.get(*f) {
+                Some(Bson::Int32(v)) => *v as f64,
+                Some(Bson::Int64(v)) => *v as f64,
+                Some(Bson::Double(v)) => *v,
+                _ => 0.0,
+            };
+        }
+        raw.insert(shard, reply);
+    }
+    let mut out = bson::doc! {"raw": raw, "db": &req.db};
+    for (i, f) in fields.iter().enumerate() {
+        out.insert(*f, sums[i] as i64);
+    }
+    let objects = sums[2];
+    out.insert(
+        "avgObjSize",
+        if objects > 0.0 {
+            sums[3] / objects
+        } else {
+            0.0
+        },
+    );
+    out.insert("scaleFactor", 1i64);
+    out.insert("ok", 1.0);
+    Ok(out)
 }
 
 /// DDL on a sharded collection: sent to every shard; the first failure is reported. A dropped

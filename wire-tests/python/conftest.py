@@ -84,3 +84,33 @@ def shard_db(shard):
     yield db
     client.drop_database(db.name)
     client.close()
+
+
+class Demo(Process):
+    """`sluice demo` (3 embedded shards) with a configuration file for its policies."""
+
+    def shard_clients(self):
+        """Direct connections to the demo's shards, from listShards."""
+        client = self.client()
+        hosts = [s["host"].split("/", 1)[1] for s in client.admin.command("listShards")["shards"]]
+        client.close()
+        return [pymongo.MongoClient(f"mongodb://{h}/?directConnection=true") for h in hosts]
+
+    def shard_command_total(self, name):
+        total = 0
+        for c in self.shard_clients():
+            total += c.admin.command("serverStatus")["metrics"]["commands"].get(name, {}).get("total", 0)
+            c.close()
+        return total
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    config = tmp_path_factory.mktemp("demo") / "policies.toml"
+    config.write_text(
+        '[ordered_rewrite_overrides]\n"demo.p_off" = "off"\n"demo.p_always" = "always"\n'
+    )
+    port = free_port()
+    p = Demo(["demo", "--port", str(port), "--config", str(config)], port)
+    yield p
+    p.stop()
