@@ -105,10 +105,14 @@ pub async fn bootstrap(
     metadata_path: Option<std::path::PathBuf>,
     shards: &[ShardInfo],
     collections: &[crate::config::CollectionConfig],
+    pool: PoolOptions,
 ) -> Result<Arc<Cluster>, String> {
     let store = Arc::new(ConfigStore::open(metadata_path).map_err(|e| e.message)?);
     store.set_shards(shards).map_err(|e| e.message)?;
-    let cluster = Arc::new(Cluster::new(store, PoolOptions::default()));
+    let cluster = Arc::new(Cluster::new(store, pool));
+    for p in cluster.pools.values() {
+        p.warm().await;
+    }
     for c in collections {
         let key = c.key_document().map_err(|e| e.to_string())?;
         let mut body =

@@ -41,6 +41,8 @@ pub struct Config {
     /// `"retry-safe"` (proven order-independent and retry-safe; the default), `"always"`
     /// (whenever every statement targets one shard) or `"off"` (mongos rounds).
     pub ordered_rewrite: crate::write::plan::Policy,
+    /// Connections to each shard.
+    pub pool: PoolConfig,
     /// Per-namespace overrides of `ordered_rewrite`, e.g. `"shop.ledger" = "off"`.
     pub ordered_rewrite_overrides: std::collections::BTreeMap<String, crate::write::plan::Policy>,
 }
@@ -57,7 +59,45 @@ impl Default for Config {
             shards: Vec::new(),
             collections: Vec::new(),
             ordered_rewrite: crate::write::plan::Policy::RetrySafe,
+            pool: PoolConfig::default(),
             ordered_rewrite_overrides: Default::default(),
+        }
+    }
+}
+
+/// Settings of each shard's connection pool.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Most connections open to one shard at once; further requests wait for one.
+    pub max_size: usize,
+    /// Connections opened at start-up and kept ready.
+    pub min_idle: usize,
+    /// Milliseconds allowed to connect and shake hands (and to wait for a free connection).
+    pub connect_timeout_ms: u64,
+    /// Milliseconds allowed for one request to a shard.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            max_size: 64,
+            min_idle: 0,
+            connect_timeout_ms: 5_000,
+            request_timeout_ms: 60_000,
+        }
+    }
+}
+
+impl PoolConfig {
+    /// The backend's pool options.
+    pub fn options(&self) -> crate::backend::PoolOptions {
+        crate::backend::PoolOptions {
+            max_size: self.max_size.max(1),
+            min_idle: self.min_idle.min(self.max_size),
+            connect_timeout: std::time::Duration::from_millis(self.connect_timeout_ms),
+            request_timeout: std::time::Duration::from_millis(self.request_timeout_ms),
         }
     }
 }

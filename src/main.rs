@@ -177,7 +177,7 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
         let demo: Config = toml::from_str(include_str!("../configs/demo.toml"))
             .context("configs/demo.toml is invalid")?;
         Some(
-            sluice::cluster::bootstrap(None, &infos, &demo.collections)
+            sluice::cluster::bootstrap(None, &infos, &demo.collections, config.pool.options())
                 .await
                 .map_err(|e| anyhow::anyhow!(e))?,
         )
@@ -196,6 +196,7 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
                 config.metadata_path.as_ref().map(Into::into),
                 &infos,
                 &config.collections,
+                config.pool.options(),
             )
             .await
             .map_err(|e| anyhow::anyhow!(e))?,

@@ -348,3 +348,84 @@ async fn targeting_errors_reach_the_client() {
     assert_eq!(e.get_i32("code").unwrap(), 61);
     c.stop().await;
 }
+
+#[tokio::test]
+async fn unacknowledged_writes_reach_the_shards_without_a_reply() {
+    use sluice::wire::{MsgFlags, OpMsgBuilder};
+    let c = TestCluster::start(3, &[("demo.items", doc! {"_id": "hashed"})]).await;
+    let mut raw = common::Raw::connect(c.addr()).await;
+    let body = doc! {"insert": "items", "$db": "demo", "writeConcern": {"w": 0}, "ordered": false};
+    let mut b = OpMsgBuilder::new(MsgFlags::MORE_TO_COME, &body.to_vec().unwrap());
+    b.begin_sequence("documents");
+    for i in 0..50 {
+        b.push_document(&doc! {"_id": i}.to_vec().unwrap());
+    }
+    raw.send(&b.finish(1, 0)).await;
+    // The next reply on the connection answers the ping, not the insert.
+    let id = raw.send_msg(&doc! {"ping": 1, "$db": "admin"}, 0).await;
+    let (h, _, _) = raw.read_msg().await;
+    assert_eq!(h.response_to, id);
+    // The shards were written with w: 1, so the router knew every child batch landed.
+    let mut n = 0;
+    for _ in 0..50 {
+        n = c.count_on_shards("demo", "items");
+        if n == 50 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(n, 50);
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn stale_routing_is_retried_then_gives_up_with_no_progress() {
+    let c = TestCluster::start(2, &[("demo.items", doc! {"_id": "hashed"})]).await;
+    let cl = common::driver(c.addr(), "").await;
+    // A shard that believes in another collection version refuses every versioned write.
+    let other = doc! {"e": bson::oid::ObjectId::new(), "t": bson::Timestamp { time: 1, increment: 1 }, "v": bson::Timestamp { time: 9, increment: 0 }};
+    let direct = mongodb::Client::with_uri_str(format!(
+        "mongodb://{}/?directConnection=true",
+        c.shards[0].local_addr()
+    ))
+    .await
+    .unwrap();
+    direct
+        .database("admin")
+        .run_command(doc! {"sluiceSetShardVersion": "demo.items", "shardVersion": other})
+        .await
+        .unwrap();
+    let before = c.shard_command_total("insert");
+    let r = cl
+        .database("demo")
+        .run_command(doc! {"insert": "items", "documents": (0..20).map(|i| Bson::Document(doc! {"_id": i})).collect::<Vec<_>>(), "ordered": false})
+        .await
+        .unwrap();
+    let errors = r.get_array("writeErrors").unwrap();
+    assert!(!errors.is_empty());
+    for e in errors {
+        assert_eq!(
+            e.as_document().unwrap().get_i32("code").unwrap(),
+            82,
+            "NoProgressMade"
+        );
+    }
+    assert_eq!(r.get_i32("n").unwrap() as usize + errors.len(), 20);
+    // The router refreshed and retried 5 times before giving up.
+    assert!(c.shard_command_total("insert") - before >= 6);
+
+    // Once the shard agrees with the metadata again, the same write goes through.
+    let snap = c.cluster.routing.get("demo.items").unwrap().unwrap();
+    direct
+        .database("admin")
+        .run_command(doc! {"sluiceSetShardVersion": "demo.items", "shardVersion": snap.shard_version("shard0")})
+        .await
+        .unwrap();
+    let r = cl
+        .database("demo")
+        .run_command(doc! {"insert": "items", "documents": (100..120).map(|i| Bson::Document(doc! {"_id": i})).collect::<Vec<_>>()})
+        .await
+        .unwrap();
+    assert_eq!(r.get_i32("n").unwrap(), 20);
+    c.stop().await;
+}

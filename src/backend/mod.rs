@@ -293,6 +293,21 @@ impl ShardPool {
         })
     }
 
+    /// Opens connections until `min_idle` are idle (errors are logged: the pool also connects
+    /// on demand).
+    pub async fn warm(self: &Arc<Self>) {
+        let mut opened = Vec::new();
+        while self.idle_count() + opened.len() < self.options.min_idle {
+            match self.checkout().await {
+                Ok(c) => opened.push(c),
+                Err(e) => {
+                    tracing::warn!(shard = %self.shard, error = %e, "cannot open an idle connection");
+                    break;
+                }
+            }
+        }
+    }
+
     /// Runs one command on the shard (a checkout for the duration).
     pub async fn run_command(self: &Arc<Self>, body: &Document) -> Result<Document, BackendError> {
         let mut conn = self.checkout().await?;
@@ -412,6 +427,24 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("cannot connect"), "{e} ({addr})");
         assert!(pool.evicted_count() >= 2);
+    }
+
+    #[tokio::test]
+    async fn pool_warms_to_min_idle() {
+        let shard = EmbeddedShard::start("127.0.0.1:0", ShardOptions::default())
+            .await
+            .unwrap();
+        let pool = Arc::new(ShardPool::new(
+            "s",
+            &shard.local_addr().to_string(),
+            PoolOptions {
+                min_idle: 3,
+                ..PoolOptions::default()
+            },
+        ));
+        pool.warm().await;
+        assert_eq!(pool.idle_count(), 3);
+        shard.shutdown().await;
     }
 
     #[tokio::test]

@@ -175,7 +175,7 @@ impl TestCluster {
                 num_initial_chunks: None,
             })
             .collect();
-        let cluster = sluice::cluster::bootstrap(None, &infos, &colls)
+        let cluster = sluice::cluster::bootstrap(None, &infos, &colls, config.pool.options())
             .await
             .expect("cluster");
         let config = Config {
