@@ -18,6 +18,8 @@ pub struct Cluster {
     pub routing: RoutingTable,
     /// The router's own cursors over gathered results of sharded reads.
     pub cursors: crate::read::RouterCursors,
+    /// Open transactions: (session id, txnNumber) → the one shard they run on.
+    pub transactions: std::sync::Mutex<std::collections::HashMap<(String, i64), String>>,
     pools: BTreeMap<String, Arc<ShardPool>>,
     shards: Vec<ShardInfo>,
 }
@@ -40,6 +42,7 @@ impl Cluster {
             store,
             routing,
             cursors: Default::default(),
+            transactions: Default::default(),
             pools,
             shards,
         }

@@ -69,6 +69,11 @@ pub async fn route(
         Some(c) => cluster.routing.get(&format!("{}.{c}", req.db))?,
         None => None,
     };
+    if in_transaction(&body)
+        || matches!(req.name.as_str(), "commitTransaction" | "abortTransaction")
+    {
+        return transaction(cluster, req, &body, snapshot.as_deref()).await;
+    }
     if let Some(snap) = snapshot {
         if let Some(kind) = WriteKind::from_command(&req.name) {
             let mut reply = crate::write::execute(cluster, stats, policy, req, kind, snap).await?;
@@ -88,10 +93,11 @@ pub async fn route(
             "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" => {
                 return broadcast_ddl(cluster, req, &snap).await;
             }
-            "listIndexes" | "collStats" => {
+            "listIndexes" => {
                 let first = snap.chunks.shards().into_iter().next().unwrap_or_default();
                 return forward(cluster, &first, req, None).await;
             }
+            "collStats" => return coll_stats(cluster, req, &snap).await,
             _ => {}
         }
         if let Some(result) = crate::read::read(cluster, &snap, req, client_id).await {
@@ -112,6 +118,7 @@ pub async fn route(
             }
         }
         "listDatabases" => return list_databases(cluster, req).await,
+        "dropDatabase" => return drop_database(cluster, req).await,
         "dbStats" => return db_stats(cluster, req).await,
         _ => {}
     }
@@ -271,6 +278,61 @@ async fn list_databases(
     Ok(out)
 }
 
+/// `dropDatabase`: on every shard, then the database leaves the metadata.
+async fn drop_database(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    for shard in cluster
+        .shards()
+        .iter()
+        .map(|s| s.id.clone())
+        .collect::<Vec<_>>()
+    {
+        let reply = forward(cluster, &shard, req, None).await?;
+        if reply.get_f64("ok").ok() != Some(1.0) {
+            return Ok(reply);
+        }
+    }
+    for ns in cluster.store.drop_database(&req.db)? {
+        cluster.routing.refresh(&ns)?;
+    }
+    Ok(bson::doc! {"dropped": &req.db, "ok": 1.0})
+}
+
+/// `collStats` of a sharded collection: every shard's statistics under `shards`, summed.
+async fn coll_stats(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    snap: &crate::routing::RoutingSnapshot,
+) -> Result<Document, CommandError> {
+    let mut shards = Document::new();
+    let (mut count, mut size, mut storage, mut nindexes) = (0i64, 0i64, 0i64, 0i64);
+    for shard in snap.chunks.shards() {
+        let reply = forward(cluster, &shard, req, None).await?;
+        if reply.get_f64("ok").ok() != Some(1.0) {
+            return Ok(reply);
+        }
+        count += crate::command::number_field(&reply, "count").unwrap_or(0);
+        size += crate::command::number_field(&reply, "size").unwrap_or(0);
+        storage += crate::command::number_field(&reply, "storageSize").unwrap_or(0);
+        nindexes = nindexes.max(crate::command::number_field(&reply, "nindexes").unwrap_or(0));
+        shards.insert(shard, reply);
+    }
+    Ok(bson::doc! {
+        "sharded": true,
+        "shards": shards,
+        "ns": &snap.ns,
+        "count": count,
+        "size": size,
+        "storageSize": storage,
+        "avgObjSize": if count > 0 { size / count } else { 0 },
+        "nindexes": nindexes,
+        "nchunks": snap.chunks.len() as i32,
+        "ok": 1.0,
+    })
+}
+
 /// `dbStats`: every shard's statistics summed, with each shard's reply under `raw`.
 async fn db_stats(cluster: &Arc<Cluster>, req: &CommandRequest) -> Result<Document, CommandError> {
     let mut raw = Document::new();
@@ -321,6 +383,147 @@ async fn db_stats(cluster: &Arc<Cluster>, req: &CommandRequest) -> Result<Docume
     out.insert("scaleFactor", 1i64);
     out.insert("ok", 1.0);
     Ok(out)
+}
+
+fn in_transaction(body: &Document) -> bool {
+    body.get("startTransaction")
+        .is_some_and(crate::command::truthy)
+        || matches!(body.get("autocommit"), Some(Bson::Boolean(false)))
+}
+
+/// A statement of a transaction, or its commit/abort. Transactions whose statements all target
+/// one shard pass through to it unchanged; a statement bound for another shard is refused with
+/// OperationNotSupportedInTransaction (263): distributed transactions are not implemented.
+async fn transaction(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    body: &Document,
+    snapshot: Option<&crate::routing::RoutingSnapshot>,
+) -> Result<Document, CommandError> {
+    let session = format!(
+        "{:?}",
+        body.get_document("lsid").ok().and_then(|l| l.get("id"))
+    );
+    let txn = crate::command::number_field(body, "txnNumber").unwrap_or(0);
+    let key = (session, txn);
+    if matches!(req.name.as_str(), "commitTransaction" | "abortTransaction") {
+        let shard = cluster
+            .transactions
+            .lock()
+            .ok()
+            .and_then(|mut t| t.remove(&key));
+        let Some(shard) = shard else {
+            return Err(CommandError::new(
+                ErrorCode::NoSuchTransaction,
+                format!("Transaction with txnNumber {txn} has not been started on this router"),
+            ));
+        };
+        return forward(cluster, &shard, req, None).await;
+    }
+    let shard = match snapshot {
+        None => match cluster.store.database(&req.db) {
+            Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
+            None => cluster
+                .store
+                .ensure_database(&req.db, None)?
+                .get_str("primary")
+                .unwrap_or_default()
+                .to_string(),
+        },
+        Some(snap) => {
+            let shards = transaction_targets(snap, req, body);
+            match shards.as_slice() {
+                [one] => one.clone(),
+                _ => {
+                    return Err(CommandError::new(
+                        ErrorCode::OperationNotSupportedInTransaction,
+                        format!("'{}' on {} targets {} shards inside a transaction; Sluice runs transactions on a single shard only", req.name, snap.ns, shards.len()),
+                    ))
+                }
+            }
+        }
+    };
+    let recorded = {
+        let mut t = cluster
+            .transactions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        t.entry(key).or_insert_with(|| shard.clone()).clone()
+    };
+    if recorded != shard {
+        return Err(CommandError::new(
+            ErrorCode::OperationNotSupportedInTransaction,
+            format!("this statement targets shard {shard} but the transaction runs on shard {recorded}; Sluice runs transactions on a single shard only"),
+        ));
+    }
+    let version = snapshot
+        .filter(|_| cluster.is_shard_server(&shard))
+        .map(|s| s.shard_version(&shard));
+    forward(cluster, &shard, req, version).await
+}
+
+/// The shards a transaction statement on a sharded collection touches.
+fn transaction_targets(
+    snap: &crate::routing::RoutingSnapshot,
+    req: &CommandRequest,
+    body: &Document,
+) -> Vec<String> {
+    let mut shards: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    let filter_shards = |f: &Document| -> Vec<String> {
+        match snap.pattern.extract_from_filter(f) {
+            FilterKeys::Keys(keys) => keys
+                .iter()
+                .filter_map(|k| snap.shard_for(k).map(|s| s.to_string()))
+                .collect(),
+            FilterKeys::Untargetable => snap.chunks.shards().into_iter().collect(),
+        }
+    };
+    let statements = |field: &str| -> Vec<Document> {
+        match req.sequences.iter().find(|s| s.identifier == field) {
+            Some(seq) => seq.documents.iter().map(|d| d.to_document()).collect(),
+            None => body
+                .get_array(field)
+                .map(|a| a.iter().filter_map(|d| d.as_document().cloned()).collect())
+                .unwrap_or_default(),
+        }
+    };
+    match req.name.as_str() {
+        "insert" => {
+            for d in statements("documents") {
+                if let Ok(bytes) = d.to_vec() {
+                    if let Ok(raw) = bson::RawDocument::from_bytes(&bytes) {
+                        match snap.pattern.extract_from_document(raw) {
+                            Ok(k) => shards.extend(snap.shard_for(&k).map(|s| s.to_string())),
+                            Err(_) => shards.extend(snap.chunks.shards()),
+                        }
+                    }
+                }
+            }
+        }
+        "update" => statements("updates").iter().for_each(|u| {
+            shards.extend(filter_shards(
+                &u.get_document("q").cloned().unwrap_or_default(),
+            ))
+        }),
+        "delete" => statements("deletes").iter().for_each(|u| {
+            shards.extend(filter_shards(
+                &u.get_document("q").cloned().unwrap_or_default(),
+            ))
+        }),
+        "find" | "count" | "distinct" => {
+            let f = body
+                .get_document("filter")
+                .or_else(|_| body.get_document("query"))
+                .cloned()
+                .unwrap_or_default();
+            shards.extend(filter_shards(&f));
+        }
+        "findAndModify" | "findandmodify" => shards.extend(filter_shards(
+            &body.get_document("query").cloned().unwrap_or_default(),
+        )),
+        _ => shards.extend(snap.chunks.shards()),
+    }
+    shards.into_iter().collect()
 }
 
 /// DDL on a sharded collection: sent to every shard; the first failure is reported. A dropped

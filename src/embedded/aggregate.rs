@@ -784,6 +784,7 @@ fn operator(op: &str, args: &Bson, root: &Document) -> Result<Option<Bson>, Engi
             Some(v) => super::update::type_name(v).to_string(),
             None => "missing".to_string(),
         }),
+        "$isNumber" => Bson::Boolean(a.first().is_some_and(is_number)),
         "$toHashedIndexKey" => Bson::Int64(crate::routing::hash64(
             &eval(args, root)?.unwrap_or(Bson::Null),
         )),

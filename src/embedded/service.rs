@@ -533,6 +533,15 @@ impl ShardService {
             None
         };
 
+        if body.get("startTransaction").is_some_and(command::truthy)
+            || matches!(body.get("autocommit"), Some(Bson::Boolean(false)))
+            || matches!(name, "commitTransaction" | "abortTransaction")
+        {
+            return Err(EngineError::new(
+                ErrorCode::IllegalOperation,
+                "Transactions are not supported by the embedded shard (it is a test and demo backend); real mongod shards run them",
+            ));
+        }
         let mut reply = match name {
             "hello" | "isMaster" | "ismaster" => {
                 // Handshake bookkeeping (client metadata, compression) is shared with the router.

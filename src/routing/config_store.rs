@@ -370,6 +370,30 @@ impl ConfigStore {
         self.persist()
     }
 
+    /// Forgets a database and its sharded collections (after `dropDatabase`); returns the
+    /// namespaces that were sharded.
+    pub fn drop_database(&self, db: &str) -> Result<Vec<String>, RoutingError> {
+        let prefix = format!("{db}.");
+        let sharded: Vec<String> = self
+            .docs("collections")
+            .into_iter()
+            .filter_map(|d| d.get_str("_id").ok().map(|s| s.to_string()))
+            .filter(|ns| ns.starts_with(&prefix))
+            .collect();
+        for ns in &sharded {
+            self.drop_collection(ns)?;
+        }
+        let _w = self.write.lock();
+        let dbs: Vec<Document> = self
+            .docs("databases")
+            .into_iter()
+            .filter(|d| d.get_str("_id").ok() != Some(db))
+            .collect();
+        self.put("databases", dbs)?;
+        self.persist()?;
+        Ok(sharded)
+    }
+
     /// Refreshes `config.mongos` with this router's entry (read by `sh.status()`).
     pub fn touch_mongos(&self, name: &str, up_secs: i64) {
         let d = doc! {
