@@ -65,10 +65,10 @@ session=$(echo 'db.runCommand({ping: 1}).ok' | timeout 120 "$MONGOSH" "$uri" 2>&
 if grep -q "\[direct: mongos\] test> 1" <<<"$session" \
   && ! grep -qiE "startup warnings|MongoServerError|MongoNetworkError|error:" <<<"$session"; then
   echo "ok - prompt shows a mongos and start-up printed no error banner"
-  echo "mongosh session: 1 passed, 0 failed"
+  echo "mongosh prompt: 1 passed, 0 failed"
 else
   echo "$session"
-  echo "mongosh session: 0 passed, 1 failed"
+  echo "mongosh prompt: 0 passed, 1 failed"
   failed=1
 fi
 
