@@ -7,6 +7,8 @@
 //! unexpected bytes) is evicted at checkout, and a connection that saw an error mid-exchange
 //! is never reused.
 
+pub mod limiter;
+
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
