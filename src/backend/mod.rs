@@ -8,6 +8,7 @@
 //! is never reused.
 
 pub mod limiter;
+pub mod sim;
 
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
