@@ -6,8 +6,25 @@ use std::sync::Arc;
 
 use bson::Document;
 
+use crate::backend::limiter::{BatchInfo, OpKind};
+use crate::backend::queue::{LimitPermit, QueueTimeout, ShardQueue};
 use crate::backend::{BackendError, PoolOptions, ShardPool};
 use crate::routing::{ConfigStore, RoutingTable, ShardInfo};
+
+/// A batch asking for an execution slot.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotRequest<'a> {
+    /// Mutation or read.
+    pub op: OpKind,
+    /// The command name (with `ns`, the limiter's group).
+    pub command: &'a str,
+    /// `db.coll`.
+    pub ns: &'a str,
+    /// Statements in the batch.
+    pub operations: usize,
+    /// Bytes in the batch.
+    pub bytes: usize,
+}
 
 /// Shards, metadata and pools of one router.
 #[derive(Debug)]
@@ -21,13 +38,37 @@ pub struct Cluster {
     /// Open transactions: (session id, txnNumber) → the one shard they run on.
     pub transactions: std::sync::Mutex<std::collections::HashMap<(String, i64), String>>,
     pools: BTreeMap<String, Arc<ShardPool>>,
+    queues: BTreeMap<String, Arc<ShardQueue>>,
+    queue_timeout: std::time::Duration,
     shards: Vec<ShardInfo>,
 }
 
 impl Cluster {
     /// A cluster over the shards the store knows.
     pub fn new(store: Arc<ConfigStore>, pool_options: PoolOptions) -> Cluster {
+        Cluster::with_batching(
+            store,
+            pool_options,
+            &crate::config::BatchingConfig::default(),
+        )
+    }
+
+    /// A cluster whose shards are guarded by queues with these batching settings.
+    pub fn with_batching(
+        store: Arc<ConfigStore>,
+        pool_options: PoolOptions,
+        batching: &crate::config::BatchingConfig,
+    ) -> Cluster {
         let shards = store.shards();
+        let queues = shards
+            .iter()
+            .map(|s| {
+                (
+                    s.id.clone(),
+                    Arc::new(ShardQueue::new(&s.id, batching.limiter())),
+                )
+            })
+            .collect();
         let pools = shards
             .iter()
             .map(|s| {
@@ -44,6 +85,8 @@ impl Cluster {
             cursors: Default::default(),
             transactions: Default::default(),
             pools,
+            queues,
+            queue_timeout: std::time::Duration::from_millis(batching.queue_timeout_ms),
             shards,
         }
     }
@@ -56,6 +99,35 @@ impl Cluster {
     /// The pool of one shard.
     pub fn pool(&self, shard: &str) -> Option<&Arc<ShardPool>> {
         self.pools.get(shard)
+    }
+
+    /// The queue of one shard.
+    pub fn queue(&self, shard: &str) -> Option<&Arc<ShardQueue>> {
+        self.queues.get(shard)
+    }
+
+    /// Waits for an execution slot on `shard` for `work`, until `max_time` (the client's
+    /// `maxTimeMS`) or the configured queue timeout.
+    pub async fn slot(
+        &self,
+        shard: &str,
+        work: SlotRequest<'_>,
+        max_time: Option<std::time::Duration>,
+    ) -> Result<Option<LimitPermit>, QueueTimeout> {
+        let Some(queue) = self.queues.get(shard) else {
+            return Ok(None);
+        };
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (work.command, work.ns).hash(&mut h);
+        let info = BatchInfo {
+            op: work.op,
+            group: h.finish(),
+            operations: work.operations.max(1),
+            bytes: work.bytes,
+        };
+        let deadline = std::time::Instant::now() + max_time.unwrap_or(self.queue_timeout);
+        queue.acquire(info, deadline).await.map(Some)
     }
 
     /// Whether `shard` understands `shardVersion`.
@@ -109,10 +181,11 @@ pub async fn bootstrap(
     shards: &[ShardInfo],
     collections: &[crate::config::CollectionConfig],
     pool: PoolOptions,
+    batching: &crate::config::BatchingConfig,
 ) -> Result<Arc<Cluster>, String> {
     let store = Arc::new(ConfigStore::open(metadata_path).map_err(|e| e.message)?);
     store.set_shards(shards).map_err(|e| e.message)?;
-    let cluster = Arc::new(Cluster::new(store, pool));
+    let cluster = Arc::new(Cluster::with_batching(store, pool, batching));
     for p in cluster.pools.values() {
         p.warm().await;
     }

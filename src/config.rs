@@ -30,6 +30,8 @@ pub struct Config {
     pub shutdown_timeout_secs: u64,
     /// Logging.
     pub log: LogConfig,
+    /// Address of the Prometheus metrics endpoint (`http://ADDR/metrics`); empty disables it.
+    pub metrics_listen: String,
     /// Where the router keeps its sharding metadata (written atomically on every change) so a
     /// restart routes exactly as before. Without it, metadata lives in memory only.
     pub metadata_path: Option<String>,
@@ -43,6 +45,8 @@ pub struct Config {
     pub ordered_rewrite: crate::write::plan::Policy,
     /// Connections to each shard.
     pub pool: PoolConfig,
+    /// The per-shard queue and adaptive execution limit.
+    pub batching: BatchingConfig,
     /// Per-namespace overrides of `ordered_rewrite`, e.g. `"shop.ledger" = "off"`.
     pub ordered_rewrite_overrides: std::collections::BTreeMap<String, crate::write::plan::Policy>,
 }
@@ -55,12 +59,60 @@ impl Default for Config {
             backlog: 1024,
             shutdown_timeout_secs: 15,
             log: LogConfig::default(),
+            metrics_listen: "127.0.0.1:9216".to_string(),
             metadata_path: None,
             shards: Vec::new(),
             collections: Vec::new(),
             ordered_rewrite: crate::write::plan::Policy::RetrySafe,
             pool: PoolConfig::default(),
+            batching: BatchingConfig::default(),
             ordered_rewrite_overrides: Default::default(),
+        }
+    }
+}
+
+/// The per-shard queue and adaptive execution limit (ADAPTIVE-LIMIT.md).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchingConfig {
+    /// Statements that make a child batch full (full batches bypass the adaptive limit).
+    pub max_operations: usize,
+    /// Bytes that make a child batch full.
+    pub max_bytes: usize,
+    /// Simultaneous executions per shard, mutations and reads together.
+    pub max_in_flight: usize,
+    /// Lowest adaptive limit; 0 lets it fall to a quarter of a batch. Set it equal to
+    /// `max_in_flight` to fix the limit.
+    pub min_in_flight: usize,
+    /// Milliseconds a batch may wait in a shard's queue when the client gave no `maxTimeMS`;
+    /// then it fails with ExceededTimeLimit (262).
+    pub queue_timeout_ms: u64,
+    /// Milliseconds between probes (doubled while a probe's pause would exceed 2.5% of it).
+    pub probe_interval_ms: u64,
+}
+
+impl Default for BatchingConfig {
+    fn default() -> Self {
+        BatchingConfig {
+            max_operations: 128,
+            max_bytes: 4 * 1024 * 1024,
+            max_in_flight: 16,
+            min_in_flight: 0,
+            queue_timeout_ms: 5_000,
+            probe_interval_ms: 10_000,
+        }
+    }
+}
+
+impl BatchingConfig {
+    /// The limiter's settings.
+    pub fn limiter(&self) -> crate::backend::limiter::LimiterSettings {
+        crate::backend::limiter::LimiterSettings {
+            max_in_flight: self.max_in_flight.max(1),
+            min_in_flight: self.min_in_flight.min(self.max_in_flight.max(1)),
+            max_operations: self.max_operations.max(1),
+            max_bytes: self.max_bytes.max(1),
+            probe_interval: std::time::Duration::from_millis(self.probe_interval_ms.max(100)),
         }
     }
 }

@@ -34,6 +34,9 @@ struct GlobalArgs {
     /// Log filter such as `info` or `sluice=debug` (overrides `log.level`).
     #[arg(long, global = true)]
     log_level: Option<String>,
+    /// Address of the Prometheus endpoint, or "" to disable it (overrides `metrics_listen`).
+    #[arg(long, global = true)]
+    metrics_listen: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -93,6 +96,9 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(l) = &cli.global.log_level {
         config.log.level = l.clone();
+    }
+    if let Some(m) = &cli.global.metrics_listen {
+        config.metrics_listen = m.clone();
     }
     let runtime = || {
         tokio::runtime::Builder::new_multi_thread()
@@ -158,8 +164,42 @@ async fn run_shard(config: Config, options: sluice::embedded::ShardOptions) -> a
     Ok(())
 }
 
+/// Serves Prometheus metrics on `addr` (a failure to bind is logged, not fatal: the router
+/// runs without the endpoint).
+fn install_metrics(addr: &str) {
+    if addr.is_empty() {
+        return;
+    }
+    let Ok(sock) = addr.parse::<std::net::SocketAddr>() else {
+        tracing::warn!(
+            addr,
+            "metrics_listen is not an address; metrics endpoint disabled"
+        );
+        return;
+    };
+    if std::net::TcpListener::bind(sock).is_err() {
+        tracing::warn!(
+            addr,
+            "cannot listen for metrics (address in use?); metrics endpoint disabled"
+        );
+        return;
+    }
+    let buckets = [
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+    let result = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(sock)
+        .set_buckets(&buckets)
+        .and_then(|b| b.install());
+    match result {
+        Ok(()) => tracing::info!(addr, "Prometheus metrics at http://{addr}/metrics"),
+        Err(e) => tracing::warn!(addr, error = %e, "cannot start the metrics endpoint"),
+    }
+}
+
 async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
+    install_metrics(&config.metrics_listen);
     let listen = config.listen.clone();
     let mut embedded = Vec::new();
     let cluster = if let Some(n) = demo_shards {
@@ -177,9 +217,15 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
         let demo: Config = toml::from_str(include_str!("../configs/demo.toml"))
             .context("configs/demo.toml is invalid")?;
         Some(
-            sluice::cluster::bootstrap(None, &infos, &demo.collections, config.pool.options())
-                .await
-                .map_err(|e| anyhow::anyhow!(e))?,
+            sluice::cluster::bootstrap(
+                None,
+                &infos,
+                &demo.collections,
+                config.pool.options(),
+                &config.batching,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?,
         )
     } else if !config.shards.is_empty() {
         let infos: Vec<ShardInfo> = config
@@ -197,6 +243,7 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
                 &infos,
                 &config.collections,
                 config.pool.options(),
+                &config.batching,
             )
             .await
             .map_err(|e| anyhow::anyhow!(e))?,

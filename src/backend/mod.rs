@@ -8,6 +8,7 @@
 //! is never reused.
 
 pub mod limiter;
+pub mod queue;
 pub mod sim;
 
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
@@ -257,6 +258,7 @@ impl ShardPool {
     /// Takes a connection (an idle healthy one, or a new one), waiting for a slot if all
     /// `max_size` are in use.
     pub async fn checkout(self: &Arc<Self>) -> Result<PooledConnection, BackendError> {
+        let waited = std::time::Instant::now();
         let permit = tokio::time::timeout(
             self.options.connect_timeout,
             self.slots.clone().acquire_owned(),
@@ -270,6 +272,8 @@ impl ShardPool {
         })?
         .map_err(|_| BackendError::Unreachable("pool closed".into()))?;
         self.checkouts.fetch_add(1, Ordering::Relaxed);
+        metrics::histogram!("sluice_pool_checkout_wait_seconds", "shard" => self.shard.clone())
+            .record(waited.elapsed().as_secs_f64());
         loop {
             let candidate = self.idle.lock().ok().and_then(|mut v| v.pop());
             match candidate {
@@ -371,6 +375,8 @@ impl Drop for PooledConnection {
                 self.pool.evicted.fetch_add(1, Ordering::Relaxed);
             } else if let Ok(mut idle) = self.pool.idle.lock() {
                 idle.push(conn);
+                metrics::gauge!("sluice_pool_idle_connections", "shard" => self.pool.shard.clone())
+                    .set(idle.len() as f64);
             }
         }
     }

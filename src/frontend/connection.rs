@@ -57,6 +57,7 @@ struct OpenConnection<'a>(&'a ServerState);
 
 impl Drop for OpenConnection<'_> {
     fn drop(&mut self) {
+        metrics::gauge!("sluice_connections_open").decrement(1.0);
         self.0
             .counters
             .connections_current
@@ -77,6 +78,7 @@ pub async fn serve(
         .counters
         .connections_current
         .fetch_add(1, Ordering::Relaxed);
+    metrics::gauge!("sluice_connections_open").increment(1.0);
     state
         .counters
         .connections_total
@@ -161,6 +163,7 @@ impl Session<'_> {
         counters
             .bytes_in
             .fetch_add(frame.len() as u64, Ordering::Relaxed);
+        metrics::counter!("sluice_bytes_in_total").increment(frame.len() as u64);
         let Some(header) = Header::parse(&frame) else {
             return Ok(Flow::Close);
         };
@@ -247,7 +250,27 @@ impl Session<'_> {
             && OP_QUERY_COMMANDS.contains(&req.name.as_str())
             && hello::is_awaitable(&req.body_document());
 
-        let reply = match self.service.handle(self.client, &req).await {
+        let started = std::time::Instant::now();
+        let label = command_label(&req.name);
+        let span = tracing::info_span!(
+            "request",
+            conn = self.client.id,
+            command = label,
+            db = %req.db,
+            plan = tracing::field::Empty,
+            shards = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        let response =
+            tracing::Instrument::instrument(self.service.handle(self.client, &req), span.clone())
+                .await;
+        let elapsed = started.elapsed();
+        span.record("duration_ms", elapsed.as_secs_f64() * 1000.0);
+        tracing::debug!(parent: &span, "request done");
+        metrics::counter!("sluice_requests_total", "command" => label).increment(1);
+        metrics::histogram!("sluice_request_duration_seconds", "command" => label)
+            .record(elapsed.as_secs_f64());
+        let reply = match response {
             Response::Reply(reply) => reply,
             Response::CloseConnection => return Ok(Flow::Close),
         };
@@ -429,6 +452,7 @@ impl Session<'_> {
 
     async fn write(&mut self, frame: &[u8]) -> std::io::Result<()> {
         self.socket.write_all(frame).await?;
+        metrics::counter!("sluice_bytes_out_total").increment(frame.len() as u64);
         self.state
             .counters
             .bytes_out
@@ -464,6 +488,53 @@ fn msg_size(msg: &OpMsg) -> usize {
                 1 + 4 + s.identifier.len() + 1 + s.documents.iter().map(|d| d.len()).sum::<usize>()
             })
             .sum::<usize>()
+}
+
+/// The command name as a metric label: known commands by name, anything else as "other" (so a
+/// client cannot grow the label set without bound).
+fn command_label(name: &str) -> &'static str {
+    const KNOWN: &[&str] = &[
+        "insert",
+        "update",
+        "delete",
+        "find",
+        "getMore",
+        "killCursors",
+        "aggregate",
+        "count",
+        "distinct",
+        "findAndModify",
+        "hello",
+        "isMaster",
+        "ismaster",
+        "ping",
+        "buildInfo",
+        "serverStatus",
+        "getParameter",
+        "getLog",
+        "endSessions",
+        "listDatabases",
+        "listCollections",
+        "listIndexes",
+        "createIndexes",
+        "dropIndexes",
+        "drop",
+        "dropDatabase",
+        "create",
+        "dbStats",
+        "collStats",
+        "explain",
+        "shardCollection",
+        "enableSharding",
+        "listShards",
+        "commitTransaction",
+        "abortTransaction",
+    ];
+    KNOWN
+        .iter()
+        .copied()
+        .find(|k| *k == name)
+        .unwrap_or("other")
 }
 
 /// Builds the dispatcher's view of an OP_MSG: the command name and `$db`.

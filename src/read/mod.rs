@@ -18,7 +18,9 @@ use std::sync::Mutex;
 
 use bson::{doc, Bson, Document};
 
-use crate::cluster::Cluster;
+use crate::backend::limiter::{OpKind, Outcome};
+use crate::backend::BackendError;
+use crate::cluster::{Cluster, SlotRequest};
 use crate::command::{number_field, truthy, CommandError, CommandRequest};
 use crate::embedded::query::{Projection, SortSpec};
 use crate::error_codes::ErrorCode;
@@ -106,7 +108,31 @@ async fn fan_out(
             cmd.insert("shardVersion", snap.shard_version(&shard));
         }
         futures.push(async move {
-            let reply = cluster.run_on(&shard, &cmd).await.map_err(|e| {
+            let ns = format!("{db}.{coll}");
+            let name = cmd.keys().next().cloned().unwrap_or_default();
+            // The shard's queue and adaptive limit decide when the read may run.
+            let work = SlotRequest {
+                op: OpKind::Read,
+                command: &name,
+                ns: &ns,
+                operations: 1,
+                bytes: 0,
+            };
+            let permit = cluster.slot(&shard, work, None).await.map_err(|e| {
+                (
+                    false,
+                    CommandError::new(ErrorCode::ExceededTimeLimit, e.to_string()),
+                )
+            })?;
+            let result = cluster.run_on(&shard, &cmd).await;
+            if let Some(p) = permit {
+                p.finish(match &result {
+                    Ok(_) => Outcome::Completed,
+                    Err(BackendError::Timeout(_)) => Outcome::TimedOut,
+                    Err(_) => Outcome::NotCounted,
+                });
+            }
+            let reply = result.map_err(|e| {
                 (
                     true,
                     CommandError::new(e.code(), format!("{e} (shard {shard})")),

@@ -87,6 +87,7 @@ impl RoutingTable {
 
     /// Reloads `ns` and replaces its snapshot whole.
     pub fn refresh(&self, ns: &str) -> Result<Option<Arc<RoutingSnapshot>>, RoutingError> {
+        metrics::counter!("sluice_routing_refreshes_total").increment(1);
         let snap = self.loader.load_collection(ns)?.map(Arc::new);
         self.entries.insert(ns.to_string(), snap.clone());
         Ok(snap)

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use bson::{doc, oid::ObjectId, Bson, Document, RawDocument};
 use bytes::Bytes;
 
+use crate::backend::limiter::{OpKind, Outcome};
 use crate::backend::{BackendError, PooledConnection};
 use crate::cluster::Cluster;
 use crate::command::{number_field, truthy, CommandError, CommandRequest};
@@ -299,6 +300,19 @@ pub async fn run_write(
         if chosen.is_none() {
             chosen = Some(plan_kind);
             stats.count_plan(plan_kind);
+            let span = tracing::Span::current();
+            span.record("plan", plan_kind.label());
+            let mut shards: Vec<&str> = targeted
+                .iter()
+                .flat_map(|t| match &t.target {
+                    target::Target::One(s) => vec![s.as_str()],
+                    target::Target::Many(v) => v.iter().map(|s| s.as_str()).collect(),
+                    target::Target::Error { .. } => Vec::new(),
+                })
+                .collect();
+            shards.sort_unstable();
+            shards.dedup();
+            span.record("shards", shards.join(",").as_str());
         }
         let finished_before = merger.finished();
         for round in rounds {
@@ -408,6 +422,8 @@ pub async fn run_write(
 /// Sends child batches over the cluster's shard pools.
 struct ClusterSender<'a> {
     cluster: &'a Arc<Cluster>,
+    ns: String,
+    max_time: Option<std::time::Duration>,
     kind: WriteKind,
     template: Document,
     stmts: &'a Statements,
@@ -440,6 +456,36 @@ impl ClusterSender<'_> {
             .retryable
             .then(|| piece.iter().map(|i| self.stmt_id(*i)).collect::<Vec<i32>>());
         let raws: Vec<&Bytes> = piece.iter().map(|i| &self.stmts.raw[*i]).collect();
+        let bytes: usize = raws.iter().map(|r| r.len()).sum();
+        // The shard's queue and adaptive limit decide when this child batch may run.
+        let permit = match self
+            .cluster
+            .slot(
+                shard,
+                crate::cluster::SlotRequest {
+                    op: OpKind::Mutate,
+                    command: self.kind.command(),
+                    ns: &self.ns,
+                    operations: piece.len(),
+                    bytes,
+                },
+                self.max_time,
+            )
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => {
+                return ChildOutcome::Failed {
+                    code: ErrorCode::ExceededTimeLimit,
+                    message: e.to_string(),
+                }
+            }
+        };
+        let finish = |permit: Option<crate::backend::queue::LimitPermit>, outcome: Outcome| {
+            if let Some(p) = permit {
+                p.finish(outcome);
+            }
+        };
         metrics::counter!("sluice_child_batches_total", "shard" => shard.to_string()).increment(1);
         // A child batch carrying lsid + txnNumber may be resent once after a network error:
         // the shard's retryable-write record makes the resend a no-op for what it applied.
@@ -468,7 +514,10 @@ impl ClusterSender<'_> {
             }
             .await;
             match result {
-                Ok(reply) => return ChildOutcome::Reply(reply.to_document()),
+                Ok(reply) => {
+                    finish(permit, Outcome::Completed);
+                    return ChildOutcome::Reply(reply.to_document());
+                }
                 Err(e) => {
                     tracing::debug!(shard, error = %e, "child batch failed");
                     last = Some(e);
@@ -476,6 +525,13 @@ impl ClusterSender<'_> {
             }
         }
         let e = last.unwrap_or_else(|| BackendError::Unreachable("no attempt made".into()));
+        finish(
+            permit,
+            match e {
+                BackendError::Timeout(_) => Outcome::TimedOut,
+                _ => Outcome::NotCounted,
+            },
+        );
         ChildOutcome::Failed {
             code: e.code(),
             message: format!("{e} (shard {shard})"),
@@ -617,8 +673,13 @@ pub async fn execute(
         statements: stmts.raw.len(),
         ns: snapshot.ns.clone(),
     };
+    let max_time = number_field(&body, "maxTimeMS")
+        .filter(|m| *m > 0)
+        .map(|m| std::time::Duration::from_millis(m as u64));
     let sender = ClusterSender {
         cluster,
+        ns: snapshot.ns.clone(),
+        max_time,
         kind,
         template: child_template(req, kind),
         stmts: &stmts,

@@ -175,9 +175,15 @@ impl TestCluster {
                 num_initial_chunks: None,
             })
             .collect();
-        let cluster = sluice::cluster::bootstrap(None, &infos, &colls, config.pool.options())
-            .await
-            .expect("cluster");
+        let cluster = sluice::cluster::bootstrap(
+            None,
+            &infos,
+            &colls,
+            config.pool.options(),
+            &config.batching,
+        )
+        .await
+        .expect("cluster");
         let config = Config {
             listen: "127.0.0.1:0".into(),
             ..config
