@@ -40,6 +40,7 @@ pub struct Cluster {
     pools: BTreeMap<String, Arc<ShardPool>>,
     queues: BTreeMap<String, Arc<ShardQueue>>,
     queue_timeout: std::time::Duration,
+    coalescer: Option<crate::write::coalesce::Coalescer>,
     shards: Vec<ShardInfo>,
 }
 
@@ -87,6 +88,13 @@ impl Cluster {
             pools,
             queues,
             queue_timeout: std::time::Duration::from_millis(batching.queue_timeout_ms),
+            coalescer: crate::write::coalesce::Coalescer::new(
+                crate::write::coalesce::CoalesceSettings {
+                    max_operations: batching.max_operations.max(1),
+                    max_bytes: batching.max_bytes.max(1),
+                    max_wait: std::time::Duration::from_micros(batching.max_wait_us),
+                },
+            ),
             shards,
         }
     }
@@ -99,6 +107,11 @@ impl Cluster {
     /// The pool of one shard.
     pub fn pool(&self, shard: &str) -> Option<&Arc<ShardPool>> {
         self.pools.get(shard)
+    }
+
+    /// The write coalescer (`None` when `batching.max_wait_us` is 0).
+    pub fn coalescer(&self) -> Option<&crate::write::coalesce::Coalescer> {
+        self.coalescer.as_ref()
     }
 
     /// The queue of one shard.

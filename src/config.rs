@@ -79,6 +79,9 @@ pub struct BatchingConfig {
     pub max_operations: usize,
     /// Bytes that make a child batch full.
     pub max_bytes: usize,
+    /// Microseconds an insert that needs no session of its own may wait for companions from
+    /// other requests to share its child batch; 0 disables coalescing.
+    pub max_wait_us: u64,
     /// Simultaneous executions per shard, mutations and reads together.
     pub max_in_flight: usize,
     /// Lowest adaptive limit; 0 lets it fall to a quarter of a batch. Set it equal to
@@ -96,6 +99,7 @@ impl Default for BatchingConfig {
         BatchingConfig {
             max_operations: 128,
             max_bytes: 4 * 1024 * 1024,
+            max_wait_us: 1_000,
             max_in_flight: 16,
             min_in_flight: 0,
             queue_timeout_ms: 5_000,

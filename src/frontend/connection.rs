@@ -256,7 +256,7 @@ impl Session<'_> {
             "request",
             conn = self.client.id,
             command = label,
-            db = %req.db,
+            ns = %namespace(&req),
             plan = tracing::field::Empty,
             shards = tracing::field::Empty,
             duration_ms = tracing::field::Empty,
@@ -488,6 +488,14 @@ fn msg_size(msg: &OpMsg) -> usize {
                 1 + 4 + s.identifier.len() + 1 + s.documents.iter().map(|d| d.len()).sum::<usize>()
             })
             .sum::<usize>()
+}
+
+/// `db.collection` when the command names a collection, else the database.
+fn namespace(req: &CommandRequest) -> String {
+    match req.body.raw().get_str(&req.name) {
+        Ok(coll) => format!("{}.{coll}", req.db),
+        Err(_) => req.db.clone(),
+    }
 }
 
 /// The command name as a metric label: known commands by name, anything else as "other" (so a

@@ -6,6 +6,7 @@
 //! [`merge`] builds the client's reply. Targeting, planning and merging are pure; only this
 //! file does I/O. The contract is WRITE-PATH.md.
 
+pub mod coalesce;
 pub mod merge;
 pub mod plan;
 pub mod target;
@@ -419,6 +420,115 @@ pub async fn run_write(
     }
 }
 
+/// One child batch's settings, apart from its statements.
+#[derive(Debug, Clone)]
+pub struct ChildSpec<'a> {
+    /// The client's command minus its statements and routing fields.
+    pub template: &'a Document,
+    /// insert, update or delete.
+    pub kind: WriteKind,
+    /// `db.coll`.
+    pub ns: &'a str,
+    /// `ordered` of the child batch.
+    pub ordered: bool,
+    /// `stmtIds`, for retryable writes.
+    pub stmt_ids: Option<Vec<i32>>,
+    /// `shardVersion`, for shard servers.
+    pub version: Option<Document>,
+    /// Whether the batch carries `lsid` + `txnNumber` (and may be resent once).
+    pub retryable: bool,
+    /// The client's `maxTimeMS`.
+    pub max_time: Option<std::time::Duration>,
+}
+
+/// Sends one child batch: waits for an execution slot on the shard's queue, sends, reads the
+/// reply. A retryable batch is resent once after a network error (the shard's record makes
+/// the resend a no-op for what it applied).
+pub async fn send_child(
+    cluster: &Cluster,
+    shard: &str,
+    child: &ChildSpec<'_>,
+    raws: &[Bytes],
+) -> ChildOutcome {
+    let Some(pool) = cluster.pool(shard) else {
+        return ChildOutcome::Failed {
+            code: ErrorCode::ShardNotFound,
+            message: format!("unknown shard {shard}"),
+        };
+    };
+    let bytes: usize = raws.iter().map(|r| r.len()).sum();
+    let work = crate::cluster::SlotRequest {
+        op: OpKind::Mutate,
+        command: child.kind.command(),
+        ns: child.ns,
+        operations: raws.len(),
+        bytes,
+    };
+    let permit = match cluster.slot(shard, work, child.max_time).await {
+        Ok(p) => p,
+        Err(e) => {
+            return ChildOutcome::Failed {
+                code: ErrorCode::ExceededTimeLimit,
+                message: e.to_string(),
+            }
+        }
+    };
+    let finish = |permit: Option<crate::backend::queue::LimitPermit>, outcome: Outcome| {
+        if let Some(p) = permit {
+            p.finish(outcome);
+        }
+    };
+    metrics::counter!("sluice_child_batches_total", "shard" => shard.to_string()).increment(1);
+    let refs: Vec<&Bytes> = raws.iter().collect();
+    let attempts = if child.retryable { 2 } else { 1 };
+    let mut last: Option<BackendError> = None;
+    for _ in 0..attempts {
+        let (frame, id) = match encode_child(
+            child.template,
+            child.kind,
+            child.ordered,
+            child.stmt_ids.clone(),
+            child.version.clone(),
+            &refs,
+        ) {
+            Ok(f) => f,
+            Err(e) => {
+                return ChildOutcome::Failed {
+                    code: e.code,
+                    message: e.message,
+                }
+            }
+        };
+        let result = async {
+            let mut conn = pool.checkout().await?;
+            conn.request(&frame, id).await
+        }
+        .await;
+        match result {
+            Ok(reply) => {
+                finish(permit, Outcome::Completed);
+                return ChildOutcome::Reply(reply.to_document());
+            }
+            Err(e) => {
+                tracing::debug!(shard, error = %e, "child batch failed");
+                last = Some(e);
+            }
+        }
+    }
+    let e = last.unwrap_or_else(|| BackendError::Unreachable("no attempt made".into()));
+    finish(
+        permit,
+        match e {
+            BackendError::Timeout(_) => Outcome::TimedOut,
+            _ => Outcome::NotCounted,
+        },
+    );
+    ChildOutcome::Failed {
+        code: e.code(),
+        message: format!("{e} (shard {shard})"),
+    }
+}
+
 /// Sends child batches over the cluster's shard pools.
 struct ClusterSender<'a> {
     cluster: &'a Arc<Cluster>,
@@ -446,96 +556,30 @@ impl ClusterSender<'_> {
         ordered: bool,
         version: Option<Document>,
     ) -> ChildOutcome {
-        let Some(pool) = self.cluster.pool(shard) else {
-            return ChildOutcome::Failed {
-                code: ErrorCode::ShardNotFound,
-                message: format!("unknown shard {shard}"),
-            };
-        };
         let stmt_ids = self
             .retryable
             .then(|| piece.iter().map(|i| self.stmt_id(*i)).collect::<Vec<i32>>());
-        let raws: Vec<&Bytes> = piece.iter().map(|i| &self.stmts.raw[*i]).collect();
-        let bytes: usize = raws.iter().map(|r| r.len()).sum();
-        // The shard's queue and adaptive limit decide when this child batch may run.
-        let permit = match self
-            .cluster
-            .slot(
-                shard,
-                crate::cluster::SlotRequest {
-                    op: OpKind::Mutate,
-                    command: self.kind.command(),
-                    ns: &self.ns,
-                    operations: piece.len(),
-                    bytes,
-                },
-                self.max_time,
-            )
-            .await
-        {
-            Ok(p) => p,
-            Err(e) => {
-                return ChildOutcome::Failed {
-                    code: ErrorCode::ExceededTimeLimit,
-                    message: e.to_string(),
-                }
-            }
+        let raws: Vec<Bytes> = piece.iter().map(|i| self.stmts.raw[*i].clone()).collect();
+        let child = ChildSpec {
+            template: &self.template,
+            kind: self.kind,
+            ns: &self.ns,
+            ordered,
+            stmt_ids,
+            version,
+            retryable: self.retryable,
+            max_time: self.max_time,
         };
-        let finish = |permit: Option<crate::backend::queue::LimitPermit>, outcome: Outcome| {
-            if let Some(p) = permit {
-                p.finish(outcome);
-            }
-        };
-        metrics::counter!("sluice_child_batches_total", "shard" => shard.to_string()).increment(1);
-        // A child batch carrying lsid + txnNumber may be resent once after a network error:
-        // the shard's retryable-write record makes the resend a no-op for what it applied.
-        let attempts = if self.retryable { 2 } else { 1 };
-        let mut last: Option<BackendError> = None;
-        for _ in 0..attempts {
-            let (frame, id) = match encode_child(
-                &self.template,
-                self.kind,
-                ordered,
-                stmt_ids.clone(),
-                version.clone(),
-                &raws,
-            ) {
-                Ok(f) => f,
-                Err(e) => {
-                    return ChildOutcome::Failed {
-                        code: e.code,
-                        message: e.message,
-                    }
-                }
-            };
-            let result = async {
-                let mut conn = pool.checkout().await?;
-                conn.request(&frame, id).await
-            }
-            .await;
-            match result {
-                Ok(reply) => {
-                    finish(permit, Outcome::Completed);
-                    return ChildOutcome::Reply(reply.to_document());
-                }
-                Err(e) => {
-                    tracing::debug!(shard, error = %e, "child batch failed");
-                    last = Some(e);
-                }
+        // Inserts that need no session of their own may share a child batch with other
+        // clients' inserts (never retryable writes: one child carries one lsid/txnNumber).
+        let has_session =
+            self.template.contains_key("lsid") || self.template.contains_key("txnNumber");
+        if self.kind == WriteKind::Insert && !has_session && (!ordered || piece.len() == 1) {
+            if let Some(c) = self.cluster.coalescer() {
+                return c.submit(self.cluster, shard, child, raws).await;
             }
         }
-        let e = last.unwrap_or_else(|| BackendError::Unreachable("no attempt made".into()));
-        finish(
-            permit,
-            match e {
-                BackendError::Timeout(_) => Outcome::TimedOut,
-                _ => Outcome::NotCounted,
-            },
-        );
-        ChildOutcome::Failed {
-            code: e.code(),
-            message: format!("{e} (shard {shard})"),
-        }
+        send_child(self.cluster, shard, &child, &raws).await
     }
 }
 
