@@ -338,6 +338,14 @@ impl Merger {
         };
     }
 
+    /// Whether no statement was applied (every one failed or never ran).
+    pub fn nothing_applied(&self) -> bool {
+        !self
+            .stmts
+            .iter()
+            .any(|s| matches!(s, Stmt::Done { .. } | Stmt::Residual(_)))
+    }
+
     /// Statements after the first error that were applied anyway (rewritten bulks only).
     pub fn applied_after_error(&self) -> Vec<usize> {
         let Some(e) = self.first_error() else {

@@ -734,5 +734,32 @@ pub async fn execute(
     let target = |snap: &RoutingSnapshot, i: usize| target_statement(kind, &stmts, snap, i);
     let refresh = || cluster.routing.refresh(&ns).ok().flatten();
     let outcome = run_write(&spec, &sender, &target, snapshot, &refresh, stats).await;
-    Ok(outcome.merger.reply())
+    let reply = outcome.merger.reply();
+    // A bulk whose child batches all timed out in the shards' queues applied nothing: it
+    // fails as a command with ExceededTimeLimit, labelled RetryableWriteError for a retryable
+    // write, so the driver retries it as it would for mongos.
+    let errors = reply.get_array("writeErrors").map(|e| e.len()).unwrap_or(0);
+    let all_queue_timeouts = errors > 0
+        && reply
+            .get_array("writeErrors")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.as_document())
+            .all(|e| e.get_i32("code").ok() == Some(ErrorCode::ExceededTimeLimit.0));
+    if all_queue_timeouts && outcome.merger.nothing_applied() {
+        let first = reply
+            .get_array("writeErrors")
+            .ok()
+            .and_then(|e| e.first())
+            .and_then(|e| e.as_document())
+            .and_then(|e| e.get_str("errmsg").ok())
+            .unwrap_or("timed out waiting for an execution slot")
+            .to_string();
+        let mut e = CommandError::new(ErrorCode::ExceededTimeLimit, first);
+        if retryable {
+            e.labels.push("RetryableWriteError".into());
+        }
+        return Err(e);
+    }
+    Ok(reply)
 }
