@@ -16,6 +16,7 @@
 //! [`error_codes`] holds the MongoDB error codes every layer replies with.
 
 pub mod backend;
+pub mod bench;
 pub mod cluster;
 pub mod command;
 pub mod config;

@@ -53,6 +53,17 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         shards: usize,
     },
+    /// Run a benchmark and write its JSON, Markdown and SVG results.
+    Bench {
+        /// The scenario: overload.
+        scenario: String,
+        /// A short run (what CI does).
+        #[arg(long)]
+        quick: bool,
+        /// Directory for the results.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+    },
     /// Print the hashed shard key value (NumberLong) of an extended JSON value, as
     /// convertShardKeyToHashed() does.
     Hash {
@@ -107,6 +118,15 @@ fn main() -> anyhow::Result<()> {
             .context("cannot start the async runtime")
     };
     let demo = match cli.command {
+        Some(Command::Bench { scenario, quick, out }) => {
+            let md = match scenario.as_str() {
+                "overload" => sluice::bench::run_overload(&out, quick)?,
+                other => anyhow::bail!("unknown benchmark scenario {other:?} (available: overload)"),
+            };
+            println!("{md}");
+            println!("Results written to {}", out.display());
+            return Ok(());
+        }
         Some(Command::Hash { value }) => {
             let json: serde_json::Value = serde_json::from_str(&value)
                 .with_context(|| format!("{value:?} is not valid extended JSON"))?;
