@@ -9,8 +9,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::backend::limiter::LimiterSettings;
-use crate::backend::sim::{self, SimConfig, SimResult};
+use crate::backend::sim::{self, SimResult};
 
 /// One row of the overload benchmark.
 #[derive(Debug, Clone)]
@@ -25,25 +24,15 @@ pub struct OverloadRow {
 
 /// Runs the overload scenario; `quick` shortens the simulated time.
 pub fn overload(quick: bool) -> Vec<OverloadRow> {
-    let duration = if quick { Duration::from_secs(10) } else { Duration::from_secs(60) };
+    let duration = if quick {
+        Duration::from_secs(10)
+    } else {
+        Duration::from_secs(60)
+    };
     [1usize, 2, 4, 8]
         .iter()
         .map(|&routers| {
-            let cfg = |adaptive: bool| {
-                let mut limiter = LimiterSettings::default();
-                if !adaptive {
-                    limiter.min_in_flight = limiter.max_in_flight;
-                }
-                SimConfig {
-                    routers,
-                    rate_per_router: 24_000.0 / routers as f64,
-                    capacity: 4,
-                    per_batch: Duration::from_millis(1),
-                    per_statement: Duration::from_micros(20),
-                    duration,
-                    limiter,
-                }
-            };
+            let cfg = |adaptive: bool| sim::overload_config(routers, adaptive, duration);
             eprintln!("overload: {routers} router(s)…");
             OverloadRow {
                 routers,
@@ -118,20 +107,64 @@ pub fn overload_svg(rows: &[OverloadRow]) -> String {
     let mut s = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n");
     let _ = writeln!(s, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>");
     let _ = writeln!(s, "<text x=\"{left}\" y=\"18\" font-size=\"14\">p99 write latency vs routers (simulated shard, 4 slots)</text>");
-    let _ = writeln!(s, "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>", h - bottom, w - right, h - bottom);
-    let _ = writeln!(s, "<line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>", h - bottom);
+    let _ = writeln!(
+        s,
+        "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>",
+        h - bottom,
+        w - right,
+        h - bottom
+    );
+    let _ = writeln!(
+        s,
+        "<line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>",
+        h - bottom
+    );
     for (i, r) in rows.iter().enumerate() {
-        let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>", x(i), h - bottom + 16.0, r.routers);
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+            x(i),
+            h - bottom + 16.0,
+            r.routers
+        );
     }
     for k in 0..=4 {
         let v = max * k as f64 / 4.0;
-        let _ = writeln!(s, "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{v:.0} ms</text>", left - 6.0, y(v) + 4.0);
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{v:.0} ms</text>",
+            left - 6.0,
+            y(v) + 4.0
+        );
     }
-    let _ = writeln!(s, "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">routers</text>", (left + w - right) / 2.0, h - 6.0);
-    let _ = writeln!(s, "<polyline fill=\"none\" stroke=\"#c0392b\" stroke-width=\"2\" points=\"{}\"/>", line(&|r| ms(r.fixed.p99)));
-    let _ = writeln!(s, "<polyline fill=\"none\" stroke=\"#2471a3\" stroke-width=\"2\" points=\"{}\"/>", line(&|r| ms(r.adaptive.p99)));
-    let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" fill=\"#c0392b\">fixed max_in_flight = 16</text>", left + 10.0, top + 14.0);
-    let _ = writeln!(s, "<text x=\"{}\" y=\"{}\" fill=\"#2471a3\">adaptive limit</text>", left + 10.0, top + 30.0);
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">routers</text>",
+        (left + w - right) / 2.0,
+        h - 6.0
+    );
+    let _ = writeln!(
+        s,
+        "<polyline fill=\"none\" stroke=\"#c0392b\" stroke-width=\"2\" points=\"{}\"/>",
+        line(&|r| ms(r.fixed.p99))
+    );
+    let _ = writeln!(
+        s,
+        "<polyline fill=\"none\" stroke=\"#2471a3\" stroke-width=\"2\" points=\"{}\"/>",
+        line(&|r| ms(r.adaptive.p99))
+    );
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" fill=\"#c0392b\">fixed max_in_flight = 16</text>",
+        left + 10.0,
+        top + 14.0
+    );
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" fill=\"#2471a3\">adaptive limit</text>",
+        left + 10.0,
+        top + 30.0
+    );
     s.push_str("</svg>\n");
     s
 }
@@ -142,7 +175,10 @@ pub fn run_overload(out: &Path, quick: bool) -> std::io::Result<String> {
     let rows = overload(quick);
     let md = overload_markdown(&rows);
     std::fs::write(out.join("overload.md"), &md)?;
-    std::fs::write(out.join("overload.json"), serde_json::to_string_pretty(&overload_json(&rows)).unwrap_or_default())?;
+    std::fs::write(
+        out.join("overload.json"),
+        serde_json::to_string_pretty(&overload_json(&rows)).unwrap_or_default(),
+    )?;
     std::fs::write(out.join("overload.svg"), overload_svg(&rows))?;
     Ok(md)
 }

@@ -161,30 +161,12 @@ impl Cluster {
         &self,
         body: &Document,
     ) -> Vec<(String, Result<Document, BackendError>)> {
-        let futures = self.pools.iter().map(|(id, p)| {
-            let p = p.clone();
-            let id = id.clone();
-            let body = body.clone();
-            async move { (id, p.run_command(&body).await) }
-        });
-        futures_join_all(futures).await
+        let futures = self
+            .pools
+            .iter()
+            .map(|(id, p)| async move { (id.clone(), p.run_command(body).await) });
+        crate::backend::join_all(futures).await
     }
-}
-
-/// Runs futures concurrently and collects their outputs in order.
-async fn futures_join_all<F, T>(futures: impl IntoIterator<Item = F>) -> Vec<T>
-where
-    F: std::future::Future<Output = T> + Send + 'static,
-    T: Send + 'static,
-{
-    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
-    let mut out = Vec::with_capacity(handles.len());
-    for h in handles {
-        if let Ok(v) = h.await {
-            out.push(v);
-        }
-    }
-    out
 }
 
 /// Opens the metadata, registers the shards (refusing a list that contradicts persisted

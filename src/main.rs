@@ -118,10 +118,16 @@ fn main() -> anyhow::Result<()> {
             .context("cannot start the async runtime")
     };
     let demo = match cli.command {
-        Some(Command::Bench { scenario, quick, out }) => {
+        Some(Command::Bench {
+            scenario,
+            quick,
+            out,
+        }) => {
             let md = match scenario.as_str() {
                 "overload" => sluice::bench::run_overload(&out, quick)?,
-                other => anyhow::bail!("unknown benchmark scenario {other:?} (available: overload)"),
+                other => {
+                    anyhow::bail!("unknown benchmark scenario {other:?} (available: overload)")
+                }
             };
             println!("{md}");
             println!("Results written to {}", out.display());

@@ -24,6 +24,33 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::error_codes::ErrorCode;
 use crate::wire::{self, BsonDoc, Message, OpMsgBuilder};
 
+/// Runs futures concurrently on the current task and returns their outputs in order (the
+/// fan-out to shards: one future per shard, none of them spawned).
+pub async fn join_all<F: std::future::Future>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
+    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in pinned.iter_mut().enumerate() {
+            if outputs[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => outputs[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
 /// Why a request to a shard failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BackendError {

@@ -67,6 +67,25 @@ struct Batch {
     ticket: Ticket,
 }
 
+/// The overload scenario: `routers` routers sharing 24,000 single-statement writes/s in front
+/// of a shard with 4 execution slots, 1 ms + 20 µs per statement per batch; `adaptive` false
+/// fixes every router's limit at `max_in_flight`.
+pub fn overload_config(routers: usize, adaptive: bool, duration: Duration) -> SimConfig {
+    let mut limiter = LimiterSettings::default();
+    if !adaptive {
+        limiter.min_in_flight = limiter.max_in_flight;
+    }
+    SimConfig {
+        routers,
+        rate_per_router: 24_000.0 / routers as f64,
+        capacity: 4,
+        per_batch: Duration::from_millis(1),
+        per_statement: Duration::from_micros(20),
+        duration,
+        limiter,
+    }
+}
+
 /// Runs one simulation.
 pub fn run(cfg: &SimConfig) -> SimResult {
     let start = Duration::from_secs(1_000_000);
@@ -217,21 +236,7 @@ mod tests {
     use super::*;
 
     fn config(routers: usize, adaptive: bool) -> SimConfig {
-        let mut limiter = LimiterSettings::default();
-        if !adaptive {
-            limiter.min_in_flight = limiter.max_in_flight;
-        }
-        SimConfig {
-            routers,
-            // 24,000 statements/s in total: above what single-statement batches can reach
-            // (4 / 1.02 ms ≈ 3,900/s), well below what full batches can (4 × 128 / 3.56 ms).
-            rate_per_router: 24_000.0 / routers as f64,
-            capacity: 4,
-            per_batch: Duration::from_millis(1),
-            per_statement: Duration::from_micros(20),
-            duration: Duration::from_secs(10),
-            limiter,
-        }
+        overload_config(routers, adaptive, Duration::from_secs(10))
     }
 
     #[test]

@@ -45,6 +45,23 @@ impl CommandError {
         }
     }
 
+    /// The error a shard's `{ok: 0}` reply stands for, naming the shard.
+    pub fn from_shard_reply(shard: &str, reply: &Document) -> Self {
+        CommandError::new(
+            ErrorCode(
+                reply
+                    .get_i32("code")
+                    .unwrap_or(ErrorCode::OperationFailed.0),
+            ),
+            format!(
+                "{} (shard {shard})",
+                reply
+                    .get_str("errmsg")
+                    .unwrap_or("the shard refused the command")
+            ),
+        )
+    }
+
     /// The reply document for this error.
     pub fn to_reply(&self) -> Document {
         let mut d = doc! {

@@ -121,20 +121,6 @@ fn check_db_name(db: &str) -> Result<(), CommandError> {
     Ok(())
 }
 
-fn shard_error(shard: &str, what: &str, reply: &Document) -> CommandError {
-    CommandError::new(
-        ErrorCode(
-            reply
-                .get_i32("code")
-                .unwrap_or(ErrorCode::OperationFailed.0),
-        ),
-        format!(
-            "{what} failed on {shard}: {}",
-            reply.get_str("errmsg").unwrap_or("unknown error")
-        ),
-    )
-}
-
 /// `shardCollection`: pre-splits an empty collection with MongoDB's layout and records it.
 pub async fn shard_collection(
     cluster: Option<&Arc<Cluster>>,
@@ -259,7 +245,7 @@ pub async fn shard_collection(
         if r.get_f64("ok").ok() != Some(1.0)
             && r.get_i32("code").ok() != Some(ErrorCode::NamespaceExists.0)
         {
-            return Err(shard_error(shard, "create", &r));
+            return Err(CommandError::from_shard_reply(shard, &r));
         }
         if pattern.to_document() != doc! {"_id": 1} {
             let r = cluster
@@ -267,7 +253,7 @@ pub async fn shard_collection(
                 .await
                 .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
             if r.get_f64("ok").ok() != Some(1.0) {
-                return Err(shard_error(shard, "createIndexes", &r));
+                return Err(CommandError::from_shard_reply(shard, &r));
             }
         }
     }
@@ -283,7 +269,7 @@ pub async fn shard_collection(
                 .await
                 .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
             if r.get_f64("ok").ok() != Some(1.0) {
-                return Err(shard_error(shard, "setting the shard version", &r));
+                return Err(CommandError::from_shard_reply(shard, &r));
             }
         }
     }

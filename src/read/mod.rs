@@ -59,20 +59,6 @@ fn engine_err(e: crate::embedded::EngineError) -> CommandError {
     CommandError::new(e.code, e.message)
 }
 
-fn shard_err(shard: &str, reply: &Document) -> CommandError {
-    CommandError::new(
-        ErrorCode(
-            reply
-                .get_i32("code")
-                .unwrap_or(ErrorCode::OperationFailed.0),
-        ),
-        format!(
-            "{} (shard {shard})",
-            reply.get_str("errmsg").unwrap_or("read failed")
-        ),
-    )
-}
-
 /// The shards a filter must be sent to.
 fn target_shards(snap: &RoutingSnapshot, filter: &Document) -> Vec<String> {
     match snap.pattern.extract_from_filter(filter) {
@@ -139,7 +125,7 @@ async fn fan_out(
                 )
             })?;
             if reply.get_f64("ok").ok() != Some(1.0) {
-                return Err((false, shard_err(&shard, &reply)));
+                return Err((false, CommandError::from_shard_reply(&shard, &reply)));
             }
             let cursor = reply.get_document("cursor").cloned().unwrap_or_default();
             let mut out: Vec<Document> = cursor
@@ -163,7 +149,7 @@ async fn fan_out(
                         )
                     })?;
                 if more.get_f64("ok").ok() != Some(1.0) {
-                    return Err((false, shard_err(&shard, &more)));
+                    return Err((false, CommandError::from_shard_reply(&shard, &more)));
                 }
                 let c = more.get_document("cursor").cloned().unwrap_or_default();
                 out.extend(
@@ -179,7 +165,7 @@ async fn fan_out(
     }
     let mut streams = Vec::new();
     let mut skipped = false;
-    for r in join_all(futures).await {
+    for r in crate::backend::join_all(futures).await {
         match r {
             Ok(docs) => streams.push(docs),
             Err((true, _)) if partial => skipped = true,
@@ -212,41 +198,16 @@ async fn on_each(
                     .await
                     .map_err(|e| CommandError::new(e.code(), format!("{e} (shard {shard})")))?;
                 if reply.get_f64("ok").ok() != Some(1.0) {
-                    return Err(shard_err(&shard, &reply));
+                    return Err(CommandError::from_shard_reply(&shard, &reply));
                 }
                 Ok(reply)
             }
         })
         .collect();
-    for r in join_all(futures).await {
+    for r in crate::backend::join_all(futures).await {
         out.push(r?);
     }
     Ok(out)
-}
-
-async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
-    let mut out = Vec::with_capacity(futures.len());
-    let mut pinned: Vec<_> = futures.into_iter().map(Box::pin).collect();
-    let mut done: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in pinned.iter_mut().enumerate() {
-            if done[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => done[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.extend(done.into_iter().flatten());
-    out
 }
 
 fn doc_field(body: &Document, field: &str, cmd: &str) -> Result<Document, CommandError> {

@@ -339,7 +339,11 @@ pub async fn run_write(
                             .run_shard(snap_ref, &w.shard, w.statements, child_ordered)
                             .await
                     });
-                    for child in join_all(futures).await.into_iter().flatten() {
+                    for child in crate::backend::join_all(futures)
+                        .await
+                        .into_iter()
+                        .flatten()
+                    {
                         stats.child_batches.fetch_add(1, Ordering::Relaxed);
                         merger.add(&child);
                     }
@@ -660,30 +664,6 @@ fn target_statement(
         WriteKind::Update => target::target_update(snap, &stmts.parsed[i]),
         WriteKind::Delete => target::target_delete(snap, &stmts.parsed[i]),
     }
-}
-
-/// Runs futures concurrently on the current task and returns their outputs in order.
-async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in pinned.iter_mut().enumerate() {
-            if outputs[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => outputs[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 /// Executes a write command on a sharded collection and returns the client's reply (without
