@@ -88,8 +88,14 @@ pub async fn route(
             d
         };
         match req.name.as_str() {
-            "getMore" => return cluster.cursors.get_more(req, client_id).map(ok),
-            "killCursors" => return Ok(ok(cluster.cursors.kill(req, client_id))),
+            "getMore" => {
+                return cluster
+                    .cursors
+                    .get_more(cluster, req, client_id)
+                    .await
+                    .map(ok)
+            }
+            "killCursors" => return Ok(ok(cluster.cursors.kill(cluster, req, client_id).await)),
             "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" => {
                 return broadcast_ddl(cluster, req, &snap).await;
             }

@@ -175,6 +175,11 @@ impl ShardService {
         lock(&self.counts).get(name).map(|c| c.total).unwrap_or(0)
     }
 
+    /// Cursors open on this shard.
+    pub fn open_cursors(&self) -> usize {
+        lock(&self.cursors).len()
+    }
+
     /// Documents currently in `db.coll`.
     pub fn count_documents(&self, db: &str, coll: &str) -> usize {
         lock(&self.catalog)

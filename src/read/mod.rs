@@ -4,7 +4,8 @@
 //! A filter that pins the shard key goes to the owning shards, any other to every shard owning
 //! chunks. `find` sends the sort, `limit + skip` and (when it keeps the sort fields) the
 //! projection to each shard, k-way merges the shards' sorted results in MongoDB's order and
-//! applies `skip` and `limit`; `allowPartialResults` skips a shard that cannot be reached.
+//! applies `skip` and `limit`, pulling from a shard cursor only when a `getMore` needs more;
+//! `allowPartialResults` skips a shard that cannot be reached.
 //! `aggregate` splits the pipeline at its first stage that needs all the data
 //! ([`merge::split_pipeline`]): the shard part runs on each shard, the router merges (sorted
 //! merge, `$group` re-grouping) and runs the rest. `count` and `distinct` are merged. Each
@@ -30,31 +31,6 @@ use crate::routing::{FilterKeys, RoutingSnapshot};
 /// Default first-batch size, as mongod and mongos.
 const DEFAULT_BATCH: usize = 101;
 
-/// A cursor the router serves from gathered results.
-#[derive(Debug)]
-struct RouterCursor {
-    ns: String,
-    remaining: VecDeque<Document>,
-    owner: i64,
-    last_used: std::time::Instant,
-}
-
-/// The router's open cursors on sharded collections.
-#[derive(Debug)]
-pub struct RouterCursors {
-    cursors: Mutex<HashMap<i64, RouterCursor>>,
-    idle_timeout: Mutex<std::time::Duration>,
-}
-
-impl Default for RouterCursors {
-    fn default() -> Self {
-        RouterCursors {
-            cursors: Mutex::new(HashMap::new()),
-            idle_timeout: Mutex::new(std::time::Duration::from_secs(600)),
-        }
-    }
-}
-
 fn engine_err(e: crate::embedded::EngineError) -> CommandError {
     CommandError::new(e.code, e.message)
 }
@@ -75,9 +51,17 @@ fn target_shards(snap: &RoutingSnapshot, filter: &Document) -> Vec<String> {
     }
 }
 
-/// Runs a cursor-returning command on each of `shards` at once and drains every cursor.
-/// With `partial`, a shard that cannot be reached is skipped (and reported in the flag).
-async fn fan_out(
+/// One shard's cursor as the router sees it: what it has buffered and whether more remains.
+#[derive(Debug)]
+struct ShardStream {
+    shard: String,
+    cursor_id: i64,
+    buffer: VecDeque<Document>,
+}
+
+/// Sends a cursor-returning command to each of `shards` at once and keeps each shard's first
+/// batch and cursor. With `partial`, a shard that cannot be reached is skipped (and reported).
+async fn open_streams(
     cluster: &Cluster,
     snap: &RoutingSnapshot,
     shards: Vec<String>,
@@ -85,7 +69,7 @@ async fn fan_out(
     coll: &str,
     command: &Document,
     partial: bool,
-) -> Result<(Vec<Vec<Document>>, bool), CommandError> {
+) -> Result<(Vec<ShardStream>, bool), CommandError> {
     let mut futures = Vec::new();
     for shard in shards {
         let mut cmd = command.clone();
@@ -128,51 +112,406 @@ async fn fan_out(
                 return Err((false, CommandError::from_shard_reply(&shard, &reply)));
             }
             let cursor = reply.get_document("cursor").cloned().unwrap_or_default();
-            let mut out: Vec<Document> = cursor
-                .get_array("firstBatch")
-                .into_iter()
-                .flatten()
-                .filter_map(|d| d.as_document().cloned())
-                .collect();
-            let mut id = cursor.get_i64("id").unwrap_or(0);
-            while id != 0 {
-                let more = cluster
-                    .run_on(
-                        &shard,
-                        &doc! {"getMore": id, "collection": coll, "batchSize": 10_000, "$db": db},
-                    )
-                    .await
-                    .map_err(|e| {
-                        (
-                            true,
-                            CommandError::new(e.code(), format!("{e} (shard {shard})")),
-                        )
-                    })?;
-                if more.get_f64("ok").ok() != Some(1.0) {
-                    return Err((false, CommandError::from_shard_reply(&shard, &more)));
-                }
-                let c = more.get_document("cursor").cloned().unwrap_or_default();
-                out.extend(
-                    c.get_array("nextBatch")
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|d| d.as_document().cloned()),
-                );
-                id = c.get_i64("id").unwrap_or(0);
-            }
-            Ok(out)
+            Ok(ShardStream {
+                buffer: cursor
+                    .get_array("firstBatch")
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|d| d.as_document().cloned())
+                    .collect(),
+                cursor_id: cursor.get_i64("id").unwrap_or(0),
+                shard,
+            })
         });
     }
     let mut streams = Vec::new();
     let mut skipped = false;
+    let mut failure = None;
     for r in crate::backend::join_all(futures).await {
         match r {
-            Ok(docs) => streams.push(docs),
+            Ok(s) => streams.push(s),
             Err((true, _)) if partial => skipped = true,
-            Err((_, e)) => return Err(e),
+            Err((_, e)) => failure = failure.or(Some(e)),
         }
     }
+    if let Some(e) = failure {
+        kill_streams(cluster, db, coll, &streams).await;
+        return Err(e);
+    }
     Ok((streams, skipped))
+}
+
+/// Fetches the next batch of a shard cursor into its buffer.
+async fn pull(
+    cluster: &Cluster,
+    db: &str,
+    coll: &str,
+    stream: &mut ShardStream,
+    batch: usize,
+) -> Result<(), CommandError> {
+    let more = cluster
+        .run_on(
+            &stream.shard,
+            &doc! {"getMore": stream.cursor_id, "collection": coll, "batchSize": batch.clamp(1, 100_000) as i64, "$db": db},
+        )
+        .await
+        .map_err(|e| CommandError::new(e.code(), format!("{e} (shard {})", stream.shard)))?;
+    if more.get_f64("ok").ok() != Some(1.0) {
+        stream.cursor_id = 0;
+        return Err(CommandError::from_shard_reply(&stream.shard, &more));
+    }
+    let c = more.get_document("cursor").cloned().unwrap_or_default();
+    stream.buffer.extend(
+        c.get_array("nextBatch")
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.as_document().cloned()),
+    );
+    stream.cursor_id = c.get_i64("id").unwrap_or(0);
+    Ok(())
+}
+
+/// Kills the shard cursors of streams that still have one.
+async fn kill_streams(cluster: &Cluster, db: &str, coll: &str, streams: &[ShardStream]) {
+    let futures = streams
+        .iter()
+        .filter(|s| s.cursor_id != 0)
+        .map(|s| async move {
+            let _ = cluster
+                .run_on(
+                    &s.shard,
+                    &doc! {"killCursors": coll, "cursors": [s.cursor_id], "$db": db},
+                )
+                .await;
+        });
+    crate::backend::join_all(futures).await;
+}
+
+/// Every document of each stream (aggregations whose router part needs all of them).
+async fn drain(
+    cluster: &Cluster,
+    db: &str,
+    coll: &str,
+    streams: Vec<ShardStream>,
+) -> Result<Vec<Vec<Document>>, CommandError> {
+    let futures = streams.into_iter().map(|mut s| async move {
+        while s.cursor_id != 0 {
+            pull(cluster, db, coll, &mut s, 10_000).await?;
+        }
+        Ok::<_, CommandError>(s.buffer.into_iter().collect::<Vec<_>>())
+    });
+    crate::backend::join_all(futures)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// A router cursor's merge over shard cursors, pulled as needed.
+#[derive(Debug)]
+struct Merge {
+    db: String,
+    coll: String,
+    streams: Vec<ShardStream>,
+    sort: SortSpec,
+    skip: usize,
+    limit: Option<usize>,
+    served: usize,
+    projection: Option<Projection>,
+}
+
+impl Merge {
+    /// Up to `n` more documents, in MongoDB's order when sorted; `true` once exhausted.
+    async fn next_batch(
+        &mut self,
+        cluster: &Cluster,
+        n: usize,
+    ) -> Result<(Vec<Document>, bool), CommandError> {
+        let mut out = Vec::new();
+        loop {
+            if self.limit.is_some_and(|l| self.served >= l) {
+                return Ok((out, true));
+            }
+            if out.len() >= n {
+                return Ok((out, false));
+            }
+            // Every stream that still has documents must show its head before one is chosen.
+            let want = n.saturating_sub(out.len()).max(1) + self.skip;
+            let (db, coll) = (self.db.clone(), self.coll.clone());
+            let refills = self
+                .streams
+                .iter_mut()
+                .filter(|s| s.buffer.is_empty() && s.cursor_id != 0)
+                .map(|s| pull(cluster, &db, &coll, s, want));
+            for r in crate::backend::join_all(refills).await {
+                r?;
+            }
+            self.streams
+                .retain(|s| !s.buffer.is_empty() || s.cursor_id != 0);
+            if self.streams.is_empty() {
+                return Ok((out, true));
+            }
+            let pick = if self.sort.is_empty() {
+                0
+            } else {
+                let mut best = 0;
+                for i in 1..self.streams.len() {
+                    if let (Some(a), Some(b)) = (
+                        self.streams[i].buffer.front(),
+                        self.streams[best].buffer.front(),
+                    ) {
+                        if self.sort.compare(a, b) == std::cmp::Ordering::Less {
+                            best = i;
+                        }
+                    }
+                }
+                best
+            };
+            let Some(doc) = self.streams[pick].buffer.pop_front() else {
+                continue;
+            };
+            if self.skip > 0 {
+                self.skip -= 1;
+                continue;
+            }
+            self.served += 1;
+            out.push(match &self.projection {
+                Some(p) => p.apply(&doc),
+                None => doc,
+            });
+        }
+    }
+}
+
+/// Where a router cursor's documents come from.
+#[derive(Debug)]
+enum Source {
+    /// Results computed at the router (aggregations with a router part).
+    Buffered(VecDeque<Document>),
+    /// Shard cursors merged as the client asks for more.
+    Streams(Box<Merge>),
+}
+
+/// A cursor the router serves.
+#[derive(Debug)]
+struct RouterCursor {
+    ns: String,
+    source: Source,
+    owner: i64,
+    last_used: std::time::Instant,
+}
+
+/// The router's open cursors on sharded collections.
+#[derive(Debug)]
+pub struct RouterCursors {
+    cursors: Mutex<HashMap<i64, RouterCursor>>,
+    idle_timeout: Mutex<std::time::Duration>,
+}
+
+impl Default for RouterCursors {
+    fn default() -> Self {
+        RouterCursors {
+            cursors: Mutex::new(HashMap::new()),
+            idle_timeout: Mutex::new(std::time::Duration::from_secs(600)),
+        }
+    }
+}
+
+fn new_cursor_id(taken: &HashMap<i64, RouterCursor>) -> i64 {
+    loop {
+        let id = (bson::oid::ObjectId::new()
+            .bytes()
+            .iter()
+            .fold(0u64, |a, b| a.wrapping_mul(131).wrapping_add(*b as u64))
+            >> 2) as i64
+            ^ (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos() as i64)
+                .unwrap_or(7));
+        if id > 0 && !taken.contains_key(&id) {
+            return id;
+        }
+    }
+}
+
+impl RouterCursors {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, RouterCursor>> {
+        self.cursors.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes how long an unused cursor lives (10 minutes by default).
+    pub fn set_idle_timeout(&self, t: std::time::Duration) {
+        *self.idle_timeout.lock().unwrap_or_else(|p| p.into_inner()) = t;
+    }
+
+    /// Open cursors.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no cursor is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops cursors unused for longer than the idle timeout and kills their shard cursors.
+    pub async fn reap(&self, cluster: &Cluster) {
+        let timeout = *self.idle_timeout.lock().unwrap_or_else(|p| p.into_inner());
+        let expired: Vec<RouterCursor> = {
+            let mut cursors = self.lock();
+            let ids: Vec<i64> = cursors
+                .iter()
+                .filter(|(_, c)| c.last_used.elapsed() >= timeout)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| cursors.remove(&id))
+                .collect()
+        };
+        for c in expired {
+            if let Source::Streams(m) = c.source {
+                kill_streams(cluster, &m.db, &m.coll, &m.streams).await;
+            }
+        }
+    }
+
+    /// Serves the first batch of `source` and keeps the rest as a cursor unless `single`.
+    async fn open(
+        &self,
+        cluster: &Cluster,
+        ns: String,
+        mut source: Source,
+        batch: usize,
+        single: bool,
+        owner: i64,
+    ) -> Result<Document, CommandError> {
+        let (first, exhausted) = match &mut source {
+            Source::Buffered(docs) => {
+                let take = batch.min(docs.len());
+                let first: Vec<Document> = docs.drain(..take).collect();
+                let done = docs.is_empty();
+                (first, done)
+            }
+            Source::Streams(m) => m.next_batch(cluster, batch).await?,
+        };
+        let first: Vec<Bson> = first.into_iter().map(Bson::Document).collect();
+        let id = if exhausted || single {
+            if let Source::Streams(m) = &source {
+                kill_streams(cluster, &m.db, &m.coll, &m.streams).await;
+            }
+            0i64
+        } else {
+            let mut cursors = self.lock();
+            let id = new_cursor_id(&cursors);
+            cursors.insert(
+                id,
+                RouterCursor {
+                    ns: ns.clone(),
+                    source,
+                    owner,
+                    last_used: std::time::Instant::now(),
+                },
+            );
+            id
+        };
+        Ok(doc! {"cursor": {"firstBatch": first, "id": id, "ns": ns}})
+    }
+
+    /// `getMore` on a router cursor; a cursor belongs to the connection that opened it.
+    pub async fn get_more(
+        &self,
+        cluster: &Cluster,
+        req: &CommandRequest,
+        owner: i64,
+    ) -> Result<Document, CommandError> {
+        let body = req.body_document();
+        let Some(Bson::Int64(id)) = body.get("getMore").cloned() else {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                "BSON field 'getMore.getMore' is the wrong type, expected type 'long'",
+            ));
+        };
+        let ns = format!("{}.{}", req.db, body.get_str("collection").unwrap_or(""));
+        let batch = number_field(&body, "batchSize")
+            .filter(|b| *b > 0)
+            .map(|b| b as usize)
+            .unwrap_or(usize::MAX);
+        self.reap(cluster).await;
+        let mut cursor = {
+            let mut cursors = self.lock();
+            match cursors.get(&id) {
+                Some(c) if c.owner == owner => {
+                    if c.ns != ns {
+                        return Err(CommandError::new(
+                            ErrorCode::Unauthorized,
+                            format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", c.ns),
+                        ));
+                    }
+                }
+                _ => {
+                    return Err(CommandError::new(
+                        ErrorCode::CursorNotFound,
+                        format!("cursor id {id} not found"),
+                    ));
+                }
+            }
+            match cursors.remove(&id) {
+                Some(c) => c,
+                None => {
+                    return Err(CommandError::new(
+                        ErrorCode::CursorNotFound,
+                        format!("cursor id {id} not found"),
+                    ))
+                }
+            }
+        };
+        let (next, exhausted) = match &mut cursor.source {
+            Source::Buffered(docs) => {
+                let take = batch.min(docs.len());
+                let next: Vec<Document> = docs.drain(..take).collect();
+                let done = docs.is_empty();
+                (next, done)
+            }
+            Source::Streams(m) => m.next_batch(cluster, batch.min(100_000)).await?,
+        };
+        let next_id = if exhausted {
+            0
+        } else {
+            cursor.last_used = std::time::Instant::now();
+            self.lock().insert(id, cursor);
+            id
+        };
+        let next: Vec<Bson> = next.into_iter().map(Bson::Document).collect();
+        Ok(doc! {"cursor": {"nextBatch": next, "id": next_id, "ns": ns}})
+    }
+
+    /// `killCursors` on router cursors (their shard cursors are killed too).
+    pub async fn kill(&self, cluster: &Cluster, req: &CommandRequest, owner: i64) -> Document {
+        let body = req.body_document();
+        let mut killed = Vec::new();
+        let mut not_found = Vec::new();
+        let mut gone = Vec::new();
+        {
+            let mut cursors = self.lock();
+            for id in body.get_array("cursors").into_iter().flatten() {
+                if let Bson::Int64(id) = id {
+                    if cursors.get(id).is_some_and(|c| c.owner == owner) {
+                        if let Some(c) = cursors.remove(id) {
+                            gone.push(c);
+                        }
+                        killed.push(*id);
+                    } else {
+                        not_found.push(*id);
+                    }
+                }
+            }
+        }
+        for c in gone {
+            if let Source::Streams(m) = c.source {
+                kill_streams(cluster, &m.db, &m.coll, &m.streams).await;
+            }
+        }
+        doc! {"cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [], "cursorsUnknown": []}
+    }
 }
 
 /// Runs a plain command (`count`, `distinct`) on each targeted shard.
@@ -221,131 +560,6 @@ fn doc_field(body: &Document, field: &str, cmd: &str) -> Result<Document, Comman
     }
 }
 
-impl RouterCursors {
-    /// Changes how long an unused cursor lives (10 minutes by default).
-    pub fn set_idle_timeout(&self, t: std::time::Duration) {
-        *self.idle_timeout.lock().unwrap_or_else(|p| p.into_inner()) = t;
-    }
-
-    /// Open cursors.
-    pub fn len(&self) -> usize {
-        self.cursors.lock().map(|c| c.len()).unwrap_or(0)
-    }
-
-    /// Whether no cursor is open.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Drops cursors unused for longer than the idle timeout.
-    pub fn reap(&self) {
-        let timeout = *self.idle_timeout.lock().unwrap_or_else(|p| p.into_inner());
-        let mut cursors = self.cursors.lock().unwrap_or_else(|p| p.into_inner());
-        cursors.retain(|_, c| c.last_used.elapsed() < timeout);
-    }
-
-    fn open(
-        &self,
-        ns: String,
-        docs: Vec<Document>,
-        batch: usize,
-        single: bool,
-        owner: i64,
-        first_field: &str,
-    ) -> Document {
-        let mut remaining: VecDeque<Document> = docs.into();
-        let take = batch.min(remaining.len());
-        let first: Vec<Bson> = remaining.drain(..take).map(Bson::Document).collect();
-        let id = if remaining.is_empty() || single {
-            0i64
-        } else {
-            let mut cursors = self.cursors.lock().unwrap_or_else(|p| p.into_inner());
-            let mut id;
-            loop {
-                id = (bson::oid::ObjectId::new()
-                    .bytes()
-                    .iter()
-                    .fold(0u64, |a, b| a.wrapping_mul(131).wrapping_add(*b as u64))
-                    >> 2) as i64
-                    ^ (std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.subsec_nanos() as i64)
-                        .unwrap_or(7));
-                if id > 0 && !cursors.contains_key(&id) {
-                    break;
-                }
-            }
-            cursors.insert(
-                id,
-                RouterCursor {
-                    ns: ns.clone(),
-                    remaining,
-                    owner,
-                    last_used: std::time::Instant::now(),
-                },
-            );
-            id
-        };
-        doc! {"cursor": {first_field: first, "id": id, "ns": ns}}
-    }
-
-    /// `getMore` on a router cursor; a cursor belongs to the connection that opened it.
-    pub fn get_more(&self, req: &CommandRequest, owner: i64) -> Result<Document, CommandError> {
-        let body = req.body_document();
-        let Some(Bson::Int64(id)) = body.get("getMore").cloned() else {
-            return Err(CommandError::new(
-                ErrorCode::TypeMismatch,
-                "BSON field 'getMore.getMore' is the wrong type, expected type 'long'",
-            ));
-        };
-        let ns = format!("{}.{}", req.db, body.get_str("collection").unwrap_or(""));
-        let batch = number_field(&body, "batchSize")
-            .filter(|b| *b > 0)
-            .map(|b| b as usize)
-            .unwrap_or(usize::MAX);
-        self.reap();
-        let mut cursors = self.cursors.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(c) = cursors.get_mut(&id).filter(|c| c.owner == owner) else {
-            return Err(CommandError::new(
-                ErrorCode::CursorNotFound,
-                format!("cursor id {id} not found"),
-            ));
-        };
-        if c.ns != ns {
-            return Err(CommandError::new(ErrorCode::Unauthorized, format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", c.ns)));
-        }
-        let take = batch.min(c.remaining.len());
-        let next: Vec<Bson> = c.remaining.drain(..take).map(Bson::Document).collect();
-        c.last_used = std::time::Instant::now();
-        let next_id = if c.remaining.is_empty() {
-            cursors.remove(&id);
-            0
-        } else {
-            id
-        };
-        Ok(doc! {"cursor": {"nextBatch": next, "id": next_id, "ns": ns}})
-    }
-
-    /// `killCursors` on router cursors.
-    pub fn kill(&self, req: &CommandRequest, owner: i64) -> Document {
-        let body = req.body_document();
-        let mut killed = Vec::new();
-        let mut not_found = Vec::new();
-        let mut cursors = self.cursors.lock().unwrap_or_else(|p| p.into_inner());
-        for id in body.get_array("cursors").into_iter().flatten() {
-            if let Bson::Int64(id) = id {
-                if cursors.get(id).is_some_and(|c| c.owner == owner) {
-                    cursors.remove(id);
-                    killed.push(*id);
-                } else {
-                    not_found.push(*id);
-                }
-            }
-        }
-        doc! {"cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [], "cursorsUnknown": []}
-    }
-}
-
 /// Serves a read on a sharded collection; `None` if the command is not a read the router
 /// handles.
 pub async fn read(
@@ -358,7 +572,7 @@ pub async fn read(
     let coll = body.get_str(&req.name).unwrap_or("").to_string();
     let db = req.db.clone();
     let ns = format!("{db}.{coll}");
-    cluster.cursors.reap();
+    cluster.cursors.reap(cluster).await;
     Some(match req.name.as_str() {
         "find" => async {
             let filter = doc_field(&body, "filter", "find")?;
@@ -384,7 +598,11 @@ pub async fn read(
                     let p = Projection::parse(&projection_doc).ok().flatten();
                     p.is_some_and(|p| p.apply(&doc! {k.clone(): 1}).contains_key(k.as_str()))
                 });
-            let mut shard_cmd = doc! {"find": &coll, "filter": filter.clone(), "batchSize": 10_000};
+            let batch = number_field(&body, "batchSize").map(|b| b.max(0) as usize).unwrap_or(DEFAULT_BATCH);
+            let first = if single { limit.unwrap_or(usize::MAX) } else { batch };
+            // Each shard's first batch covers what the router's first batch may need.
+            let shard_batch = (first.min(100_000) + skip).clamp(1, 100_000) as i64;
+            let mut shard_cmd = doc! {"find": &coll, "filter": filter.clone(), "batchSize": shard_batch};
             if !sort_doc.is_empty() {
                 shard_cmd.insert("sort", sort_doc.clone());
             }
@@ -399,19 +617,21 @@ pub async fn read(
                     shard_cmd.insert(k, v.clone());
                 }
             }
-            let (streams, skipped) = fan_out(cluster, snap, target_shards(snap, &filter), &db, &coll, &shard_cmd, partial).await?;
-            let merged = if sort.is_empty() { streams.into_iter().flatten().collect() } else { merge::k_way_merge(&sort, streams) };
-            let docs: Vec<Document> = merged
-                .into_iter()
-                .skip(skip)
-                .take(limit.unwrap_or(usize::MAX))
-                .map(|d| match (&projection, push_projection) {
-                    (Some(p), false) => p.apply(&d),
-                    _ => d,
-                })
-                .collect();
-            let batch = number_field(&body, "batchSize").map(|b| b.max(0) as usize).unwrap_or(DEFAULT_BATCH);
-            let mut reply = cluster.cursors.open(ns.clone(), docs, if single { usize::MAX } else { batch }, single, owner, "firstBatch");
+            let (streams, skipped) = open_streams(cluster, snap, target_shards(snap, &filter), &db, &coll, &shard_cmd, partial).await?;
+            let merge = Merge {
+                db: db.clone(),
+                coll: coll.clone(),
+                streams,
+                sort,
+                skip,
+                limit,
+                served: 0,
+                projection: if push_projection { None } else { projection },
+            };
+            let mut reply = cluster
+                .cursors
+                .open(cluster, ns.clone(), Source::Streams(Box::new(merge)), first, single, owner)
+                .await?;
             if skipped {
                 if let Ok(c) = reply.get_document_mut("cursor") {
                     c.insert("partialResultsReturned", true);
@@ -435,7 +655,8 @@ pub async fn read(
                 .cloned()
                 .unwrap_or_default();
             let shard_cmd = doc! {"aggregate": &coll, "pipeline": split.shard_part.clone(), "cursor": {"batchSize": 10_000}};
-            let (streams, _) = fan_out(cluster, snap, target_shards(snap, &filter), &db, &coll, &shard_cmd, false).await?;
+            let (streams, _) = open_streams(cluster, snap, target_shards(snap, &filter), &db, &coll, &shard_cmd, false).await?;
+            let streams = drain(cluster, &db, &coll, streams).await?;
             let merged = match &split.merge_sort {
                 Some(sort) => merge::k_way_merge(&SortSpec::parse(sort).map_err(engine_err)?, streams),
                 None => streams.into_iter().flatten().collect(),
@@ -447,7 +668,10 @@ pub async fn read(
                 .and_then(|c| number_field(c, "batchSize"))
                 .map(|b| b.max(0) as usize)
                 .unwrap_or(DEFAULT_BATCH);
-            Ok(cluster.cursors.open(ns.clone(), out, batch, false, owner, "firstBatch"))
+            cluster
+                .cursors
+                .open(cluster, ns.clone(), Source::Buffered(out.into()), batch, false, owner)
+                .await
         }
         .await,
         "count" => async {
