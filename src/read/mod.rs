@@ -4,13 +4,14 @@
 //! A filter that pins the shard key goes to the owning shards, any other to every shard owning
 //! chunks. `find` sends the sort, `limit + skip` and (when it keeps the sort fields) the
 //! projection to each shard, k-way merges the shards' sorted results in MongoDB's order and
-//! applies `skip` and `limit`, pulling from a shard cursor only when a `getMore` needs more;
-//! `allowPartialResults` skips a shard that cannot be reached.
+//! applies `skip` and `limit`, pulling a shard cursor's next batch only when a `getMore` needs
+//! it, so memory is bounded by one batch per shard; `allowPartialResults` skips a shard that
+//! cannot be reached.
 //! `aggregate` splits the pipeline at its first stage that needs all the data
-//! ([`merge::split_pipeline`]): the shard part runs on each shard, the router merges (sorted
-//! merge, `$group` re-grouping) and runs the rest. `count` and `distinct` are merged. Each
-//! shard's part is drained into memory before merging, so a result is bounded by what the
-//! router can hold; results are served through router cursors, reaped after 10 idle minutes.
+//! ([`merge::split_pipeline`]): the shard part runs on each shard, the router gathers the shard
+//! parts into memory, merges them (sorted merge, `$group` re-grouping) and runs the rest, so an
+//! aggregation's result is bounded by what the router can hold. `count` and `distinct` are merged. Results are served
+//! through router cursors, reaped after 10 idle minutes together with their shard cursors.
 
 pub mod merge;
 
