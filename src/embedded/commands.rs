@@ -152,6 +152,113 @@ fn stale_write_reply(e: EngineError, with_modified: bool) -> Document {
     d
 }
 
+/// The parts every write command starts from.
+struct WriteBatch {
+    coll: String,
+    ns: String,
+    stmts: Vec<Document>,
+    ordered: bool,
+}
+
+/// Reads a write command's collection, statements and `ordered`, and checks its shard version:
+/// `Err(reply)` is the stale-config reply to send instead of running anything.
+fn write_batch(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+    field: &str,
+) -> Result<Result<WriteBatch, Document>, EngineError> {
+    let coll = collection_name(req, body)?;
+    let stmts = statements(req, body, field)?;
+    let ns = format!("{}.{coll}", req.db);
+    if let Err(e) = svc.check_version(&ns, body) {
+        return Ok(Err(stale_write_reply(e, field == "updates")));
+    }
+    Ok(Ok(WriteBatch {
+        coll,
+        ns,
+        stmts,
+        ordered: ordered(body),
+    }))
+}
+
+/// The filter `q` of an update or delete statement (`cmd.field` names it in errors).
+fn statement_filter<'a>(stmt: &'a Document, path: &str) -> Result<&'a Document, EngineError> {
+    match stmt.get("q") {
+        Some(Bson::Document(q)) => Ok(q),
+        Some(_) => Err(err(
+            ErrorCode::TypeMismatch,
+            format!("BSON field '{path}.q' is the wrong type, expected type 'object'"),
+        )),
+        None => Err(err(
+            ErrorCode(40414),
+            format!("BSON field '{path}.q' is missing but a required field"),
+        )),
+    }
+}
+
+/// What the statements of a write batch did.
+#[derive(Default)]
+struct BatchOutcome {
+    /// Each statement that applied, now or in an earlier attempt, by index.
+    applied: Vec<(usize, StmtOutcome)>,
+    /// The write errors, by index.
+    errors: Vec<Bson>,
+    /// The statement ids a retry found already applied.
+    retried: Vec<i32>,
+}
+
+impl BatchOutcome {
+    /// Completes a reply holding the counts with `writeErrors` and `retriedStmtIds`.
+    fn finish(self, mut reply: Document) -> Document {
+        if !self.errors.is_empty() {
+            reply.insert("writeErrors", self.errors);
+        }
+        if !self.retried.is_empty() {
+            reply.insert("retriedStmtIds", self.retried);
+        }
+        reply
+    }
+}
+
+/// Runs `count` statements in order as mongod does: a statement a retryable write already
+/// applied is not run again and its recorded outcome counts; each new outcome is recorded;
+/// the first error stops an ordered batch.
+fn run_statements(
+    svc: &ShardService,
+    retry: Option<&RetryCtx>,
+    count: usize,
+    ordered: bool,
+    mut exec: impl FnMut(usize) -> Result<StmtOutcome, EngineError>,
+) -> BatchOutcome {
+    let mut out = BatchOutcome::default();
+    for i in 0..count {
+        if let Some(ctx) = retry {
+            let sid = ctx.stmt_id(i);
+            if let Some(done) = svc.recorded(ctx, sid) {
+                out.retried.push(sid);
+                out.applied.push((i, done));
+                continue;
+            }
+        }
+        match exec(i) {
+            Ok(done) => {
+                if let Some(ctx) = retry {
+                    svc.record(ctx, ctx.stmt_id(i), done.clone());
+                }
+                out.applied.push((i, done));
+            }
+            Err(e) => {
+                out.errors.push(Bson::Document(e.write_error(i)));
+                if ordered {
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Puts `_id` first, generating an ObjectId when missing, as mongod stores documents.
 fn prepare_insert(mut d: Document) -> Result<Document, EngineError> {
     let id = match d.remove("_id") {
@@ -197,53 +304,27 @@ fn insert(
     body: &Document,
     retry: Option<&RetryCtx>,
 ) -> Result<Document, EngineError> {
-    let coll = collection_name(req, body)?;
-    let docs = statements(req, body, "documents")?;
-    let ns = format!("{}.{coll}", req.db);
-    if let Err(e) = svc.check_version(&ns, body) {
-        return Ok(stale_write_reply(e, false));
-    }
-    let ordered = ordered(body);
-    let mut n = 0i32;
-    let mut errors = Vec::new();
-    let mut retried = Vec::new();
+    let batch = match write_batch(svc, req, body, "documents")? {
+        Ok(batch) => batch,
+        Err(stale) => return Ok(stale),
+    };
+    let WriteBatch {
+        coll,
+        ns,
+        stmts: mut docs,
+        ordered,
+    } = batch;
     let mut cat = lock(&svc.catalog);
     let (c, _) = cat.collection_mut(&req.db, &coll);
-    for (i, d) in docs.into_iter().enumerate() {
-        if let Some(ctx) = retry {
-            let sid = ctx.stmt_id(i);
-            if svc.recorded(ctx, sid).is_some() {
-                n += 1;
-                retried.push(sid);
-                continue;
-            }
-        }
-        let result = prepare_insert(d).and_then(|d| c.insert(&ns, d));
-        match result {
-            Ok(_) => {
-                n += 1;
-                if let Some(ctx) = retry {
-                    svc.record(ctx, ctx.stmt_id(i), StmtOutcome::Inserted);
-                }
-            }
-            Err(e) => {
-                errors.push(Bson::Document(e.write_error(i)));
-                if ordered {
-                    break;
-                }
-            }
-        }
-    }
+    let out = run_statements(svc, retry, docs.len(), ordered, |i| {
+        prepare_insert(std::mem::take(&mut docs[i]))
+            .and_then(|d| c.insert(&ns, d))
+            .map(|_| StmtOutcome::Inserted)
+    });
     drop(cat);
+    let n = out.applied.len() as i32;
     svc.bump_opcounter("insert", n as i64);
-    let mut reply = doc! {"n": n};
-    if !errors.is_empty() {
-        reply.insert("writeErrors", errors);
-    }
-    if !retried.is_empty() {
-        reply.insert("retriedStmtIds", retried);
-    }
-    Ok(reply)
+    Ok(out.finish(doc! {"n": n}))
 }
 
 /// The document an upsert inserts: the filter's equality fields, then the update applied.
@@ -277,29 +358,14 @@ fn update(
     body: &Document,
     retry: Option<&RetryCtx>,
 ) -> Result<Document, EngineError> {
-    let coll = collection_name(req, body)?;
-    let stmts = statements(req, body, "updates")?;
-    let ns = format!("{}.{coll}", req.db);
-    if let Err(e) = svc.check_version(&ns, body) {
-        return Ok(stale_write_reply(e, true));
-    }
-    let ordered = ordered(body);
-    for stmt in &stmts {
-        match stmt.get("q") {
-            Some(Bson::Document(_)) => {}
-            Some(_) => {
-                return Err(err(
-                    ErrorCode::TypeMismatch,
-                    "BSON field 'update.updates.q' is the wrong type, expected type 'object'",
-                ))
-            }
-            None => {
-                return Err(err(
-                    ErrorCode(40414),
-                    "BSON field 'update.updates.q' is missing but a required field",
-                ))
-            }
-        }
+    let batch = match write_batch(svc, req, body, "updates")? {
+        Ok(batch) => batch,
+        Err(stale) => return Ok(stale),
+    };
+    // Statement shapes are checked before anything runs: a malformed statement fails the
+    // whole command, as mongod's parser does.
+    for stmt in &batch.stmts {
+        statement_filter(stmt, "update.updates")?;
         if stmt.get("u").is_none() {
             return Err(err(
                 ErrorCode(40414),
@@ -307,68 +373,33 @@ fn update(
             ));
         }
     }
+    let mut cat = lock(&svc.catalog);
+    let out = run_statements(svc, retry, batch.stmts.len(), batch.ordered, |i| {
+        update_one_statement(&mut cat, &req.db, &batch.coll, &batch.ns, &batch.stmts[i])
+    });
+    drop(cat);
+    svc.bump_opcounter("update", batch.stmts.len() as i64);
     let (mut n, mut modified) = (0i64, 0i64);
     let mut upserted = Vec::new();
-    let mut errors = Vec::new();
-    let mut retried = Vec::new();
-    let mut cat = lock(&svc.catalog);
-    for (i, stmt) in stmts.iter().enumerate() {
-        if let Some(ctx) = retry {
-            let sid = ctx.stmt_id(i);
-            if let Some(StmtOutcome::Updated {
-                n: sn,
-                modified: sm,
-                upserted: su,
-            }) = svc.recorded(ctx, sid)
-            {
-                n += sn;
-                modified += sm;
-                if let Some(id) = su {
-                    upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id}));
-                }
-                retried.push(sid);
-                continue;
-            }
-        }
-        match update_one_statement(&mut cat, &req.db, &coll, &ns, stmt) {
-            Ok(out) => {
-                if let StmtOutcome::Updated {
-                    n: sn,
-                    modified: sm,
-                    upserted: su,
-                } = &out
-                {
-                    n += sn;
-                    modified += sm;
-                    if let Some(id) = su {
-                        upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id.clone()}));
-                    }
-                }
-                if let Some(ctx) = retry {
-                    svc.record(ctx, ctx.stmt_id(i), out);
-                }
-            }
-            Err(e) => {
-                errors.push(Bson::Document(e.write_error(i)));
-                if ordered {
-                    break;
-                }
+    for (i, done) in &out.applied {
+        if let StmtOutcome::Updated {
+            n: sn,
+            modified: sm,
+            upserted: su,
+        } = done
+        {
+            n += sn;
+            modified += sm;
+            if let Some(id) = su {
+                upserted.push(Bson::Document(doc! {"index": *i as i32, "_id": id.clone()}));
             }
         }
     }
-    drop(cat);
-    svc.bump_opcounter("update", stmts.len() as i64);
     let mut reply = doc! {"n": count_value(n), "nModified": count_value(modified)};
     if !upserted.is_empty() {
         reply.insert("upserted", upserted);
     }
-    if !errors.is_empty() {
-        reply.insert("writeErrors", errors);
-    }
-    if !retried.is_empty() {
-        reply.insert("retriedStmtIds", retried);
-    }
-    Ok(reply)
+    Ok(out.finish(reply))
 }
 
 fn count_value(n: i64) -> Bson {
@@ -382,21 +413,7 @@ fn update_one_statement(
     ns: &str,
     stmt: &Document,
 ) -> Result<StmtOutcome, EngineError> {
-    let q = match stmt.get("q") {
-        Some(Bson::Document(q)) => q.clone(),
-        Some(_) => {
-            return Err(err(
-                ErrorCode::TypeMismatch,
-                "BSON field 'update.updates.q' is the wrong type, expected type 'object'",
-            ))
-        }
-        None => {
-            return Err(err(
-                ErrorCode(40414),
-                "BSON field 'update.updates.q' is missing but a required field",
-            ))
-        }
-    };
+    let q = statement_filter(stmt, "update.updates")?.clone();
     let Some(u) = stmt.get("u") else {
         return Err(err(
             ErrorCode(40414),
@@ -479,32 +496,17 @@ fn delete(
     body: &Document,
     retry: Option<&RetryCtx>,
 ) -> Result<Document, EngineError> {
-    let coll = collection_name(req, body)?;
-    let stmts = statements(req, body, "deletes")?;
-    let ns = format!("{}.{coll}", req.db);
-    if let Err(e) = svc.check_version(&ns, body) {
-        return Ok(stale_write_reply(e, false));
-    }
-    let ordered = ordered(body);
+    let batch = match write_batch(svc, req, body, "deletes")? {
+        Ok(batch) => batch,
+        Err(stale) => return Ok(stale),
+    };
     // Statement shapes are checked before anything runs: a malformed statement fails the
     // whole command, as mongod's parser does.
-    let parsed: Vec<(Document, i64)> = stmts
+    let parsed: Vec<(&Document, i64)> = batch
+        .stmts
         .iter()
         .map(|stmt| {
-            let q =
-                match stmt.get("q") {
-                    Some(Bson::Document(q)) => q.clone(),
-                    Some(_) => return Err(err(
-                        ErrorCode::TypeMismatch,
-                        "BSON field 'delete.deletes.q' is the wrong type, expected type 'object'",
-                    )),
-                    None => {
-                        return Err(err(
-                            ErrorCode(40414),
-                            "BSON field 'delete.deletes.q' is missing but a required field",
-                        ))
-                    }
-                };
+            let q = statement_filter(stmt, "delete.deletes")?;
             let limit = match stmt.get("limit").and_then(|v| match v {
                 Bson::Int32(i) => Some(*i as i64),
                 Bson::Int64(i) => Some(*i),
@@ -528,60 +530,34 @@ fn delete(
             Ok((q, limit))
         })
         .collect::<Result<_, _>>()?;
-    let mut n = 0i64;
-    let mut errors = Vec::new();
-    let mut retried = Vec::new();
     let mut cat = lock(&svc.catalog);
-    for (i, _) in stmts.iter().enumerate() {
-        if let Some(ctx) = retry {
-            let sid = ctx.stmt_id(i);
-            if let Some(StmtOutcome::Deleted { n: sn }) = svc.recorded(ctx, sid) {
-                n += sn;
-                retried.push(sid);
-                continue;
-            }
+    let out = run_statements(svc, retry, parsed.len(), batch.ordered, |i| {
+        let (q, limit) = parsed[i];
+        let matcher = Matcher::parse(q)?;
+        let Some(c) = cat.existing_mut(&req.db, &batch.coll) else {
+            return Ok(StmtOutcome::Deleted { n: 0 });
+        };
+        let mut rids = c.find(q, &matcher);
+        if limit == 1 {
+            rids.truncate(1);
         }
-        let result: Result<i64, EngineError> = (|| {
-            let (q, limit) = &parsed[i];
-            let matcher = Matcher::parse(q)?;
-            let Some(c) = cat.existing_mut(&req.db, &coll) else {
-                return Ok(0);
-            };
-            let mut rids = c.find(q, &matcher);
-            if *limit == 1 {
-                rids.truncate(1);
-            }
-            let removed = rids
-                .into_iter()
-                .filter(|rid| c.remove(*rid).is_some())
-                .count();
-            Ok(removed as i64)
-        })();
-        match result {
-            Ok(removed) => {
-                n += removed;
-                if let Some(ctx) = retry {
-                    svc.record(ctx, ctx.stmt_id(i), StmtOutcome::Deleted { n: removed });
-                }
-            }
-            Err(e) => {
-                errors.push(Bson::Document(e.write_error(i)));
-                if ordered {
-                    break;
-                }
-            }
-        }
-    }
+        let removed = rids
+            .into_iter()
+            .filter(|rid| c.remove(*rid).is_some())
+            .count();
+        Ok(StmtOutcome::Deleted { n: removed as i64 })
+    });
     drop(cat);
-    svc.bump_opcounter("delete", stmts.len() as i64);
-    let mut reply = doc! {"n": count_value(n)};
-    if !errors.is_empty() {
-        reply.insert("writeErrors", errors);
-    }
-    if !retried.is_empty() {
-        reply.insert("retriedStmtIds", retried);
-    }
-    Ok(reply)
+    svc.bump_opcounter("delete", parsed.len() as i64);
+    let n: i64 = out
+        .applied
+        .iter()
+        .map(|(_, done)| match done {
+            StmtOutcome::Deleted { n } => *n,
+            _ => 0,
+        })
+        .sum();
+    Ok(out.finish(doc! {"n": count_value(n)}))
 }
 
 fn find_and_modify(
