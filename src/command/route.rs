@@ -232,14 +232,13 @@ async fn explain(
     }))
 }
 
-/// `listDatabases`: every shard's list, merged by name (sizes summed).
-async fn list_databases(
+/// Sends `req` to every shard in turn: `Ok` with each shard's reply when all succeeded, `Err(reply)` with the
+/// first failed reply, which is passed to the client as mongos does.
+async fn on_every_shard(
     cluster: &Arc<Cluster>,
     req: &CommandRequest,
-) -> Result<Document, CommandError> {
-    let mut by_name: std::collections::BTreeMap<String, (i64, bool)> =
-        std::collections::BTreeMap::new();
-    let name_only = req.body.raw().get_bool("nameOnly").unwrap_or(false);
+) -> Result<Result<Vec<(String, Document)>, Document>, CommandError> {
+    let mut replies = Vec::new();
     for shard in cluster
         .shards()
         .iter()
@@ -248,8 +247,26 @@ async fn list_databases(
     {
         let reply = forward(cluster, &shard, req, None).await?;
         if reply.get_f64("ok").ok() != Some(1.0) {
-            return Ok(reply);
+            return Ok(Err(reply));
         }
+        replies.push((shard, reply));
+    }
+    Ok(Ok(replies))
+}
+
+/// `listDatabases`: every shard's list, merged by name (sizes summed).
+async fn list_databases(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    let mut by_name: std::collections::BTreeMap<String, (i64, bool)> =
+        std::collections::BTreeMap::new();
+    let name_only = req.body.raw().get_bool("nameOnly").unwrap_or(false);
+    let replies = match on_every_shard(cluster, req).await? {
+        Ok(replies) => replies,
+        Err(failed) => return Ok(failed),
+    };
+    for (_, reply) in &replies {
         for d in reply
             .get_array("databases")
             .into_iter()
@@ -289,16 +306,8 @@ async fn drop_database(
     cluster: &Arc<Cluster>,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
-    for shard in cluster
-        .shards()
-        .iter()
-        .map(|s| s.id.clone())
-        .collect::<Vec<_>>()
-    {
-        let reply = forward(cluster, &shard, req, None).await?;
-        if reply.get_f64("ok").ok() != Some(1.0) {
-            return Ok(reply);
-        }
+    if let Err(failed) = on_every_shard(cluster, req).await? {
+        return Ok(failed);
     }
     for ns in cluster.store.drop_database(&req.db)? {
         cluster.routing.refresh(&ns)?;
@@ -353,16 +362,11 @@ async fn db_stats(cluster: &Arc<Cluster>, req: &CommandRequest) -> Result<Docume
         "totalSize",
     ];
     let mut sums = vec![0f64; fields.len()];
-    for shard in cluster
-        .shards()
-        .iter()
-        .map(|s| s.id.clone())
-        .collect::<Vec<_>>()
-    {
-        let reply = forward(cluster, &shard, req, None).await?;
-        if reply.get_f64("ok").ok() != Some(1.0) {
-            return Ok(reply);
-        }
+    let replies = match on_every_shard(cluster, req).await? {
+        Ok(replies) => replies,
+        Err(failed) => return Ok(failed),
+    };
+    for (shard, reply) in replies {
         for (i, f) in fields.iter().enumerate() {
             sums[i] += match reply.get(*f) {
                 Some(Bson::Int32(v)) => *v as f64,
