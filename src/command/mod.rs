@@ -97,6 +97,43 @@ impl CommandRequest {
     pub fn body_document(&self) -> Document {
         self.body.to_document()
     }
+
+    /// The statements of a write command, raw: the kind-1 sequence named `field`, or else the
+    /// body's `field` array, with mongod's errors when that array is missing or holds a
+    /// non-document.
+    pub fn statement_bytes(&self, field: &str) -> Result<Vec<bytes::Bytes>, CommandError> {
+        if let Some(seq) = self.sequences.iter().find(|s| s.identifier == field) {
+            return Ok(seq.documents.iter().map(|d| d.bytes().clone()).collect());
+        }
+        let wrong_type = |expected: &str| {
+            CommandError::new(
+                ErrorCode::TypeMismatch,
+                format!(
+                    "BSON field '{}.{field}' is the wrong type, expected type '{expected}'",
+                    self.name
+                ),
+            )
+        };
+        match self.body.raw().get(field) {
+            Ok(Some(bson::RawBsonRef::Array(items))) => items
+                .into_iter()
+                .map(|item| match item {
+                    Ok(bson::RawBsonRef::Document(d)) => {
+                        Ok(bytes::Bytes::copy_from_slice(d.as_bytes()))
+                    }
+                    _ => Err(wrong_type("object")),
+                })
+                .collect(),
+            Ok(Some(_)) => Err(wrong_type("array")),
+            _ => Err(CommandError::new(
+                ErrorCode(40414),
+                format!(
+                    "BSON field '{}.{field}' is missing but a required field",
+                    self.name
+                ),
+            )),
+        }
+    }
 }
 
 /// Per-connection state that commands read and change (the handshake's results).

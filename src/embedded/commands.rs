@@ -25,43 +25,15 @@ fn err(code: ErrorCode, msg: impl Into<String>) -> EngineError {
 }
 
 /// The statements of a write command (from its document sequence or its body array).
-fn statements(
-    req: &CommandRequest,
-    body: &Document,
-    field: &str,
-) -> Result<Vec<Document>, EngineError> {
-    if let Some(seq) = req.sequences.iter().find(|s| s.identifier == field) {
-        return Ok(seq.documents.iter().map(|d| d.to_document()).collect());
-    }
-    match body.get(field) {
-        Some(Bson::Array(items)) => items
-            .iter()
-            .map(|i| match i {
-                Bson::Document(d) => Ok(d.clone()),
-                _ => Err(err(
-                    ErrorCode::TypeMismatch,
-                    format!(
-                        "BSON field '{}.{field}' is the wrong type, expected type 'object'",
-                        req.name
-                    ),
-                )),
-            })
-            .collect(),
-        Some(_) => Err(err(
-            ErrorCode::TypeMismatch,
-            format!(
-                "BSON field '{}.{field}' is the wrong type, expected type 'array'",
-                req.name
-            ),
-        )),
-        None => Err(err(
-            ErrorCode(40414),
-            format!(
-                "BSON field '{}.{field}' is missing but a required field",
-                req.name
-            ),
-        )),
-    }
+fn statements(req: &CommandRequest, field: &str) -> Result<Vec<Document>, EngineError> {
+    let raw = req
+        .statement_bytes(field)
+        .map_err(|e| err(e.code, e.message))?;
+    raw.iter()
+        .map(|b| {
+            Document::from_reader(&b[..]).map_err(|e| err(ErrorCode::InvalidBSON, e.to_string()))
+        })
+        .collect()
 }
 
 /// How many statements a write carries (1 for anything else), for latency injection and
@@ -169,7 +141,7 @@ fn write_batch(
     field: &str,
 ) -> Result<Result<WriteBatch, Document>, EngineError> {
     let coll = collection_name(req, body)?;
-    let stmts = statements(req, body, field)?;
+    let stmts = statements(req, field)?;
     let ns = format!("{}.{coll}", req.db);
     if let Err(e) = svc.check_version(&ns, body) {
         return Ok(Err(stale_write_reply(e, field == "updates")));

@@ -84,50 +84,7 @@ struct Statements {
 }
 
 fn statements(req: &CommandRequest, kind: WriteKind) -> Result<Statements, CommandError> {
-    let field = kind.statements_field();
-    let mut raw: Vec<Bytes> = Vec::new();
-    if let Some(seq) = req.sequences.iter().find(|s| s.identifier == field) {
-        raw.extend(seq.documents.iter().map(|d| d.bytes().clone()));
-    } else {
-        match req.body.raw().get(field) {
-            Ok(Some(bson::RawBsonRef::Array(a))) => {
-                for item in a {
-                    match item {
-                        Ok(bson::RawBsonRef::Document(d)) => {
-                            raw.push(Bytes::copy_from_slice(d.as_bytes()))
-                        }
-                        _ => {
-                            return Err(CommandError::new(
-                                ErrorCode::TypeMismatch,
-                                format!(
-                                "BSON field '{}.{field}' is the wrong type, expected type 'object'",
-                                kind.command()
-                            ),
-                            ))
-                        }
-                    }
-                }
-            }
-            Ok(Some(_)) => {
-                return Err(CommandError::new(
-                    ErrorCode::TypeMismatch,
-                    format!(
-                        "BSON field '{}.{field}' is the wrong type, expected type 'array'",
-                        kind.command()
-                    ),
-                ))
-            }
-            _ => {
-                return Err(CommandError::new(
-                    ErrorCode(40414),
-                    format!(
-                        "BSON field '{}.{field}' is missing but a required field",
-                        kind.command()
-                    ),
-                ))
-            }
-        }
-    }
+    let mut raw = req.statement_bytes(kind.statements_field())?;
     if raw.len() > MAX_BATCH_STATEMENTS {
         return Err(CommandError::new(
             ErrorCode::InvalidLength,
@@ -204,9 +161,9 @@ fn encode_child(
     template: &Document,
     kind: WriteKind,
     ordered: bool,
-    stmt_ids: Option<Vec<i32>>,
-    shard_version: Option<Document>,
-    stmts: &[&Bytes],
+    stmt_ids: Option<&[i32]>,
+    shard_version: Option<&Document>,
+    stmts: &[Bytes],
 ) -> Result<(Bytes, i32), CommandError> {
     let mut body = template.clone();
     body.insert("ordered", ordered);
@@ -214,7 +171,7 @@ fn encode_child(
         body.insert("stmtIds", ids);
     }
     if let Some(v) = shard_version {
-        body.insert("shardVersion", v);
+        body.insert("shardVersion", v.clone());
     }
     let bytes = body.to_vec().map_err(|e| {
         CommandError::new(
@@ -468,6 +425,24 @@ pub async fn send_child(
         operations: raws.len(),
         bytes,
     };
+    // Encoded before waiting for a slot, so a held slot is spent on the shard alone; a resend
+    // reuses the frame.
+    let (frame, id) = match encode_child(
+        child.template,
+        child.kind,
+        child.ordered,
+        child.stmt_ids.as_deref(),
+        child.version.as_ref(),
+        raws,
+    ) {
+        Ok(f) => f,
+        Err(e) => {
+            return ChildOutcome::Failed {
+                code: e.code,
+                message: e.message,
+            }
+        }
+    };
     let permit = match cluster.slot(shard, work, child.max_time).await {
         Ok(p) => p,
         Err(e) => {
@@ -483,26 +458,9 @@ pub async fn send_child(
         }
     };
     metrics::counter!("sluice_child_batches_total", "shard" => shard.to_string()).increment(1);
-    let refs: Vec<&Bytes> = raws.iter().collect();
     let attempts = if child.retryable { 2 } else { 1 };
     let mut last: Option<BackendError> = None;
     for _ in 0..attempts {
-        let (frame, id) = match encode_child(
-            child.template,
-            child.kind,
-            child.ordered,
-            child.stmt_ids.clone(),
-            child.version.clone(),
-            &refs,
-        ) {
-            Ok(f) => f,
-            Err(e) => {
-                return ChildOutcome::Failed {
-                    code: e.code,
-                    message: e.message,
-                }
-            }
-        };
         let result = async {
             let mut conn = pool.checkout().await?;
             conn.request(&frame, id).await

@@ -202,28 +202,29 @@ fn update_is_retry_safe(u: &Bson) -> bool {
 
 /// Targets an update statement (`{q, u, multi, upsert, collation}`).
 pub fn target_update(snap: &RoutingSnapshot, stmt: &Document) -> Targeted {
-    let q = stmt.get_document("q").cloned().unwrap_or_default();
-    let u = stmt.get("u").cloned().unwrap_or(Bson::Null);
+    let no_filter = Document::new();
+    let q = stmt.get_document("q").unwrap_or(&no_filter);
+    let u = stmt.get("u").unwrap_or(&Bson::Null);
     let multi = stmt.get("multi").is_some_and(crate::command::truthy);
     let upsert = stmt.get("upsert").is_some_and(crate::command::truthy);
-    let identity = if multi { None } else { id_identity(&q) };
-    let retry_safe = update_is_retry_safe(&u);
+    let identity = if multi { None } else { id_identity(q) };
+    let retry_safe = update_is_retry_safe(u);
     let keys = if simple_collation(stmt) {
-        snap.pattern.extract_from_filter(&q)
+        snap.pattern.extract_from_filter(q)
     } else {
         FilterKeys::Untargetable
     };
     let target = match keys {
         FilterKeys::Keys(keys) => {
             let t = shards_for_keys(snap, &keys);
-            if let (Target::One(shard), Bson::Document(repl)) = (&t, &u) {
+            if let (Target::One(shard), Bson::Document(repl)) = (&t, u) {
                 if !repl.keys().next().is_some_and(|k| k.starts_with('$')) {
-                    if let Some(e) = replacement_moves(snap, shard, &q, repl) {
+                    if let Some(e) = replacement_moves(snap, shard, q, repl) {
                         return e;
                     }
                 }
             }
-            if let Bson::Document(ops) = &u {
+            if let Bson::Document(ops) = u {
                 if let Some(e) = modifies_shard_key(snap, ops) {
                     return e;
                 }
@@ -240,14 +241,7 @@ pub fn target_update(snap: &RoutingSnapshot, stmt: &Document) -> Targeted {
             if multi || identity.is_some() {
                 broadcast(snap)
             } else {
-                return error(
-                    ErrorCode::InvalidOptions,
-                    format!(
-                        "A single update on a sharded collection must contain an exact match on _id (and have the collection default collation) or contain the shard key (and have the simple collation). Update request: {}, shard key pattern: {}",
-                        crate::embedded::render::render_doc(stmt),
-                        crate::embedded::render::render_doc(&snap.pattern.to_document())
-                    ),
-                );
+                return single_without_key(snap, stmt, "update");
             }
         }
     };
@@ -260,6 +254,20 @@ pub fn target_update(snap: &RoutingSnapshot, stmt: &Document) -> Targeted {
         identity,
         retry_safe,
     }
+}
+
+/// mongos's refusal of a single-document update or delete (`kind`) whose filter pins neither
+/// the shard key nor an `_id`: it could not say which document to change.
+fn single_without_key(snap: &RoutingSnapshot, stmt: &Document, kind: &str) -> Targeted {
+    let request = if kind == "update" { "Update" } else { "Delete" };
+    error(
+        ErrorCode::InvalidOptions,
+        format!(
+            "A single {kind} on a sharded collection must contain an exact match on _id (and have the collection default collation) or contain the shard key (and have the simple collation). {request} request: {}, shard key pattern: {}",
+            crate::embedded::render::render_doc(stmt),
+            crate::embedded::render::render_doc(&snap.pattern.to_document())
+        ),
+    )
 }
 
 /// An error if a replacement document would carry the document to another shard.
@@ -317,11 +325,12 @@ fn modifies_shard_key(snap: &RoutingSnapshot, ops: &Document) -> Option<Targeted
 
 /// Targets a delete statement (`{q, limit, collation}`).
 pub fn target_delete(snap: &RoutingSnapshot, stmt: &Document) -> Targeted {
-    let q = stmt.get_document("q").cloned().unwrap_or_default();
+    let no_filter = Document::new();
+    let q = stmt.get_document("q").unwrap_or(&no_filter);
     let multi = crate::command::number_field(stmt, "limit").unwrap_or(0) == 0;
-    let identity = if multi { None } else { id_identity(&q) };
+    let identity = if multi { None } else { id_identity(q) };
     let keys = if simple_collation(stmt) {
-        snap.pattern.extract_from_filter(&q)
+        snap.pattern.extract_from_filter(q)
     } else {
         FilterKeys::Untargetable
     };
@@ -331,14 +340,7 @@ pub fn target_delete(snap: &RoutingSnapshot, stmt: &Document) -> Targeted {
             if multi || identity.is_some() {
                 broadcast(snap)
             } else {
-                return error(
-                    ErrorCode::InvalidOptions,
-                    format!(
-                        "A single delete on a sharded collection must contain an exact match on _id (and have the collection default collation) or contain the shard key (and have the simple collation). Delete request: {}, shard key pattern: {}",
-                        crate::embedded::render::render_doc(stmt),
-                        crate::embedded::render::render_doc(&snap.pattern.to_document())
-                    ),
-                );
+                return single_without_key(snap, stmt, "delete");
             }
         }
     };
