@@ -52,6 +52,65 @@ fn target_shards(snap: &RoutingSnapshot, filter: &Document) -> Vec<String> {
     }
 }
 
+/// Why a read on one shard failed.
+enum ReadFailure {
+    /// The shard could not be reached: what `allowPartialResults` may skip.
+    Unreachable(CommandError),
+    /// No slot was granted in time: the command never reached the shard.
+    NotRun(CommandError),
+    /// The shard answered with an error.
+    Refused(CommandError),
+}
+
+impl ReadFailure {
+    fn into_error(self) -> CommandError {
+        match self {
+            ReadFailure::Unreachable(e) | ReadFailure::NotRun(e) | ReadFailure::Refused(e) => e,
+        }
+    }
+}
+
+/// Runs one read command on a shard (`ns` names the collection it reads) once the shard's
+/// queue and adaptive limit grant a slot, and returns the shard's `{ok: 1}` reply.
+async fn read_on(
+    cluster: &Cluster,
+    shard: &str,
+    ns: &str,
+    cmd: &Document,
+) -> Result<Document, ReadFailure> {
+    let name = cmd.keys().next().map(String::as_str).unwrap_or_default();
+    let work = SlotRequest {
+        op: OpKind::Read,
+        command: name,
+        ns,
+        operations: 1,
+        bytes: 0,
+    };
+    let permit = cluster.slot(shard, work, None).await.map_err(|e| {
+        ReadFailure::NotRun(CommandError::new(
+            ErrorCode::ExceededTimeLimit,
+            e.to_string(),
+        ))
+    })?;
+    let result = cluster.run_on(shard, cmd).await;
+    if let Some(p) = permit {
+        p.finish(match &result {
+            Ok(_) => Outcome::Completed,
+            Err(BackendError::Timeout(_)) => Outcome::TimedOut,
+            Err(_) => Outcome::NotCounted,
+        });
+    }
+    let reply = result.map_err(|e| {
+        ReadFailure::Unreachable(CommandError::new(e.code(), format!("{e} (shard {shard})")))
+    })?;
+    if reply.get_f64("ok").ok() != Some(1.0) {
+        return Err(ReadFailure::Refused(CommandError::from_shard_reply(
+            shard, &reply,
+        )));
+    }
+    Ok(reply)
+}
+
 /// One shard's cursor as the router sees it: what it has buffered and whether more remains.
 #[derive(Debug)]
 struct ShardStream {
@@ -79,39 +138,7 @@ async fn open_streams(
             cmd.insert("shardVersion", snap.shard_version(&shard));
         }
         futures.push(async move {
-            let ns = format!("{db}.{coll}");
-            let name = cmd.keys().next().cloned().unwrap_or_default();
-            // The shard's queue and adaptive limit decide when the read may run.
-            let work = SlotRequest {
-                op: OpKind::Read,
-                command: &name,
-                ns: &ns,
-                operations: 1,
-                bytes: 0,
-            };
-            let permit = cluster.slot(&shard, work, None).await.map_err(|e| {
-                (
-                    false,
-                    CommandError::new(ErrorCode::ExceededTimeLimit, e.to_string()),
-                )
-            })?;
-            let result = cluster.run_on(&shard, &cmd).await;
-            if let Some(p) = permit {
-                p.finish(match &result {
-                    Ok(_) => Outcome::Completed,
-                    Err(BackendError::Timeout(_)) => Outcome::TimedOut,
-                    Err(_) => Outcome::NotCounted,
-                });
-            }
-            let reply = result.map_err(|e| {
-                (
-                    true,
-                    CommandError::new(e.code(), format!("{e} (shard {shard})")),
-                )
-            })?;
-            if reply.get_f64("ok").ok() != Some(1.0) {
-                return Err((false, CommandError::from_shard_reply(&shard, &reply)));
-            }
+            let reply = read_on(cluster, &shard, &format!("{db}.{coll}"), &cmd).await?;
             let cursor = reply.get_document("cursor").cloned().unwrap_or_default();
             Ok(ShardStream {
                 buffer: cursor
@@ -131,8 +158,8 @@ async fn open_streams(
     for r in crate::backend::join_all(futures).await {
         match r {
             Ok(s) => streams.push(s),
-            Err((true, _)) if partial => skipped = true,
-            Err((_, e)) => failure = failure.or(Some(e)),
+            Err(ReadFailure::Unreachable(_)) if partial => skipped = true,
+            Err(f) => failure = failure.or(Some(f.into_error())),
         }
     }
     if let Some(e) = failure {
@@ -150,17 +177,16 @@ async fn pull(
     stream: &mut ShardStream,
     batch: usize,
 ) -> Result<(), CommandError> {
-    let more = cluster
-        .run_on(
-            &stream.shard,
-            &doc! {"getMore": stream.cursor_id, "collection": coll, "batchSize": batch.clamp(1, 100_000) as i64, "$db": db},
-        )
-        .await
-        .map_err(|e| CommandError::new(e.code(), format!("{e} (shard {})", stream.shard)))?;
-    if more.get_f64("ok").ok() != Some(1.0) {
-        stream.cursor_id = 0;
-        return Err(CommandError::from_shard_reply(&stream.shard, &more));
-    }
+    let cmd = doc! {"getMore": stream.cursor_id, "collection": coll, "batchSize": batch.clamp(1, 100_000) as i64, "$db": db};
+    let more = match read_on(cluster, &stream.shard, &format!("{db}.{coll}"), &cmd).await {
+        Ok(more) => more,
+        Err(ReadFailure::Refused(e)) => {
+            // The shard answered with an error: its cursor is gone.
+            stream.cursor_id = 0;
+            return Err(e);
+        }
+        Err(f) => return Err(f.into_error()),
+    };
     let c = more.get_document("cursor").cloned().unwrap_or_default();
     stream.buffer.extend(
         c.get_array("nextBatch")
@@ -236,15 +262,18 @@ impl Merge {
                 return Ok((out, false));
             }
             // Every stream that still has documents must show its head before one is chosen.
-            let want = n.saturating_sub(out.len()).max(1) + self.skip;
-            let (db, coll) = (self.db.clone(), self.coll.clone());
-            let refills = self
-                .streams
-                .iter_mut()
-                .filter(|s| s.buffer.is_empty() && s.cursor_id != 0)
-                .map(|s| pull(cluster, &db, &coll, s, want));
-            for r in crate::backend::join_all(refills).await {
-                r?;
+            let needs_refill = |s: &ShardStream| s.buffer.is_empty() && s.cursor_id != 0;
+            if self.streams.iter().any(needs_refill) {
+                let want = n.saturating_sub(out.len()).max(1) + self.skip;
+                let (db, coll) = (&self.db, &self.coll);
+                let refills = self
+                    .streams
+                    .iter_mut()
+                    .filter(|s| needs_refill(s))
+                    .map(|s| pull(cluster, db, coll, s, want));
+                for r in crate::backend::join_all(refills).await {
+                    r?;
+                }
             }
             self.streams
                 .retain(|s| !s.buffer.is_empty() || s.cursor_id != 0);
@@ -532,15 +561,18 @@ async fn on_each(
             if cluster.is_shard_server(&shard) {
                 cmd.insert("shardVersion", snap.shard_version(&shard));
             }
+            let ns = format!(
+                "{db}.{}",
+                command
+                    .values()
+                    .next()
+                    .and_then(Bson::as_str)
+                    .unwrap_or_default()
+            );
             async move {
-                let reply = cluster
-                    .run_on(&shard, &cmd)
+                read_on(cluster, &shard, &ns, &cmd)
                     .await
-                    .map_err(|e| CommandError::new(e.code(), format!("{e} (shard {shard})")))?;
-                if reply.get_f64("ok").ok() != Some(1.0) {
-                    return Err(CommandError::from_shard_reply(&shard, &reply));
-                }
-                Ok(reply)
+                    .map_err(ReadFailure::into_error)
             }
         })
         .collect();
