@@ -110,7 +110,38 @@ pub fn split_reply(outcome: &ChildOutcome, offset: usize, len: usize) -> ChildOu
     ChildOutcome::Reply(out)
 }
 
+/// Seals a leader's group when the leader goes away before sending it.
+struct SealOnDrop<'a> {
+    coalescer: &'a Coalescer,
+    key: &'a [u8],
+    group: &'a Arc<Group>,
+    armed: bool,
+}
+
+impl Drop for SealOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            drop(self.coalescer.seal(self.key, self.group));
+        }
+    }
+}
+
 impl Coalescer {
+    /// Closes `group` to newcomers (and removes it from the open groups) and takes its
+    /// statements and members.
+    fn seal(&self, key: &[u8], group: &Arc<Group>) -> (Vec<Bytes>, Vec<Member>) {
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        if groups.get(key).is_some_and(|g| Arc::ptr_eq(g, group)) {
+            groups.remove(key);
+        }
+        let mut inner = group.inner.lock().unwrap_or_else(|p| p.into_inner());
+        inner.sealed = true;
+        (
+            std::mem::take(&mut inner.docs),
+            std::mem::take(&mut inner.members),
+        )
+    }
+
     /// A coalescer; `None` when `max_wait` is zero (coalescing disabled).
     pub fn new(settings: CoalesceSettings) -> Option<Coalescer> {
         (!settings.max_wait.is_zero()).then(|| Coalescer {
@@ -188,22 +219,20 @@ impl Coalescer {
             }
             Joined::Leader(g) => g,
         };
+        // Should the leader be cancelled while it waits, the guard seals the group and drops
+        // its members' senders: they get an error instead of waiting forever.
+        let mut guard = SealOnDrop {
+            coalescer: self,
+            key: &k,
+            group: &group,
+            armed: true,
+        };
         tokio::select! {
             _ = tokio::time::sleep(self.settings.max_wait) => {}
             _ = group.full.notified() => {}
         }
-        let (docs, members) = {
-            let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
-            if groups.get(&k).is_some_and(|g| Arc::ptr_eq(g, &group)) {
-                groups.remove(&k);
-            }
-            let mut inner = group.inner.lock().unwrap_or_else(|p| p.into_inner());
-            inner.sealed = true;
-            (
-                std::mem::take(&mut inner.docs),
-                std::mem::take(&mut inner.members),
-            )
-        };
+        guard.armed = false;
+        let (docs, members) = self.seal(&k, &group);
         let joined: usize = members.iter().map(|m| m.len).sum();
         if joined > 0 {
             self.merged
@@ -268,6 +297,43 @@ mod tests {
             message: "x".into(),
         };
         assert_eq!(split_reply(&failed, 3, 1), failed);
+    }
+
+    #[test]
+    fn a_cancelled_leader_releases_its_members() {
+        let c = Coalescer::new(CoalesceSettings {
+            max_operations: 128,
+            max_bytes: 1 << 22,
+            max_wait: Duration::from_secs(60),
+        })
+        .unwrap();
+        let group = Arc::new(Group::default());
+        let (tx, mut rx) = oneshot::channel();
+        group
+            .inner
+            .lock()
+            .unwrap()
+            .members
+            .push(Member { len: 1, tx });
+        c.groups
+            .lock()
+            .unwrap()
+            .insert(b"k".to_vec(), group.clone());
+        drop(SealOnDrop {
+            coalescer: &c,
+            key: b"k",
+            group: &group,
+            armed: true,
+        });
+        assert!(
+            c.groups.lock().unwrap().is_empty(),
+            "the group is no longer open"
+        );
+        assert!(group.inner.lock().unwrap().sealed);
+        assert!(
+            matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Closed)),
+            "the member is told, not left waiting"
+        );
     }
 
     #[test]
