@@ -178,28 +178,15 @@ async fn explain(
     let filter = match name.as_str() {
         "find" => inner.get_document("filter").cloned().unwrap_or_default(),
         "count" | "distinct" => inner.get_document("query").cloned().unwrap_or_default(),
-        "aggregate" => inner
-            .get_array("pipeline")
-            .ok()
-            .and_then(|p| p.first())
-            .and_then(|s| s.as_document())
-            .and_then(|s| s.get_document("$match").ok())
-            .cloned()
-            .unwrap_or_default(),
+        "aggregate" => crate::read::leading_match(
+            inner
+                .get_array("pipeline")
+                .map(Vec::as_slice)
+                .unwrap_or_default(),
+        ),
         _ => return None,
     };
-    let shards: Vec<String> = match snap.pattern.extract_from_filter(&filter) {
-        FilterKeys::Keys(keys) => {
-            let mut v: Vec<String> = keys
-                .iter()
-                .filter_map(|k| snap.shard_for(k).map(|s| s.to_string()))
-                .collect();
-            v.sort();
-            v.dedup();
-            v
-        }
-        FilterKeys::Untargetable => snap.chunks.shards().into_iter().collect(),
-    };
+    let shards = crate::read::target_shards(&snap, &filter);
     let id_lookup = filter.len() == 1 && filter.contains_key("_id");
     let shard_plans: Vec<Bson> = shards
         .iter()
@@ -479,47 +466,32 @@ fn transaction_targets(
     body: &Document,
 ) -> Vec<String> {
     let mut shards: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-    let filter_shards = |f: &Document| -> Vec<String> {
-        match snap.pattern.extract_from_filter(f) {
-            FilterKeys::Keys(keys) => keys
-                .iter()
-                .filter_map(|k| snap.shard_for(k).map(|s| s.to_string()))
-                .collect(),
-            FilterKeys::Untargetable => snap.chunks.shards().into_iter().collect(),
-        }
-    };
-    let statements = |field: &str| -> Vec<Document> {
-        match req.sequences.iter().find(|s| s.identifier == field) {
-            Some(seq) => seq.documents.iter().map(|d| d.to_document()).collect(),
-            None => body
-                .get_array(field)
-                .map(|a| a.iter().filter_map(|d| d.as_document().cloned()).collect())
-                .unwrap_or_default(),
-        }
-    };
+    let filter_shards = |f: &Document| crate::read::target_shards(snap, f);
+    let statements = |field: &str| req.statement_bytes(field).unwrap_or_default();
     match req.name.as_str() {
         "insert" => {
-            for d in statements("documents") {
-                if let Ok(bytes) = d.to_vec() {
-                    if let Ok(raw) = bson::RawDocument::from_bytes(&bytes) {
-                        match snap.pattern.extract_from_document(raw) {
-                            Ok(k) => shards.extend(snap.shard_for(&k).map(|s| s.to_string())),
-                            Err(_) => shards.extend(snap.chunks.shards()),
-                        }
+            for raw in statements("documents") {
+                if let Ok(doc) = bson::RawDocument::from_bytes(&raw) {
+                    match snap.pattern.extract_from_document(doc) {
+                        Ok(k) => shards.extend(snap.shard_for(&k).map(|s| s.to_string())),
+                        Err(_) => shards.extend(snap.chunks.shards()),
                     }
                 }
             }
         }
-        "update" => statements("updates").iter().for_each(|u| {
-            shards.extend(filter_shards(
-                &u.get_document("q").cloned().unwrap_or_default(),
-            ))
-        }),
-        "delete" => statements("deletes").iter().for_each(|u| {
-            shards.extend(filter_shards(
-                &u.get_document("q").cloned().unwrap_or_default(),
-            ))
-        }),
+        "update" | "delete" => {
+            let field = if req.name == "update" {
+                "updates"
+            } else {
+                "deletes"
+            };
+            for raw in statements(field) {
+                let stmt = Document::from_reader(&raw[..]).unwrap_or_default();
+                shards.extend(filter_shards(
+                    stmt.get_document("q").unwrap_or(&Document::new()),
+                ));
+            }
+        }
         "find" | "count" | "distinct" => {
             let f = body
                 .get_document("filter")

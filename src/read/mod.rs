@@ -36,8 +36,18 @@ fn engine_err(e: crate::embedded::EngineError) -> CommandError {
     CommandError::new(e.code, e.message)
 }
 
+/// The filter of a pipeline's leading `$match` (empty when it has none): what targets it.
+pub(crate) fn leading_match(pipeline: &[Bson]) -> Document {
+    pipeline
+        .first()
+        .and_then(|s| s.as_document())
+        .and_then(|s| s.get_document("$match").ok())
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// The shards a filter must be sent to.
-fn target_shards(snap: &RoutingSnapshot, filter: &Document) -> Vec<String> {
+pub(crate) fn target_shards(snap: &RoutingSnapshot, filter: &Document) -> Vec<String> {
     match snap.pattern.extract_from_filter(filter) {
         FilterKeys::Keys(keys) => {
             let mut shards: Vec<String> = keys
@@ -681,12 +691,7 @@ pub async fn read(
                 return Err(CommandError::new(ErrorCode::FailedToParse, "The 'cursor' option is required, except for aggregate with the explain argument"));
             }
             let split = merge::split_pipeline(&pipeline);
-            let filter = pipeline
-                .first()
-                .and_then(|s| s.as_document())
-                .and_then(|s| s.get_document("$match").ok())
-                .cloned()
-                .unwrap_or_default();
+            let filter = leading_match(&pipeline);
             let shard_cmd = doc! {"aggregate": &coll, "pipeline": split.shard_part.clone(), "cursor": {"batchSize": 10_000}};
             let (streams, _) = open_streams(cluster, snap, target_shards(snap, &filter), &db, &coll, &shard_cmd, false).await?;
             let streams = drain(cluster, &db, &coll, streams).await?;
