@@ -117,6 +117,15 @@ fn next_request_id() -> i32 {
     NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed) & i32::MAX
 }
 
+/// A command document as an OP_MSG frame with a fresh request id.
+fn encode_command(body: &Document) -> Result<(Bytes, i32), BackendError> {
+    let bytes = body
+        .to_vec()
+        .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))?;
+    let id = next_request_id();
+    Ok((OpMsgBuilder::new(0, &bytes).finish(id, 0), id))
+}
+
 impl ShardConnection {
     /// Connects and shakes hands.
     pub async fn connect(addr: &str, timeout: Duration) -> Result<ShardConnection, BackendError> {
@@ -186,11 +195,7 @@ impl ShardConnection {
         body: &Document,
         timeout: Duration,
     ) -> Result<Document, BackendError> {
-        let bytes = body
-            .to_vec()
-            .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))?;
-        let id = next_request_id();
-        let frame = OpMsgBuilder::new(0, &bytes).finish(id, 0);
+        let (frame, id) = encode_command(body)?;
         let reply = self.request(&frame, id, timeout).await?;
         Ok(reply.to_document())
     }
@@ -381,11 +386,7 @@ impl PooledConnection {
 
     /// Runs a command given as a document.
     pub async fn run(&mut self, body: &Document) -> Result<Document, BackendError> {
-        let bytes = body
-            .to_vec()
-            .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))?;
-        let id = next_request_id();
-        let frame = OpMsgBuilder::new(0, &bytes).finish(id, 0);
+        let (frame, id) = encode_command(body)?;
         Ok(self.request(&frame, id).await?.to_document())
     }
 

@@ -81,12 +81,7 @@ impl EngineError {
 
     /// The `{ok: 0, errmsg, code, codeName, …}` reply.
     pub fn to_reply(&self) -> Document {
-        let mut d = doc! {
-            "ok": 0.0,
-            "errmsg": &self.message,
-            "code": self.code.0,
-            "codeName": self.code.name(),
-        };
+        let mut d = crate::command::CommandError::new(self.code, self.message.as_str()).to_reply();
         if let Some(extra) = &self.extra {
             for (k, v) in extra {
                 d.insert(k.clone(), v.clone());
