@@ -26,9 +26,7 @@ fn err(code: ErrorCode, msg: impl Into<String>) -> EngineError {
 
 /// The statements of a write command (from its document sequence or its body array).
 fn statements(req: &CommandRequest, field: &str) -> Result<Vec<Document>, EngineError> {
-    let raw = req
-        .statement_bytes(field)
-        .map_err(|e| err(e.code, e.message))?;
+    let raw = req.statement_bytes(field)?;
     raw.iter()
         .map(|b| {
             Document::from_reader(&b[..]).map_err(|e| err(ErrorCode::InvalidBSON, e.to_string()))

@@ -91,6 +91,12 @@ impl EngineError {
     }
 }
 
+impl From<crate::command::CommandError> for EngineError {
+    fn from(e: crate::command::CommandError) -> Self {
+        EngineError::new(e.code, e.message)
+    }
+}
+
 /// How an embedded shard behaves.
 #[derive(Debug, Clone)]
 pub struct ShardOptions {

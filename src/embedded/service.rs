@@ -566,11 +566,11 @@ impl ShardService {
                 b
             }
             "serverStatus" => self.server_status(),
-            "getParameter" => server_info::get_parameter(req).map_err(from_command)?,
-            "getLog" => server_info::get_log(req).map_err(from_command)?,
+            "getParameter" => server_info::get_parameter(req)?,
+            "getLog" => server_info::get_log(req)?,
             "whatsmyuri" => doc! {"you": client.peer.to_string()},
             "connectionStatus" => server_info::connection_status(req),
-            "endSessions" => server_info::end_sessions(req).map_err(from_command)?,
+            "endSessions" => server_info::end_sessions(req)?,
             "getCmdLineOpts" => server_info::get_cmd_line_opts(&self.state),
             "configureFailPoint" => self.configure_fail_point(&body)?,
             "sluiceSetShardVersion" => self.set_shard_version(&body)?,
@@ -631,10 +631,6 @@ impl ShardService {
         );
         Ok(Document::new())
     }
-}
-
-fn from_command(e: command::CommandError) -> EngineError {
-    EngineError::new(e.code, e.message)
 }
 
 impl Service for ShardService {
