@@ -15,6 +15,7 @@ build:
 
 rust-test:
 	cargo test
+	cargo test --bench micro
 
 wire-test: build
 	bash wire-tests/run.sh

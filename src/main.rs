@@ -55,7 +55,8 @@ enum Command {
     },
     /// Run a benchmark and write its JSON, Markdown and SVG results.
     Bench {
-        /// The scenario: overload.
+        /// The scenario: rounds, seed-table, overhead or overload (`cargo bench --bench micro`
+        /// runs the micro-benchmarks).
         scenario: String,
         /// A short run (what CI does).
         #[arg(long)]
@@ -123,12 +124,7 @@ fn main() -> anyhow::Result<()> {
             quick,
             out,
         }) => {
-            let md = match scenario.as_str() {
-                "overload" => sluice::bench::run_overload(&out, quick)?,
-                other => {
-                    anyhow::bail!("unknown benchmark scenario {other:?} (available: overload)")
-                }
-            };
+            let md = runtime()?.block_on(sluice::bench::run(&scenario, quick, &out))?;
             println!("{md}");
             println!("Results written to {}", out.display());
             return Ok(());
@@ -282,11 +278,12 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = router.local_addr();
     tracing::info!(%addr, "sluice router listening");
+    // One line on stdout that tools (`sluice bench`, scripts) can wait for.
+    println!(
+        "Sluice {} is listening on {addr}.",
+        env!("CARGO_PKG_VERSION")
+    );
     if let (Some(cluster), Some(_)) = (&cluster, demo_shards) {
-        println!(
-            "Sluice {} is listening on {addr}.",
-            env!("CARGO_PKG_VERSION")
-        );
         let shards: Vec<String> = cluster
             .shards()
             .iter()

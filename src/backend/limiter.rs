@@ -157,6 +157,12 @@ pub const SLOW_RATIO: f64 = 4.0;
 const MIN_WINDOW: Duration = Duration::from_millis(10);
 const MIN_WINDOW_SAMPLES: usize = 8;
 const MAX_IDLE: Duration = Duration::from_secs(1);
+/// The smallest baseline an execution is compared with. Below half a millisecond the spread of
+/// execution times is the schedulers' (router, network stack, shard), not a queue's: on a busy
+/// host a 100 µs round trip swings past four times itself with no shard queue at all, and a
+/// limit that halved on that would idle a fast shard between batches. Queueing that costs a
+/// client anything shows up as milliseconds, which still reads as slow against this floor.
+pub const MIN_BASELINE: Duration = Duration::from_micros(500);
 
 fn size_class(operations: usize) -> u32 {
     usize::BITS - operations.max(1).leading_zeros()
@@ -366,7 +372,7 @@ impl Limiter {
         let base = self.baseline(ticket.op, ticket.group, ticket.class);
         let ratio = match (outcome, base) {
             (Outcome::TimedOut, _) => f64::INFINITY,
-            (_, Some(b)) => took.as_secs_f64() / b.as_secs_f64().max(1e-9),
+            (_, Some(b)) => took.as_secs_f64() / b.max(MIN_BASELINE).as_secs_f64(),
             (_, None) => 1.0,
         };
         if outcome == Outcome::Completed {
@@ -564,6 +570,21 @@ mod tests {
         run_windows(&mut l, &mut t, 3, 1, MS * 10);
         assert_eq!(l.limit(OpKind::Mutate), 2.0);
         assert!(l.latency_ratio(OpKind::Mutate) > SLOW_RATIO);
+    }
+
+    #[test]
+    fn sub_millisecond_jitter_is_not_queueing() {
+        // A 50 µs baseline, then two at a time at 400 µs (8× the baseline, but under four
+        // times the floor): scheduler noise on a fast shard, not a queue.
+        let us = Duration::from_micros(1);
+        let mut l = Limiter::new(settings());
+        let mut t = Duration::from_secs(1000);
+        run_windows(&mut l, &mut t, 1, 1, us * 50);
+        run_windows(&mut l, &mut t, 3, 2, us * 400);
+        assert_eq!(l.limit(OpKind::Mutate), 2.0);
+        // Real queueing on the same fast shard (3 ms) still halves.
+        run_windows(&mut l, &mut t, 1, 2, MS * 3);
+        assert_eq!(l.limit(OpKind::Mutate), 1.0);
     }
 
     #[test]

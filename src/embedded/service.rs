@@ -531,7 +531,7 @@ impl ShardService {
             let docs = super::commands::statement_count(req) as u32;
             let delay = per_cmd + per_doc * docs;
             if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
+                precise_sleep(delay).await;
             }
             permit
         } else {
@@ -630,6 +630,18 @@ impl ShardService {
             Duration::from_micros(per_doc),
         );
         Ok(Document::new())
+    }
+}
+
+/// Waits `delay` with the precision of the OS's sleep (tens of microseconds) rather than the
+/// async timer's millisecond ticks, which would add up to a millisecond to every injected
+/// latency and distort the modelled round trips; the wait runs on the blocking pool.
+async fn precise_sleep(delay: Duration) {
+    if tokio::task::spawn_blocking(move || std::thread::sleep(delay))
+        .await
+        .is_err()
+    {
+        tokio::time::sleep(delay).await;
     }
 }
 

@@ -1,0 +1,567 @@
+//! What the load scenarios run against: embedded shards as separate `sluice shard` processes
+//! and a router process in front of them, all on loopback, started from this very binary and
+//! stopped when dropped. The load itself goes through the stock Rust driver.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use bson::{doc, Bson, Document};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::write::plan::Policy;
+
+/// How long a process may take to say it is listening (valgrind makes start-up slow).
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The collection every fleet warms up on (sharded on `_id`, not measured).
+const WARM_UP: &str = "warm_up";
+
+/// A child process that is listening on `addr`; killed when dropped.
+pub struct Proc {
+    child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+impl Proc {
+    /// Starts `program args…`, waits for the line "… listening on ADDR." on its stdout.
+    async fn start(program: &Path, args: &[String]) -> anyhow::Result<Proc> {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {}", program.display()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("no stdout from {}", program.display()))?;
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = tokio::time::timeout(START_TIMEOUT, async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(rest) = line.split(" listening on ").nth(1) {
+                    let addr = rest.split_whitespace().next().unwrap_or("");
+                    return addr
+                        .trim_end_matches('.')
+                        .parse::<SocketAddr>()
+                        .with_context(|| format!("unexpected start-up line {line:?}"));
+                }
+            }
+            bail!("{} exited before listening", program.display())
+        })
+        .await
+        .map_err(|_| anyhow!("{} did not start listening in time", program.display()))??;
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Proc { child, addr })
+    }
+
+    /// Asks the process to stop (SIGTERM, so that it shuts down cleanly and tools such as
+    /// valgrind write their output) and waits for it.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(pid) = self.child.id() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .await;
+        }
+        match tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await {
+            Ok(status) => {
+                status?;
+                Ok(())
+            }
+            Err(_) => {
+                self.child.kill().await?;
+                bail!("process {} did not stop within 60 s", self.addr)
+            }
+        }
+    }
+}
+
+/// The `sluice` executable that runs this benchmark.
+pub fn sluice_exe() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().context("cannot find the sluice executable")
+}
+
+/// Injected latency of one embedded shard.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Latency {
+    /// Added to every data command.
+    pub per_command: Duration,
+    /// Added per statement written.
+    pub per_document: Duration,
+}
+
+impl Latency {
+    /// What this shard spends on one command carrying `docs` statements.
+    pub fn cost(&self, docs: u64) -> Duration {
+        self.per_command + self.per_document * docs as u32
+    }
+}
+
+/// Starts one `sluice shard` process on an ephemeral port.
+pub async fn start_shard(name: &str, latency: Latency) -> anyhow::Result<Proc> {
+    let args = vec![
+        "shard".to_string(),
+        "--port".into(),
+        "0".into(),
+        "--set-name".into(),
+        name.into(),
+        "--log-level".into(),
+        "warn".into(),
+        "--latency-per-command".into(),
+        format!("{}us", latency.per_command.as_micros()),
+        "--latency-per-document".into(),
+        format!("{}us", latency.per_document.as_micros()),
+    ];
+    Proc::start(&sluice_exe()?, &args).await
+}
+
+/// A collection the router shards on `{_id: "hashed"}` at start-up.
+#[derive(Debug, Clone)]
+pub struct Sharded {
+    /// `db.coll`.
+    pub ns: String,
+    /// `numInitialChunks`, or the default (2 per shard).
+    pub chunks: Option<u32>,
+}
+
+/// How to start a router.
+#[derive(Debug, Clone)]
+pub struct RouterSpec {
+    /// The rewrite policy for ordered bulks (`Off` is mongos's rounds).
+    pub policy: Policy,
+    /// Collections sharded at start-up.
+    pub collections: Vec<Sharded>,
+    /// A command to run the router under, e.g. `valgrind --tool=callgrind …`.
+    pub wrapper: Vec<String>,
+    /// More configuration appended to the router's TOML (e.g. a `[batching]` table).
+    pub extra: String,
+}
+
+fn policy_name(p: Policy) -> &'static str {
+    match p {
+        Policy::RetrySafe => "retry-safe",
+        Policy::Always => "always",
+        Policy::Off => "off",
+    }
+}
+
+/// The router's TOML configuration.
+pub fn router_config(shards: &[(String, SocketAddr)], spec: &RouterSpec) -> String {
+    let mut s = format!(
+        "listen = \"127.0.0.1:0\"\nmetrics_listen = \"\"\nordered_rewrite = \"{}\"\n\n[log]\nlevel = \"warn\"\n",
+        policy_name(spec.policy)
+    );
+    s.push_str(&spec.extra);
+    for (id, addr) in shards {
+        s.push_str(&format!(
+            "\n[[shards]]\nid = \"{id}\"\naddress = \"{addr}\"\n"
+        ));
+    }
+    for c in &spec.collections {
+        s.push_str(&format!(
+            "\n[[collections]]\nns = \"{}\"\nkey = '{{\"_id\": \"hashed\"}}'\n",
+            c.ns
+        ));
+        if let Some(n) = c.chunks {
+            s.push_str(&format!("num_initial_chunks = {n}\n"));
+        }
+    }
+    s
+}
+
+/// A scratch directory for configurations and profiler output, removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// Creates a fresh directory under the system's temporary directory.
+    pub fn new(label: &str) -> anyhow::Result<Scratch> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-bench-{label}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Embedded shards in their own processes and one router in front of them.
+pub struct Fleet {
+    /// Shard ids, in order (`shard0`, `shard1`, …).
+    pub shard_ids: Vec<String>,
+    /// The shard processes.
+    pub shards: Vec<Proc>,
+    /// Stock-driver clients connected straight to each shard.
+    pub shard_clients: Vec<mongodb::Client>,
+    /// The router process.
+    pub router: Proc,
+    /// A stock-driver client of the router.
+    pub client: mongodb::Client,
+    _scratch: Scratch,
+}
+
+/// A stock-driver client; `direct` for a single shard.
+pub async fn client(addr: SocketAddr, direct: bool) -> anyhow::Result<mongodb::Client> {
+    let uri = format!(
+        "mongodb://{addr}/?serverSelectionTimeoutMS=20000{}",
+        if direct { "&directConnection=true" } else { "" }
+    );
+    Ok(mongodb::Client::with_uri_str(uri).await?)
+}
+
+impl Fleet {
+    /// Starts one shard per entry of `latencies` and a router configured by `spec`.
+    pub async fn start(latencies: &[Latency], spec: &RouterSpec) -> anyhow::Result<Fleet> {
+        let scratch = Scratch::new("fleet")?;
+        let mut shards = Vec::new();
+        let mut shard_ids = Vec::new();
+        for (i, l) in latencies.iter().enumerate() {
+            let id = format!("shard{i}");
+            shards.push(start_shard(&id, *l).await?);
+            shard_ids.push(id);
+        }
+        let list: Vec<(String, SocketAddr)> = shard_ids
+            .iter()
+            .cloned()
+            .zip(shards.iter().map(|p| p.addr))
+            .collect();
+        let mut spec = spec.clone();
+        spec.collections.push(Sharded {
+            ns: format!("bench.{WARM_UP}"),
+            chunks: None,
+        });
+        let router = start_router(&scratch.0, &list, &spec).await?;
+        let mut shard_clients = Vec::new();
+        for s in &shards {
+            shard_clients.push(client(s.addr, true).await?);
+        }
+        let client = client(router.addr, false).await?;
+        let fleet = Fleet {
+            shard_ids,
+            shards,
+            shard_clients,
+            router,
+            client,
+            _scratch: scratch,
+        };
+        fleet.warm_up().await?;
+        Ok(fleet)
+    }
+
+    /// Opens the connections the measurements will use (driver pools, the router's shard
+    /// pools) with an unordered bulk through the router to every shard and a `ping` straight
+    /// to each, so that no measured bulk pays for connection set-up.
+    async fn warm_up(&self) -> anyhow::Result<()> {
+        let n = 50 * self.shards.len();
+        timed_update(&self.client, "bench", WARM_UP, upserts("warm-up", n), false).await?;
+        for c in &self.shard_clients {
+            c.database("admin").run_command(doc! {"ping": 1}).await?;
+        }
+        Ok(())
+    }
+
+    /// `metrics.commands.<name>.total` summed over the shards: the child batches they ran.
+    pub async fn shard_command_total(&self, name: &str) -> anyhow::Result<i64> {
+        let mut total = 0;
+        for c in &self.shard_clients {
+            total += command_total(c, name).await?;
+        }
+        Ok(total)
+    }
+
+    /// Documents of `db.coll` on each shard, in shard order.
+    pub async fn counts_on_shards(&self, db: &str, coll: &str) -> anyhow::Result<Vec<u64>> {
+        let mut out = Vec::new();
+        for c in &self.shard_clients {
+            out.push(
+                c.database(db)
+                    .collection::<Document>(coll)
+                    .count_documents(doc! {})
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Each shard's share of the hash space of `ns`, from the router's `config.chunks`.
+    pub async fn hash_shares(&self, ns: &str) -> anyhow::Result<Vec<f64>> {
+        let config = self.client.database("config");
+        let coll = config
+            .collection::<Document>("collections")
+            .find_one(doc! {"_id": ns})
+            .await?
+            .ok_or_else(|| anyhow!("{ns} is not sharded"))?;
+        let uuid = coll.get("uuid").cloned().unwrap_or(Bson::Null);
+        let mut cursor = config
+            .collection::<Document>("chunks")
+            .find(doc! {"uuid": uuid})
+            .await?;
+        let mut shares = vec![0.0; self.shard_ids.len()];
+        while cursor.advance().await? {
+            let chunk = cursor.deserialize_current()?;
+            let bound = |field: &str| -> anyhow::Result<f64> {
+                match chunk.get_document(field)?.get("_id") {
+                    Some(Bson::MinKey) => Ok(i64::MIN as f64),
+                    Some(Bson::MaxKey) => Ok(i64::MAX as f64),
+                    Some(Bson::Int64(v)) => Ok(*v as f64),
+                    other => bail!("unexpected chunk bound {other:?}"),
+                }
+            };
+            let width = (bound("max")? - bound("min")?) / 2f64.powi(64);
+            let shard = chunk.get_str("shard")?;
+            let i = self
+                .shard_ids
+                .iter()
+                .position(|s| s == shard)
+                .ok_or_else(|| anyhow!("chunk on unknown shard {shard}"))?;
+            shares[i] += width;
+        }
+        Ok(shares)
+    }
+
+    /// Stops the router and the shards.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.client.shutdown().await;
+        for c in self.shard_clients {
+            c.shutdown().await;
+        }
+        self.router.stop().await?;
+        for s in self.shards {
+            s.stop().await?;
+        }
+        Ok(())
+    }
+}
+
+/// `metrics.commands.<name>.total` of one server.
+pub async fn command_total(c: &mongodb::Client, name: &str) -> anyhow::Result<i64> {
+    let status = c
+        .database("admin")
+        .run_command(doc! {"serverStatus": 1})
+        .await?;
+    let n = status
+        .get_document("metrics")
+        .and_then(|m| m.get_document("commands"))
+        .ok()
+        .and_then(|c| c.get_document(name).ok())
+        .and_then(|d| d.get("total").cloned());
+    Ok(match n {
+        Some(Bson::Int64(v)) => v,
+        Some(Bson::Int32(v)) => v as i64,
+        Some(Bson::Double(v)) => v as i64,
+        _ => 0,
+    })
+}
+
+/// Starts a router in front of `shards`, its configuration written into `dir`. The environment
+/// variable `SLUICE_BENCH_ROUTER_TOML` appends configuration to every benchmark router (for
+/// experiments such as `$'[batching]\nmin_in_flight = 16'`).
+pub async fn start_router(
+    dir: &Path,
+    shards: &[(String, SocketAddr)],
+    spec: &RouterSpec,
+) -> anyhow::Result<Proc> {
+    let path = dir.join("router.toml");
+    let mut spec = spec.clone();
+    if let Ok(extra) = std::env::var("SLUICE_BENCH_ROUTER_TOML") {
+        spec.extra.push_str(&extra);
+    }
+    std::fs::write(&path, router_config(shards, &spec))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    let exe = sluice_exe()?;
+    let mut args: Vec<String> = spec.wrapper.iter().skip(1).cloned().collect();
+    let program = match spec.wrapper.first() {
+        Some(w) => {
+            args.push(exe.display().to_string());
+            PathBuf::from(w)
+        }
+        None => exe,
+    };
+    args.extend(["--config".to_string(), path.display().to_string()]);
+    Proc::start(&program, &args).await
+}
+
+/// `n` upserts with distinct `_id`s (`tag` makes each run's ids, hence hashes, its own).
+pub fn upserts(tag: &str, n: usize) -> Vec<Bson> {
+    (0..n)
+        .map(|i| {
+            Bson::Document(doc! {
+                "q": {"_id": format!("{tag}-{i}")},
+                "u": {"$set": {"stock": i as i64, "price": 100}},
+                "upsert": true,
+            })
+        })
+        .collect()
+}
+
+/// Runs one `update` command of `updates` on `db.coll` and checks that every statement
+/// upserted; returns its wall time.
+pub async fn timed_update(
+    c: &mongodb::Client,
+    db: &str,
+    coll: &str,
+    updates: Vec<Bson>,
+    ordered: bool,
+) -> anyhow::Result<Duration> {
+    let n = updates.len();
+    let start = Instant::now();
+    let reply = c
+        .database(db)
+        .run_command(doc! {"update": coll, "updates": updates, "ordered": ordered})
+        .await?;
+    let took = start.elapsed();
+    let upserted = reply.get_array("upserted").map(|a| a.len()).unwrap_or(0);
+    if upserted != n || reply.get("writeErrors").is_some() {
+        bail!("the bulk on {db}.{coll} upserted {upserted} of {n}: {reply}");
+    }
+    Ok(took)
+}
+
+/// A progress line on stderr, rewritten in place.
+pub struct Progress {
+    scenario: &'static str,
+    total: usize,
+    done: usize,
+}
+
+impl Progress {
+    /// A progress line for `total` steps.
+    pub fn new(scenario: &'static str, total: usize) -> Progress {
+        Progress {
+            scenario,
+            total,
+            done: 0,
+        }
+    }
+
+    /// Announces the next step (one line each when stderr is not a terminal).
+    pub fn step(&mut self, what: &str) {
+        self.done += 1;
+        let line = format!("{}: [{}/{}] {what}", self.scenario, self.done, self.total);
+        if std::io::stderr().is_terminal() {
+            eprint!("\r\x1b[2K{line}");
+        } else {
+            eprintln!("{line}");
+        }
+    }
+
+    /// Ends the line.
+    pub fn finish(self) {
+        let line = format!("{}: {} steps done", self.scenario, self.total);
+        if std::io::stderr().is_terminal() {
+            eprintln!("\r\x1b[2K{line}");
+        } else {
+            eprintln!("{line}");
+        }
+    }
+}
+
+/// Mean, sample standard deviation, minimum and maximum.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    /// Mean.
+    pub mean: f64,
+    /// Sample standard deviation (0 for one sample).
+    pub sd: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Largest.
+    pub max: f64,
+    /// Median.
+    pub median: f64,
+}
+
+impl Stats {
+    /// The statistics of `xs` (all zero when empty).
+    pub fn of(xs: &[f64]) -> Stats {
+        if xs.is_empty() {
+            return Stats::default();
+        }
+        let n = xs.len() as f64;
+        let mean = xs.iter().sum::<f64>() / n;
+        let var = if xs.len() > 1 {
+            xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+        } else {
+            0.0
+        };
+        let mut sorted = xs.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        Stats {
+            mean,
+            sd: var.sqrt(),
+            min: sorted[0],
+            max: sorted[sorted.len() - 1],
+            median: quantile(&sorted, 0.5),
+        }
+    }
+
+    /// As JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({"mean": self.mean, "sd": self.sd, "min": self.min, "max": self.max, "median": self.median})
+    }
+}
+
+/// The `q` quantile of sorted values (nearest rank).
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((sorted.len() as f64) * q).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_and_quantiles() {
+        let s = Stats::of(&[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(s.mean, 2.5);
+        assert!((s.sd - 1.29099).abs() < 1e-4);
+        assert_eq!((s.min, s.max), (1.0, 4.0));
+        assert_eq!(quantile(&[1.0, 2.0, 3.0, 4.0], 0.5), 2.0);
+        assert_eq!(quantile(&[1.0, 2.0, 3.0, 4.0], 0.99), 4.0);
+        assert_eq!(Stats::of(&[]).mean, 0.0);
+    }
+
+    #[test]
+    fn router_config_parses_as_a_config() {
+        let spec = RouterSpec {
+            policy: Policy::Off,
+            collections: vec![Sharded {
+                ns: "bench.c0".into(),
+                chunks: Some(3),
+            }],
+            wrapper: vec![],
+            extra: String::new(),
+        };
+        let text = router_config(
+            &[("shard0".into(), "127.0.0.1:1".parse().expect("addr"))],
+            &spec,
+        );
+        let c: crate::config::Config = toml::from_str(&text).expect("valid configuration");
+        assert_eq!(c.ordered_rewrite, Policy::Off);
+        assert_eq!(c.collections[0].num_initial_chunks, Some(3));
+        assert_eq!(c.shards[0].address, "127.0.0.1:1");
+    }
+}

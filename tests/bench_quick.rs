@@ -1,0 +1,157 @@
+//! Every `sluice bench` scenario runs in its quick mode, as a user would start it, and writes
+//! results that say what the scenario is about. These check behaviour (child batches counted,
+//! files written, every figure present), never timings: benchmarks report, tests check.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn out_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-bench-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Runs `sluice bench <scenario> --quick` and returns its JSON result.
+fn run(scenario: &str) -> (PathBuf, serde_json::Value) {
+    let out = out_dir(scenario);
+    let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench", scenario, "--quick", "--out"])
+        .arg(&out)
+        .status()
+        .expect("sluice bench starts");
+    assert!(
+        status.success(),
+        "sluice bench {scenario} --quick failed: {status}"
+    );
+    let text = std::fs::read_to_string(out.join(format!("{scenario}.json")))
+        .expect("the scenario writes its JSON");
+    let md = std::fs::read_to_string(out.join(format!("{scenario}.md")))
+        .expect("the scenario writes its Markdown");
+    assert!(md.contains("|---"), "{scenario}.md holds a table");
+    (out, serde_json::from_str(&text).expect("valid JSON"))
+}
+
+fn samples(v: &serde_json::Value) -> Vec<f64> {
+    v["samples"]
+        .as_array()
+        .expect("samples")
+        .iter()
+        .map(|x| x.as_f64().expect("number"))
+        .collect()
+}
+
+fn svg(dir: &Path, file: &str) {
+    let s = std::fs::read_to_string(dir.join(file)).expect("chart written");
+    assert!(
+        s.starts_with("<svg") && s.contains("</svg>"),
+        "{file} is an SVG"
+    );
+}
+
+#[test]
+fn rounds_counts_child_batches_on_the_shards() {
+    let (dir, v) = run("rounds");
+    let rows = v["rows"].as_array().expect("rows");
+    assert!(rows.len() >= 3);
+    assert!(
+        rows.iter().any(|r| !r["num_initial_chunks"].is_null()),
+        "a skewed placement is measured"
+    );
+    let n = v["n"].as_f64().expect("n");
+    for r in rows {
+        let shards = r["shards"].as_f64().expect("shards");
+        let shares: f64 = r["shares"]
+            .as_array()
+            .expect("shares")
+            .iter()
+            .map(|p| p.as_f64().expect("share"))
+            .sum();
+        assert!((shares - 1.0).abs() < 1e-6, "shares cover the hash space");
+        for x in samples(&r["rewrite"])
+            .into_iter()
+            .chain(samples(&r["unordered"]))
+        {
+            assert_eq!(x, shards, "one child batch per shard: {r}");
+        }
+        for x in samples(&r["mongos_rounds"]) {
+            assert!(
+                x > shards && x <= n,
+                "mongos rounds send many child batches: {r}"
+            );
+        }
+        let formula = r["formula"].as_f64().expect("formula");
+        assert!(formula > 1.0 && formula < n);
+    }
+    svg(&dir, "rounds.svg");
+}
+
+#[test]
+fn seed_table_times_every_plan_beside_the_limit() {
+    let (dir, v) = run("seed-table");
+    let variants = v["variants"].as_array().expect("variants");
+    assert_eq!(variants.len(), 2);
+    for var in variants {
+        for k in [
+            "mongos_rounds_ms",
+            "rewrite_ms",
+            "unordered_ms",
+            "limit_model_ms",
+            "limit_measured_ms",
+        ] {
+            let xs = samples(&var[k]);
+            assert!(!xs.is_empty() && xs.iter().all(|x| *x > 0.0), "{k}: {var}");
+        }
+        assert!(var["bulks_in_flight"]["rewrite"].as_f64().expect("L") > 0.0);
+        assert!(var["round_trip_ms"]["shard0"].as_f64().expect("rt") > 0.0);
+    }
+    svg(&dir, "seed-table.svg");
+}
+
+#[test]
+fn overhead_compares_direct_and_routed_and_counts_instructions() {
+    let (_, v) = run("overhead");
+    for op in ["insert_one", "find_one"] {
+        for side in ["direct", "routed"] {
+            let runs = v[op][side].as_array().expect("runs");
+            assert!(!runs.is_empty());
+            for r in runs {
+                assert!(r["ops_per_s"].as_f64().expect("ops") > 0.0);
+                assert!(r["p99_ms"].as_f64().expect("p99") >= r["p50_ms"].as_f64().expect("p50"));
+            }
+        }
+        assert!(v[op]["throughput_ratio"]["median"].as_f64().expect("ratio") > 0.0);
+    }
+    let counts = v["instructions"].as_array().expect("instructions");
+    assert_eq!(counts.len(), 2);
+    for c in counts {
+        let totals: Vec<u64> = c["totals"]
+            .as_array()
+            .expect("totals")
+            .iter()
+            .map(|t| t.as_u64().expect("total"))
+            .collect();
+        assert!(
+            totals[1] > totals[0] && totals[0] > 1_000_000,
+            "callgrind counted the router: {c}"
+        );
+        assert!(c["per_document"].as_f64().expect("per doc") > 0.0);
+    }
+}
+
+#[test]
+fn overload_compares_the_limits() {
+    let (dir, v) = run("overload");
+    assert_eq!(v["rows"].as_array().expect("rows").len(), 4);
+    svg(&dir, "overload.svg");
+}
+
+#[test]
+fn an_unknown_scenario_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench", "nosuch", "--out"])
+        .arg(out_dir("nosuch"))
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown benchmark scenario"));
+}
