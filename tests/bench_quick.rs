@@ -97,6 +97,7 @@ fn seed_table_times_every_plan_beside_the_limit() {
             "unordered_ms",
             "limit_model_ms",
             "limit_measured_ms",
+            "direct_all_ms",
         ] {
             let xs = samples(&var[k]);
             assert!(!xs.is_empty() && xs.iter().all(|x| *x > 0.0), "{k}: {var}");

@@ -6,7 +6,8 @@
 //!
 //! Each operation kind (mutations, reads) has its own limit on batches that are not full; both
 //! together stay within `max_in_flight`. An execution is compared with the fastest recent
-//! execution of the same group and the same or a larger size class (its baseline); when a
+//! execution of the same group and the same or a larger size class (its baseline, never less
+//! than [`MIN_BASELINE`], a floor that ADAPTIVE-LIMIT.md does not have); when a
 //! window's median exceeds 4× its baseline while batches ran together or one was held back, the
 //! limit halves; once settled, while executions stay under 4×, it grows by half a batch per
 //! window (by half its value below one). Below one, batches run one at a time with the shard

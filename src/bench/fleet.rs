@@ -199,8 +199,13 @@ impl Scratch {
 }
 
 impl Drop for Scratch {
+    /// Removes the directory, unless `SLUICE_BENCH_KEEP` is set (to read a profile afterwards).
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if std::env::var_os("SLUICE_BENCH_KEEP").is_some() {
+            eprintln!("kept {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 

@@ -35,6 +35,8 @@ pub struct Variant {
     pub limit_model: Vec<f64>,
     /// The slowest shard's documents sent straight to it (ms).
     pub limit_measured: Vec<f64>,
+    /// Every shard's documents sent straight to it, all at once (ms).
+    pub direct_all: Vec<f64>,
     /// The analysis's figures (ms): ordered, unordered (for n = 1,000).
     pub analysis: (f64, f64),
     /// One single-statement upsert straight to shard0 and to shard1 (ms, medians): what one
@@ -133,6 +135,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
                 v.limit_model.push(ms(cost));
                 v.limit_measured
                     .push(direct_limit(&fleet, slowest, &coll, r).await?);
+                v.direct_all.push(direct_all(&fleet, &coll, r).await?);
                 if r == 0 {
                     v.round_trip = (
                         round_trip(&fleet.shard_clients[0]).await?,
@@ -148,11 +151,9 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
     Ok(report(n, reps, &variants))
 }
 
-/// Sends the documents that `shard` owns in `bench.coll` straight to it, as one unordered bulk
-/// of the same upserts into a fresh collection: the shard's own time for its share (ms).
-async fn direct_limit(fleet: &Fleet, shard: usize, coll: &str, rep: usize) -> anyhow::Result<f64> {
-    let c = &fleet.shard_clients[shard];
-    let mut cursor = c
+/// The upserts that recreate what `shard` holds of `bench.coll`.
+async fn share_of(fleet: &Fleet, shard: usize, coll: &str) -> anyhow::Result<Vec<Bson>> {
+    let mut cursor = fleet.shard_clients[shard]
         .database("bench")
         .collection::<Document>(coll)
         .find(doc! {})
@@ -167,8 +168,37 @@ async fn direct_limit(fleet: &Fleet, shard: usize, coll: &str, rep: usize) -> an
             "upsert": true,
         }));
     }
+    Ok(updates)
+}
+
+/// Sends the documents that `shard` owns in `bench.coll` straight to it, as one unordered bulk
+/// of the same upserts into a fresh collection: the shard's own time for its share (ms).
+async fn direct_limit(fleet: &Fleet, shard: usize, coll: &str, rep: usize) -> anyhow::Result<f64> {
+    let updates = share_of(fleet, shard, coll).await?;
+    let c = &fleet.shard_clients[shard];
     let t = timed_update(c, "bench", &format!("direct{rep}"), updates, false).await?;
     Ok(ms(t))
+}
+
+/// Sends every shard its share straight and all at once, as a router that cost nothing would:
+/// the limit on this machine, where the shards share its cores (ms).
+async fn direct_all(fleet: &Fleet, coll: &str, rep: usize) -> anyhow::Result<f64> {
+    let mut shares = Vec::new();
+    for i in 0..fleet.shard_clients.len() {
+        shares.push(share_of(fleet, i, coll).await?);
+    }
+    let target = format!("all{rep}");
+    let start = std::time::Instant::now();
+    let sends = fleet
+        .shard_clients
+        .iter()
+        .zip(shares)
+        .filter(|(_, s)| !s.is_empty())
+        .map(|(c, s)| timed_update(c, "bench", &target, s, false));
+    for r in crate::backend::join_all(sends).await {
+        r?;
+    }
+    Ok(ms(start.elapsed()))
 }
 
 /// The median of 30 single-statement upserts straight to one shard (ms).
@@ -199,10 +229,11 @@ fn fmt_ms(v: f64) -> String {
 fn report(n: usize, reps: usize, variants: &[Variant]) -> Report {
     let med = |xs: &[f64]| Stats::of(xs).median;
     let mut md = format!(
-        "5 embedded shards (separate processes) inject 1 ms per command + 0.2 ms per document; \"one shard slow\": shard0 injects 10 ms + 2 ms. One ordered bulk of n = {n} distinct-`_id` upserts through the router (stock Rust driver); medians of {reps} repetition(s) [min–max]. The physical limit is one wait on the slowest shard for the documents it owns: the model's figure and the same upserts sent straight to that shard. Bulks in flight by Little's law at {ARRIVALS_PER_S} bulks/s.\n\n| case | plan | wall time | analysis (n = 1,000) | physical limit (model / measured) | vs measured limit | bulks in flight |\n|---|---|---|---|---|---|---|\n"
+        "5 embedded shards (separate processes) inject 1 ms per command + 0.2 ms per document; \"one shard slow\": shard0 injects 10 ms + 2 ms. One ordered bulk of n = {n} distinct-`_id` upserts through the router (stock Rust driver); medians of {reps} repetition(s) [min–max]. Bulks in flight by Little's law at {ARRIVALS_PER_S} bulks/s.\n\nThe physical limit is one wait on the slowest shard for the documents it owns: the model's figure, and the same upserts sent straight to that shard alone. A router that cost nothing would send every shard its share at once: that is measured too (\"all shards direct\"), and on a 2-core machine that hosts five shards it is slower than the slowest shard alone, because the shards' CPU work after the injected wait shares the cores.\n\n| case | plan | wall time | analysis (n = 1,000) | vs slowest shard alone | vs all shards direct | bulks in flight |\n|---|---|---|---|---|---|---|\n"
     );
     for v in variants {
-        let limit = med(&v.limit_measured);
+        let alone = med(&v.limit_measured);
+        let all = med(&v.direct_all);
         for (plan, xs, analysis) in [
             ("mongos rounds", &v.mongos, fmt_ms(v.analysis.0)),
             (
@@ -215,17 +246,27 @@ fn report(n: usize, reps: usize, variants: &[Variant]) -> Report {
             let s = Stats::of(xs);
             let _ = writeln!(
                 md,
-                "| {} | {plan} | {} [{}–{}] | {analysis} | {} / {} | {:.2}× | {:.1} |",
+                "| {} | {plan} | {} [{}–{}] | {analysis} | {:.2}× | {:.2}× | {:.1} |",
                 v.name,
                 fmt_ms(s.median),
                 fmt_ms(s.min),
                 fmt_ms(s.max),
-                fmt_ms(med(&v.limit_model)),
-                fmt_ms(limit),
-                s.median / limit,
+                s.median / alone,
+                s.median / all,
                 ARRIVALS_PER_S * s.median / 1000.0,
             );
         }
+    }
+    md.push_str("\n| case | limit: model | slowest shard alone | all shards direct, at once |\n|---|---|---|---|\n");
+    for v in variants {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            v.name,
+            fmt_ms(med(&v.limit_model)),
+            fmt_ms(med(&v.limit_measured)),
+            fmt_ms(med(&v.direct_all)),
+        );
     }
     md.push_str("\nWhat one round trip costs on this machine (a single-statement upsert straight to a shard, median of 30), against the model's 1 ms + 0.2 ms:\n\n| case | shard0 | shard1 |\n|---|---|---|\n");
     for v in variants {
@@ -252,6 +293,8 @@ fn report(n: usize, reps: usize, variants: &[Variant]) -> Report {
             "unordered_ms": {"samples": v.unordered, "stats": Stats::of(&v.unordered).json()},
             "limit_model_ms": {"samples": v.limit_model, "stats": Stats::of(&v.limit_model).json()},
             "limit_measured_ms": {"samples": v.limit_measured, "stats": Stats::of(&v.limit_measured).json()},
+            "direct_all_ms": {"samples": v.direct_all, "stats": Stats::of(&v.direct_all).json()},
+            "rewrite_over_direct_all": med(&v.rewrite) / med(&v.direct_all),
             "rewrite_over_limit": med(&v.rewrite) / med(&v.limit_measured),
             "round_trip_ms": {"shard0": v.round_trip.0, "shard1": v.round_trip.1},
             "bulks_in_flight": {
@@ -267,7 +310,8 @@ fn report(n: usize, reps: usize, variants: &[Variant]) -> Report {
             ("mongos rounds", "#c0392b", &v.mongos),
             ("proven rewrite", "#2471a3", &v.rewrite),
             ("unordered", "#5dade2", &v.unordered),
-            ("physical limit", "#7f8c8d", &v.limit_measured),
+            ("slowest shard alone", "#7f8c8d", &v.limit_measured),
+            ("all shards direct", "#b3b6b7", &v.direct_all),
         ] {
             bars.push(Bar {
                 label: format!("{}: {plan}", v.name),

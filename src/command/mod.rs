@@ -98,6 +98,28 @@ impl CommandRequest {
         self.body.to_document()
     }
 
+    /// The body as an owned document without a write command's statements array
+    /// (`documents`, `updates`, `deletes`): the command's options. Converting a 1,000-statement
+    /// body costs more than routing its statements, and the options are all the write path
+    /// reads from it; the statements are read raw by [`CommandRequest::statement_bytes`].
+    pub fn options_document(&self) -> Document {
+        let Some(skip) =
+            crate::write::target::WriteKind::from_command(&self.name).map(|k| k.statements_field())
+        else {
+            return self.body_document();
+        };
+        let mut d = Document::new();
+        for (k, v) in self.body.raw().iter().flatten() {
+            if k.as_str() == skip {
+                continue;
+            }
+            if let Ok(v) = Bson::try_from(v) {
+                d.insert(k.as_str(), v);
+            }
+        }
+        d
+    }
+
     /// The statements of a write command, raw: the kind-1 sequence named `field`, or else the
     /// body's `field` array, with mongod's errors when that array is missing or holds a
     /// non-document.

@@ -63,7 +63,7 @@ pub async fn route(
     req: &CommandRequest,
     client_id: i64,
 ) -> Result<Document, CommandError> {
-    let body = req.body_document();
+    let body = req.options_document();
     let coll = collection_of(req, &body);
     let snapshot = match &coll {
         Some(c) => cluster.routing.get(&format!("{}.{c}", req.db))?,

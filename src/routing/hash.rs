@@ -15,7 +15,26 @@ use crate::order::canonical_for;
 
 /// The hash of a value, as stored in a hashed index and used for hashed shard keys.
 pub fn hash64(value: &Bson) -> i64 {
-    // Encode the value as the only element of a document and hash that element raw.
+    // Scalars are read in place; anything else is encoded as the only element of a document
+    // and hashed raw.
+    let scalar = match value {
+        Bson::Int32(i) => Some(RawBsonRef::Int32(*i)),
+        Bson::Int64(i) => Some(RawBsonRef::Int64(*i)),
+        Bson::Double(d) => Some(RawBsonRef::Double(*d)),
+        Bson::String(s) => Some(RawBsonRef::String(s)),
+        Bson::ObjectId(o) => Some(RawBsonRef::ObjectId(*o)),
+        Bson::Boolean(b) => Some(RawBsonRef::Boolean(*b)),
+        Bson::DateTime(d) => Some(RawBsonRef::DateTime(*d)),
+        Bson::Timestamp(t) => Some(RawBsonRef::Timestamp(*t)),
+        Bson::Decimal128(d) => Some(RawBsonRef::Decimal128(*d)),
+        Bson::Null => Some(RawBsonRef::Null),
+        Bson::MinKey => Some(RawBsonRef::MinKey),
+        Bson::MaxKey => Some(RawBsonRef::MaxKey),
+        _ => None,
+    };
+    if let Some(v) = scalar {
+        return hash64_raw(v);
+    }
     let mut d = bson::Document::new();
     d.insert("", value.clone());
     let bytes = d.to_vec().unwrap_or_default();

@@ -135,7 +135,7 @@ fn statements(req: &CommandRequest, kind: WriteKind) -> Result<Statements, Comma
 /// routing fields, with a `w: 0` write concern raised to `w: 1` so the router sees errors.
 fn child_template(req: &CommandRequest, kind: WriteKind) -> Document {
     let mut t = Document::new();
-    for (k, v) in req.body_document() {
+    for (k, v) in req.options_document() {
         match k.as_str() {
             f if f == kind.statements_field() => {}
             "stmtIds" | "stmtId" | "$clusterTime" | "shardVersion" | "databaseVersion"
@@ -634,7 +634,7 @@ pub async fn execute(
     kind: WriteKind,
     snapshot: Arc<RoutingSnapshot>,
 ) -> Result<Document, CommandError> {
-    let body = req.body_document();
+    let body = req.options_document();
     let ordered = body.get("ordered").map(truthy).unwrap_or(true);
     let retryable = body.contains_key("lsid") && body.contains_key("txnNumber");
     let client_stmt_ids = body.get_array("stmtIds").ok().map(|ids| {

@@ -309,8 +309,8 @@ fn modifies_shard_key(snap: &RoutingSnapshot, ops: &Document) -> Option<Targeted
         for path in args.keys() {
             for f in snap.pattern.fields() {
                 let hit = path == &f.path
-                    || path.starts_with(&format!("{}.", f.path))
-                    || f.path.starts_with(&format!("{path}."));
+                    || is_path_prefix(&f.path, path)
+                    || is_path_prefix(path, &f.path);
                 if hit {
                     return Some(error(
                         ErrorCode::ImmutableField,
@@ -321,6 +321,11 @@ fn modifies_shard_key(snap: &RoutingSnapshot, ops: &Document) -> Option<Targeted
         }
     }
     None
+}
+
+/// Whether `prefix` names a parent of `path` (`a` of `a.b`, not of `ab`).
+fn is_path_prefix(prefix: &str, path: &str) -> bool {
+    path.len() > prefix.len() && path.starts_with(prefix) && path.as_bytes()[prefix.len()] == b'.'
 }
 
 /// Targets a delete statement (`{q, limit, collation}`).
@@ -381,6 +386,21 @@ mod tests {
             },
             uuid: bson::Uuid::new(),
         }
+    }
+
+    #[test]
+    fn operators_on_the_shard_key_or_its_parents_or_children_are_refused() {
+        let s = snap(doc! {"a.b": "hashed"});
+        let refused = |u: Document| {
+            let t = target_update(&s, &doc! {"q": {"a.b": 1}, "u": u});
+            matches!(t.target, Target::Error { .. })
+        };
+        assert!(refused(doc! {"$set": {"a.b": 2}}));
+        assert!(refused(doc! {"$set": {"a": {"b": 2}}}));
+        assert!(refused(doc! {"$unset": {"a.b.c": 1}}));
+        assert!(!refused(doc! {"$set": {"ab": 2}}));
+        assert!(!refused(doc! {"$set": {"a.bc": 2}}));
+        assert!(!refused(doc! {"$inc": {"n": 1}}));
     }
 
     #[test]
