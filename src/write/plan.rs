@@ -8,8 +8,9 @@
 //! - **proven rewrite**: an ordered bulk that is provably order-independent goes out as one
 //!   round, one ordered child batch per shard.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
+use bson::Bson;
 use serde::Deserialize;
 
 use super::target::{Target, Targeted};
@@ -118,19 +119,52 @@ pub fn prove(targeted: &[(usize, &Targeted)], policy: Policy) -> Result<(), Proo
     if policy == Policy::Always {
         return Ok(());
     }
-    let mut seen = BTreeSet::new();
+    let mut ids = Vec::with_capacity(targeted.len());
     for (_, t) in targeted {
         let Some(id) = &t.identity else {
             return Err(ProofFailure::NoIdentity);
         };
-        if !seen.insert(OrdBson(id.clone())) {
-            return Err(ProofFailure::DuplicateIdentity);
-        }
+        ids.push(id);
+    }
+    if !identities_distinct(&ids) {
+        return Err(ProofFailure::DuplicateIdentity);
     }
     if !targeted.iter().all(|(_, t)| t.retry_safe) {
         return Err(ProofFailure::NotRetrySafe);
     }
     Ok(())
+}
+
+/// An identity in a form that hashes, for the common bulks whose `_id`s are all integers, all
+/// strings or all ObjectIds: within one of those classes, equal keys mean equal values in
+/// MongoDB's comparison (1 and 1.0 are never in the same class: a double sends the bulk to the
+/// general path).
+#[derive(PartialEq, Eq, Hash)]
+enum FastId<'a> {
+    Int(i64),
+    Str(&'a str),
+    Oid([u8; 12]),
+}
+
+fn fast_id(id: &Bson) -> Option<FastId<'_>> {
+    match id {
+        Bson::Int32(i) => Some(FastId::Int(*i as i64)),
+        Bson::Int64(i) => Some(FastId::Int(*i)),
+        Bson::String(s) => Some(FastId::Str(s)),
+        Bson::ObjectId(o) => Some(FastId::Oid(o.bytes())),
+        _ => None,
+    }
+}
+
+/// Whether no two identities are equal in MongoDB's comparison.
+fn identities_distinct(ids: &[&Bson]) -> bool {
+    let fast: Option<Vec<FastId<'_>>> = ids.iter().map(|id| fast_id(id)).collect();
+    if let Some(fast) = fast {
+        let mut seen = HashSet::with_capacity(fast.len());
+        return fast.into_iter().all(|k| seen.insert(k));
+    }
+    let mut seen = BTreeSet::new();
+    ids.iter().all(|id| seen.insert(OrdBson((*id).clone())))
 }
 
 /// Plans statements (global index, targeting), given in original order.
@@ -254,7 +288,33 @@ fn mongos_rounds(targeted: &[(usize, &Targeted)]) -> Vec<Round> {
 mod tests {
     use super::*;
     use crate::error_codes::ErrorCode;
-    use bson::Bson;
+
+    #[test]
+    fn identities_are_compared_as_mongodb_compares_them() {
+        let oid = bson::oid::ObjectId::new();
+        let distinct = |ids: Vec<Bson>| identities_distinct(&ids.iter().collect::<Vec<_>>());
+        assert!(distinct(vec![Bson::Int32(1), Bson::Int64(2)]));
+        assert!(!distinct(vec![Bson::Int32(1), Bson::Int64(1)]));
+        assert!(
+            !distinct(vec![Bson::Int32(1), Bson::Double(1.0)]),
+            "1 == 1.0"
+        );
+        assert!(distinct(vec![Bson::Int32(1), Bson::String("1".into())]));
+        assert!(!distinct(vec![
+            Bson::String("a".into()),
+            Bson::String("a".into())
+        ]));
+        assert!(!distinct(vec![Bson::ObjectId(oid), Bson::ObjectId(oid)]));
+        assert!(distinct(vec![
+            Bson::ObjectId(oid),
+            Bson::ObjectId(bson::oid::ObjectId::new())
+        ]));
+        assert!(!distinct(vec![
+            bson::bson!({"a": 1}),
+            Bson::Int32(3),
+            bson::bson!({"a": 1.0})
+        ]));
+    }
 
     fn one(shard: &str, id: i32) -> Targeted {
         Targeted {
