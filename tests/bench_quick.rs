@@ -123,7 +123,7 @@ fn overhead_compares_direct_and_routed_and_counts_instructions() {
         assert!(v[op]["throughput_ratio"]["median"].as_f64().expect("ratio") > 0.0);
     }
     let counts = v["instructions"].as_array().expect("instructions");
-    assert_eq!(counts.len(), 2);
+    assert_eq!(counts.len(), 3);
     for c in counts {
         let totals: Vec<u64> = c["totals"]
             .as_array()

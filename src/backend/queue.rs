@@ -41,11 +41,36 @@ struct State {
     next_id: u64,
 }
 
+/// The gauges a queue publishes, registered once (building a labelled key on every update
+/// cost more than the rest of a single-document write's queueing).
+struct Gauges {
+    limit: [metrics::Gauge; 2],
+    ratio: [metrics::Gauge; 2],
+    in_flight: [metrics::Gauge; 2],
+    depth: metrics::Gauge,
+}
+
+impl Gauges {
+    fn new(shard: &str) -> Gauges {
+        let per_op = |name: &'static str| {
+            [OpKind::Mutate, OpKind::Read]
+                .map(|op| metrics::gauge!(name, "shard" => shard.to_string(), "op" => op.label()))
+        };
+        Gauges {
+            limit: per_op("sluice_shard_adaptive_limit"),
+            ratio: per_op("sluice_shard_execution_latency_ratio"),
+            in_flight: per_op("sluice_shard_in_flight"),
+            depth: metrics::gauge!("sluice_shard_queue_depth", "shard" => shard.to_string()),
+        }
+    }
+}
+
 /// One shard's queue and limiter.
 pub struct ShardQueue {
     shard: String,
     state: Mutex<State>,
     changed: Notify,
+    gauges: Gauges,
 }
 
 impl std::fmt::Debug for ShardQueue {
@@ -75,6 +100,7 @@ impl ShardQueue {
                 next_id: 0,
             }),
             changed: Notify::new(),
+            gauges: Gauges::new(shard),
         }
     }
 
@@ -103,16 +129,12 @@ impl ShardQueue {
     }
 
     fn publish(&self, st: &State) {
-        for op in [OpKind::Mutate, OpKind::Read] {
-            metrics::gauge!("sluice_shard_adaptive_limit", "shard" => self.shard.clone(), "op" => op.label())
-                .set(st.limiter.limit(op));
-            metrics::gauge!("sluice_shard_execution_latency_ratio", "shard" => self.shard.clone(), "op" => op.label())
-                .set(st.limiter.latency_ratio(op));
-            metrics::gauge!("sluice_shard_in_flight", "shard" => self.shard.clone(), "op" => op.label())
-                .set(st.limiter.in_flight(op) as f64);
+        for (i, op) in [OpKind::Mutate, OpKind::Read].into_iter().enumerate() {
+            self.gauges.limit[i].set(st.limiter.limit(op));
+            self.gauges.ratio[i].set(st.limiter.latency_ratio(op));
+            self.gauges.in_flight[i].set(st.limiter.in_flight(op) as f64);
         }
-        metrics::gauge!("sluice_shard_queue_depth", "shard" => self.shard.clone())
-            .set(st.queued_operations as f64);
+        self.gauges.depth.set(st.queued_operations as f64);
     }
 
     /// Waits for an execution slot for `batch`, oldest first, until `deadline`.

@@ -117,6 +117,8 @@ impl Pairs {
 pub struct Instructions {
     /// What the routed documents were.
     pub workload: &'static str,
+    /// Documents per command.
+    pub bulk: usize,
     /// Documents routed in the short and the long run.
     pub docs: (u64, u64),
     /// The router's total instructions in those runs.
@@ -136,6 +138,25 @@ struct Setup {
     concurrency: usize,
     bulk: usize,
     bulks: (usize, usize),
+    single_ops: (usize, usize),
+}
+
+/// What the router under callgrind routes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Workload {
+    InsertMany,
+    OrderedUpserts,
+    InsertOne,
+}
+
+impl Workload {
+    fn label(self) -> &'static str {
+        match self {
+            Workload::InsertMany => "insert_many",
+            Workload::OrderedUpserts => "ordered upserts",
+            Workload::InsertOne => "insert_one",
+        }
+    }
 }
 
 /// Runs the scenario.
@@ -147,6 +168,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
             concurrency: 8,
             bulk: 100,
             bulks: (1, 3),
+            single_ops: (10, 30),
         }
     } else {
         Setup {
@@ -155,24 +177,31 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
             concurrency: 8,
             bulk: 1000,
             bulks: (2, 12),
+            single_ops: (200, 1200),
         }
     };
     let valgrind = check_valgrind().await?;
-    let mut progress = Progress::new("overhead", s.rounds * 4 + 4);
+    let mut progress = Progress::new("overhead", s.rounds * 4 + 6);
     let (insert, find) = side_by_side(&s, &mut progress).await?;
     let mut counts = Vec::new();
-    for (workload, ordered_upserts) in [("insert_many", false), ("ordered upserts", true)] {
+    let workloads = [
+        (Workload::InsertMany, s.bulk, s.bulks),
+        (Workload::OrderedUpserts, s.bulk, s.bulks),
+        (Workload::InsertOne, 1, s.single_ops),
+    ];
+    for (workload, bulk, (short, long)) in workloads {
         let mut totals = Vec::new();
-        for bulks in [s.bulks.0, s.bulks.1] {
+        for bulks in [short, long] {
             progress.step(&format!(
-                "callgrind: router under valgrind, {bulks} × {} {workload}",
-                s.bulk
+                "callgrind: router under valgrind, {bulks} × {bulk} {}",
+                workload.label()
             ));
-            totals.push(callgrind_run(&valgrind, s.bulk, bulks, ordered_upserts).await?);
+            totals.push(callgrind_run(&valgrind, workload, bulk, bulks).await?);
         }
         counts.push(Instructions {
-            workload,
-            docs: ((s.bulks.0 * s.bulk) as u64, (s.bulks.1 * s.bulk) as u64),
+            workload: workload.label(),
+            bulk,
+            docs: ((short * bulk) as u64, (long * bulk) as u64),
             totals: (totals[0], totals[1]),
         });
     }
@@ -240,13 +269,13 @@ async fn check_valgrind() -> anyhow::Result<String> {
     Ok(program)
 }
 
-/// Starts two shards and a router under callgrind, routes `bulks` bulks of `bulk` documents
-/// and returns the router's total instructions.
+/// Starts two shards and a router under callgrind, routes `bulks` commands of `bulk`
+/// documents and returns the router's total instructions.
 async fn callgrind_run(
     valgrind: &str,
+    workload: Workload,
     bulk: usize,
     bulks: usize,
-    ordered_upserts: bool,
 ) -> anyhow::Result<u64> {
     let scratch = Scratch::new("callgrind")?;
     let out = scratch.0.join("callgrind.out");
@@ -277,7 +306,10 @@ async fn callgrind_run(
     let cl = client(router.addr, false).await?;
     let coll = cl.database("bench").collection::<Document>("cpu");
     for b in 0..bulks {
-        if ordered_upserts {
+        if workload == Workload::InsertOne {
+            coll.insert_one(doc! {"_id": b as i64, "v": 1, "pad": "0123456789abcdef"})
+                .await?;
+        } else if workload == Workload::OrderedUpserts {
             let updates: Vec<Bson> = (0..bulk)
                 .map(|i| {
                     Bson::Document(doc! {
@@ -351,14 +383,14 @@ fn report(s: &Setup, insert: &Pairs, find: &Pairs, counts: &[Instructions]) -> R
     }
     let _ = writeln!(
         md,
-        "\nRouter CPU per routed document, `valgrind --tool=callgrind` on the router process (two shards, bulks of {} documents, {profile} build):\n\n| workload | documents (short / long run) | instructions (short / long run) | instructions per document |\n|---|---|---|---|",
-        s.bulk
+        "\nRouter CPU per routed document, `valgrind --tool=callgrind` on the router process (two shards, {profile} build): the difference between a short and a long run, divided by the difference of their documents.\n\n| workload | documents per command | documents (short / long run) | instructions (short / long run) | instructions per document |\n|---|---|---|---|---|"
     );
     for c in counts {
         let _ = writeln!(
             md,
-            "| {} | {} / {} | {} / {} | {:.0} |",
+            "| {} | {} | {} / {} | {} / {} | {:.0} |",
             c.workload,
+            c.bulk,
             c.docs.0,
             c.docs.1,
             c.totals.0,
@@ -390,7 +422,7 @@ fn report(s: &Setup, insert: &Pairs, find: &Pairs, counts: &[Instructions]) -> R
         "find_one": pairs_json(find),
         "instructions": counts.iter().map(|c| serde_json::json!({
             "workload": c.workload,
-            "bulk": s.bulk,
+            "bulk": c.bulk,
             "documents": [c.docs.0, c.docs.1],
             "totals": [c.totals.0, c.totals.1],
             "per_document": c.per_doc(),

@@ -76,7 +76,8 @@ pub async fn route(
     }
     if let Some(snap) = snapshot {
         if let Some(kind) = WriteKind::from_command(&req.name) {
-            let mut reply = crate::write::execute(cluster, stats, policy, req, kind, snap).await?;
+            let mut reply =
+                crate::write::execute(cluster, stats, policy, req, &body, kind, snap).await?;
             reply.insert("ok", 1.0);
             return Ok(reply);
         }

@@ -133,9 +133,9 @@ fn statements(req: &CommandRequest, kind: WriteKind) -> Result<Statements, Comma
 
 /// The body every child batch starts from: the client's command minus its statements and
 /// routing fields, with a `w: 0` write concern raised to `w: 1` so the router sees errors.
-fn child_template(req: &CommandRequest, kind: WriteKind) -> Document {
+fn child_template(options: &Document, kind: WriteKind) -> Document {
     let mut t = Document::new();
-    for (k, v) in req.options_document() {
+    for (k, v) in options {
         match k.as_str() {
             f if f == kind.statements_field() => {}
             "stmtIds" | "stmtId" | "$clusterTime" | "shardVersion" | "databaseVersion"
@@ -145,10 +145,10 @@ fn child_template(req: &CommandRequest, kind: WriteKind) -> Document {
                 if matches!(wc.get("w"), Some(Bson::Int32(0) | Bson::Int64(0))) {
                     wc.insert("w", 1);
                 }
-                t.insert(k, wc);
+                t.insert(k.clone(), wc);
             }
             _ => {
-                t.insert(k, v);
+                t.insert(k.clone(), v.clone());
             }
         }
     }
@@ -625,16 +625,17 @@ fn target_statement(
 }
 
 /// Executes a write command on a sharded collection and returns the client's reply (without
-/// `ok`), or a command-level error.
+/// `ok`), or a command-level error. `body` is the request's
+/// [`CommandRequest::options_document`].
 pub async fn execute(
     cluster: &Arc<Cluster>,
     stats: &WriteStats,
     policy: Policy,
     req: &CommandRequest,
+    body: &Document,
     kind: WriteKind,
     snapshot: Arc<RoutingSnapshot>,
 ) -> Result<Document, CommandError> {
-    let body = req.options_document();
     let ordered = body.get("ordered").map(truthy).unwrap_or(true);
     let retryable = body.contains_key("lsid") && body.contains_key("txnNumber");
     let client_stmt_ids = body.get_array("stmtIds").ok().map(|ids| {
@@ -655,7 +656,7 @@ pub async fn execute(
         statements: stmts.raw.len(),
         ns: snapshot.ns.clone(),
     };
-    let max_time = number_field(&body, "maxTimeMS")
+    let max_time = number_field(body, "maxTimeMS")
         .filter(|m| *m > 0)
         .map(|m| std::time::Duration::from_millis(m as u64));
     let sender = ClusterSender {
@@ -663,7 +664,7 @@ pub async fn execute(
         ns: snapshot.ns.clone(),
         max_time,
         kind,
-        template: child_template(req, kind),
+        template: child_template(body, kind),
         stmts: &stmts,
         retryable,
         client_stmt_ids,
