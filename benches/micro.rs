@@ -7,10 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
-use bson::{doc, oid::ObjectId, rawdoc, Bson, Document, RawDocumentBuf, Timestamp};
+use bson::{doc, rawdoc, Bson, Document, RawDocumentBuf};
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput};
-use sluice::routing::chunks::{initial_chunks, ChunkMap};
 use sluice::routing::shard_key::ShardKeyPattern;
 use sluice::routing::{hash64, RoutingSnapshot};
 use sluice::wire::{OpMsg, OpMsgBuilder};
@@ -21,20 +20,7 @@ const N: usize = 1000;
 
 fn snapshot(shards: usize) -> RoutingSnapshot {
     let pattern = ShardKeyPattern::parse(&doc! {"_id": "hashed"}).expect("pattern");
-    let ids: Vec<String> = (0..shards).map(|i| format!("shard{i}")).collect();
-    let chunks = initial_chunks(&pattern, &ids, "shard0", None);
-    RoutingSnapshot {
-        ns: "demo.store_inventory".into(),
-        chunks: ChunkMap::new(&pattern, chunks).expect("chunks"),
-        pattern,
-        unique: false,
-        epoch: ObjectId::new(),
-        timestamp: Timestamp {
-            time: 1,
-            increment: 1,
-        },
-        uuid: bson::Uuid::new(),
-    }
+    RoutingSnapshot::initial("demo.store_inventory", pattern, shards).expect("snapshot")
 }
 
 fn documents() -> Vec<RawDocumentBuf> {

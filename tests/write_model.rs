@@ -12,9 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use bson::{doc, oid::ObjectId, Bson, Document, Timestamp};
+use bson::{doc, oid::ObjectId, Bson, Document};
 use proptest::prelude::*;
-use sluice::routing::{Chunk, ChunkMap, ChunkVersion, RoutingSnapshot, ShardKey, ShardKeyPattern};
+use sluice::routing::{Chunk, ChunkVersion, RoutingSnapshot, ShardKey, ShardKeyPattern};
 use sluice::write::merge::{ChildOutcome, ChildResult};
 use sluice::write::plan::{PlanKind, Policy};
 use sluice::write::target::{self, Targeted, WriteKind};
@@ -182,18 +182,7 @@ fn snapshot(splits: &[i64], owners: &[usize], shards: usize) -> RoutingSnapshot 
             },
         })
         .collect();
-    RoutingSnapshot {
-        ns: "d.c".into(),
-        chunks: ChunkMap::new(&pattern, chunks).unwrap(),
-        pattern,
-        unique: false,
-        epoch: ObjectId::new(),
-        timestamp: Timestamp {
-            time: 1,
-            increment: 1,
-        },
-        uuid: bson::Uuid::new(),
-    }
+    RoutingSnapshot::with_chunks("d.c", pattern, chunks).unwrap()
 }
 
 /// Runs `stmts` once under `policy`; returns the reply, the plan and the state.
@@ -339,18 +328,7 @@ fn mongos_round_count_follows_the_formula() {
         let pattern = ShardKeyPattern::parse(&doc! {"_id": "hashed"}).unwrap();
         let ids: Vec<String> = (0..shards).map(|i| format!("s{i}")).collect();
         let chunks = sluice::routing::chunks::initial_chunks(&pattern, &ids, "s0", None);
-        let snap = RoutingSnapshot {
-            ns: "d.c".into(),
-            chunks: ChunkMap::new(&pattern, chunks).unwrap(),
-            pattern,
-            unique: false,
-            epoch: ObjectId::new(),
-            timestamp: Timestamp {
-                time: 1,
-                increment: 1,
-            },
-            uuid: bson::Uuid::new(),
-        };
+        let snap = RoutingSnapshot::with_chunks("d.c", pattern, chunks).unwrap();
         let stmts: Vec<Stmt> = (0..1000).map(|i| Stmt::Upsert { id: i, v: 1 }).collect();
         let targeted: Vec<Targeted> = stmts.iter().map(|s| s.target(&snap)).collect();
         let indexed: Vec<(usize, &Targeted)> = targeted.iter().enumerate().collect();

@@ -146,6 +146,30 @@ pub struct RouterSpec {
     pub extra: String,
 }
 
+impl RouterSpec {
+    /// A router with `policy` sharding `collections`, nothing else changed.
+    pub fn new(policy: Policy, collections: Vec<Sharded>) -> RouterSpec {
+        RouterSpec {
+            policy,
+            collections,
+            wrapper: Vec::new(),
+            extra: String::new(),
+        }
+    }
+}
+
+/// `bench.o{r}` (for ordered bulks) and `bench.u{r}` (unordered) for each repetition `r`.
+pub fn per_repetition(reps: usize, chunks: Option<u32>) -> Vec<Sharded> {
+    (0..reps)
+        .flat_map(|r| {
+            ["o", "u"].map(|p| Sharded {
+                ns: format!("bench.{p}{r}"),
+                chunks,
+            })
+        })
+        .collect()
+}
+
 fn policy_name(p: Policy) -> &'static str {
     match p {
         Policy::RetrySafe => "retry-safe",

@@ -9,7 +9,9 @@
 
 use std::fmt::Write as _;
 
-use super::fleet::{timed_update, upserts, Fleet, Latency, Progress, RouterSpec, Sharded, Stats};
+use super::fleet::{
+    per_repetition, timed_update, upserts, Fleet, Latency, Progress, RouterSpec, Stats,
+};
 use super::report::{line_chart, Report, Series};
 use crate::write::plan::Policy;
 
@@ -89,26 +91,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
             touched: Vec::new(),
         };
         for policy in [Policy::Off, Policy::RetrySafe] {
-            let collections = (0..s.reps)
-                .flat_map(|r| {
-                    [
-                        Sharded {
-                            ns: format!("bench.o{r}"),
-                            chunks,
-                        },
-                        Sharded {
-                            ns: format!("bench.u{r}"),
-                            chunks,
-                        },
-                    ]
-                })
-                .collect();
-            let spec = RouterSpec {
-                policy,
-                collections,
-                wrapper: Vec::new(),
-                extra: String::new(),
-            };
+            let spec = RouterSpec::new(policy, per_repetition(s.reps, chunks));
             let fleet = Fleet::start(&vec![Latency::default(); shards], &spec).await?;
             if row.shares.is_empty() {
                 row.shares = fleet.hash_shares("bench.o0").await?;

@@ -12,7 +12,9 @@ use std::time::Duration;
 use anyhow::Context;
 use bson::{doc, Bson, Document};
 
-use super::fleet::{timed_update, upserts, Fleet, Latency, Progress, RouterSpec, Sharded, Stats};
+use super::fleet::{
+    per_repetition, timed_update, upserts, Fleet, Latency, Progress, RouterSpec, Stats,
+};
 use super::report::{log_bar_chart, Bar, Report};
 use crate::write::plan::Policy;
 
@@ -79,20 +81,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
             ..Variant::default()
         };
         for policy in [Policy::Off, Policy::RetrySafe] {
-            let collections = (0..reps)
-                .flat_map(|r| {
-                    ["o", "u"].map(|p| Sharded {
-                        ns: format!("bench.{p}{r}"),
-                        chunks: None,
-                    })
-                })
-                .collect();
-            let spec = RouterSpec {
-                policy,
-                collections,
-                wrapper: Vec::new(),
-                extra: String::new(),
-            };
+            let spec = RouterSpec::new(policy, per_repetition(reps, None));
             let fleet = Fleet::start(&lat, &spec).await?;
             for r in 0..reps {
                 let tag = format!("{name}-{r}");

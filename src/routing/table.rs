@@ -31,7 +31,39 @@ pub struct RoutingSnapshot {
 }
 
 impl RoutingSnapshot {
-    /// The shard owning `key`.
+    /// A collection just sharded on `pattern` over `shard0`…`shard{n-1}`, with the initial
+    /// chunks MongoDB lays out (see [`super::chunks::initial_chunks`]): what tests and
+    /// benchmarks target against.
+    pub fn initial(
+        ns: &str,
+        pattern: ShardKeyPattern,
+        shards: usize,
+    ) -> Result<RoutingSnapshot, RoutingError> {
+        let ids: Vec<String> = (0..shards).map(|i| format!("shard{i}")).collect();
+        let chunks = super::chunks::initial_chunks(&pattern, &ids, "shard0", None);
+        RoutingSnapshot::with_chunks(ns, pattern, chunks)
+    }
+
+    /// A collection sharded on `pattern` with these chunks, a new epoch and generation 1|1.
+    pub fn with_chunks(
+        ns: &str,
+        pattern: ShardKeyPattern,
+        chunks: Vec<super::Chunk>,
+    ) -> Result<RoutingSnapshot, RoutingError> {
+        Ok(RoutingSnapshot {
+            ns: ns.to_string(),
+            chunks: ChunkMap::new(&pattern, chunks)?,
+            pattern,
+            unique: false,
+            epoch: ObjectId::new(),
+            timestamp: Timestamp {
+                time: 1,
+                increment: 1,
+            },
+            uuid: bson::Uuid::new(),
+        })
+    }
+
     pub fn shard_for(&self, key: &ShardKey) -> Option<&str> {
         self.chunks.find(key).map(|c| c.shard.as_str())
     }

@@ -366,26 +366,11 @@ pub fn target_delete(snap: &RoutingSnapshot, stmt: &Document) -> Targeted {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::chunks::initial_chunks;
-    use crate::routing::{ChunkMap, ShardKeyPattern};
-    use bson::{doc, oid::ObjectId, rawdoc, Timestamp};
+    use crate::routing::ShardKeyPattern;
+    use bson::{doc, rawdoc};
 
     fn snap(key: Document) -> RoutingSnapshot {
-        let pattern = ShardKeyPattern::parse(&key).unwrap();
-        let shards: Vec<String> = (0..3).map(|i| format!("shard{i}")).collect();
-        let chunks = initial_chunks(&pattern, &shards, "shard0", None);
-        RoutingSnapshot {
-            ns: "d.c".into(),
-            chunks: ChunkMap::new(&pattern, chunks).unwrap(),
-            pattern,
-            unique: false,
-            epoch: ObjectId::new(),
-            timestamp: Timestamp {
-                time: 1,
-                increment: 1,
-            },
-            uuid: bson::Uuid::new(),
-        }
+        RoutingSnapshot::initial("d.c", ShardKeyPattern::parse(&key).unwrap(), 3).unwrap()
     }
 
     #[test]
