@@ -122,10 +122,8 @@ fn estimates(dir: &Path) -> Vec<(String, f64, f64, f64)> {
                 let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
                     continue;
                 };
-                let bench = parent
-                    .join("benchmark.json")
-                    .to_str()
-                    .and_then(|f| std::fs::read_to_string(f).ok())
+                let bench = std::fs::read_to_string(parent.join("benchmark.json"))
+                    .ok()
                     .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
                     .and_then(|b| b["full_id"].as_str().map(String::from))
                     .unwrap_or_else(|| parent.display().to_string());

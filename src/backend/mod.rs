@@ -246,6 +246,31 @@ pub struct ShardPool {
     slots: Arc<Semaphore>,
     checkouts: AtomicU64,
     evicted: AtomicU64,
+    metrics: PoolMetrics,
+}
+
+/// The shard-labelled series a pool updates on every request, registered once: building a
+/// labelled key per update costs more than the update.
+struct PoolMetrics {
+    checkout_wait: metrics::Histogram,
+    idle: metrics::Gauge,
+    child_batches: metrics::Counter,
+}
+
+impl std::fmt::Debug for PoolMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PoolMetrics")
+    }
+}
+
+impl PoolMetrics {
+    fn new(shard: &str) -> PoolMetrics {
+        PoolMetrics {
+            checkout_wait: metrics::histogram!("sluice_pool_checkout_wait_seconds", "shard" => shard.to_string()),
+            idle: metrics::gauge!("sluice_pool_idle_connections", "shard" => shard.to_string()),
+            child_batches: metrics::counter!("sluice_child_batches_total", "shard" => shard.to_string()),
+        }
+    }
 }
 
 impl ShardPool {
@@ -259,7 +284,13 @@ impl ShardPool {
             idle: Mutex::new(Vec::new()),
             checkouts: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            metrics: PoolMetrics::new(shard),
         }
+    }
+
+    /// Counts a write child batch sent to this shard (`sluice_child_batches_total`).
+    pub fn count_child_batch(&self) {
+        self.metrics.child_batches.increment(1);
     }
 
     /// The shard's id.
@@ -304,7 +335,8 @@ impl ShardPool {
         })?
         .map_err(|_| BackendError::Unreachable("pool closed".into()))?;
         self.checkouts.fetch_add(1, Ordering::Relaxed);
-        metrics::histogram!("sluice_pool_checkout_wait_seconds", "shard" => self.shard.clone())
+        self.metrics
+            .checkout_wait
             .record(waited.elapsed().as_secs_f64());
         loop {
             let candidate = self.idle.lock().ok().and_then(|mut v| v.pop());
@@ -403,8 +435,7 @@ impl Drop for PooledConnection {
                 self.pool.evicted.fetch_add(1, Ordering::Relaxed);
             } else if let Ok(mut idle) = self.pool.idle.lock() {
                 idle.push(conn);
-                metrics::gauge!("sluice_pool_idle_connections", "shard" => self.pool.shard.clone())
-                    .set(idle.len() as f64);
+                self.pool.metrics.idle.set(idle.len() as f64);
             }
         }
     }

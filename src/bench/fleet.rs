@@ -86,7 +86,7 @@ impl Proc {
 }
 
 /// The `sluice` executable that runs this benchmark.
-pub fn sluice_exe() -> anyhow::Result<PathBuf> {
+fn sluice_exe() -> anyhow::Result<PathBuf> {
     std::env::current_exe().context("cannot find the sluice executable")
 }
 
@@ -107,7 +107,7 @@ impl Latency {
 }
 
 /// Starts one `sluice shard` process on an ephemeral port.
-pub async fn start_shard(name: &str, latency: Latency) -> anyhow::Result<Proc> {
+async fn start_shard(name: &str, latency: Latency) -> anyhow::Result<Proc> {
     let args = vec![
         "shard".to_string(),
         "--port".into(),
@@ -179,7 +179,7 @@ fn policy_name(p: Policy) -> &'static str {
 }
 
 /// The router's TOML configuration.
-pub fn router_config(shards: &[(String, SocketAddr)], spec: &RouterSpec) -> String {
+fn router_config(shards: &[(String, SocketAddr)], spec: &RouterSpec) -> String {
     let mut s = format!(
         "listen = \"127.0.0.1:0\"\nmetrics_listen = \"\"\nordered_rewrite = \"{}\"\n\n[log]\nlevel = \"warn\"\n",
         policy_name(spec.policy)
@@ -249,7 +249,7 @@ pub struct Fleet {
 }
 
 /// A stock-driver client; `direct` for a single shard.
-pub async fn client(addr: SocketAddr, direct: bool) -> anyhow::Result<mongodb::Client> {
+async fn client(addr: SocketAddr, direct: bool) -> anyhow::Result<mongodb::Client> {
     let uri = format!(
         "mongodb://{addr}/?serverSelectionTimeoutMS=20000{}",
         if direct { "&directConnection=true" } else { "" }
@@ -382,7 +382,7 @@ impl Fleet {
 }
 
 /// `metrics.commands.<name>.total` of one server.
-pub async fn command_total(c: &mongodb::Client, name: &str) -> anyhow::Result<i64> {
+async fn command_total(c: &mongodb::Client, name: &str) -> anyhow::Result<i64> {
     let status = c
         .database("admin")
         .run_command(doc! {"serverStatus": 1})
@@ -404,7 +404,7 @@ pub async fn command_total(c: &mongodb::Client, name: &str) -> anyhow::Result<i6
 /// Starts a router in front of `shards`, its configuration written into `dir`. The environment
 /// variable `SLUICE_BENCH_ROUTER_TOML` appends configuration to every benchmark router (for
 /// experiments such as `$'[batching]\nmin_in_flight = 16'`).
-pub async fn start_router(
+async fn start_router(
     dir: &Path,
     shards: &[(String, SocketAddr)],
     spec: &RouterSpec,

@@ -16,8 +16,7 @@ use anyhow::{anyhow, bail, Context};
 use bson::{doc, Bson, Document};
 
 use super::fleet::{
-    client, quantile, start_router, start_shard, Latency, Progress, RouterSpec, Scratch, Sharded,
-    Stats,
+    quantile, timed_update, Fleet, Latency, Progress, RouterSpec, Scratch, Sharded, Stats,
 };
 use super::report::Report;
 use crate::write::plan::Policy;
@@ -180,7 +179,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
             single_ops: (200, 1200),
         }
     };
-    let valgrind = check_valgrind().await?;
+    check_valgrind().await?;
     let mut progress = Progress::new("overhead", s.rounds * 4 + 6);
     let (insert, find) = side_by_side(&s, &mut progress).await?;
     let mut counts = Vec::new();
@@ -196,7 +195,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
                 "callgrind: router under valgrind, {bulks} × {bulk} {}",
                 workload.label()
             ));
-            totals.push(callgrind_run(&valgrind, workload, bulk, bulks).await?);
+            totals.push(callgrind_run(workload, bulk, bulks).await?);
         }
         counts.push(Instructions {
             workload: workload.label(),
@@ -210,31 +209,26 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
 }
 
 async fn side_by_side(s: &Setup, progress: &mut Progress) -> anyhow::Result<(Pairs, Pairs)> {
-    let scratch = Scratch::new("overhead")?;
-    let shard = start_shard("shard0", Latency::default()).await?;
-    let spec = RouterSpec {
-        policy: Policy::RetrySafe,
-        collections: vec![Sharded {
+    let spec = RouterSpec::new(
+        Policy::RetrySafe,
+        vec![Sharded {
             ns: "bench.routed".into(),
             chunks: None,
         }],
-        wrapper: Vec::new(),
-        extra: String::new(),
-    };
-    let router = start_router(&scratch.0, &[("shard0".into(), shard.addr)], &spec).await?;
-    let direct = client(shard.addr, true).await?;
-    let routed = client(router.addr, false).await?;
+    );
+    let fleet = Fleet::start(&[Latency::default()], &spec).await?;
+    let (direct, routed) = (&fleet.shard_clients[0], &fleet.client);
     // Warm both paths (connections, pools) before measuring.
-    load(&direct, "direct", Op::Insert, 200, s.concurrency, -1000).await?;
-    load(&routed, "routed", Op::Insert, 200, s.concurrency, -1000).await?;
+    load(direct, "direct", Op::Insert, 200, s.concurrency, -1000).await?;
+    load(routed, "routed", Op::Insert, 200, s.concurrency, -1000).await?;
     let (mut insert, mut find) = (Pairs::default(), Pairs::default());
     for round in 0..s.rounds {
         let base = (round * s.ops) as i64;
         // Alternate which side goes first, so that drift over the run favours neither.
         let order: [(&str, &mongodb::Client); 2] = if round % 2 == 0 {
-            [("direct", &direct), ("routed", &routed)]
+            [("direct", direct), ("routed", routed)]
         } else {
-            [("routed", &routed), ("direct", &direct)]
+            [("routed", routed), ("direct", direct)]
         };
         for (op, pairs) in [(Op::Insert, &mut insert), (Op::Find, &mut find)] {
             for (name, cl) in order {
@@ -248,16 +242,14 @@ async fn side_by_side(s: &Setup, progress: &mut Progress) -> anyhow::Result<(Pai
             }
         }
     }
-    direct.shutdown().await;
-    routed.shutdown().await;
-    router.stop().await?;
-    shard.stop().await?;
+    fleet.stop().await?;
     Ok((insert, find))
 }
 
-async fn check_valgrind() -> anyhow::Result<String> {
-    let program = "valgrind".to_string();
-    let ok = tokio::process::Command::new(&program)
+const VALGRIND: &str = "valgrind";
+
+async fn check_valgrind() -> anyhow::Result<()> {
+    let ok = tokio::process::Command::new(VALGRIND)
         .arg("--version")
         .output()
         .await
@@ -266,44 +258,29 @@ async fn check_valgrind() -> anyhow::Result<String> {
     if !ok {
         bail!("the instruction count needs valgrind (Debian: apt-get install valgrind)");
     }
-    Ok(program)
+    Ok(())
 }
 
 /// Starts two shards and a router under callgrind, routes `bulks` commands of `bulk`
 /// documents and returns the router's total instructions.
-async fn callgrind_run(
-    valgrind: &str,
-    workload: Workload,
-    bulk: usize,
-    bulks: usize,
-) -> anyhow::Result<u64> {
+async fn callgrind_run(workload: Workload, bulk: usize, bulks: usize) -> anyhow::Result<u64> {
     let scratch = Scratch::new("callgrind")?;
     let out = scratch.0.join("callgrind.out");
-    let shards = [
-        start_shard("shard0", Latency::default()).await?,
-        start_shard("shard1", Latency::default()).await?,
-    ];
-    let list: Vec<(String, std::net::SocketAddr)> = shards
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (format!("shard{i}"), s.addr))
-        .collect();
-    let spec = RouterSpec {
-        policy: Policy::RetrySafe,
-        collections: vec![Sharded {
+    let mut spec = RouterSpec::new(
+        Policy::RetrySafe,
+        vec![Sharded {
             ns: "bench.cpu".into(),
             chunks: None,
         }],
-        wrapper: vec![
-            valgrind.to_string(),
-            "--tool=callgrind".into(),
-            "--quiet".into(),
-            format!("--callgrind-out-file={}", out.display()),
-        ],
-        extra: String::new(),
-    };
-    let router = start_router(&scratch.0, &list, &spec).await?;
-    let cl = client(router.addr, false).await?;
+    );
+    spec.wrapper = vec![
+        VALGRIND.to_string(),
+        "--tool=callgrind".into(),
+        "--quiet".into(),
+        format!("--callgrind-out-file={}", out.display()),
+    ];
+    let fleet = Fleet::start(&[Latency::default(); 2], &spec).await?;
+    let cl = &fleet.client;
     let coll = cl.database("bench").collection::<Document>("cpu");
     for b in 0..bulks {
         if workload == Workload::InsertOne {
@@ -319,13 +296,7 @@ async fn callgrind_run(
                     })
                 })
                 .collect();
-            let reply = cl
-                .database("bench")
-                .run_command(doc! {"update": "cpu", "updates": updates, "ordered": true})
-                .await?;
-            if reply.get_array("upserted").map(|a| a.len()).unwrap_or(0) != bulk {
-                bail!("an ordered upsert bulk did not upsert every document: {reply}");
-            }
+            timed_update(cl, "bench", "cpu", updates, true).await?;
         } else {
             let docs: Vec<Document> = (0..bulk)
                 .map(|i| doc! {"_id": (b * bulk + i) as i64, "v": i as i64, "pad": "0123456789abcdef"})
@@ -336,11 +307,7 @@ async fn callgrind_run(
             }
         }
     }
-    cl.shutdown().await;
-    router.stop().await?;
-    for s in shards {
-        s.stop().await?;
-    }
+    fleet.stop().await?;
     let text = std::fs::read_to_string(&out)
         .with_context(|| format!("callgrind wrote no {}", out.display()))?;
     text.lines()

@@ -56,12 +56,13 @@ const RIGHT: f64 = 20.0;
 const TOP: f64 = 34.0;
 const BOTTOM: f64 = 44.0;
 
-fn svg_open(title: &str) -> String {
-    let mut s = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"12\">\n");
+/// An SVG of `height` with a white background and `title` at `title_x`.
+fn svg_open(title: &str, height: f64, title_x: f64) -> String {
+    let mut s = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n");
     let _ = writeln!(s, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>");
     let _ = writeln!(
         s,
-        "<text x=\"{LEFT}\" y=\"20\" font-size=\"14\">{}</text>",
+        "<text x=\"{title_x}\" y=\"20\" font-size=\"14\">{}</text>",
         escape(title)
     );
     s
@@ -87,7 +88,7 @@ pub fn line_chart(title: &str, x_label: &str, y_unit: &str, series: &[Series]) -
     let span = if x_max > x_min { x_max - x_min } else { 1.0 };
     let x = |v: f64| LEFT + (W - LEFT - RIGHT) * (v - x_min) / span;
     let y = |v: f64| H - BOTTOM - (H - BOTTOM - TOP) * v / y_max;
-    let mut s = svg_open(title);
+    let mut s = svg_open(title, H, LEFT);
     axes(&mut s);
     for v in &xs {
         let _ = writeln!(
@@ -209,13 +210,7 @@ pub fn log_bar_chart(title: &str, unit: &str, bars: &[Bar]) -> String {
         .ceil()
         .max(lo + 1.0);
     let x = |v: f64| left + (W - left - RIGHT) * (v.max(1e-9).log10() - lo) / (hi - lo);
-    let mut s = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n");
-    let _ = writeln!(s, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>");
-    let _ = writeln!(
-        s,
-        "<text x=\"10\" y=\"20\" font-size=\"14\">{}</text>",
-        escape(title)
-    );
+    let mut s = svg_open(title, height, 10.0);
     let base = height - BOTTOM;
     let mut d = lo;
     while d <= hi {

@@ -114,17 +114,27 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
                 )
                 .await?;
                 v.unordered.push(ms(t));
-                let counts = fleet.counts_on_shards("bench", &coll).await?;
-                let (slowest, cost) = counts
+                let mut shares = Vec::new();
+                for shard in 0..fleet.shard_clients.len() {
+                    shares.push(share_of(&fleet, shard, &coll).await?);
+                }
+                let (slowest, cost) = shares
                     .iter()
                     .enumerate()
-                    .map(|(i, c)| (i, lat[i].cost(*c)))
+                    .map(|(i, share)| (i, lat[i].cost(share.len() as u64)))
                     .max_by_key(|(_, c)| *c)
                     .context("no shards")?;
                 v.limit_model.push(ms(cost));
-                v.limit_measured
-                    .push(direct_limit(&fleet, slowest, &coll, r).await?);
-                v.direct_all.push(direct_all(&fleet, &coll, r).await?);
+                let alone = timed_update(
+                    &fleet.shard_clients[slowest],
+                    "bench",
+                    &format!("direct{r}"),
+                    shares[slowest].clone(),
+                    false,
+                )
+                .await?;
+                v.limit_measured.push(ms(alone));
+                v.direct_all.push(direct_all(&fleet, shares, r).await?);
                 if r == 0 {
                     v.round_trip = (
                         round_trip(&fleet.shard_clients[0]).await?,
@@ -160,22 +170,9 @@ async fn share_of(fleet: &Fleet, shard: usize, coll: &str) -> anyhow::Result<Vec
     Ok(updates)
 }
 
-/// Sends the documents that `shard` owns in `bench.coll` straight to it, as one unordered bulk
-/// of the same upserts into a fresh collection: the shard's own time for its share (ms).
-async fn direct_limit(fleet: &Fleet, shard: usize, coll: &str, rep: usize) -> anyhow::Result<f64> {
-    let updates = share_of(fleet, shard, coll).await?;
-    let c = &fleet.shard_clients[shard];
-    let t = timed_update(c, "bench", &format!("direct{rep}"), updates, false).await?;
-    Ok(ms(t))
-}
-
 /// Sends every shard its share straight and all at once, as a router that cost nothing would:
 /// the limit on this machine, where the shards share its cores (ms).
-async fn direct_all(fleet: &Fleet, coll: &str, rep: usize) -> anyhow::Result<f64> {
-    let mut shares = Vec::new();
-    for i in 0..fleet.shard_clients.len() {
-        shares.push(share_of(fleet, i, coll).await?);
-    }
+async fn direct_all(fleet: &Fleet, shares: Vec<Vec<Bson>>, rep: usize) -> anyhow::Result<f64> {
     let target = format!("all{rep}");
     let start = std::time::Instant::now();
     let sends = fleet

@@ -131,13 +131,13 @@ fn statements(req: &CommandRequest, kind: WriteKind) -> Result<Statements, Comma
     })
 }
 
-/// The body every child batch starts from: the client's command minus its statements and
-/// routing fields, with a `w: 0` write concern raised to `w: 1` so the router sees errors.
-fn child_template(options: &Document, kind: WriteKind) -> Document {
+/// The body every child batch starts from: the client's options (the command without its
+/// statements, see [`CommandRequest::options_document`]) minus the routing fields, with a
+/// `w: 0` write concern raised to `w: 1` so the router sees errors.
+fn child_template(options: &Document) -> Document {
     let mut t = Document::new();
     for (k, v) in options {
         match k.as_str() {
-            f if f == kind.statements_field() => {}
             "stmtIds" | "stmtId" | "$clusterTime" | "shardVersion" | "databaseVersion"
             | "ordered" | "$readPreference" => {}
             "writeConcern" => {
@@ -457,7 +457,7 @@ pub async fn send_child(
             p.finish(outcome);
         }
     };
-    metrics::counter!("sluice_child_batches_total", "shard" => shard.to_string()).increment(1);
+    pool.count_child_batch();
     let attempts = if child.retryable { 2 } else { 1 };
     let mut last: Option<BackendError> = None;
     for _ in 0..attempts {
@@ -664,7 +664,7 @@ pub async fn execute(
         ns: snapshot.ns.clone(),
         max_time,
         kind,
-        template: child_template(body, kind),
+        template: child_template(body),
         stmts: &stmts,
         retryable,
         client_stmt_ids,
