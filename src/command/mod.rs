@@ -120,6 +120,20 @@ impl CommandRequest {
         d
     }
 
+    /// How many statements a write command (`insert`, `update`, `delete`) carries, counted
+    /// without reading them (`None` for any other command, or when the statements are
+    /// missing).
+    pub fn statement_count(&self) -> Option<usize> {
+        let field = crate::write::target::WriteKind::from_command(&self.name)?.statements_field();
+        if let Some(seq) = self.sequences.iter().find(|s| s.identifier == field) {
+            return Some(seq.documents.len());
+        }
+        match self.body.raw().get(field) {
+            Ok(Some(bson::RawBsonRef::Array(a))) => Some(a.into_iter().count()),
+            _ => None,
+        }
+    }
+
     /// The statements of a write command, raw: the kind-1 sequence named `field`, or else the
     /// body's `field` array, with mongod's errors when that array is missing or holds a
     /// non-document.

@@ -63,6 +63,15 @@ pub async fn route(
     req: &CommandRequest,
     client_id: i64,
 ) -> Result<Document, CommandError> {
+    if let Some(n) = req.statement_count() {
+        let max = crate::limits::MAX_WRITE_BATCH_SIZE;
+        if n == 0 || n > max {
+            return Err(CommandError::new(
+                ErrorCode::InvalidLength,
+                format!("Write batch sizes must be between 1 and {max}. Got {n} operations."),
+            ));
+        }
+    }
     let body = req.options_document();
     let coll = collection_of(req, &body);
     if let Some(c) = &coll {

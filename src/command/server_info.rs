@@ -286,14 +286,14 @@ mod tests {
         );
         let all = get_parameter(&req(doc! {"getParameter": "*"}), &params).unwrap();
         assert!(all.contains_key("featureCompatibilityVersion"));
-        assert_eq!(all.get_bool("enableTestCommands").unwrap(), false);
+        assert!(!all.get_bool("enableTestCommands").unwrap());
         let on = Parameters {
             enable_test_commands: true,
             ..params
         };
         let r =
             get_parameter(&req(doc! {"getParameter": 1, "enableTestCommands": 1}), &on).unwrap();
-        assert_eq!(r.get_bool("enableTestCommands").unwrap(), true);
+        assert!(r.get_bool("enableTestCommands").unwrap());
         let err = get_parameter(&req(doc! {"getParameter": 1, "nope": 1}), &params).unwrap_err();
         assert_eq!(err.code, ErrorCode::InvalidOptions);
     }

@@ -39,19 +39,7 @@ fn statements(req: &CommandRequest, field: &str) -> Result<Vec<Document>, Engine
 /// How many statements a write carries (1 for anything else), for latency injection and
 /// retryable-write statement ids.
 pub fn statement_count(req: &CommandRequest) -> usize {
-    let field = match req.name.as_str() {
-        "insert" => "documents",
-        "update" => "updates",
-        "delete" => "deletes",
-        _ => return 1,
-    };
-    if let Some(seq) = req.sequences.iter().find(|s| s.identifier == field) {
-        return seq.documents.len();
-    }
-    match req.body.raw().get(field) {
-        Ok(Some(bson::RawBsonRef::Array(a))) => a.into_iter().count(),
-        _ => 1,
-    }
+    req.statement_count().unwrap_or(1)
 }
 
 /// The collection a command names in its first field.
