@@ -15,6 +15,9 @@
 //! | [`update`] | update documents: parse and apply, then the storage checks |
 //! | [`aggregate`] | pipelines and expressions, within small memory limits |
 //! | [`write_plan`] | targeting statements on a sharded collection and planning the bulk |
+//!
+//! It drives the router and the embedded shard both, so it sits at the top layer, beside
+//! `bench`. [`seeds`] makes the committed seed corpus.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -31,9 +34,12 @@ use crate::embedded::{ShardOptions, ShardService};
 use crate::frontend::Service;
 use crate::wire::{self, Compressor, OpMsgBuilder};
 
+/// A target's entry point: any bytes, no panic.
+pub type Entry = fn(&[u8]);
+
 /// The fuzz targets, by name (the names of `fuzz/fuzz_targets/*.rs` and of the corpus
 /// directories).
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Entry)] = &[
     ("wire_decode", wire_decode),
     ("command_envelope", command_envelope),
     ("matcher", matcher),
@@ -53,28 +59,133 @@ pub struct Gen<'a> {
 
 /// Field names and operator names the generator draws from.
 const KEYS: &[&str] = &[
-    "_id", "a", "b", "c", "arr", "a.b", "a.0", "arr.2", "arr.1500001", "arr.2000000000", "x.y.z",
-    "$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists", "$type", "$regex",
-    "$options", "$not", "$elemMatch", "$size", "$all", "$mod", "$and", "$or", "$nor",
-    "$comment", "$where", "$expr", "$set", "$unset", "$inc", "$mul", "$min", "$max",
-    "$rename", "$setOnInsert", "$push", "$addToSet", "$pull", "$pullAll", "$pop",
-    "$currentDate", "$each", "$slice", "$position", "$sort", "$add", "$subtract", "$multiply",
-    "$divide", "$concat", "$toLower", "$toUpper", "$cmp", "$cond", "$ifNull", "$abs",
-    "$arrayElemAt", "$toString", "$literal", "$sum", "$avg", "$first", "$last", "$count",
-    "$toHashedIndexKey", "if", "then", "else", "path", "includeArrayIndex",
-    "preserveNullAndEmptyArrays", "q", "u", "multi", "upsert", "limit", "", "$", "a..b",
+    "_id",
+    "a",
+    "b",
+    "c",
+    "arr",
+    "a.b",
+    "a.0",
+    "arr.2",
+    "arr.1500001",
+    "arr.2000000000",
+    "x.y.z",
+    "$eq",
+    "$ne",
+    "$gt",
+    "$gte",
+    "$lt",
+    "$lte",
+    "$in",
+    "$nin",
+    "$exists",
+    "$type",
+    "$regex",
+    "$options",
+    "$not",
+    "$elemMatch",
+    "$size",
+    "$all",
+    "$mod",
+    "$and",
+    "$or",
+    "$nor",
+    "$comment",
+    "$where",
+    "$expr",
+    "$set",
+    "$unset",
+    "$inc",
+    "$mul",
+    "$min",
+    "$max",
+    "$rename",
+    "$setOnInsert",
+    "$push",
+    "$addToSet",
+    "$pull",
+    "$pullAll",
+    "$pop",
+    "$currentDate",
+    "$each",
+    "$slice",
+    "$position",
+    "$sort",
+    "$add",
+    "$subtract",
+    "$multiply",
+    "$divide",
+    "$concat",
+    "$toLower",
+    "$toUpper",
+    "$cmp",
+    "$cond",
+    "$ifNull",
+    "$abs",
+    "$arrayElemAt",
+    "$toString",
+    "$literal",
+    "$sum",
+    "$avg",
+    "$first",
+    "$last",
+    "$count",
+    "$toHashedIndexKey",
+    "if",
+    "then",
+    "else",
+    "path",
+    "includeArrayIndex",
+    "preserveNullAndEmptyArrays",
+    "q",
+    "u",
+    "multi",
+    "upsert",
+    "limit",
+    "",
+    "$",
+    "a..b",
 ];
 
 /// Aggregation stage names.
 const STAGES: &[&str] = &[
-    "$match", "$project", "$addFields", "$set", "$unset", "$sort", "$skip", "$limit",
-    "$group", "$count", "$unwind", "$documents", "$lookup", "$out",
+    "$match",
+    "$project",
+    "$addFields",
+    "$set",
+    "$unset",
+    "$sort",
+    "$skip",
+    "$limit",
+    "$group",
+    "$count",
+    "$unwind",
+    "$documents",
+    "$lookup",
+    "$out",
 ];
 
 /// Strings values are drawn from: field paths, variables, type names.
 const STRINGS: &[&str] = &[
-    "$a", "$b", "$arr", "$a.b", "$$ROOT", "$$CURRENT", "$$NOW", "$", "number", "string",
-    "array", "object", "date", "timestamp", "x", "", "^a.*$", "(", "a{1000}{1000}",
+    "$a",
+    "$b",
+    "$arr",
+    "$a.b",
+    "$$ROOT",
+    "$$CURRENT",
+    "$$NOW",
+    "$",
+    "number",
+    "string",
+    "array",
+    "object",
+    "date",
+    "timestamp",
+    "x",
+    "",
+    "^a.*$",
+    "(",
+    "a{1000}{1000}",
 ];
 
 impl<'a> Gen<'a> {
@@ -124,15 +235,41 @@ impl<'a> Gen<'a> {
         }
         self.budget -= 1;
         match self.below(24) {
-            0 => Bson::Int32(*[0, 1, -1, i32::MIN, i32::MAX, 2, 7].get(self.below(7)).unwrap_or(&0)),
-            1 => Bson::Int64(*[0, 1, -1, i64::MIN, i64::MAX, 1 << 62].get(self.below(6)).unwrap_or(&0)),
+            0 => Bson::Int32(
+                *[0, 1, -1, i32::MIN, i32::MAX, 2, 7]
+                    .get(self.below(7))
+                    .unwrap_or(&0),
+            ),
+            1 => Bson::Int64(
+                *[0, 1, -1, i64::MIN, i64::MAX, 1 << 62]
+                    .get(self.below(6))
+                    .unwrap_or(&0),
+            ),
             2 => Bson::Double(
-                *[0.0, -0.0, 0.5, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e308, -1.5]
-                    .get(self.below(8))
-                    .unwrap_or(&0.0),
+                *[
+                    0.0,
+                    -0.0,
+                    0.5,
+                    f64::NAN,
+                    f64::INFINITY,
+                    f64::NEG_INFINITY,
+                    1e308,
+                    -1.5,
+                ]
+                .get(self.below(8))
+                .unwrap_or(&0.0),
             ),
             3 => {
-                let text = self.pick(&["0", "0.5", "-0", "NaN", "Infinity", "-Infinity", "1E+6144", "123456789012345678901234567890"]);
+                let text = self.pick(&[
+                    "0",
+                    "0.5",
+                    "-0",
+                    "NaN",
+                    "Infinity",
+                    "-Infinity",
+                    "1E+6144",
+                    "123456789012345678901234567890",
+                ]);
                 text.parse::<bson::Decimal128>()
                     .map(Bson::Decimal128)
                     .unwrap_or(Bson::Null)
@@ -219,7 +356,17 @@ impl<'a> Gen<'a> {
                     }
                     ("$group", _) => {
                         let mut g = doc! {"_id": self.value(2)};
-                        let acc = self.pick(&["$sum", "$avg", "$min", "$max", "$first", "$last", "$push", "$addToSet", "$count"]);
+                        let acc = self.pick(&[
+                            "$sum",
+                            "$avg",
+                            "$min",
+                            "$max",
+                            "$first",
+                            "$last",
+                            "$push",
+                            "$addToSet",
+                            "$count",
+                        ]);
                         let arg = self.value(2);
                         g.insert("v", doc! {acc: arg});
                         Bson::Document(g)
@@ -317,13 +464,45 @@ fn block_on<F: std::future::Future>(f: F) -> Option<F::Output> {
 
 /// Command names the structured envelope draws from.
 const COMMANDS: &[&str] = &[
-    "hello", "isMaster", "ping", "buildInfo", "getParameter", "getLog", "whatsmyuri",
-    "connectionStatus", "endSessions", "getCmdLineOpts", "serverStatus", "aggregate", "find",
-    "getMore", "killCursors", "insert", "update", "delete", "findAndModify", "count",
-    "distinct", "create", "drop", "dropDatabase", "listCollections", "listDatabases",
-    "createIndexes", "listIndexes", "dropIndexes", "collStats", "dbStats", "configureFailPoint",
-    "sluiceSetShardVersion", "sluiceSetLatency", "_shardsvrDropDatabase", "explain",
-    "enableSharding", "shardCollection", "commitTransaction",
+    "hello",
+    "isMaster",
+    "ping",
+    "buildInfo",
+    "getParameter",
+    "getLog",
+    "whatsmyuri",
+    "connectionStatus",
+    "endSessions",
+    "getCmdLineOpts",
+    "serverStatus",
+    "aggregate",
+    "find",
+    "getMore",
+    "killCursors",
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "count",
+    "distinct",
+    "create",
+    "drop",
+    "dropDatabase",
+    "listCollections",
+    "listDatabases",
+    "createIndexes",
+    "listIndexes",
+    "dropIndexes",
+    "collStats",
+    "dbStats",
+    "configureFailPoint",
+    "sluiceSetShardVersion",
+    "sluiceSetLatency",
+    "_shardsvrDropDatabase",
+    "explain",
+    "enableSharding",
+    "shardCollection",
+    "commitTransaction",
 ];
 
 /// The command envelope: an OP_MSG (raw, or a generated command with hostile fields) decoded
@@ -352,7 +531,8 @@ pub fn command_envelope(data: &[u8]) {
                 body.insert("documents", docs);
             }
             2 => {
-                let stmt = doc! {"q": g.doc(2), "u": g.doc(2), "multi": g.value(0), "upsert": g.value(0)};
+                let stmt =
+                    doc! {"q": g.doc(2), "u": g.doc(2), "multi": g.value(0), "upsert": g.value(0)};
                 body.insert("updates", vec![Bson::Document(stmt)]);
             }
             3 => {
@@ -366,7 +546,9 @@ pub fn command_envelope(data: &[u8]) {
         }
         body.insert(
             "$db",
-            g.pick(&["test", "admin", "config", "local", "bad.name", "Config", "$x", "d"]),
+            g.pick(&[
+                "test", "admin", "config", "local", "bad.name", "Config", "$x", "d",
+            ]),
         );
         match body.to_vec() {
             Ok(bytes) => OpMsgBuilder::new(0, &bytes).finish(1, 0).to_vec(),
@@ -431,7 +613,23 @@ pub fn update(data: &[u8]) {
         let mut g = Gen::new(rest);
         let mut u = Document::new();
         for _ in 0..1 + g.below(3) {
-            let op = g.pick(&["$set", "$unset", "$inc", "$mul", "$min", "$max", "$rename", "$setOnInsert", "$push", "$addToSet", "$pull", "$pullAll", "$pop", "$currentDate", "$bogus"]);
+            let op = g.pick(&[
+                "$set",
+                "$unset",
+                "$inc",
+                "$mul",
+                "$min",
+                "$max",
+                "$rename",
+                "$setOnInsert",
+                "$push",
+                "$addToSet",
+                "$pull",
+                "$pullAll",
+                "$pop",
+                "$currentDate",
+                "$bogus",
+            ]);
             u.insert(op, g.doc(3));
         }
         if g.byte() < 32 {
@@ -441,7 +639,10 @@ pub fn update(data: &[u8]) {
         (Bson::Document(u), docs)
     } else {
         match raw_document(rest) {
-            Some(d) => (Bson::Document(d), vec![doc! {"_id": 1, "a": [1, 2], "b": {"c": 1}}]),
+            Some(d) => (
+                Bson::Document(d),
+                vec![doc! {"_id": 1, "a": [1, 2], "b": {"c": 1}}],
+            ),
             None => return,
         }
     };
@@ -502,8 +703,7 @@ pub fn write_plan(data: &[u8]) {
     let Ok(pattern) = crate::routing::ShardKeyPattern::parse(&key) else {
         return;
     };
-    let Ok(snap) = crate::routing::RoutingSnapshot::initial("d.c", pattern, 1 + g.below(5))
-    else {
+    let Ok(snap) = crate::routing::RoutingSnapshot::initial("d.c", pattern, 1 + g.below(5)) else {
         return;
     };
     let kind = g.below(3);
@@ -523,7 +723,8 @@ pub fn write_plan(data: &[u8]) {
                 target_insert(&snap, raw, stmt.contains_key("_id"))
             }
             1 => {
-                let stmt = doc! {"q": stmt, "u": g.doc(2), "multi": g.value(0), "upsert": g.value(0)};
+                let stmt =
+                    doc! {"q": stmt, "u": g.doc(2), "multi": g.value(0), "upsert": g.value(0)};
                 target_update(&snap, &stmt)
             }
             _ => {
@@ -554,13 +755,283 @@ pub fn write_plan(data: &[u8]) {
             }
             use crate::write::target::Target;
             let multi = targeted.iter().any(|t| matches!(t.target, Target::Many(_)));
-            let failing = targeted.iter().any(|t| matches!(t.target, Target::Error { .. }));
+            let failing = targeted
+                .iter()
+                .any(|t| matches!(t.target, Target::Error { .. }));
             if !multi {
-                assert!(seen.iter().all(|c| *c <= 1), "plan {p:?} sends a statement twice");
+                assert!(
+                    seen.iter().all(|c| *c <= 1),
+                    "plan {p:?} sends a statement twice"
+                );
                 if !failing {
-                    assert!(seen.iter().all(|c| *c == 1), "plan {p:?} leaves a statement out");
+                    assert!(
+                        seen.iter().all(|c| *c == 1),
+                        "plan {p:?} leaves a statement out"
+                    );
                 }
             }
         }
     }
+}
+
+/// One input of the seed corpus: the target it feeds, a file name that says what it is, and
+/// its bytes.
+pub struct Seed {
+    /// The target (a name of [`TARGETS`]).
+    pub target: &'static str,
+    /// The file name under `fuzz/corpus/<target>/`.
+    pub name: String,
+    /// The input, mode byte first.
+    pub bytes: Vec<u8>,
+}
+
+/// A raw-mode input: the mode byte, then `bytes` as they are.
+fn raw(bytes: &[u8]) -> Vec<u8> {
+    let mut v = vec![1u8];
+    v.extend_from_slice(bytes);
+    v
+}
+
+/// An OP_MSG frame carrying `body`.
+fn frame(body: &Document, flags: u32) -> Vec<u8> {
+    let bytes = body.to_vec().unwrap_or_default();
+    OpMsgBuilder::new(flags, &bytes).finish(1, 0).to_vec()
+}
+
+fn encoded(d: &Document) -> Vec<u8> {
+    d.to_vec().unwrap_or_default()
+}
+
+/// `levels` documents nested in one another under `a`.
+fn nested(levels: usize) -> Document {
+    let mut d = doc! {"x": 1};
+    for _ in 1..levels {
+        d = doc! {"a": d};
+    }
+    d
+}
+
+/// The seed corpus: the hostile requests of the bad-request table (row numbers in the names),
+/// a few ordinary ones so mutation starts from valid shapes, and structured-mode inputs that
+/// steer the generator into each of its branches. `tests/fuzz_corpus.rs` checks that
+/// `fuzz/corpus/` holds exactly these bytes.
+pub fn seeds() -> Vec<Seed> {
+    let long_path = vec!["a"; 2_000].join(".");
+    let mut out = Vec::new();
+    let mut add = |target: &'static str, name: &str, bytes: Vec<u8>| {
+        out.push(Seed {
+            target,
+            name: name.to_string(),
+            bytes,
+        })
+    };
+
+    // Commands, framed: the envelope and the decoder share them.
+    let commands: Vec<(&str, Document)> = vec![
+        ("ping", doc! {"ping": 1, "$db": "admin"}),
+        (
+            "hello",
+            doc! {"hello": 1, "helloOk": true, "client": {"driver": {"name": "x", "version": "1"}}, "$db": "admin"},
+        ),
+        (
+            "insert",
+            doc! {"insert": "c", "documents": [{"_id": 1, "arr": []}], "ordered": true, "$db": "d"},
+        ),
+        (
+            "find",
+            doc! {"find": "c", "filter": {"a": {"$gt": 1}}, "sort": {"a": -1}, "limit": 3, "$db": "d"},
+        ),
+        (
+            "row01-mod-overflow",
+            doc! {"aggregate": 1, "pipeline": [{"$documents": [{"a": 1}]}, {"$project": {"x": {"$mod": [i64::MIN, -1i64]}}}], "cursor": {}, "$db": "d"},
+        ),
+        (
+            "row02-long-add-fields-path",
+            doc! {"aggregate": 1, "pipeline": [{"$documents": [{"a": 1}]}, {"$addFields": {long_path.as_str(): 1}}], "cursor": {}, "$db": "d"},
+        ),
+        (
+            "row03-unwind-blowup",
+            doc! {"aggregate": 1, "pipeline": [{"$documents": [{"big": "x".repeat(1000), "arr": (0..300).collect::<Vec<i32>>()}]}, {"$unwind": "$arr"}, {"$sort": {"arr": -1}}], "cursor": {}, "$db": "d"},
+        ),
+        (
+            "row04-backfill",
+            doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"arr.2000000000": 1}}}], "$db": "d"},
+        ),
+        (
+            "row05-long-set-path",
+            doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {long_path.as_str(): 1}}}], "$db": "d"},
+        ),
+        (
+            "row06-deep-insert",
+            doc! {"insert": "c", "documents": [nested(178)], "$db": "d"},
+        ),
+        (
+            "row07-fail-point",
+            doc! {"configureFailPoint": "failCommand", "mode": "alwaysOn", "data": {"failCommands": ["insert", "find"], "errorCode": 11600}, "$db": "d"},
+        ),
+        (
+            "row08-shard-version",
+            doc! {"sluiceSetShardVersion": "d.c", "shardVersion": 7, "$db": "admin"},
+        ),
+        (
+            "row08-latency",
+            doc! {"sluiceSetLatency": 1, "perCommandMicros": 1i64 << 62, "$db": "admin"},
+        ),
+        (
+            "row09-exhaust-hello",
+            doc! {"hello": 1, "topologyVersion": {"processId": bson::oid::ObjectId::from_bytes([7; 12]), "counter": 0i64}, "maxAwaitTimeMS": 10, "$db": "admin"},
+        ),
+        (
+            "row10-transaction",
+            doc! {"insert": "c", "documents": [{"_id": 1}], "lsid": {"id": "L".repeat(1000)}, "txnNumber": 1i64, "startTransaction": true, "autocommit": false, "$db": "d"},
+        ),
+        (
+            "row11-bad-names",
+            doc! {"insert": "a/b", "documents": [{}], "$db": "bad.name"},
+        ),
+        (
+            "row11-case",
+            doc! {"insert": "c", "documents": [{}], "$db": "Config"},
+        ),
+        ("row12-drop-admin", doc! {"dropDatabase": 1, "$db": "admin"}),
+        (
+            "row13-max-time",
+            doc! {"find": "c", "maxTimeMS": i64::MAX, "$db": "d"},
+        ),
+        ("unknown-command", doc! {"notACommand": 1, "$db": "d"}),
+    ];
+    for (name, body) in &commands {
+        let f = frame(body, 0);
+        add("command_envelope", name, raw(&f));
+        add("wire_decode", name, raw(&f));
+    }
+    add(
+        "wire_decode",
+        "checksum",
+        raw(&frame(&doc! {"ping": 1, "$db": "admin"}, 1)),
+    );
+    let mut seq = OpMsgBuilder::new(0, &encoded(&doc! {"insert": "c", "$db": "d"}));
+    seq.begin_sequence("documents");
+    seq.push_document(&encoded(&doc! {"_id": 1}));
+    seq.push_document(&encoded(&nested(150)));
+    add("wire_decode", "document-sequence", raw(&seq.finish(1, 0)));
+    let insert = frame(&commands[2].1, 0);
+    for c in Compressor::SUPPORTED {
+        if let Ok(packed) = wire::encode_compressed(&insert, c) {
+            add(
+                "wire_decode",
+                &format!("compressed-{}", c.name()),
+                raw(&packed),
+            );
+        }
+    }
+
+    // Filters.
+    for (name, filter) in [
+        ("equality", doc! {"a": 1, "b.c": {"$in": [1, "x", null]}}),
+        (
+            "mod-overflow",
+            doc! {"a": {"$mod": [-1i64, 0]}, "b": {"$mod": [i64::MIN, -1i64]}},
+        ),
+        (
+            "expr-mod",
+            doc! {"$expr": {"$eq": [{"$mod": [i64::MIN, -1i64]}, 0]}},
+        ),
+        ("long-path", doc! {long_path.as_str(): 1}),
+        ("deep-and", {
+            let mut f = doc! {"a": 1};
+            for _ in 0..150 {
+                f = doc! {"$and": [f]};
+            }
+            f
+        }),
+        (
+            "elem-match",
+            doc! {"arr": {"$elemMatch": {"$elemMatch": {"$gt": 1, "$size": 2}}}},
+        ),
+        (
+            "regex",
+            doc! {"a": {"$regex": "a{1000}{1000}", "$options": "i"}},
+        ),
+        (
+            "types",
+            doc! {"a": {"$type": ["number", 2, 19]}, "b": {"$exists": false}, "c": {"$all": [[1], {"$elemMatch": {}}]}},
+        ),
+    ] {
+        add("matcher", name, raw(&encoded(&filter)));
+    }
+
+    // Updates.
+    for (name, u) in [
+        (
+            "set",
+            doc! {"$set": {"a.b": 1, "arr.3": 2}, "$inc": {"n": 1}},
+        ),
+        ("row04-backfill", doc! {"$set": {"arr.2000000000": 1}}),
+        ("row05-long-path", doc! {"$set": {long_path.as_str(): 1}}),
+        (
+            "inc-overflow",
+            doc! {"$inc": {"a": i64::MAX}, "$mul": {"b.c": i64::MIN}},
+        ),
+        (
+            "push-each",
+            doc! {"$push": {"arr": {"$each": [1, 2, 3], "$slice": -2, "$sort": 1, "$position": -1000}}},
+        ),
+        ("deep-value", doc! {"$set": {"d": nested(120)}}),
+        (
+            "rename-pop-pull",
+            doc! {"$rename": {"a": "z"}, "$pop": {"arr": -1}, "$pull": {"arr": {"$gt": 1}}},
+        ),
+        ("replacement", doc! {"x": 1, "y": [1, 2]}),
+    ] {
+        add("update", name, raw(&encoded(&u)));
+    }
+
+    // Pipelines, as `{p: [...]}`.
+    for (name, p) in [
+        (
+            "group-sort",
+            doc! {"p": [{"$group": {"_id": "$a", "n": {"$sum": 1}, "s": {"$push": "$$ROOT"}}}, {"$sort": {"n": -1}}]},
+        ),
+        (
+            "row01-mod",
+            doc! {"p": [{"$project": {"x": {"$mod": [i64::MIN, -1i64]}, "y": {"$mod": [5, "0.5".parse::<bson::Decimal128>().map(Bson::Decimal128).unwrap_or(Bson::Null)]}, "z": {"$mod": [1, 0]}}}]},
+        ),
+        (
+            "row02-long-path",
+            doc! {"p": [{"$addFields": {long_path.as_str(): 1}}]},
+        ),
+        (
+            "row03-unwind",
+            doc! {"p": [{"$addFields": {"arr": {"$literal": (0..1000).collect::<Vec<i32>>()}}}, {"$unwind": "$arr"}, {"$group": {"_id": null, "all": {"$push": "$$ROOT"}}}]},
+        ),
+        (
+            "arith-edges",
+            doc! {"p": [{"$project": {"a": {"$add": [i64::MAX, 1]}, "b": {"$multiply": [i64::MIN, -1]}, "c": {"$divide": [1, 0]}, "d": {"$abs": i64::MIN}, "e": {"$subtract": [i64::MIN, 1]}}}]},
+        ),
+        (
+            "documents-count",
+            doc! {"p": [{"$documents": [{"a": 1}, {"a": 2}]}, {"$skip": i64::MAX}, {"$limit": 1}, {"$count": "n"}]},
+        ),
+    ] {
+        add("aggregate", name, raw(&encoded(&p)));
+    }
+
+    // Structured inputs: a mode byte of 0, then bytes that steer the generator.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    };
+    for (target, _) in TARGETS {
+        for i in 0..6 {
+            let len = 32 << (i % 3);
+            let mut bytes = vec![0u8];
+            bytes.extend((0..len).map(|_| next() as u8));
+            add(target, &format!("structured-{i}"), bytes);
+        }
+    }
+    out
 }

@@ -2,6 +2,9 @@
 //! kept in `fuzz/regressions/<target>/` runs through its target's entry point
 //! (`sluice::fuzz`), which must return without panicking. A few thousand generated inputs per
 //! target follow, so `cargo test` is a small fuzz run of its own.
+//!
+//! The seed corpus is made by `sluice::fuzz::seeds()`; `SLUICE_WRITE_SEEDS=1 cargo test --test
+//! fuzz_corpus` writes it to `fuzz/corpus/` after a change there.
 
 use std::path::Path;
 
@@ -54,5 +57,31 @@ fn generated_inputs_run_cleanly() {
             entry(&input);
         }
         eprintln!("{name}: 300 generated inputs");
+    }
+}
+
+#[test]
+fn seed_corpus_is_the_generated_one() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fuzz")
+        .join("corpus");
+    let write = std::env::var_os("SLUICE_WRITE_SEEDS").is_some();
+    let seeds = sluice::fuzz::seeds();
+    for (name, _) in sluice::fuzz::TARGETS {
+        assert!(
+            seeds.iter().filter(|s| s.target == *name).count() >= 6,
+            "{name} has seeds"
+        );
+    }
+    for seed in &seeds {
+        assert!(seed.bytes.len() <= 16 * 1024, "{} is small", seed.name);
+        let path = root.join(seed.target).join(&seed.name);
+        if write {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &seed.bytes).unwrap();
+        }
+        let committed = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (SLUICE_WRITE_SEEDS=1 writes it)", path.display()));
+        assert_eq!(committed, seed.bytes, "{} is out of date", path.display());
     }
 }
