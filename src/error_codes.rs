@@ -61,6 +61,7 @@ named {
     CommandNotFound = 59,
     ShardKeyNotFound = 61,
     WriteConcernTimeout = 64,
+    MultipleErrorsOccurred = 65,
     ImmutableField = 66,
     CannotCreateIndex = 67,
     IndexAlreadyExists = 68,
@@ -110,6 +111,7 @@ location {
     OpMsgUnknownSectionKind = 40432,
     OpMsgDuplicateField = 40433,
     OpMsgNoBody = 40587,
+    ShardKeyUpdateWithoutFullKey = 31025,
     AwaitableHelloBothFields = 51760,
     LegacyOpcodeRemoved = 5739101,
 }

@@ -332,7 +332,8 @@ fn mongos_round_count_follows_the_formula() {
         let stmts: Vec<Stmt> = (0..1000).map(|i| Stmt::Upsert { id: i, v: 1 }).collect();
         let targeted: Vec<Targeted> = stmts.iter().map(|s| s.target(&snap)).collect();
         let indexed: Vec<(usize, &Targeted)> = targeted.iter().enumerate().collect();
-        let rounds = sluice::write::plan::plan(&indexed, true, Policy::Off).send_rounds() as f64;
+        let rounds =
+            sluice::write::plan::plan(&indexed, true, Policy::Off, true).send_rounds() as f64;
         let p = 1.0 - 1.0 / shards as f64;
         let expected = 1.0 + 999.0 * p;
         let sigma = (999.0 * p * (1.0 - p)).sqrt();
@@ -341,7 +342,7 @@ fn mongos_round_count_follows_the_formula() {
             "S={shards}: {rounds} rounds, expected {expected:.1} ± {sigma:.1}"
         );
         assert_eq!(
-            sluice::write::plan::plan(&indexed, true, Policy::RetrySafe).send_rounds(),
+            sluice::write::plan::plan(&indexed, true, Policy::RetrySafe, true).send_rounds(),
             1
         );
     }
