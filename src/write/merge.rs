@@ -239,9 +239,14 @@ impl Merger {
             }
         }
         let first_error = errors.keys().next().copied();
-        let executed = |ci: usize| match (child.ordered, first_error) {
-            (true, Some(fe)) => ci < fe,
-            _ => !errors.contains_key(&ci),
+        // A shard stops a batch at stale routing even when it is unordered.
+        let first_stale = errors
+            .iter()
+            .find(|(_, e)| e.get_i32("code").is_ok_and(|c| STALE_CODES.contains(&c)))
+            .map(|(ci, _)| *ci);
+        let executed = |ci: usize| {
+            let stop = if child.ordered { first_error } else { first_stale };
+            stop.is_none_or(|s| ci < s) && !errors.contains_key(&ci)
         };
         for (ci, e) in &errors {
             if let Some(&g) = child.statements.get(*ci) {
@@ -350,10 +355,11 @@ impl Merger {
         out
     }
 
-    /// Fails every stale statement with NoProgressMade (82), as mongos does after 5 rounds.
+    /// Fails every statement still stale or waiting behind one with NoProgressMade (82), as
+    /// mongos does after 5 rounds.
     pub fn give_up_stale(&mut self, ns: &str) {
         for (i, s) in self.stmts.iter_mut().enumerate() {
-            if matches!(s, Stmt::Stale(_)) {
+            if matches!(s, Stmt::Stale(_) | Stmt::Pending) {
                 *s = Stmt::Failed(vec![error_doc(
                     i,
                     ErrorCode::NoProgressMade,
