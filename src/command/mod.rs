@@ -741,13 +741,15 @@ pub fn check_write_statement(command: &str, stmt: &Document) -> Result<(), Comma
     };
     match stmt.get("q") {
         Some(Bson::Document(_)) => {}
-        Some(other) => return Err(CommandError::new(
-            ErrorCode::TypeMismatch,
-            format!(
+        Some(other) => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                format!(
                 "BSON field '{command}.{field}.q' is the wrong type '{}', expected type 'object'",
                 crate::embedded::update::type_name(other)
             ),
-        )),
+            ))
+        }
         None => return Err(missing("q")),
     }
     if command == "update" {
