@@ -140,7 +140,8 @@ def main():
         json.dump(summary, f, indent=2)
 
     print()
-    print(f"pymongo {PYMONGO_VERSION} unified specification suites, commit {summary['commit']}")
+    commit = summary["commit"] or "unknown (not a git checkout)"
+    print(f"pymongo {PYMONGO_VERSION} unified specification suites, commit {commit}")
     for target in targets:
         startup = summary["targets"][target]["startup"]
         if startup.get("started"):
