@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Driver conformance: runs the MongoDB drivers' unified-format specification suites, as shipped in
 # pymongo's source distribution (downloaded from PyPI at test time, hash-pinned, run unmodified),
-# against `sluice demo` (the router in front of embedded shards) and against one `sluice shard`.
+# against `sluice demo` (the router in front of embedded shards) and against one `sluice shard`,
+# both started with --enable-test-commands as drivers' CI starts mongos and mongod.
 #
 #   wire-tests/conformance/run.sh [SUITE...]        # or SUITES=crud,retryable
 #
@@ -93,8 +94,8 @@ start_server() {
   local target=$1 log=$2
   port=$(free_port)
   case "$target" in
-    demo) "$SLUICE_BIN" demo --port "$port" --metrics-listen "" >"$log" 2>&1 & ;;
-    shard) "$SLUICE_BIN" shard --port "$port" --set-name shard0 --metrics-listen "" >"$log" 2>&1 & ;;
+    demo) "$SLUICE_BIN" demo --port "$port" --metrics-listen "" --enable-test-commands >"$log" 2>&1 & ;;
+    shard) "$SLUICE_BIN" shard --port "$port" --set-name shard0 --metrics-listen "" --enable-test-commands >"$log" 2>&1 & ;;
   esac
   server_pid=$!
   for _ in $(seq 1 300); do
