@@ -103,6 +103,15 @@ named {
     StaleEpoch = 150,
     StaleDbVersion = 249,
     CannotImplicitlyCreateCollection = 227,
+    UserNotFound = 11,
+    UnsupportedFormat = 12,
+    AuthenticationFailed = 18,
+    InvalidPath = 30,
+    RoleNotFound = 31,
+    UserDataInconsistent = 45,
+    InvalidSSLConfiguration = 140,
+    SSLHandshakeFailed = 141,
+    MechanismUnavailable = 334,
 }
 location {
     OpMsgMultipleBodies = 40430,
@@ -112,6 +121,16 @@ location {
     OpMsgNoBody = 40587,
     AwaitableHelloBothFields = 51760,
     LegacyOpcodeRemoved = 5739101,
+    IdlUnknownField = 40415,
+    IdlMissingField = 40414,
+    UserAlreadyExists = 51003,
+    SaslPrepEmpty = 50687,
+    SaslPrepProhibited = 50692,
+    KeyFileWithoutKeys = 50981,
+    SpeculativeUnknownCommand = 51769,
+    AlreadyAuthenticatedAs = 5626701,
+    AuthenticatedOnAnotherDb = 5626702,
+    AlreadyAuthenticatedStrict = 5626703,
 }
 }
 

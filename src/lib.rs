@@ -15,6 +15,7 @@
 //!
 //! [`error_codes`] holds the MongoDB error codes every layer replies with.
 
+pub mod auth;
 pub mod backend;
 pub mod bench;
 pub mod cluster;
