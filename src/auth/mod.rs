@@ -22,8 +22,8 @@
 // pub mod authorize;
 // pub mod credentials;
 // pub mod keyfile;
-// pub mod render;
-// pub mod roles;
+pub mod render;
+pub mod roles;
 pub mod scram;
 // pub mod session;
 // pub mod tls;
