@@ -19,7 +19,7 @@
 //! | [`tls`] | rustls server and client configurations, the `tls_mode` values, telling TLS from plain on one port |
 //! | [`x509`] | the subject name of a certificate in mongod's RFC 2253 form, cluster membership |
 
-// pub mod authorize;
+pub mod authorize;
 // pub mod credentials;
 // pub mod keyfile;
 pub mod render;

@@ -343,6 +343,8 @@ impl ResourcePattern {
         match (self, target) {
             (ResourcePattern::AnyResource, _) => true,
             (_, Resource::AnyResource) => false,
+            (ResourcePattern::AnyNormal, Resource::AnyNormal) => true,
+            (_, Resource::AnyNormal) => false,
             (ResourcePattern::Cluster, Resource::Cluster) => true,
             (_, Resource::Cluster) | (ResourcePattern::Cluster, _) => false,
             (ResourcePattern::AnyNormal, Resource::Database(d)) => !is_special_db(d),
@@ -391,6 +393,8 @@ fn bucket(coll: &str) -> Option<&str> {
 pub enum Resource<'a> {
     /// Anything at all (only an `anyResource` privilege covers it).
     AnyResource,
+    /// Every normal resource (what `updateUser` needs `revokeRole` on to replace roles).
+    AnyNormal,
     /// The cluster.
     Cluster,
     /// A database.
