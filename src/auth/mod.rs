@@ -20,7 +20,7 @@
 //! | [`x509`] | the subject name of a certificate in mongod's RFC 2253 form, cluster membership |
 
 pub mod authorize;
-// pub mod credentials;
+pub mod credentials;
 // pub mod keyfile;
 pub mod render;
 pub mod roles;
