@@ -21,7 +21,7 @@
 
 pub mod authorize;
 pub mod credentials;
-// pub mod keyfile;
+pub mod keyfile;
 pub mod render;
 pub mod roles;
 pub mod scram;
