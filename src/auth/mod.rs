@@ -27,7 +27,7 @@ pub mod roles;
 pub mod scram;
 // pub mod session;
 // pub mod tls;
-// pub mod x509;
+pub mod x509;
 
 use crate::error_codes::ErrorCode;
 use std::fmt;
