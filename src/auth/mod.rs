@@ -26,7 +26,7 @@ pub mod render;
 pub mod roles;
 pub mod scram;
 // pub mod session;
-// pub mod tls;
+pub mod tls;
 pub mod x509;
 
 use crate::error_codes::ErrorCode;
