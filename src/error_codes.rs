@@ -112,6 +112,11 @@ named {
     InvalidSSLConfiguration = 140,
     SSLHandshakeFailed = 141,
     MechanismUnavailable = 334,
+    CannotBackfillArray = 34,
+    ExceededMemoryLimit = 146,
+    TooManyLogicalSessions = 261,
+    QueryExceededMemoryLimitNoDiskUseAllowed = 292,
+    DatabaseDifferCase = 13297,
 }
 location {
     OpMsgMultipleBodies = 40430,
@@ -131,6 +136,11 @@ location {
     AlreadyAuthenticatedAs = 5626701,
     AuthenticatedOnAnotherDb = 5626702,
     AlreadyAuthenticatedStrict = 5626703,
+    MatchPathTooLong = 5729100,
+    ModByZero = 16610,
+    DivideByZero = 16608,
+    UpdatedDocumentTooLarge = 17419,
+    AbsOfLongMin = 28680,
 }
 }
 
