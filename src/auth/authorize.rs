@@ -841,10 +841,8 @@ fn pipeline_needs(stages: &[&RawDocument], db: &str, coll: &str, bypass: bool, n
                     needs.ns(db, coll, &[A::Find, A::ChangeStream]);
                 }
             }
-            "$currentOp" => {
-                if arg_doc.is_some_and(|d| flag(d, "allUsers")) {
-                    needs.cluster(&[A::Inprog]);
-                }
+            "$currentOp" if arg_doc.is_some_and(|d| flag(d, "allUsers")) => {
+                needs.cluster(&[A::Inprog]);
             }
             "$listSessions" | "$listLocalSessions" => {
                 let others =

@@ -213,7 +213,7 @@ fn format_g16(x: f64) -> String {
     let sci = format!("{:.*e}", (P - 1) as usize, x);
     let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
     let exp: i32 = exp.parse().unwrap_or(0);
-    if exp < -4 || exp >= P {
+    if !(-4..P).contains(&exp) {
         let m = trim_fraction(mantissa);
         let sign = if exp < 0 { '-' } else { '+' };
         format!("{m}e{sign}{:02}", exp.abs())

@@ -379,7 +379,7 @@ fn is_special_db(db: &str) -> bool {
 
 /// mongod's `isNormalCollection`: not `system.*`, and not `local.replset.*`.
 pub fn is_normal_collection(db: &str, coll: &str) -> bool {
-    !coll.starts_with("system.") && !(db == "local" && coll.starts_with("replset."))
+    !(coll.starts_with("system.") || (db == "local" && coll.starts_with("replset.")))
 }
 
 /// The bucket name of `system.buckets.<name>` (non-empty), if the collection is one.

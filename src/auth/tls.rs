@@ -228,7 +228,8 @@ pub struct ServerTlsSettings<'a> {
 /// Builds the listener's rustls configuration.
 pub fn server_config(settings: &ServerTlsSettings<'_>) -> Result<Arc<ServerConfig>, AuthError> {
     let provider = provider();
-    let (certs, key) = certificate_and_key(settings.certificate_key_pem, "the certificate key file")?;
+    let (certs, key) =
+        certificate_and_key(settings.certificate_key_pem, "the certificate key file")?;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| config_error(e.to_string()))?;
@@ -240,9 +241,7 @@ pub fn server_config(settings: &ServerTlsSettings<'_>) -> Result<Arc<ServerConfi
             if settings.allow_connections_without_certificates {
                 verifier = verifier.allow_unauthenticated();
             }
-            let verifier = verifier
-                .build()
-                .map_err(|e| config_error(e.to_string()))?;
+            let verifier = verifier.build().map_err(|e| config_error(e.to_string()))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
@@ -282,34 +281,35 @@ pub fn client_config(settings: &ClientTlsSettings<'_>) -> Result<Arc<ClientConfi
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| config_error(e.to_string()))?;
-    let verifier: Arc<dyn ServerCertVerifier> = match (settings.ca_pem, settings.allow_invalid_certificates) {
-        (_, true) => Arc::new(LenientVerifier {
-            inner: None,
-            provider: provider.clone(),
-        }),
-        (Some(ca), false) => {
-            let roots = Arc::new(root_store(ca, "the CA file")?);
-            let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
-                roots,
-                provider.clone(),
-            )
-            .build()
-            .map_err(|e| config_error(e.to_string()))?;
-            if settings.allow_invalid_hostnames {
-                Arc::new(LenientVerifier {
-                    inner: Some(inner),
-                    provider: provider.clone(),
-                })
-            } else {
-                inner
+    let verifier: Arc<dyn ServerCertVerifier> =
+        match (settings.ca_pem, settings.allow_invalid_certificates) {
+            (_, true) => Arc::new(LenientVerifier {
+                inner: None,
+                provider: provider.clone(),
+            }),
+            (Some(ca), false) => {
+                let roots = Arc::new(root_store(ca, "the CA file")?);
+                let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                    roots,
+                    provider.clone(),
+                )
+                .build()
+                .map_err(|e| config_error(e.to_string()))?;
+                if settings.allow_invalid_hostnames {
+                    Arc::new(LenientVerifier {
+                        inner: Some(inner),
+                        provider: provider.clone(),
+                    })
+                } else {
+                    inner
+                }
             }
-        }
-        (None, false) => {
-            return Err(config_error(
-                "TLS to shards needs a CA file to verify their certificates",
-            ))
-        }
-    };
+            (None, false) => {
+                return Err(config_error(
+                    "TLS to shards needs a CA file to verify their certificates",
+                ))
+            }
+        };
     let builder = builder
         .dangerous()
         .with_custom_certificate_verifier(verifier);
@@ -346,8 +346,7 @@ impl ServerCertVerifier for LenientVerifier {
         let Some(inner) = &self.inner else {
             return Ok(ServerCertVerified::assertion());
         };
-        match inner.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        match inner.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
