@@ -29,6 +29,9 @@ pub mod state;
 pub mod wait;
 pub mod write_concern;
 
+#[cfg(test)]
+mod tests;
+
 pub use address::{HostAddr, SeedList};
 pub use error::{Printer, TopologyError};
 pub use hello::{Hello, ServerType, TopologyVersion};

@@ -40,8 +40,8 @@ pub struct Now {
 /// specification: `minHeartbeatFrequencyMS`).
 pub const MIN_HEARTBEAT_FREQUENCY: Duration = Duration::from_millis(500);
 
-/// Weight of a new round-trip sample in the moving average (server discovery: 0.2).
-const RTT_ALPHA: f64 = 0.2;
+/// A new round-trip sample weighs 1/5 in the moving average (server discovery: alpha 0.2).
+const RTT_ALPHA_DENOMINATOR: u128 = 5;
 
 /// Settings of monitoring and selection (config: `heartbeat_frequency_ms`, mongos's
 /// `--localThreshold`, `defaultFindReplicaSetHostTimeoutMS`).
@@ -668,6 +668,9 @@ impl ShardTopology {
     }
 }
 
+/// `alpha · sample + (1 − alpha) · old`, in whole nanoseconds (alpha = 1/5).
 fn ewma(old: Duration, sample: Duration) -> Duration {
-    old.mul_f64(1.0 - RTT_ALPHA) + sample.mul_f64(RTT_ALPHA)
+    let nanos = (old.as_nanos() * (RTT_ALPHA_DENOMINATOR - 1) + sample.as_nanos())
+        / RTT_ALPHA_DENOMINATOR;
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
