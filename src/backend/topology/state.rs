@@ -670,7 +670,7 @@ impl ShardTopology {
 
 /// `alpha · sample + (1 − alpha) · old`, in whole nanoseconds (alpha = 1/5).
 fn ewma(old: Duration, sample: Duration) -> Duration {
-    let nanos = (old.as_nanos() * (RTT_ALPHA_DENOMINATOR - 1) + sample.as_nanos())
-        / RTT_ALPHA_DENOMINATOR;
+    let nanos =
+        (old.as_nanos() * (RTT_ALPHA_DENOMINATOR - 1) + sample.as_nanos()) / RTT_ALPHA_DENOMINATOR;
     Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }

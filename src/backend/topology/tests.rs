@@ -66,17 +66,37 @@ fn secondary(me: &str, hosts: &[&str]) -> Document {
     }
 }
 
+/// `d` with `topologyVersion` of process `process` at `counter`.
+fn versioned(d: Document, process: u8, counter: i64) -> Document {
+    with(d, "topologyVersion", tv(process, counter))
+}
+
 fn with(mut d: Document, key: &str, value: impl Into<Bson>) -> Document {
     d.insert(key, value);
     d
 }
 
 fn rs(seeds: &str) -> ShardTopology {
-    ShardTopology::new(&SeedList::parse(seeds).unwrap(), TopologySettings::default())
+    ShardTopology::new(
+        &SeedList::parse(seeds).unwrap(),
+        TopologySettings::default(),
+    )
 }
 
 fn hello(t: &mut ShardTopology, from: &str, d: Document, now: Now) -> Update {
-    t.on_hello(&h(from), Hello::from_document(&d), Some(Duration::from_millis(1)), now)
+    timed_hello(t, from, d, Some(1), now)
+}
+
+/// A reply that took `rtt_ms` (`None`: an awaited reply, not timed).
+fn timed_hello(
+    t: &mut ShardTopology,
+    from: &str,
+    d: Document,
+    rtt_ms: Option<u64>,
+    now: Now,
+) -> Update {
+    let rtt = rtt_ms.map(Duration::from_millis);
+    t.on_hello(&h(from), Hello::from_document(&d), rtt, now)
 }
 
 fn addrs(t: &ShardTopology) -> Vec<String> {
@@ -126,7 +146,12 @@ fn seeds_start_unknown_without_a_primary() {
 #[test]
 fn a_primary_adds_the_members_it_lists_and_removes_the_others() {
     let mut t = rs("rs0/a:1,b:1");
-    let u = hello(&mut t, "a:1", primary("a:1", &["a:1", "c:1", "d:1"], 1, 1), at(0));
+    let u = hello(
+        &mut t,
+        "a:1",
+        primary("a:1", &["a:1", "c:1", "d:1"], 1, 1),
+        at(0),
+    );
     assert!(u.applied);
     assert_eq!(u.added, vec![h("c:1"), h("d:1")]);
     assert_eq!(u.removed, vec![h("b:1")]);
@@ -172,7 +197,12 @@ fn secondaries_add_members_only_while_there_is_no_primary() {
     assert_eq!(addrs(&t), ["a:1", "b:1"]);
     // With a primary known, only the primary's list counts.
     hello(&mut t, "b:1", primary("b:1", &["a:1", "b:1"], 1, 1), at(2));
-    let u = hello(&mut t, "a:1", secondary("a:1", &["a:1", "b:1", "z:1"]), at(3));
+    let u = hello(
+        &mut t,
+        "a:1",
+        secondary("a:1", &["a:1", "b:1", "z:1"]),
+        at(3),
+    );
     assert!(u.added.is_empty());
     assert_eq!(addrs(&t), ["a:1", "b:1"]);
 }
@@ -207,7 +237,12 @@ fn a_member_whose_me_differs_is_replaced_by_its_me() {
 #[test]
 fn standalones_and_routers_are_not_members() {
     let mut t = rs("rs0/a:1,b:1");
-    let u = hello(&mut t, "a:1", doc! {"ok": 1, "isWritablePrimary": true}, at(0));
+    let u = hello(
+        &mut t,
+        "a:1",
+        doc! {"ok": 1, "isWritablePrimary": true},
+        at(0),
+    );
     assert_eq!(u.removed, vec![h("a:1")]);
     let u = hello(&mut t, "b:1", doc! {"ok": 1, "msg": "isdbgrid"}, at(0));
     assert_eq!(u.removed, vec![h("b:1")]);
@@ -228,7 +263,12 @@ fn ghosts_and_members_in_other_states_stay_but_serve_nothing() {
     let mut t = healthy();
     hello(&mut t, "b:1", doc! {"ok": 1, "isreplicaset": true}, at(1));
     assert_eq!(kind_of(&t, "b:1"), ServerType::RsGhost);
-    hello(&mut t, "c:1", doc! {"ok": 1, "setName": "rs0", "me": "c:1"}, at(1));
+    hello(
+        &mut t,
+        "c:1",
+        doc! {"ok": 1, "setName": "rs0", "me": "c:1"},
+        at(1),
+    );
     assert_eq!(kind_of(&t, "c:1"), ServerType::RsOther);
     assert_eq!(addrs(&t).len(), 3);
     let sec = ReadPreference::of_mode(ReadPreferenceMode::Secondary);
@@ -244,7 +284,11 @@ fn a_newer_election_moves_the_primary() {
     let u = hello(&mut t, "b:1", primary("b:1", &ABC, 2, 1), at(1));
     assert!(u.primary_changed);
     assert_eq!(primary_addr(&t).as_deref(), Some("b:1"));
-    assert_eq!(kind_of(&t, "a:1"), ServerType::Unknown, "the old primary is demoted");
+    assert_eq!(
+        kind_of(&t, "a:1"),
+        ServerType::Unknown,
+        "the old primary is demoted"
+    );
     assert_eq!(
         t.max_election_id_set_version(),
         ElectionIdSetVersion {
@@ -314,20 +358,28 @@ fn pair_order_matches_mongos() {
 #[test]
 fn an_older_topology_version_is_ignored_a_restart_is_not() {
     let mut t = healthy();
-    hello(&mut t, "b:1", with(secondary("b:1", &ABC), "topologyVersion", tv(1, 5)), at(1));
+    hello(
+        &mut t,
+        "b:1",
+        versioned(secondary("b:1", &ABC), 1, 5),
+        at(1),
+    );
     let v = t.version();
-    let late = with(primary("b:1", &ABC, 9, 9), "topologyVersion", tv(1, 4));
+    let late = versioned(primary("b:1", &ABC, 9, 9), 1, 4);
     let u = hello(&mut t, "b:1", late, at(2));
     assert!(!u.applied);
     assert_eq!(t.version(), v);
     assert_eq!(kind_of(&t, "b:1"), ServerType::RsSecondary);
     // The same counter is accepted (a heartbeat that found nothing new).
-    let same = with(secondary("b:1", &ABC), "topologyVersion", tv(1, 5));
+    let same = versioned(secondary("b:1", &ABC), 1, 5);
     assert!(hello(&mut t, "b:1", same, at(3)).applied);
     // Another process (b restarted) is accepted whatever its counter.
-    let restarted = with(secondary("b:1", &ABC), "topologyVersion", tv(2, 0));
+    let restarted = versioned(secondary("b:1", &ABC), 2, 0);
     assert!(hello(&mut t, "b:1", restarted, at(4)).applied);
-    assert_eq!(t.member(&h("b:1")).unwrap().topology_version(), Some(topology_version(2, 0)));
+    assert_eq!(
+        t.member(&h("b:1")).unwrap().topology_version(),
+        Some(topology_version(2, 0))
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -390,7 +442,11 @@ fn network_errors_mark_unknown_but_a_timeout_only_clears_the_pool() {
     };
     let u = t.on_application_error(&h("a:1"), &timeout, at(1));
     assert!(u.clear_pool && !u.request_check);
-    assert_eq!(kind_of(&t, "a:1"), ServerType::RsPrimary, "a slow primary is still primary");
+    assert_eq!(
+        kind_of(&t, "a:1"),
+        ServerType::RsPrimary,
+        "a slow primary is still primary"
+    );
     assert_eq!(t.member(&h("a:1")).unwrap().pool_generation(), 1);
 
     let broken = ApplicationError::Network {
@@ -429,25 +485,39 @@ fn errors_from_connections_of_an_older_pool_are_ignored() {
         code: 10107,
         topology_version: None,
     };
-    assert_eq!(t.on_application_error(&h("a:1"), &late, at(3)), Update::default());
+    assert_eq!(
+        t.on_application_error(&h("a:1"), &late, at(3)),
+        Update::default()
+    );
     assert_eq!(primary_addr(&t).as_deref(), Some("a:1"));
 }
 
 #[test]
 fn an_error_the_monitor_already_knows_about_is_ignored() {
     let mut t = rs("rs0/a:1,b:1");
-    hello(&mut t, "a:1", with(primary("a:1", &["a:1", "b:1"], 1, 1), "topologyVersion", tv(1, 6)), at(0));
+    hello(
+        &mut t,
+        "a:1",
+        versioned(primary("a:1", &["a:1", "b:1"], 1, 1), 1, 6),
+        at(0),
+    );
     // The step-down error carries the counter the primary had before: stale.
     let stale = command_error(10107, Some(topology_version(1, 6)));
-    assert_eq!(t.on_application_error(&h("a:1"), &stale, at(1)), Update::default());
+    assert_eq!(
+        t.on_application_error(&h("a:1"), &stale, at(1)),
+        Update::default()
+    );
     assert_eq!(primary_addr(&t).as_deref(), Some("a:1"));
     // A newer counter is news: a stepped down.
     let fresh = command_error(10107, Some(topology_version(1, 7)));
     assert!(t.on_application_error(&h("a:1"), &fresh, at(2)).applied);
     assert_eq!(kind_of(&t, "a:1"), ServerType::Unknown);
-    assert_eq!(t.member(&h("a:1")).unwrap().topology_version(), Some(topology_version(1, 7)));
+    assert_eq!(
+        t.member(&h("a:1")).unwrap().topology_version(),
+        Some(topology_version(1, 7))
+    );
     // A heartbeat sent before the step-down and answered late cannot bring it back.
-    let late = with(primary("a:1", &["a:1", "b:1"], 1, 1), "topologyVersion", tv(1, 6));
+    let late = versioned(primary("a:1", &["a:1", "b:1"], 1, 1), 1, 6);
     assert!(!hello(&mut t, "a:1", late, at(3)).applied);
     assert!(t.primary().is_none());
 }
@@ -496,15 +566,19 @@ fn a_failed_hello_reply_marks_the_member_unknown_with_its_topology_version() {
 fn round_trip_is_a_moving_average() {
     let mut t = rs("rs0/a:1");
     let a = h("a:1");
-    t.on_hello(&a, Hello::from_document(&secondary("a:1", &["a:1"])), Some(Duration::from_millis(10)), at(0));
+    let sec = || secondary("a:1", &["a:1"]);
+    timed_hello(&mut t, "a:1", sec(), Some(10), at(0));
     assert_eq!(t.member(&a).unwrap().rtt(), Some(Duration::from_millis(10)));
-    t.on_hello(&a, Hello::from_document(&secondary("a:1", &["a:1"])), Some(Duration::from_millis(20)), at(1));
+    timed_hello(&mut t, "a:1", sec(), Some(20), at(1));
     assert_eq!(t.member(&a).unwrap().rtt(), Some(Duration::from_millis(12)));
     // An awaited reply is not timed: the average stays.
-    t.on_hello(&a, Hello::from_document(&secondary("a:1", &["a:1"])), None, at(2));
+    timed_hello(&mut t, "a:1", sec(), None, at(2));
     assert_eq!(t.member(&a).unwrap().rtt(), Some(Duration::from_millis(12)));
     t.on_rtt_sample(&a, Duration::from_millis(2));
-    assert_eq!(t.member(&a).unwrap().rtt(), Some(Duration::from_micros(10_000)));
+    assert_eq!(
+        t.member(&a).unwrap().rtt(),
+        Some(Duration::from_micros(10_000))
+    );
 }
 
 #[test]
@@ -519,7 +593,12 @@ fn monitors_poll_stream_and_hurry_as_mongos_does() {
             at: start + MIN_HEARTBEAT
         })
     );
-    hello(&mut t, "a:1", with(primary("a:1", &["a:1", "b:1"], 1, 1), "topologyVersion", tv(1, 1)), at(0));
+    hello(
+        &mut t,
+        "a:1",
+        versioned(primary("a:1", &["a:1", "b:1"], 1, 1), 1, 1),
+        at(0),
+    );
     hello(&mut t, "b:1", secondary("b:1", &["a:1", "b:1"]), at(0));
     // A primary is known; b reports no topologyVersion: poll at the heartbeat.
     assert_eq!(
@@ -539,9 +618,20 @@ fn monitors_poll_stream_and_hurry_as_mongos_does() {
     );
     // A selection that found nothing hurries the polls until a primary is found.
     t.request_immediate_check();
-    assert_eq!(t.next_check(&h("b:1"), start).unwrap().at, start + MIN_HEARTBEAT);
-    hello(&mut t, "a:1", with(primary("a:1", &["a:1", "b:1"], 1, 1), "topologyVersion", tv(1, 1)), at(1));
-    assert_eq!(t.next_check(&h("b:1"), start).unwrap().at, start + Duration::from_secs(10));
+    assert_eq!(
+        t.next_check(&h("b:1"), start).unwrap().at,
+        start + MIN_HEARTBEAT
+    );
+    hello(
+        &mut t,
+        "a:1",
+        versioned(primary("a:1", &["a:1", "b:1"], 1, 1), 1, 1),
+        at(1),
+    );
+    assert_eq!(
+        t.next_check(&h("b:1"), start).unwrap().at,
+        start + Duration::from_secs(10)
+    );
     // Without streaming, always poll.
     let mut polling = ShardTopology::new(
         &SeedList::parse("rs0/a:1").unwrap(),
@@ -551,7 +641,12 @@ fn monitors_poll_stream_and_hurry_as_mongos_does() {
             ..TopologySettings::default()
         },
     );
-    hello(&mut polling, "a:1", with(primary("a:1", &["a:1"], 1, 1), "topologyVersion", tv(1, 1)), at(0));
+    hello(
+        &mut polling,
+        "a:1",
+        versioned(primary("a:1", &["a:1"], 1, 1), 1, 1),
+        at(0),
+    );
     assert_eq!(
         polling.next_check(&h("a:1"), start),
         Some(CheckPlan {
@@ -576,7 +671,10 @@ fn the_version_moves_with_every_applied_change() {
     assert!(hello(&mut t, "a:1", primary("a:1", &["a:1", "b:1"], 1, 1), at(1)).applied);
     let v2 = t.version();
     assert!(v2 > v1);
-    assert!(t.on_application_error(&h("a:1"), &command_error(10107, None), at(2)).applied);
+    assert!(
+        t.on_application_error(&h("a:1"), &command_error(10107, None), at(2))
+            .applied
+    );
     assert!(t.version() > v2);
     // A round-trip sample changes no selection outcome a waiter could be waiting for.
     let v3 = t.version();
@@ -588,11 +686,25 @@ fn the_version_moves_with_every_applied_change() {
 fn a_single_server_is_never_discovered_away() {
     let mut t = rs("solo:27018");
     assert_eq!(t.kind(), TopologyKind::Single);
-    assert_eq!(select_for_write(&t), Some(h("solo:27018")), "sent even before it is known");
-    hello(&mut t, "solo:27018", doc! {"ok": 1, "isWritablePrimary": true}, at(0));
+    assert_eq!(
+        select_for_write(&t),
+        Some(h("solo:27018")),
+        "sent even before it is known"
+    );
+    hello(
+        &mut t,
+        "solo:27018",
+        doc! {"ok": 1, "isWritablePrimary": true},
+        at(0),
+    );
     assert_eq!(addrs(&t), ["solo:27018"]);
     assert!(!t.is_expedited());
-    hello(&mut t, "solo:27018", secondary("other:1", &["other:1"]), at(1));
+    hello(
+        &mut t,
+        "solo:27018",
+        secondary("other:1", &["other:1"]),
+        at(1),
+    );
     assert_eq!(addrs(&t), ["solo:27018"]);
     let sec = ReadPreference::of_mode(ReadPreferenceMode::Secondary);
     assert_eq!(select_for_read(&t, &sec, 7).unwrap(), Some(h("solo:27018")));
@@ -624,9 +736,28 @@ fn eligible(t: &ShardTopology, p: &ReadPreference) -> Vec<String> {
 /// a primary (dc east), b secondary (east, rack 1), c secondary (west).
 fn tagged_set() -> ShardTopology {
     let mut t = rs("rs0/a:1,b:1,c:1");
-    hello(&mut t, "a:1", with(primary("a:1", &ABC, 1, 1), "tags", doc! {"dc": "east"}), at(0));
-    hello(&mut t, "b:1", with(secondary("b:1", &ABC), "tags", doc! {"dc": "east", "rack": "1"}), at(0));
-    hello(&mut t, "c:1", with(secondary("c:1", &ABC), "tags", doc! {"dc": "west"}), at(0));
+    hello(
+        &mut t,
+        "a:1",
+        with(primary("a:1", &ABC, 1, 1), "tags", doc! {"dc": "east"}),
+        at(0),
+    );
+    hello(
+        &mut t,
+        "b:1",
+        with(
+            secondary("b:1", &ABC),
+            "tags",
+            doc! {"dc": "east", "rack": "1"},
+        ),
+        at(0),
+    );
+    hello(
+        &mut t,
+        "c:1",
+        with(secondary("c:1", &ABC), "tags", doc! {"dc": "west"}),
+        at(0),
+    );
     t
 }
 
@@ -645,7 +776,10 @@ fn each_mode_picks_its_member_kind() {
     no_primary.on_application_error(&h("a:1"), &command_error(10107, None), at(1));
     assert_eq!(select_for_write(&no_primary), None);
     assert!(eligible(&no_primary, &mode(Primary)).is_empty());
-    assert_eq!(eligible(&no_primary, &mode(PrimaryPreferred)), ["b:1", "c:1"]);
+    assert_eq!(
+        eligible(&no_primary, &mode(PrimaryPreferred)),
+        ["b:1", "c:1"]
+    );
     assert_eq!(eligible(&no_primary, &mode(Nearest)), ["b:1", "c:1"]);
 
     let mut only_primary = healthy();
@@ -660,14 +794,21 @@ fn each_mode_picks_its_member_kind() {
 fn the_first_tag_set_that_matches_wins() {
     use ReadPreferenceMode::*;
     let t = tagged_set();
-    let p = tagged(Secondary, bson::bson!([{"dc": "north"}, {"dc": "west"}, {"dc": "east"}]));
+    let p = tagged(
+        Secondary,
+        bson::bson!([{"dc": "north"}, {"dc": "west"}, {"dc": "east"}]),
+    );
     assert_eq!(eligible(&t, &p), ["c:1"]);
     let p = tagged(Secondary, bson::bson!([{"dc": "east", "rack": "1"}]));
     assert_eq!(eligible(&t, &p), ["b:1"]);
     let p = tagged(Secondary, bson::bson!([{"dc": "north"}]));
     assert!(eligible(&t, &p).is_empty());
     let p = tagged(Secondary, bson::bson!([{"dc": "north"}, {}]));
-    assert_eq!(eligible(&t, &p), ["b:1", "c:1"], "{{}} matches every member");
+    assert_eq!(
+        eligible(&t, &p),
+        ["b:1", "c:1"],
+        "{{}} matches every member"
+    );
     // Non-string values and non-document sets match nothing (mongos skips them).
     let p = tagged(Secondary, bson::bson!([{"rack": 1}, 5, {"dc": "west"}]));
     assert_eq!(eligible(&t, &p), ["c:1"]);
@@ -694,27 +835,57 @@ fn tags_never_filter_a_primary_chosen_as_fallback() {
 fn the_latency_window_keeps_members_near_the_fastest() {
     let mut t = rs("rs0/a:1,b:1,c:1,d:1");
     let hosts = ["a:1", "b:1", "c:1", "d:1"];
-    let rtts = [("a:1", 40), ("b:1", 5), ("c:1", 20), ("d:1", 21)];
-    t.on_hello(&h("a:1"), Hello::from_document(&primary("a:1", &hosts, 1, 1)), Some(Duration::from_millis(40)), at(0));
+    let rtts = [("a:1", 40u64), ("b:1", 5), ("c:1", 20), ("d:1", 21)];
+    timed_hello(&mut t, "a:1", primary("a:1", &hosts, 1, 1), Some(40), at(0));
     for (m, ms) in &rtts[1..] {
-        t.on_hello(&h(m), Hello::from_document(&secondary(m, &hosts)), Some(Duration::from_millis(*ms)), at(0));
+        timed_hello(&mut t, m, secondary(m, &hosts), Some(*ms), at(0));
     }
     // 5 ms + 15 ms: c (20) is in, d (21) and a (40) are out.
-    assert_eq!(eligible(&t, &mode(ReadPreferenceMode::Nearest)), ["b:1", "c:1"]);
-    assert_eq!(eligible(&t, &mode(ReadPreferenceMode::Primary)), ["a:1"], "one member is its own window");
+    assert_eq!(
+        eligible(&t, &mode(ReadPreferenceMode::Nearest)),
+        ["b:1", "c:1"]
+    );
+    assert_eq!(
+        eligible(&t, &mode(ReadPreferenceMode::Primary)),
+        ["a:1"],
+        "one member is its own window"
+    );
     let picks: std::collections::BTreeSet<HostAddr> = (0..8)
-        .map(|r| select_for_read(&t, &mode(ReadPreferenceMode::Nearest), r).unwrap().unwrap())
+        .map(|r| {
+            select_for_read(&t, &mode(ReadPreferenceMode::Nearest), r)
+                .unwrap()
+                .unwrap()
+        })
         .collect();
-    assert_eq!(picks.len(), 2, "the random number spreads reads over the window");
+    assert_eq!(
+        picks.len(),
+        2,
+        "the random number spreads reads over the window"
+    );
 }
 
 #[test]
 fn max_staleness_keeps_secondaries_that_are_close_enough() {
     let mut t = rs("rs0/a:1,b:1,c:1");
     let lw = |ms: i64| doc! {"lastWriteDate": bson::DateTime::from_millis(T0_WALL + ms)};
-    hello(&mut t, "a:1", with(primary("a:1", &ABC, 1, 1), "lastWrite", lw(100_000)), at(100_000));
-    hello(&mut t, "b:1", with(secondary("b:1", &ABC), "lastWrite", lw(95_000)), at(100_000));
-    hello(&mut t, "c:1", with(secondary("c:1", &ABC), "lastWrite", lw(-100_000)), at(100_000));
+    hello(
+        &mut t,
+        "a:1",
+        with(primary("a:1", &ABC, 1, 1), "lastWrite", lw(100_000)),
+        at(100_000),
+    );
+    hello(
+        &mut t,
+        "b:1",
+        with(secondary("b:1", &ABC), "lastWrite", lw(95_000)),
+        at(100_000),
+    );
+    hello(
+        &mut t,
+        "c:1",
+        with(secondary("c:1", &ABC), "lastWrite", lw(-100_000)),
+        at(100_000),
+    );
     // b: 5 s behind + 10 s heartbeat = 15 s; c: 200 s + 10 s.
     assert_eq!(staleness_ms(&t, t.member(&h("b:1")).unwrap()), 15_000);
     assert_eq!(staleness_ms(&t, t.member(&h("c:1")).unwrap()), 210_000);
@@ -752,8 +923,14 @@ fn max_staleness_below_heartbeat_plus_idle_write_period_is_refused() {
         ..mode(ReadPreferenceMode::Secondary)
     };
     let e = select_for_read(&t, &p, 0).unwrap_err();
-    assert_eq!(e.code, crate::error_codes::ErrorCode::MaxStalenessOutOfRange);
-    assert_eq!(e.message, "Parameter maxStalenessSeconds cannot be less than 110");
+    assert_eq!(
+        e.code,
+        crate::error_codes::ErrorCode::MaxStalenessOutOfRange
+    );
+    assert_eq!(
+        e.message,
+        "Parameter maxStalenessSeconds cannot be less than 110"
+    );
     let p = ReadPreference {
         max_staleness_seconds: Some(110),
         ..p
@@ -771,14 +948,21 @@ fn waiting_for_a_primary_ends_when_one_is_elected() {
     t.on_application_error(&h("a:1"), &command_error(189, None), at(1));
     let wait = MemberWait::new(Need::Write, at(1).instant, &settings, None);
     assert_eq!(wait.deadline(), at(1).instant + Duration::from_secs(15));
-    let WaitStep::Wait { seen_version, until } = wait.step(&t, at(1).instant, 0, &STUB) else {
+    let WaitStep::Wait {
+        seen_version,
+        until,
+    } = wait.step(&t, at(1).instant, 0, &STUB)
+    else {
         panic!("no primary yet");
     };
     assert_eq!(until, wait.deadline());
     assert_eq!(seen_version, t.version());
     hello(&mut t, "b:1", primary("b:1", &ABC, 2, 1), at(300));
     assert_ne!(t.version(), seen_version);
-    assert_eq!(wait.step(&t, at(300).instant, 0, &STUB), WaitStep::Ready(h("b:1")));
+    assert_eq!(
+        wait.step(&t, at(300).instant, 0, &STUB),
+        WaitStep::Ready(h("b:1"))
+    );
 }
 
 #[test]
@@ -790,14 +974,23 @@ fn waiting_gives_up_as_mongos_does() {
     let WaitStep::GiveUp(e) = wait.step(&t, at(15_000).instant, 0, &STUB) else {
         panic!("deadline passed");
     };
-    assert_eq!(e.code, crate::error_codes::ErrorCode::FailedToSatisfyReadPreference);
-    assert_eq!(e.message, "Could not find host matching read preference {…} for set rs0");
+    assert_eq!(
+        e.code,
+        crate::error_codes::ErrorCode::FailedToSatisfyReadPreference
+    );
+    assert_eq!(
+        e.message,
+        "Could not find host matching read preference {…} for set rs0"
+    );
 
     // maxTimeMS shorter than the selection timeout: the operation's limit is what expires.
     let op_deadline = at(0).instant + Duration::from_millis(2_000);
     let wait = MemberWait::new(Need::Write, at(0).instant, &settings, Some(op_deadline));
     assert_eq!(wait.deadline(), op_deadline);
-    assert!(matches!(wait.step(&t, at(1_999).instant, 0, &STUB), WaitStep::Wait { .. }));
+    assert!(matches!(
+        wait.step(&t, at(1_999).instant, 0, &STUB),
+        WaitStep::Wait { .. }
+    ));
     let WaitStep::GiveUp(e) = wait.step(&t, at(2_000).instant, 0, &STUB) else {
         panic!("maxTimeMS passed");
     };
@@ -815,14 +1008,19 @@ fn waiting_gives_up_as_mongos_does() {
         ..mode(ReadPreferenceMode::Secondary)
     };
     let wait = MemberWait::new(Need::Read(bad), at(0).instant, &settings, None);
-    assert!(matches!(wait.step(&t, at(0).instant, 0, &STUB), WaitStep::GiveUp(e) if e.code.0 == 160));
+    assert!(
+        matches!(wait.step(&t, at(0).instant, 0, &STUB), WaitStep::GiveUp(e) if e.code.0 == 160)
+    );
 }
 
 #[test]
 fn a_member_that_appears_at_the_deadline_is_still_used() {
     let t = healthy();
     let wait = MemberWait::new(Need::Write, at(0).instant, t.settings(), None);
-    assert_eq!(wait.step(&t, at(60_000).instant, 0, &STUB), WaitStep::Ready(h("a:1")));
+    assert_eq!(
+        wait.step(&t, at(60_000).instant, 0, &STUB),
+        WaitStep::Ready(h("a:1"))
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -831,9 +1029,24 @@ fn a_member_that_appears_at_the_deadline_is_still_used() {
 #[test]
 fn a_retryable_batch_follows_the_primary_through_a_step_down() {
     let mut t = rs("rs0/a:1,b:1,c:1");
-    hello(&mut t, "a:1", with(primary("a:1", &ABC, 1, 1), "topologyVersion", tv(1, 4)), at(0));
-    hello(&mut t, "b:1", with(secondary("b:1", &ABC), "topologyVersion", tv(2, 2)), at(0));
-    hello(&mut t, "c:1", with(secondary("c:1", &ABC), "topologyVersion", tv(3, 2)), at(0));
+    hello(
+        &mut t,
+        "a:1",
+        versioned(primary("a:1", &ABC, 1, 1), 1, 4),
+        at(0),
+    );
+    hello(
+        &mut t,
+        "b:1",
+        versioned(secondary("b:1", &ABC), 2, 2),
+        at(0),
+    );
+    hello(
+        &mut t,
+        "c:1",
+        versioned(secondary("c:1", &ABC), 3, 2),
+        at(0),
+    );
     let session = BatchSession {
         lsid: true,
         txn_number: true,
@@ -851,22 +1064,33 @@ fn a_retryable_batch_follows_the_primary_through_a_step_down() {
     };
     let u = t.on_application_error(&first, &err, at(10));
     assert!(u.request_check && u.primary_changed);
-    assert_eq!(resend_decision(session, BatchFailure::Command(11602), 0), Resend::ToPrimary);
+    assert_eq!(
+        resend_decision(session, BatchFailure::Command(11602), 0),
+        Resend::ToPrimary
+    );
     // Wait for the next primary.
     let wait = MemberWait::new(Need::Write, at(10).instant, t.settings(), None);
     let WaitStep::Wait { seen_version, .. } = wait.step(&t, at(10).instant, 0, &STUB) else {
         panic!("no primary during the election");
     };
     // a's monitor, answering an awaitable hello sent before the step-down, is ignored.
-    let before = with(primary("a:1", &ABC, 1, 1), "topologyVersion", tv(1, 4));
+    let before = versioned(primary("a:1", &ABC, 1, 1), 1, 4);
     assert!(!hello(&mut t, "a:1", before, at(20)).applied);
     assert_eq!(t.version(), seen_version, "nothing changed: keep waiting");
     // b wins the election.
-    let elected = with(primary("b:1", &ABC, 2, 1), "topologyVersion", tv(2, 3));
+    let elected = versioned(primary("b:1", &ABC, 2, 1), 2, 3);
     hello(&mut t, "b:1", elected, at(900));
-    assert_eq!(wait.step(&t, at(900).instant, 0, &STUB), WaitStep::Ready(h("b:1")));
+    assert_eq!(
+        wait.step(&t, at(900).instant, 0, &STUB),
+        WaitStep::Ready(h("b:1"))
+    );
     // a's monitor now sees it as a secondary.
-    hello(&mut t, "a:1", with(secondary("a:1", &ABC), "topologyVersion", tv(1, 5)), at(950));
+    hello(
+        &mut t,
+        "a:1",
+        versioned(secondary("a:1", &ABC), 1, 5),
+        at(950),
+    );
     assert_eq!(kind_of(&t, "a:1"), ServerType::RsSecondary);
     assert_eq!(primary_addr(&t).as_deref(), Some("b:1"));
     // The same batch without txnNumber would not have been resent.
@@ -874,7 +1098,10 @@ fn a_retryable_batch_follows_the_primary_through_a_step_down() {
         txn_number: false,
         ..session
     };
-    assert_eq!(resend_decision(plain, BatchFailure::Command(11602), 0), Resend::No);
+    assert_eq!(
+        resend_decision(plain, BatchFailure::Command(11602), 0),
+        Resend::No
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -927,18 +1154,32 @@ fn arb_hosts() -> impl Strategy<Value = Vec<usize>> {
 
 fn arb_event() -> impl Strategy<Value = Event> {
     prop_oneof![
-        (0usize..4, arb_hosts(), 0u8..4, 1i32..3, arb_tv(), proptest::bool::weighted(0.1)).prop_map(
-            |(from, hosts, election, set_version, tv, other_set)| Event::Primary {
+        (
+            0usize..4,
+            arb_hosts(),
+            0u8..4,
+            1i32..3,
+            arb_tv(),
+            proptest::bool::weighted(0.1)
+        )
+            .prop_map(|(from, hosts, election, set_version, tv, other_set)| {
+                Event::Primary {
+                    from,
+                    hosts,
+                    election,
+                    set_version,
+                    tv,
+                    other_set,
+                }
+            }),
+        (0usize..4, arb_hosts(), 0usize..4, arb_tv()).prop_map(|(from, hosts, me, tv)| {
+            Event::Secondary {
                 from,
                 hosts,
-                election,
-                set_version,
+                me,
                 tv,
-                other_set
             }
-        ),
-        (0usize..4, arb_hosts(), 0usize..4, arb_tv())
-            .prop_map(|(from, hosts, me, tv)| Event::Secondary { from, hosts, me, tv }),
+        }),
         (0usize..4).prop_map(|from| Event::Failed { from }),
         (
             0usize..4,
@@ -952,8 +1193,10 @@ fn arb_event() -> impl Strategy<Value = Event> {
                 tv,
                 generation_lag
             }),
-        (0usize..4, proptest::bool::ANY).prop_map(|(from, timeout)| Event::Network { from, timeout }),
-        (0usize..4, proptest::bool::ANY).prop_map(|(from, connect)| Event::Monitor { from, connect }),
+        (0usize..4, proptest::bool::ANY)
+            .prop_map(|(from, timeout)| Event::Network { from, timeout }),
+        (0usize..4, proptest::bool::ANY)
+            .prop_map(|(from, connect)| Event::Monitor { from, connect }),
     ]
 }
 
