@@ -38,16 +38,6 @@ pub enum ServerType {
     RsGhost,
 }
 
-impl ServerType {
-    /// Whether a member of this type can serve data (a read or, for the primary, a write).
-    pub fn is_data_bearing(self) -> bool {
-        matches!(
-            self,
-            ServerType::RsPrimary | ServerType::RsSecondary | ServerType::Standalone
-        )
-    }
-}
-
 /// `topologyVersion`: a member's process (changes on restart) and a counter the member
 /// increments on every change of its `hello` (step-up, step-down, reconfig, shutdown).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

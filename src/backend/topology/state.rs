@@ -362,14 +362,10 @@ impl ShardTopology {
                 return Update::default();
             }
         }
-        let rtt = if hello.server_type == ServerType::Unknown {
-            None
-        } else {
-            match (member.rtt, rtt_sample) {
-                (Some(old), Some(s)) => Some(ewma(old, s)),
-                (None, Some(s)) => Some(s),
-                (old, None) => old,
-            }
+        let rtt = match (member.rtt, rtt_sample) {
+            (Some(old), Some(s)) => Some(ewma(old, s)),
+            (None, Some(s)) => Some(s),
+            (old, None) => old,
         };
         let primary_before = self.primary().map(|m| m.addr.clone());
         let mut update = Update {
@@ -408,7 +404,6 @@ impl ShardTopology {
             return update;
         }
         member.monitor_errors = 0;
-        member.rtt = None;
         self.install(addr, Hello::unknown(), now);
         self.run_state_machine(addr, now, &mut update);
         self.finish(primary_before, &mut update);
@@ -475,9 +470,6 @@ impl ShardTopology {
             self.expedited = true;
         }
         if mark_unknown {
-            if let Some(m) = self.members.get_mut(addr) {
-                m.rtt = None;
-            }
             let unknown = Hello {
                 topology_version: error_tv,
                 ..Hello::unknown()
@@ -538,8 +530,12 @@ impl ShardTopology {
         })
     }
 
+    /// Installs `addr`'s new description; an Unknown member has no round trip.
     fn install(&mut self, addr: &HostAddr, hello: Hello, now: Now) {
         if let Some(m) = self.members.get_mut(addr) {
+            if hello.server_type == ServerType::Unknown {
+                m.rtt = None;
+            }
             m.hello = hello;
             m.updated = Some(now);
         }
