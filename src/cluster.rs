@@ -35,13 +35,14 @@ pub struct Cluster {
     pub routing: RoutingTable,
     /// The router's own cursors over gathered results of sharded reads.
     pub cursors: crate::read::RouterCursors,
-    /// Open transactions: (session id, txnNumber) → the one shard they run on.
-    pub transactions: std::sync::Mutex<std::collections::HashMap<(String, i64), String>>,
+    /// Open transactions and the one shard each runs on.
+    pub transactions: TransactionTable,
     pools: BTreeMap<String, Arc<ShardPool>>,
     queues: BTreeMap<String, Arc<ShardQueue>>,
     queue_timeout: std::time::Duration,
     coalescer: Option<crate::write::coalesce::Coalescer>,
     shards: Vec<ShardInfo>,
+    stage_memory: std::sync::atomic::AtomicUsize,
 }
 
 impl Cluster {
@@ -96,7 +97,20 @@ impl Cluster {
                 },
             ),
             shards,
+            stage_memory: crate::limits::DEFAULT_STAGE_MEMORY_BYTES.into(),
         }
+    }
+
+    /// Bytes a blocking aggregation stage run at the router may hold (and the most of the
+    /// shards' results one aggregation may gather).
+    pub fn stage_memory(&self) -> usize {
+        self.stage_memory.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets [`Cluster::stage_memory`] (from the router's configuration).
+    pub fn set_stage_memory(&self, bytes: usize) {
+        self.stage_memory
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The shards, sorted by id.
@@ -166,6 +180,85 @@ impl Cluster {
             .iter()
             .map(|(id, p)| async move { (id.clone(), p.run_command(body).await) });
         crate::backend::join_all(futures).await
+    }
+}
+
+/// Most transactions the router tracks at once; beyond it (after reaping idle ones) a new
+/// transaction is refused with TooManyLogicalSessions (261).
+pub const MAX_TRANSACTIONS: usize = 10_000;
+
+/// How long a transaction may go unused before the router forgets it (mongod's
+/// `transactionLifetimeLimitSeconds`, 60): its shard aborts it by then too.
+pub const TRANSACTION_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The router's open transactions: session id → its current `txnNumber` and the shard it runs
+/// on. One entry per session (a newer `txnNumber` replaces the older), keyed by the 16-byte
+/// session UUID, bounded by [`MAX_TRANSACTIONS`] and reaped after
+/// [`TRANSACTION_IDLE_TIMEOUT`].
+#[derive(Debug, Default)]
+pub struct TransactionTable {
+    entries: std::sync::Mutex<std::collections::HashMap<[u8; 16], TransactionEntry>>,
+}
+
+#[derive(Debug)]
+struct TransactionEntry {
+    txn_number: i64,
+    shard: String,
+    last_used: std::time::Instant,
+}
+
+impl TransactionTable {
+    /// The shard of transaction `txn` of `session`: the one already recorded, or `shard`,
+    /// recorded now (`true` when this statement started it).
+    pub fn begin(
+        &self,
+        session: [u8; 16],
+        txn: i64,
+        shard: &str,
+    ) -> Result<(String, bool), crate::command::CommandError> {
+        let mut entries = crate::sync::lock(&self.entries);
+        if let Some(e) = entries.get_mut(&session) {
+            if e.txn_number == txn {
+                e.last_used = std::time::Instant::now();
+                return Ok((e.shard.clone(), false));
+            }
+        } else if entries.len() >= MAX_TRANSACTIONS {
+            entries.retain(|_, e| e.last_used.elapsed() < TRANSACTION_IDLE_TIMEOUT);
+            if entries.len() >= MAX_TRANSACTIONS {
+                return Err(crate::command::CommandError::new(
+                    crate::error_codes::ErrorCode::TooManyLogicalSessions,
+                    format!("Unable to start a transaction because the router already tracks {MAX_TRANSACTIONS} open transactions"),
+                ));
+            }
+        }
+        entries.insert(
+            session,
+            TransactionEntry {
+                txn_number: txn,
+                shard: shard.to_string(),
+                last_used: std::time::Instant::now(),
+            },
+        );
+        Ok((shard.to_string(), true))
+    }
+
+    /// Forgets transaction `txn` of `session`; returns its shard if it was recorded.
+    pub fn end(&self, session: &[u8; 16], txn: i64) -> Option<String> {
+        let mut entries = crate::sync::lock(&self.entries);
+        match entries.get(session) {
+            Some(e) if e.txn_number == txn => entries.remove(session).map(|e| e.shard),
+            _ => None,
+        }
+    }
+
+    /// Transactions tracked.
+    pub fn len(&self) -> usize {
+        crate::sync::lock(&self.entries).len()
+    }
+
+    /// Whether none is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

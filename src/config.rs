@@ -49,6 +49,14 @@ pub struct Config {
     pub batching: BatchingConfig,
     /// Per-namespace overrides of `ordered_rewrite`, e.g. `"shop.ledger" = "off"`.
     pub ordered_rewrite_overrides: std::collections::BTreeMap<String, crate::write::plan::Policy>,
+    /// Accept commands that only tests send (`getParameter` reports it as
+    /// `enableTestCommands`). The router implements none yet: `configureFailPoint` is refused
+    /// either way, as mongos refuses it without test commands.
+    pub enable_test_commands: bool,
+    /// Bytes a blocking aggregation stage run at the router (`$sort`, `$group` over the
+    /// shards' results) may hold without `allowDiskUse`; beyond it the aggregation fails with
+    /// 292, as mongod's 100 MiB limit does.
+    pub stage_memory_bytes: usize,
 }
 
 impl Default for Config {
@@ -67,6 +75,8 @@ impl Default for Config {
             pool: PoolConfig::default(),
             batching: BatchingConfig::default(),
             ordered_rewrite_overrides: Default::default(),
+            enable_test_commands: false,
+            stage_memory_bytes: crate::limits::DEFAULT_STAGE_MEMORY_BYTES,
         }
     }
 }

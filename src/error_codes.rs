@@ -113,6 +113,11 @@ named {
     StaleEpoch = 150,
     StaleDbVersion = 249,
     CannotImplicitlyCreateCollection = 227,
+    CannotBackfillArray = 34,
+    ExceededMemoryLimit = 146,
+    TooManyLogicalSessions = 261,
+    QueryExceededMemoryLimitNoDiskUseAllowed = 292,
+    DatabaseDifferCase = 13297,
 }
 location {
     OpMsgMultipleBodies = 40430,
@@ -122,6 +127,11 @@ location {
     OpMsgNoBody = 40587,
     AwaitableHelloBothFields = 51760,
     LegacyOpcodeRemoved = 5739101,
+    MatchPathTooLong = 5729100,
+    ModByZero = 16610,
+    DivideByZero = 16608,
+    UpdatedDocumentTooLarge = 17419,
+    AbsOfLongMin = 28680,
 }
 }
 

@@ -13,7 +13,9 @@
 //!   tests and the benchmarks (memory only, not for production).
 //! - [`order`]: MongoDB's cross-type comparison order for BSON values.
 //!
-//! [`error_codes`] holds the MongoDB error codes every layer replies with.
+//! [`error_codes`] holds the MongoDB error codes every layer replies with, [`limits`] the
+//! limits MongoDB enforces (nesting depth, path length, batch size, stage memory) and the
+//! iterative measurements that check them, [`sync`] the lock that a panic cannot poison.
 
 pub mod backend;
 pub mod bench;
@@ -23,8 +25,10 @@ pub mod config;
 pub mod embedded;
 pub mod error_codes;
 pub mod frontend;
+pub mod limits;
 pub mod order;
 pub mod read;
 pub mod routing;
+pub mod sync;
 pub mod wire;
 pub mod write;

@@ -37,6 +37,15 @@ struct GlobalArgs {
     /// Address of the Prometheus endpoint, or "" to disable it (overrides `metrics_listen`).
     #[arg(long, global = true)]
     metrics_listen: Option<String>,
+    /// Accept commands only tests send (overrides `enable_test_commands`): on `sluice shard`
+    /// and the demo's shards, MongoDB's `configureFailPoint` and `sluiceSetLatency`; never in
+    /// production.
+    #[arg(long, global = true)]
+    enable_test_commands: bool,
+    /// Bytes a blocking aggregation stage may hold without allowDiskUse (overrides
+    /// `stage_memory_bytes`; 100 MiB by default).
+    #[arg(long, global = true)]
+    stage_memory_bytes: Option<usize>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -112,6 +121,12 @@ fn main() -> anyhow::Result<()> {
     if let Some(m) = &cli.global.metrics_listen {
         config.metrics_listen = m.clone();
     }
+    if cli.global.enable_test_commands {
+        config.enable_test_commands = true;
+    }
+    if let Some(n) = cli.global.stage_memory_bytes {
+        config.stage_memory_bytes = n;
+    }
     let runtime = || {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -163,6 +178,8 @@ fn main() -> anyhow::Result<()> {
                 latency_per_command,
                 latency_per_document,
                 max_concurrency,
+                enable_test_commands: config.enable_test_commands,
+                stage_memory_bytes: config.stage_memory_bytes,
             };
             return runtime()?.block_on(run_shard(config, options));
         }
@@ -225,7 +242,12 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
     let listen = config.listen.clone();
     let mut embedded = Vec::new();
     let cluster = if let Some(n) = demo_shards {
-        embedded = sluice::embedded::EmbeddedShard::start_many(n, Default::default())
+        let options = sluice::embedded::ShardOptions {
+            enable_test_commands: config.enable_test_commands,
+            stage_memory_bytes: config.stage_memory_bytes,
+            ..Default::default()
+        };
+        embedded = sluice::embedded::EmbeddedShard::start_many(n, options)
             .await
             .context("cannot start the embedded shards")?;
         let infos: Vec<ShardInfo> = embedded

@@ -11,7 +11,7 @@ use sluice::embedded::{EmbeddedShard, ShardOptions};
 use sluice::wire::OpMsgBuilder;
 
 async fn shard() -> EmbeddedShard {
-    EmbeddedShard::start("127.0.0.1:0", ShardOptions::default())
+    EmbeddedShard::start("127.0.0.1:0", ShardOptions::for_tests())
         .await
         .expect("shard starts")
 }

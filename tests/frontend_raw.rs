@@ -457,3 +457,100 @@ async fn graceful_shutdown_finishes_in_flight_requests() {
         "no longer accepting"
     );
 }
+
+/// A service that panics on `boom` while holding its lock, and answers `count` from the
+/// state behind that lock.
+struct Panicky {
+    state: std::sync::Arc<sluice::command::ServerState>,
+    counter: std::sync::Mutex<i64>,
+}
+
+impl sluice::frontend::Service for Panicky {
+    fn state(&self) -> &std::sync::Arc<sluice::command::ServerState> {
+        &self.state
+    }
+
+    fn handle<'a>(
+        &'a self,
+        _client: &'a mut sluice::command::ClientState,
+        req: &'a sluice::command::CommandRequest,
+    ) -> sluice::frontend::BoxFuture<'a, sluice::frontend::Response> {
+        Box::pin(async move {
+            let mut n = sluice::sync::lock(&self.counter);
+            *n += 1;
+            if req.name == "boom" {
+                panic!("boom on purpose");
+            }
+            sluice::frontend::Response::Reply(doc! {"n": *n, "ok": 1.0})
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_panic_fails_only_its_request() {
+    let config = Config {
+        listen: "127.0.0.1:0".into(),
+        ..Config::default()
+    };
+    let handle = sluice::frontend::start_service(config, vec![], |state| {
+        std::sync::Arc::new(Panicky {
+            state,
+            counter: std::sync::Mutex::new(0),
+        })
+    })
+    .await
+    .unwrap();
+    let addr = handle.local_addr();
+    let mut raw = Raw::connect(addr).await;
+    let r = raw.command(&doc! {"boom": 1, "$db": "admin"}).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 0.0);
+    assert_eq!(r.get_i32("code").unwrap(), 1);
+    assert_eq!(r.get_str("codeName").unwrap(), "InternalError");
+    assert_eq!(
+        r.get_str("errmsg").unwrap(),
+        "internal error while running command 'boom': boom on purpose"
+    );
+    // The same connection goes on, and the lock the panic held is usable again.
+    let r = raw.command(&doc! {"count": 1, "$db": "admin"}).await;
+    assert_eq!(r.get_i64("n").unwrap(), 2, "{r}");
+    let mut other = Raw::connect(addr).await;
+    let r = other.command(&doc! {"count": 1, "$db": "admin"}).await;
+    assert_eq!(r.get_i64("n").unwrap(), 3);
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn get_parameter_reports_enable_test_commands() {
+    for enabled in [false, true] {
+        let router = start_router_with(Config {
+            enable_test_commands: enabled,
+            ..Config::default()
+        })
+        .await;
+        let mut raw = Raw::connect(router.local_addr()).await;
+        let r = raw
+            .command(&doc! {"getParameter": 1, "enableTestCommands": 1, "$db": "admin"})
+            .await;
+        assert_eq!(r.get_bool("enableTestCommands").unwrap(), enabled, "{r}");
+        let all = raw
+            .command(&doc! {"getParameter": "*", "$db": "admin"})
+            .await;
+        assert_eq!(
+            all.get_bool("enableTestCommands").unwrap(),
+            enabled,
+            "{all}"
+        );
+        assert_eq!(
+            all.get_i64("internalQueryMaxBlockingSortMemoryUsageBytes")
+                .unwrap(),
+            100 * 1024 * 1024
+        );
+        // The router has no failpoints of its own yet: refused as mongos without test
+        // commands refuses it.
+        let r = raw
+            .command(&doc! {"configureFailPoint": "failCommand", "mode": "off", "$db": "admin"})
+            .await;
+        assert_eq!(r.get_i32("code").unwrap(), 59);
+        router.shutdown().await;
+    }
+}

@@ -311,7 +311,7 @@ impl ShardPool {
 
     /// Idle connections right now.
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().map(|v| v.len()).unwrap_or(0)
+        crate::sync::lock(&self.idle).len()
     }
 
     /// Connections evicted because the shard closed them or they broke.
@@ -340,7 +340,7 @@ impl ShardPool {
             .checkout_wait
             .record(waited.elapsed().as_secs_f64());
         loop {
-            let candidate = self.idle.lock().ok().and_then(|mut v| v.pop());
+            let candidate = crate::sync::lock(&self.idle).pop();
             match candidate {
                 Some(conn) if conn.is_healthy() => {
                     return Ok(PooledConnection {
@@ -410,10 +410,11 @@ impl PooledConnection {
                 "connection already closed".into(),
             ));
         };
+        // Broken until the reply is read: a request abandoned half way (its caller's deadline
+        // passed, say) leaves a reply in flight, and the connection must not be reused.
+        self.broken = true;
         let result = conn.request(frame, request_id, timeout).await;
-        if result.is_err() {
-            self.broken = true;
-        }
+        self.broken = result.is_err();
         result
     }
 
@@ -434,7 +435,8 @@ impl Drop for PooledConnection {
         if let Some(conn) = self.conn.take() {
             if self.broken {
                 self.pool.evicted.fetch_add(1, Ordering::Relaxed);
-            } else if let Ok(mut idle) = self.pool.idle.lock() {
+            } else {
+                let mut idle = crate::sync::lock(&self.pool.idle);
                 idle.push(conn);
                 self.pool.metrics.idle.set(idle.len() as f64);
             }
@@ -449,7 +451,7 @@ mod tests {
 
     #[tokio::test]
     async fn pool_reuses_and_evicts() {
-        let shard = EmbeddedShard::start("127.0.0.1:0", ShardOptions::default())
+        let shard = EmbeddedShard::start("127.0.0.1:0", ShardOptions::for_tests())
             .await
             .unwrap();
         let pool = Arc::new(ShardPool::new(

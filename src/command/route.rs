@@ -63,8 +63,22 @@ pub async fn route(
     req: &CommandRequest,
     client_id: i64,
 ) -> Result<Document, CommandError> {
+    if let Some(n) = req.statement_count() {
+        let max = crate::limits::MAX_WRITE_BATCH_SIZE;
+        if n == 0 || n > max {
+            return Err(CommandError::new(
+                ErrorCode::InvalidLength,
+                format!("Write batch sizes must be between 1 and {max}. Got {n} operations."),
+            ));
+        }
+    }
     let body = req.options_document();
     let coll = collection_of(req, &body);
+    if let Some(c) = &coll {
+        // Checked before anything is looked up, cached or recorded.
+        crate::limits::check_namespace(&req.db, c)
+            .map_err(|m| CommandError::new(ErrorCode::InvalidNamespace, m))?;
+    }
     let snapshot = match &coll {
         Some(c) => cluster.routing.get(&format!("{}.{c}", req.db))?,
         None => None,
@@ -289,11 +303,18 @@ async fn list_databases(
     Ok(out)
 }
 
-/// `dropDatabase`: on every shard, then the database leaves the metadata.
+/// `dropDatabase`: on every shard, then the database leaves the metadata. `admin` (and
+/// `config`, served read-only) cannot be dropped, as mongos refuses them.
 async fn drop_database(
     cluster: &Arc<Cluster>,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
+    if matches!(req.db.as_str(), "admin" | "config") {
+        return Err(CommandError::new(
+            ErrorCode::IllegalOperation,
+            format!("Cannot drop the {} database", req.db),
+        ));
+    }
     if let Err(failed) = on_every_shard(cluster, req).await? {
         return Ok(failed);
     }
@@ -398,18 +419,16 @@ async fn transaction(
     body: &Document,
     snapshot: Option<&crate::routing::RoutingSnapshot>,
 ) -> Result<Document, CommandError> {
-    let session = format!(
-        "{:?}",
-        body.get_document("lsid").ok().and_then(|l| l.get("id"))
-    );
+    let Ok(lsid) = body.get_document("lsid") else {
+        return Err(CommandError::new(
+            ErrorCode::InvalidOptions,
+            "Transaction statements require a session (lsid)",
+        ));
+    };
+    let session = crate::command::session_id(lsid)?;
     let txn = crate::command::number_field(body, "txnNumber").unwrap_or(0);
-    let key = (session, txn);
     if matches!(req.name.as_str(), "commitTransaction" | "abortTransaction") {
-        let shard = cluster
-            .transactions
-            .lock()
-            .ok()
-            .and_then(|mut t| t.remove(&key));
+        let shard = cluster.transactions.end(&session, txn);
         let Some(shard) = shard else {
             return Err(CommandError::new(
                 ErrorCode::NoSuchTransaction,
@@ -441,13 +460,7 @@ async fn transaction(
             }
         }
     };
-    let recorded = {
-        let mut t = cluster
-            .transactions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        t.entry(key).or_insert_with(|| shard.clone()).clone()
-    };
+    let (recorded, started) = cluster.transactions.begin(session, txn, &shard)?;
     if recorded != shard {
         return Err(CommandError::new(
             ErrorCode::OperationNotSupportedInTransaction,
@@ -457,7 +470,16 @@ async fn transaction(
     let version = snapshot
         .filter(|_| cluster.is_shard_server(&shard))
         .map(|s| s.shard_version(&shard));
-    forward(cluster, &shard, req, version).await
+    let reply = forward(cluster, &shard, req, version).await;
+    // A transaction whose first statement failed does not exist on its shard: its entry
+    // goes, so failed attempts leave nothing behind.
+    let failed = reply
+        .as_ref()
+        .map_or(true, |r| r.get_f64("ok").ok() != Some(1.0));
+    if started && failed {
+        cluster.transactions.end(&session, txn);
+    }
+    reply
 }
 
 /// The shards a transaction statement on a sharded collection touches.

@@ -45,9 +45,37 @@ pub fn build_info() -> Document {
     }
 }
 
+/// The settings of this process that `getParameter` reports beside the constant ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Parameters {
+    /// `enableTestCommands`: whether test-only commands are accepted.
+    pub enable_test_commands: bool,
+    /// Bytes a blocking aggregation stage may hold without `allowDiskUse`
+    /// (`internalQueryMaxBlockingSortMemoryUsageBytes`,
+    /// `internalDocumentSourceGroupMaxMemoryBytes`).
+    pub stage_memory_bytes: usize,
+}
+
+impl Parameters {
+    /// The parameters of a server started with `config`.
+    pub fn of(config: &crate::config::Config) -> Parameters {
+        Parameters {
+            enable_test_commands: config.enable_test_commands,
+            stage_memory_bytes: config.stage_memory_bytes,
+        }
+    }
+}
+
 /// The server parameters `getParameter` knows.
-fn parameter(name: &str) -> Option<Bson> {
+fn parameter(name: &str, params: &Parameters) -> Option<Bson> {
     Some(match name {
+        "enableTestCommands" => Bson::Boolean(params.enable_test_commands),
+        "internalQueryMaxBlockingSortMemoryUsageBytes" => {
+            Bson::Int64(params.stage_memory_bytes as i64)
+        }
+        "internalDocumentSourceGroupMaxMemoryBytes" => {
+            Bson::Int64(params.stage_memory_bytes as i64)
+        }
         "featureCompatibilityVersion" => {
             Bson::Document(doc! {"version": FEATURE_COMPATIBILITY_VERSION})
         }
@@ -64,7 +92,10 @@ fn parameter(name: &str) -> Option<Bson> {
 
 const ALL_PARAMETERS: &[&str] = &[
     "authenticationMechanisms",
+    "enableTestCommands",
     "featureCompatibilityVersion",
+    "internalDocumentSourceGroupMaxMemoryBytes",
+    "internalQueryMaxBlockingSortMemoryUsageBytes",
     "internalQueryMaxPushBytes",
     "localLogicalSessionTimeoutMinutes",
     "logLevel",
@@ -72,7 +103,7 @@ const ALL_PARAMETERS: &[&str] = &[
 ];
 
 /// `getParameter`: `{getParameter: 1, <name>: 1, …}`, or `"*"` / `{allParameters: true}`.
-pub fn get_parameter(req: &CommandRequest) -> Result<Document, CommandError> {
+pub fn get_parameter(req: &CommandRequest, params: &Parameters) -> Result<Document, CommandError> {
     let body = req.body_document();
     let all = match body.get("getParameter") {
         Some(Bson::String(s)) => s == "*",
@@ -82,7 +113,7 @@ pub fn get_parameter(req: &CommandRequest) -> Result<Document, CommandError> {
     let mut out = Document::new();
     if all {
         for name in ALL_PARAMETERS {
-            if let Some(v) = parameter(name) {
+            if let Some(v) = parameter(name, params) {
                 out.insert(*name, v);
             }
         }
@@ -92,7 +123,7 @@ pub fn get_parameter(req: &CommandRequest) -> Result<Document, CommandError> {
         if key == "getParameter" || GENERIC_ARGUMENTS.contains(&key.as_str()) {
             continue;
         }
-        if let Some(v) = parameter(key) {
+        if let Some(v) = parameter(key, params) {
             out.insert(key.clone(), v);
         }
     }
@@ -240,9 +271,11 @@ mod tests {
 
     #[test]
     fn get_parameter_fcv() {
-        let r = get_parameter(&req(
-            doc! {"getParameter": 1, "featureCompatibilityVersion": 1, "$db": "admin"},
-        ))
+        let params = Parameters::of(&crate::config::Config::default());
+        let r = get_parameter(
+            &req(doc! {"getParameter": 1, "featureCompatibilityVersion": 1, "$db": "admin"}),
+            &params,
+        )
         .unwrap();
         assert_eq!(
             r.get_document("featureCompatibilityVersion")
@@ -251,9 +284,17 @@ mod tests {
                 .unwrap(),
             "8.0"
         );
-        let all = get_parameter(&req(doc! {"getParameter": "*"})).unwrap();
+        let all = get_parameter(&req(doc! {"getParameter": "*"}), &params).unwrap();
         assert!(all.contains_key("featureCompatibilityVersion"));
-        let err = get_parameter(&req(doc! {"getParameter": 1, "nope": 1})).unwrap_err();
+        assert!(!all.get_bool("enableTestCommands").unwrap());
+        let on = Parameters {
+            enable_test_commands: true,
+            ..params
+        };
+        let r =
+            get_parameter(&req(doc! {"getParameter": 1, "enableTestCommands": 1}), &on).unwrap();
+        assert!(r.get_bool("enableTestCommands").unwrap());
+        let err = get_parameter(&req(doc! {"getParameter": 1, "nope": 1}), &params).unwrap_err();
         assert_eq!(err.code, ErrorCode::InvalidOptions);
     }
 

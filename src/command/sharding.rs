@@ -56,6 +56,12 @@ pub async fn config_read(
     let Some(cluster) = cluster else {
         return Err(no_cluster());
     };
+    if req.name == "dropDatabase" {
+        return Err(CommandError::new(
+            ErrorCode::IllegalOperation,
+            "Cannot drop the config database",
+        ));
+    }
     if !CONFIG_READS.contains(&req.name.as_str()) {
         return Err(CommandError::new(
             ErrorCode::IllegalOperation,
@@ -305,7 +311,10 @@ pub fn balancer_status() -> Document {
 
 /// A collection-less `aggregate` whose pipeline starts with `$documents` (what mongosh's
 /// `convertShardKeyToHashed` sends), evaluated by the router itself.
-pub fn local_documents_aggregate(req: &CommandRequest) -> Option<Result<Document, CommandError>> {
+pub fn local_documents_aggregate(
+    req: &CommandRequest,
+    stage_memory: usize,
+) -> Option<Result<Document, CommandError>> {
     let body = req.body_document();
     if !matches!(
         body.get("aggregate"),
@@ -321,12 +330,22 @@ pub fn local_documents_aggregate(req: &CommandRequest) -> Option<Result<Document
     if !first_is_documents {
         return None;
     }
-    Some(
-        crate::embedded::aggregate::run(pipeline, Vec::new())
-            .map(|docs| {
-                let batch: Vec<Bson> = docs.into_iter().map(Bson::Document).collect();
-                doc! {"cursor": {"firstBatch": batch, "id": 0i64, "ns": format!("{}.$cmd.aggregate", req.db)}}
-            })
-            .map_err(|e| CommandError::new(e.code, e.message)),
-    )
+    let options = crate::embedded::aggregate::AggregateOptions::for_request(stage_memory, &body);
+    let docs = match crate::embedded::aggregate::run_with(pipeline, Vec::new(), &options) {
+        Ok(docs) => docs,
+        Err(e) => return Some(Err(e.into())),
+    };
+    // The whole result is one batch (the router keeps no cursor for it), so it must fit in
+    // one reply.
+    let bytes: usize = docs.iter().map(|d| crate::limits::measure(d).bytes).sum();
+    if bytes > crate::wire::MAX_BSON_OBJECT_SIZE {
+        return Some(Err(CommandError::new(
+            ErrorCode::BSONObjectTooLarge,
+            format!("the result of this collection-less aggregation ({bytes} bytes) does not fit in one reply of {} bytes", crate::wire::MAX_BSON_OBJECT_SIZE),
+        )));
+    }
+    let batch: Vec<Bson> = docs.into_iter().map(Bson::Document).collect();
+    Some(Ok(
+        doc! {"cursor": {"firstBatch": batch, "id": 0i64, "ns": format!("{}.$cmd.aggregate", req.db)}},
+    ))
 }

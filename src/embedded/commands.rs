@@ -8,13 +8,15 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use super::aggregate;
 use super::matcher::{equality_fields, Matcher};
 use super::query::{Projection, SortSpec};
-use super::service::{lock, Cursor, RetryCtx, ShardService, StmtOutcome};
+use super::service::{
+    lock, Cursor, RetryCtx, ShardService, StmtOutcome, CURSOR_IDLE_TIMEOUT, MAX_OPEN_CURSORS,
+};
 use super::store::{check_namespace, Catalog, Collection};
 use super::update::Update;
 use super::{path, EngineError};
 use crate::command::{number_field, truthy, CommandRequest};
 use crate::error_codes::ErrorCode;
-use crate::order::values_equal;
+use crate::limits::{measure, MAX_STORED_DEPTH, MAX_WRITE_BATCH_SIZE};
 use crate::wire::MAX_BSON_OBJECT_SIZE;
 
 /// Default size of a first batch, as mongod.
@@ -37,19 +39,7 @@ fn statements(req: &CommandRequest, field: &str) -> Result<Vec<Document>, Engine
 /// How many statements a write carries (1 for anything else), for latency injection and
 /// retryable-write statement ids.
 pub fn statement_count(req: &CommandRequest) -> usize {
-    let field = match req.name.as_str() {
-        "insert" => "documents",
-        "update" => "updates",
-        "delete" => "deletes",
-        _ => return 1,
-    };
-    if let Some(seq) = req.sequences.iter().find(|s| s.identifier == field) {
-        return seq.documents.len();
-    }
-    match req.body.raw().get(field) {
-        Ok(Some(bson::RawBsonRef::Array(a))) => a.into_iter().count(),
-        _ => 1,
-    }
+    req.statement_count().unwrap_or(1)
 }
 
 /// The collection a command names in its first field.
@@ -140,6 +130,15 @@ fn write_batch(
 ) -> Result<Result<WriteBatch, Document>, EngineError> {
     let coll = collection_name(req, body)?;
     let stmts = statements(req, field)?;
+    if stmts.is_empty() || stmts.len() > MAX_WRITE_BATCH_SIZE {
+        return Err(err(
+            ErrorCode::InvalidLength,
+            format!(
+                "Write batch sizes must be between 1 and {MAX_WRITE_BATCH_SIZE}. Got {} operations.",
+                stmts.len()
+            ),
+        ));
+    }
     let ns = format!("{}.{coll}", req.db);
     if let Err(e) = svc.check_version(&ns, body) {
         return Ok(Err(stale_write_reply(e, field == "updates")));
@@ -258,14 +257,41 @@ fn prepare_insert(mut d: Document) -> Result<Document, EngineError> {
     for (k, v) in d {
         out.insert(k, v);
     }
-    let size = out.to_vec().map(|v| v.len()).unwrap_or(usize::MAX);
-    if size > MAX_BSON_OBJECT_SIZE {
+    let m = measure(&out);
+    if m.bytes > MAX_BSON_OBJECT_SIZE {
         return Err(err(
             ErrorCode::BSONObjectTooLarge,
-            format!("object to insert too large. size in bytes: {size}, max size: {MAX_BSON_OBJECT_SIZE}"),
+            format!(
+                "object to insert too large. size in bytes: {}, max size: {MAX_BSON_OBJECT_SIZE}",
+                m.bytes
+            ),
+        ));
+    }
+    if m.depth > MAX_STORED_DEPTH {
+        return Err(err(
+            ErrorCode::Overflow,
+            format!(
+                "cannot insert document because it exceeds {MAX_STORED_DEPTH} levels of nesting"
+            ),
         ));
     }
     Ok(out)
+}
+
+/// Checks a document an update produced before it replaces the stored one: mongod's
+/// storage validation (nesting) and size limit.
+fn check_updated(d: &Document) -> Result<(), EngineError> {
+    let m = measure(d);
+    if m.depth > MAX_STORED_DEPTH {
+        return Err(super::update::too_deep());
+    }
+    if m.bytes > MAX_BSON_OBJECT_SIZE {
+        return Err(err(
+            ErrorCode::UpdatedDocumentTooLarge,
+            format!("Resulting document after update is larger than {MAX_BSON_OBJECT_SIZE}"),
+        ));
+    }
+    Ok(())
 }
 
 fn insert(
@@ -447,6 +473,7 @@ fn update_one_statement(
         };
         let mut new = old.clone();
         upd.apply(&mut new, false)?;
+        check_updated(&new)?;
         n += 1;
         if new != old {
             c.replace(ns, rid, new)?;
@@ -592,6 +619,7 @@ fn find_and_modify(
             Some((rid, old)) => {
                 let mut new = old.clone();
                 upd.apply(&mut new, false)?;
+                check_updated(&new)?;
                 if new != old {
                     if let Some(c) = cat.existing_mut(&req.db, &coll) {
                         c.replace(&ns, rid, new.clone())?;
@@ -645,11 +673,25 @@ fn cursor_reply(
                 break candidate;
             }
         };
-        lock(&svc.cursors).insert(
+        let mut cursors = lock(&svc.cursors);
+        if cursors.len() >= MAX_OPEN_CURSORS {
+            cursors.retain(|_, c| c.last_used.elapsed() < CURSOR_IDLE_TIMEOUT);
+        }
+        if cursors.len() >= MAX_OPEN_CURSORS {
+            let oldest = cursors
+                .iter()
+                .min_by_key(|(_, c)| c.last_used)
+                .map(|(id, _)| *id);
+            if let Some(oldest) = oldest {
+                cursors.remove(&oldest);
+            }
+        }
+        cursors.insert(
             id,
             Cursor {
                 ns: ns.clone(),
                 remaining,
+                last_used: std::time::Instant::now(),
             },
         );
         id
@@ -822,6 +864,7 @@ fn get_more(
         ));
     }
     let out = take_batch(&mut cursor.remaining, batch.max(1));
+    cursor.last_used = std::time::Instant::now();
     let next_id = if cursor.remaining.is_empty() {
         cursors.remove(&id);
         0i64
@@ -896,17 +939,16 @@ fn distinct(
             "BSON field 'distinct.key' is missing but a required field",
         )
     })?;
+    path::check_field_path(key)?;
     let query = doc_arg(body, "query", "distinct")?;
     let docs = matching_documents(svc, &req.db, &coll, &query)?;
-    let mut values: Vec<Bson> = Vec::new();
+    let mut values: std::collections::BTreeSet<crate::order::OrdBson> = Default::default();
     for d in &docs {
         for v in path::lookup(d, key).expanded() {
-            if !values.iter().any(|x| values_equal(x, v)) {
-                values.push(v.clone());
-            }
+            values.insert(crate::order::OrdBson(v.clone()));
         }
     }
-    values.sort_by(crate::order::compare);
+    let values: Vec<Bson> = values.into_iter().map(|v| v.0).collect();
     Ok(doc! {"values": values})
 }
 
@@ -949,7 +991,8 @@ fn aggregate_cmd(
     let ns = format!("{}.{coll}", req.db);
     svc.check_version(&ns, body)?;
     let docs = matching_documents(svc, &req.db, &coll, &Document::new())?;
-    let out = aggregate::run(pipeline, docs)?;
+    let options = aggregate::AggregateOptions::for_request(svc.stage_memory(), body);
+    let out = aggregate::run_with(pipeline, docs, &options)?;
     let batch = batch_size(&cursor_opts, "batchSize")?.unwrap_or(DEFAULT_BATCH);
     svc.bump_opcounter("command", 1);
     Ok(cursor_reply(svc, ns, out, batch, false, "firstBatch"))

@@ -13,6 +13,7 @@ use regex::Regex;
 use super::path::{lookup, Lookup};
 use super::EngineError;
 use crate::error_codes::ErrorCode;
+use crate::limits::MAX_MATCH_PATH_PARTS;
 use crate::order::{canonical_type, compare, values_equal};
 
 /// A parsed filter.
@@ -34,8 +35,8 @@ enum Op {
     Eq(Bson),
     Ne(Bson),
     Cmp(CmpOp, Bson),
-    In(Vec<InItem>),
-    Nin(Vec<InItem>),
+    In(InList),
+    Nin(InList),
     Exists(bool),
     Type(Vec<TypeSel>),
     Regex(Regex),
@@ -55,10 +56,12 @@ enum CmpOp {
     Lte,
 }
 
+/// The list of an `$in` / `$nin`: its values as a set in MongoDB's order (so a list of a
+/// million values costs a lookup, not a scan, per candidate) and its regular expressions.
 #[derive(Debug, Clone)]
-enum InItem {
-    Value(Bson),
-    Regex(Regex),
+struct InList {
+    values: std::collections::BTreeSet<crate::order::OrdBson>,
+    regexes: Vec<Regex>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -128,7 +131,15 @@ fn parse_doc(filter: &Document) -> Result<Expr, EngineError> {
             k if k.starts_with('$') => {
                 return Err(bad(format!("unknown top level operator: {k}")));
             }
-            path => parts.push(Expr::Field(path.to_string(), parse_field(value)?)),
+            path => {
+                if path.split('.').nth(MAX_MATCH_PATH_PARTS).is_some() {
+                    return Err(EngineError::new(
+                        ErrorCode::MatchPathTooLong,
+                        "FieldPath is too long",
+                    ));
+                }
+                parts.push(Expr::Field(path.to_string(), parse_field(value)?))
+            }
         }
     }
     Ok(if parts.len() == 1 {
@@ -187,23 +198,28 @@ fn build_regex(pattern: &str, options: &str) -> Result<Regex, EngineError> {
     })
 }
 
-fn parse_in_list(op: &str, v: &Bson) -> Result<Vec<InItem>, EngineError> {
+fn parse_in_list(op: &str, v: &Bson) -> Result<InList, EngineError> {
     let Bson::Array(items) = v else {
         return Err(bad(format!("{op} needs an array")));
     };
-    items
-        .iter()
-        .map(|item| match item {
-            Bson::RegularExpression(r) => Ok(InItem::Regex(build_regex(
-                r.pattern.as_str(),
-                r.options.as_str(),
-            )?)),
+    let mut list = InList {
+        values: Default::default(),
+        regexes: Vec::new(),
+    };
+    for item in items {
+        match item {
+            Bson::RegularExpression(r) => list
+                .regexes
+                .push(build_regex(r.pattern.as_str(), r.options.as_str())?),
             Bson::Document(d) if is_operator_doc(d) => {
-                Err(bad(format!("cannot nest $ under {op}")))
+                return Err(bad(format!("cannot nest $ under {op}")))
             }
-            other => Ok(InItem::Value(other.clone())),
-        })
-        .collect()
+            other => {
+                list.values.insert(crate::order::OrdBson(other.clone()));
+            }
+        }
+    }
+    Ok(list)
 }
 
 fn type_selector(v: &Bson) -> Result<TypeSel, EngineError> {
@@ -422,11 +438,20 @@ fn regex_matches(re: &Regex, v: &Bson) -> bool {
     }
 }
 
-fn in_matches(items: &[InItem], l: &Lookup) -> bool {
-    items.iter().any(|item| match item {
-        InItem::Value(v) => eq_matches(v, l),
-        InItem::Regex(re) => l.expanded().into_iter().any(|v| regex_matches(re, v)),
-    })
+fn in_matches(list: &InList, l: &Lookup) -> bool {
+    if (l.missing || l.values.is_empty())
+        && list.values.contains(&crate::order::OrdBson(Bson::Null))
+    {
+        return true;
+    }
+    let hit = l
+        .candidates()
+        .into_iter()
+        .any(|v| list.values.contains(&crate::order::OrdBson(v.clone())));
+    hit || list
+        .regexes
+        .iter()
+        .any(|re| l.expanded().into_iter().any(|v| regex_matches(re, v)))
 }
 
 fn eval_value_ops(ops: &[Op], v: &Bson) -> bool {
@@ -595,6 +620,26 @@ mod tests {
         assert!(Matcher::parse(&doc! {"$or": []}).is_err());
         assert!(Matcher::parse(&doc! {"$where": "x"}).is_err());
         assert!(Matcher::parse(&doc! {"a": {"$in": 5}}).is_err());
+        let long = vec!["a"; 181].join(".");
+        let e = Matcher::parse(&doc! {long: 1}).unwrap_err();
+        assert_eq!(
+            (e.code.0, e.message.as_str()),
+            (5729100, "FieldPath is too long")
+        );
+        assert!(Matcher::parse(&doc! {vec!["a"; 180].join("."): 1}).is_ok());
+    }
+
+    #[test]
+    fn in_lists_match_through_a_set() {
+        let list: Vec<i64> = (0..100_000).collect();
+        let m = m(doc! {"a": {"$in": list}});
+        assert!(m.matches(&doc! {"a": 99_999.0}));
+        assert!(m.matches(&doc! {"a": [-1, 5]}));
+        assert!(!m.matches(&doc! {"a": 100_000}));
+        let with_null = Matcher::parse(&doc! {"a": {"$in": [Bson::Null]}}).unwrap();
+        assert!(with_null.matches(&doc! {"b": 1}));
+        let with_regex = Matcher::parse(&doc! {"a": {"$nin": [bson::Regex { pattern: "^x".try_into().unwrap(), options: "".try_into().unwrap() }]}}).unwrap();
+        assert!(!with_regex.matches(&doc! {"a": "xy"}));
     }
 
     #[test]

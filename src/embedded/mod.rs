@@ -91,6 +91,12 @@ impl EngineError {
     }
 }
 
+impl From<EngineError> for crate::command::CommandError {
+    fn from(e: EngineError) -> Self {
+        crate::command::CommandError::new(e.code, e.message)
+    }
+}
+
 impl From<crate::command::CommandError> for EngineError {
     fn from(e: crate::command::CommandError) -> Self {
         EngineError::new(e.code, e.message)
@@ -108,6 +114,11 @@ pub struct ShardOptions {
     pub latency_per_document: Duration,
     /// Most data commands executing at once (`None`: unlimited); the rest wait.
     pub max_concurrency: Option<usize>,
+    /// Accept the commands only tests send (`configureFailPoint`, `sluiceSetLatency`), as
+    /// mongod does with `enableTestCommands`; without it they are unknown commands (59).
+    pub enable_test_commands: bool,
+    /// Bytes a blocking aggregation stage may hold without `allowDiskUse` (292 beyond it).
+    pub stage_memory_bytes: usize,
 }
 
 impl Default for ShardOptions {
@@ -117,6 +128,18 @@ impl Default for ShardOptions {
             latency_per_command: Duration::ZERO,
             latency_per_document: Duration::ZERO,
             max_concurrency: None,
+            enable_test_commands: false,
+            stage_memory_bytes: crate::limits::DEFAULT_STAGE_MEMORY_BYTES,
+        }
+    }
+}
+
+impl ShardOptions {
+    /// The default options with test commands enabled (what the tests start shards with).
+    pub fn for_tests() -> ShardOptions {
+        ShardOptions {
+            enable_test_commands: true,
+            ..ShardOptions::default()
         }
     }
 }

@@ -4,8 +4,30 @@
 use bson::{Bson, Document};
 
 use crate::error_codes::ErrorCode;
+use crate::limits::{MAX_ARRAY_BACKFILL, MAX_FIELD_PATH_PARTS};
 
 use super::EngineError;
+
+/// The array index a path part names: ASCII digits only (`"+1"` and `"1.0"` are field names,
+/// not indexes); an index too large for `usize` saturates, so it is past any array's end.
+pub fn array_index(part: &str) -> Option<usize> {
+    if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(part.parse::<usize>().unwrap_or(usize::MAX))
+}
+
+/// Checks an aggregation field path's length: at most [`MAX_FIELD_PATH_PARTS`] parts, as
+/// mongod's `FieldPath` allows (Overflow, 15, beyond it).
+pub fn check_field_path(path: &str) -> Result<(), EngineError> {
+    if path.split('.').nth(MAX_FIELD_PATH_PARTS).is_some() {
+        return Err(EngineError::new(
+            ErrorCode::Overflow,
+            "FieldPath is too long",
+        ));
+    }
+    Ok(())
+}
 
 /// The values a path reaches in one document. Intermediate arrays are traversed (each
 /// element that is a document continues the path; a numeric part indexes the array); a leaf
@@ -68,7 +90,7 @@ fn walk<'a>(v: &'a Bson, parts: &[&str], out: &mut Lookup<'a>) {
     match v {
         Bson::Document(d) => walk_doc(d, parts, out),
         Bson::Array(items) => {
-            if let Ok(i) = parts[0].parse::<usize>() {
+            if let Some(i) = array_index(parts[0]) {
                 match items.get(i) {
                     Some(item) => walk(item, &parts[1..], out),
                     None => out.missing = true,
@@ -96,7 +118,7 @@ pub fn get<'a>(doc: &'a Document, path: &str) -> Option<&'a Bson> {
     for part in parts {
         cur = match cur {
             Bson::Document(d) => d.get(part)?,
-            Bson::Array(items) => items.get(part.parse::<usize>().ok()?)?,
+            Bson::Array(items) => items.get(array_index(part)?)?,
             _ => return None,
         };
     }
@@ -114,8 +136,11 @@ fn path_not_viable(part: &str, container: &Bson) -> EngineError {
 }
 
 /// Sets `path` to `value`, creating intermediate documents (and padding arrays with nulls
-/// when a numeric part is past their end), as `$set` does.
+/// when a numeric part is past their end, at most [`MAX_ARRAY_BACKFILL`] of them), as `$set`
+/// does. A path longer than [`MAX_FIELD_PATH_PARTS`] parts is refused before anything is
+/// built, so no caller can nest a document deeper than that through one path.
 pub fn set(doc: &mut Document, path: &str, value: Bson) -> Result<(), EngineError> {
+    check_field_path(path)?;
     let parts: Vec<&str> = path.split('.').collect();
     set_in_doc(doc, &parts, value)
 }
@@ -138,9 +163,15 @@ fn set_in_value(cur: &mut Bson, parts: &[&str], value: Bson) -> Result<(), Engin
     match cur {
         Bson::Document(d) => set_in_doc(d, parts, value),
         Bson::Array(items) => {
-            let Ok(i) = parts[0].parse::<usize>() else {
+            let Some(i) = array_index(parts[0]) else {
                 return Err(path_not_viable(parts[0], cur));
             };
+            if i > items.len() && i - items.len() > MAX_ARRAY_BACKFILL {
+                return Err(EngineError::new(
+                    ErrorCode::CannotBackfillArray,
+                    format!("can't backfill more than {MAX_ARRAY_BACKFILL} elements"),
+                ));
+            }
             while items.len() <= i {
                 items.push(if parts.len() == 1 {
                     Bson::Null
@@ -173,7 +204,7 @@ fn unset_in_doc(doc: &mut Document, parts: &[&str]) -> Option<Bson> {
     match doc.get_mut(parts[0])? {
         Bson::Document(d) => unset_in_doc(d, &parts[1..]),
         Bson::Array(items) => {
-            let i = parts[1].parse::<usize>().ok()?;
+            let i = array_index(parts[1])?;
             if parts.len() == 2 {
                 let item = items.get_mut(i)?;
                 Some(std::mem::replace(item, Bson::Null))
@@ -195,7 +226,7 @@ pub fn get_mut<'a>(doc: &'a mut Document, path: &str) -> Option<&'a mut Bson> {
     for part in parts {
         cur = match cur {
             Bson::Document(d) => d.get_mut(part)?,
-            Bson::Array(items) => items.get_mut(part.parse::<usize>().ok()?)?,
+            Bson::Array(items) => items.get_mut(array_index(part)?)?,
             _ => return None,
         };
     }
@@ -232,5 +263,28 @@ mod tests {
         assert_eq!(unset(&mut d, "arr.0"), Some(Bson::Int32(1)));
         assert_eq!(d, doc! {"arr": [Bson::Null, Bson::Null, 3]});
         assert_eq!(unset(&mut d, "nope.x"), None);
+    }
+
+    #[test]
+    fn backfill_and_path_length_are_bounded() {
+        let mut d = doc! {"arr": []};
+        let e = set(&mut d, "arr.2000000000", Bson::Int32(1)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::CannotBackfillArray);
+        assert_eq!(e.message, "can't backfill more than 1500000 elements");
+        let e = set(&mut d, "arr.99999999999999999999999", Bson::Int32(1)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::CannotBackfillArray);
+        set(&mut d, "arr.1500000", Bson::Int32(1)).unwrap();
+        assert_eq!(d.get_array("arr").unwrap().len(), 1_500_001);
+
+        let long = vec!["a"; 20_000].join(".");
+        let e = set(&mut doc! {}, &long, Bson::Int32(1)).unwrap_err();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (ErrorCode::Overflow, "FieldPath is too long")
+        );
+        let ok = vec!["a"; MAX_FIELD_PATH_PARTS].join(".");
+        set(&mut doc! {}, &ok, Bson::Int32(1)).unwrap();
+        assert_eq!(array_index("+1"), None);
+        assert_eq!(array_index("01"), Some(1));
     }
 }

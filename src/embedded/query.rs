@@ -37,6 +37,7 @@ impl SortSpec {
                     ))
                 }
             };
+            super::path::check_field_path(k)?;
             keys.push((k.clone(), dir));
         }
         Ok(SortSpec(keys))
@@ -133,6 +134,7 @@ impl Projection {
                     format!("projection operator in '{k}' is not supported by the embedded shard"),
                 ));
             }
+            super::path::check_field_path(k)?;
             if k == "_id" {
                 id = on;
                 continue;

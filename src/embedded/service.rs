@@ -5,7 +5,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+pub(super) use crate::sync::lock;
 use std::time::Duration;
 
 use bson::{doc, oid::ObjectId, Bson, Document};
@@ -64,10 +66,21 @@ pub enum StmtOutcome {
 
 /// The retryable-write records of one session: its newest `txnNumber` and what each statement
 /// of it did.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct SessionRecord {
     txn_number: i64,
     statements: HashMap<i32, StmtOutcome>,
+    last_used: std::time::Instant,
+}
+
+impl Default for SessionRecord {
+    fn default() -> Self {
+        SessionRecord {
+            txn_number: 0,
+            statements: HashMap::new(),
+            last_used: std::time::Instant::now(),
+        }
+    }
 }
 
 /// The retryable-write context of one command.
@@ -105,7 +118,33 @@ pub struct Cursor {
     pub ns: String,
     /// Documents not yet returned.
     pub remaining: std::collections::VecDeque<Document>,
+    /// When it was opened or last read (idle cursors are reaped).
+    pub last_used: std::time::Instant,
 }
+
+/// How long a cursor may sit unread before the shard drops it (mongod's
+/// `cursorTimeoutMillis` default, 10 minutes).
+pub const CURSOR_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Most cursors one shard keeps open; opening one more first reaps idle cursors, then drops
+/// the least recently used one.
+pub const MAX_OPEN_CURSORS: usize = 10_000;
+
+/// Most sessions with retryable-write records one shard keeps; beyond it a new session is
+/// refused with TooManyLogicalSessions (261) once sessions idle for longer than
+/// [`SESSION_IDLE_TIMEOUT`] are reaped.
+pub const MAX_SESSIONS: usize = 100_000;
+
+/// How long a session's retryable-write records outlive its last use
+/// (`logicalSessionTimeoutMinutes`, 30).
+pub const SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// The commands only tests may send: refused as unknown (59) unless the shard was started
+/// with test commands enabled, as mongod refuses them without `enableTestCommands`.
+pub const TEST_ONLY_COMMANDS: &[&str] = &["configureFailPoint", "sluiceSetLatency"];
+
+/// Largest latency `sluiceSetLatency` accepts, per command or per document.
+const MAX_INJECTED_LATENCY_MICROS: i64 = 60_000_000;
 
 /// Per-command counters (`metrics.commands.<name>`).
 #[derive(Debug, Default, Clone, Copy)]
@@ -130,12 +169,6 @@ pub struct ShardService {
     opcounters: Mutex<BTreeMap<&'static str, i64>>,
     latency: Mutex<(Duration, Duration)>,
     slots: Option<Semaphore>,
-}
-
-/// Locks a mutex, recovering the data if a panic poisoned it (the engine's state stays
-/// usable; a panic would be a bug, but it must not take every later command down with it).
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl ShardService {
@@ -163,6 +196,11 @@ impl ShardService {
     /// Records the address the shard listens on (for `hello`'s `me`, `hosts`, `primary`).
     pub fn set_address(&self, addr: SocketAddr) {
         *lock(&self.address) = addr.to_string();
+    }
+
+    /// Bytes a blocking aggregation stage may hold without `allowDiskUse`.
+    pub fn stage_memory(&self) -> usize {
+        self.options.stage_memory_bytes
     }
 
     /// The shard's name (its replica set name).
@@ -266,7 +304,7 @@ impl ShardService {
         ) else {
             return Ok(None);
         };
-        let session = format!("{:?}", lsid.get("id"));
+        let session = session_key(lsid)?;
         let stmt_ids: Vec<i32> = match body.get("stmtIds") {
             Some(Bson::Array(ids)) => ids
                 .iter()
@@ -278,11 +316,21 @@ impl ShardService {
                 .collect(),
             _ => {
                 let first = command::number_field(body, "stmtId").unwrap_or(0) as i32;
-                (0..n as i32).map(|i| first + i).collect()
+                (0..n as i32).map(|i| first.wrapping_add(i)).collect()
             }
         };
         let mut sessions = lock(&self.sessions);
+        if !sessions.contains_key(&session) && sessions.len() >= MAX_SESSIONS {
+            sessions.retain(|_, r| r.last_used.elapsed() < SESSION_IDLE_TIMEOUT);
+            if sessions.len() >= MAX_SESSIONS {
+                return Err(EngineError::new(
+                    ErrorCode::TooManyLogicalSessions,
+                    format!("Unable to add session into the cache because the number of active sessions is too high ({MAX_SESSIONS})"),
+                ));
+            }
+        }
         let rec = sessions.entry(session.clone()).or_default();
+        rec.last_used = std::time::Instant::now();
         if txn < rec.txn_number {
             return Err(EngineError::new(
                 ErrorCode(225),
@@ -489,8 +537,14 @@ impl ShardService {
         client: &mut ClientState,
         req: &CommandRequest,
     ) -> Result<Option<Document>, EngineError> {
-        let body = req.body_document();
         let name = req.name.as_str();
+        if TEST_ONLY_COMMANDS.contains(&name) && !self.options.enable_test_commands {
+            return Err(EngineError::new(
+                ErrorCode::CommandNotFound,
+                format!("no such command: '{name}'"),
+            ));
+        }
+        let body = req.body_document();
         let failpoint = if name == "configureFailPoint" {
             None
         } else {
@@ -566,7 +620,13 @@ impl ShardService {
                 b
             }
             "serverStatus" => self.server_status(),
-            "getParameter" => server_info::get_parameter(req)?,
+            "getParameter" => server_info::get_parameter(
+                req,
+                &server_info::Parameters {
+                    enable_test_commands: self.options.enable_test_commands,
+                    stage_memory_bytes: self.options.stage_memory_bytes,
+                },
+            )?,
             "getLog" => server_info::get_log(req)?,
             "whatsmyuri" => doc! {"you": client.peer.to_string()},
             "connectionStatus" => server_info::connection_status(req),
@@ -619,18 +679,30 @@ impl ShardService {
     }
 
     fn set_latency(&self, body: &Document) -> Result<Document, EngineError> {
-        let per_cmd = command::number_field(body, "perCommandMicros")
-            .unwrap_or(0)
-            .max(0) as u64;
-        let per_doc = command::number_field(body, "perDocumentMicros")
-            .unwrap_or(0)
-            .max(0) as u64;
+        let micros = |field: &str| {
+            let v = command::number_field(body, field).unwrap_or(0);
+            if !(0..=MAX_INJECTED_LATENCY_MICROS).contains(&v) {
+                return Err(EngineError::new(
+                    ErrorCode::BadValue,
+                    format!("{field} must be between 0 and {MAX_INJECTED_LATENCY_MICROS}"),
+                ));
+            }
+            Ok(v as u64)
+        };
+        let per_cmd = micros("perCommandMicros")?;
+        let per_doc = micros("perDocumentMicros")?;
         *lock(&self.latency) = (
             Duration::from_micros(per_cmd),
             Duration::from_micros(per_doc),
         );
         Ok(Document::new())
     }
+}
+
+/// The key of a session's records: its `lsid.id`, a UUID ([`command::session_id`]), in hex.
+fn session_key(lsid: &Document) -> Result<String, EngineError> {
+    let id = command::session_id(lsid)?;
+    Ok(id.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 /// Waits `delay` with the precision of the OS's sleep (tens of microseconds) rather than the

@@ -393,26 +393,11 @@ impl Catalog {
     }
 }
 
-/// Checks a database and collection name the way mongod does.
+/// Checks a database and collection name the way mongod does
+/// ([`crate::limits::check_namespace`]; InvalidNamespace, 73).
 pub fn check_namespace(db: &str, coll: &str) -> Result<(), EngineError> {
-    let bad_db = db.is_empty()
-        || db.len() > 63
-        || db
-            .chars()
-            .any(|c| matches!(c, '/' | '\\' | '.' | ' ' | '"' | '$' | '\0'));
-    if bad_db {
-        return Err(EngineError::new(
-            ErrorCode::InvalidNamespace,
-            format!("Invalid database name: '{db}'"),
-        ));
-    }
-    if coll.is_empty() || coll.contains('\0') || coll.contains('$') || coll.starts_with('.') {
-        return Err(EngineError::new(
-            ErrorCode::InvalidNamespace,
-            format!("Invalid namespace specified '{db}.{coll}'"),
-        ));
-    }
-    Ok(())
+    crate::limits::check_namespace(db, coll)
+        .map_err(|message| EngineError::new(ErrorCode::InvalidNamespace, message))
 }
 
 #[cfg(test)]

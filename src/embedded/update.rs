@@ -10,7 +10,8 @@ use super::path;
 use super::render::{render_doc, render_value};
 use super::EngineError;
 use crate::error_codes::ErrorCode;
-use crate::order::{compare, values_equal};
+use crate::limits::MAX_STORED_DEPTH;
+use crate::order::{compare, values_equal, OrdBson};
 
 /// A parsed update.
 #[derive(Debug, Clone)]
@@ -73,7 +74,7 @@ impl Update {
             return Ok(Update::Replacement(d.clone()));
         }
         let mut ops = Vec::new();
-        let mut seen_paths: Vec<String> = Vec::new();
+        let mut seen = PathSet::default();
         for (op, args) in d {
             if !OPERATORS.contains(&op.as_str()) {
                 return Err(fail(
@@ -87,11 +88,11 @@ impl Update {
                     format!("Modifiers operate on fields but we found type {} instead. For example: {{$mod: {{<field>: ...}}}} not {{{op}: {}}}", type_name(args), render_value(args)),
                 ));
             };
-            let mut paths: Vec<String> = args.keys().cloned().collect();
+            let mut paths: Vec<&str> = args.keys().map(String::as_str).collect();
             if op == "$rename" {
                 for v in args.values() {
                     match v {
-                        Bson::String(to) => paths.push(to.clone()),
+                        Bson::String(to) => paths.push(to),
                         _ => {
                             return Err(fail(
                                 ErrorCode::BadValue,
@@ -108,24 +109,21 @@ impl Update {
                         "An update path cannot contain an empty field name",
                     ));
                 }
+                if p.split('.').nth(MAX_STORED_DEPTH).is_some() {
+                    return Err(too_deep());
+                }
                 if p.split('.').any(|s| s.starts_with('$')) {
                     return Err(fail(
                         ErrorCode::BadValue,
                         format!("positional and array-filter paths are not supported by the embedded shard: '{p}'"),
                     ));
                 }
-                for q in &seen_paths {
-                    if conflicts(q, &p) {
-                        return Err(fail(
-                            ErrorCode::ConflictingUpdateOperators,
-                            format!(
-                                "Updating the path '{p}' would create a conflict at '{}'",
-                                shorter(q, &p)
-                            ),
-                        ));
-                    }
+                if let Some(at) = seen.conflict(p) {
+                    return Err(fail(
+                        ErrorCode::ConflictingUpdateOperators,
+                        format!("Updating the path '{p}' would create a conflict at '{at}'"),
+                    ));
                 }
-                seen_paths.push(p);
             }
             ops.push((op.clone(), args.clone()));
         }
@@ -190,16 +188,41 @@ fn same_type(a: &Bson, b: &Bson) -> bool {
     std::mem::discriminant(a) == std::mem::discriminant(b)
 }
 
-fn conflicts(a: &str, b: &str) -> bool {
-    a == b || b.starts_with(&format!("{a}.")) || a.starts_with(&format!("{b}."))
+/// The paths an update has named so far, for mongod's conflict rule (no path may equal or
+/// be a prefix of another), checked in time linear in the paths' length rather than comparing
+/// every pair.
+#[derive(Default)]
+struct PathSet {
+    /// Every path named.
+    paths: std::collections::HashSet<String>,
+    /// Every proper prefix (`a`, `a.b` of `a.b.c`) of a path named.
+    prefixes: std::collections::HashSet<String>,
 }
 
-fn shorter<'a>(a: &'a str, b: &'a str) -> &'a str {
-    if a.len() <= b.len() {
-        a
-    } else {
-        b
+impl PathSet {
+    /// Records `p`; returns where it conflicts with an earlier path, if it does.
+    fn conflict(&mut self, p: &str) -> Option<String> {
+        if self.paths.contains(p) || self.prefixes.contains(p) {
+            return Some(p.to_string());
+        }
+        let mut prefix_ends = p.match_indices('.').map(|(i, _)| i);
+        if let Some(at) = prefix_ends.find(|&i| self.paths.contains(&p[..i])) {
+            return Some(p[..at].to_string());
+        }
+        for (i, _) in p.match_indices('.') {
+            self.prefixes.insert(p[..i].to_string());
+        }
+        self.paths.insert(p.to_string());
+        None
     }
+}
+
+/// The error for a document nested deeper than a stored document may be.
+pub fn too_deep() -> EngineError {
+    fail(
+        ErrorCode::Overflow,
+        format!("Document exceeds maximum nesting depth of {MAX_STORED_DEPTH}"),
+    )
 }
 
 /// The name MongoDB uses for a value's type in messages.
@@ -464,11 +487,12 @@ fn apply_op(
                 }
             };
             if op == "$addToSet" {
+                // MongoDB's order makes equal values of one canonical type (1, 1.0 and
+                // NumberLong(1) are one member), so a set of the order's keys is the test.
+                let mut present: std::collections::BTreeSet<OrdBson> =
+                    arr.iter().cloned().map(OrdBson).collect();
                 for item in items {
-                    if !arr
-                        .iter()
-                        .any(|x| values_equal(x, &item) && same_type_deep(x, &item))
-                    {
+                    if present.insert(OrdBson(item.clone())) {
                         arr.push(item);
                     }
                 }
@@ -514,8 +538,10 @@ fn apply_op(
                         ),
                     ));
                 };
+                let remove: std::collections::BTreeSet<OrdBson> =
+                    remove.iter().cloned().map(OrdBson).collect();
                 arr.iter()
-                    .filter(|x| !remove.iter().any(|r| values_equal(x, r)))
+                    .filter(|x| !remove.contains(&OrdBson((*x).clone())))
                     .cloned()
                     .collect()
             } else {
@@ -561,12 +587,6 @@ fn apply_op(
             format!("Unknown modifier: {other}"),
         )),
     }
-}
-
-fn same_type_deep(a: &Bson, b: &Bson) -> bool {
-    // $addToSet compares by value, but 1 and 1.0 are distinct set members only if their bytes
-    // differ in type; MongoDB treats them as equal, so numbers of any type count as the same.
-    crate::order::canonical_type(a) == crate::order::canonical_type(b)
 }
 
 fn as_i64_any(v: &Bson) -> i64 {

@@ -46,6 +46,42 @@ const OP_QUERY_COMMANDS: &[&str] = &["hello", "isMaster", "ismaster"];
 
 const LEGACY_OPCODE_MESSAGE: &str = "OP_QUERY is no longer supported. The client driver may require an upgrade. For more details see https://dochub.mongodb.org/core/legacy-opcode-removal";
 
+/// Messages larger than this release the read buffer once handled.
+const IDLE_BUFFER_LIMIT: usize = 64 * 1024;
+
+/// A request's future with panics caught: a panic while one request is handled fails that
+/// request, not the connection or the process.
+struct CatchUnwind<F>(F);
+
+impl<F: std::future::Future + Unpin> std::future::Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = &mut self.0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            std::pin::Pin::new(&mut *inner).poll(cx)
+        })) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+/// What a caught panic said.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic".to_string()
+    }
+}
+
 /// Whether the connection goes on after a message.
 enum Flow {
     Continue,
@@ -87,7 +123,8 @@ pub async fn serve(
     let mut client = ClientState::new(state.next_connection_id(), peer);
     let conn = client.id;
     tracing::debug!(conn, %peer, "connection accepted");
-    let mut buf = BytesMut::with_capacity(16 * 1024);
+    // Allocated on the first read; an idle connection holds no more than a small buffer.
+    let mut buf = BytesMut::new();
     loop {
         if *shutdown.borrow() {
             break;
@@ -104,6 +141,7 @@ pub async fn serve(
                 break;
             }
         };
+        let large = frame.len() > IDLE_BUFFER_LIMIT;
         let mut session = Session {
             socket: &mut socket,
             buf: &mut buf,
@@ -111,7 +149,13 @@ pub async fn serve(
             service: &service,
             client: &mut client,
         };
-        match session.handle_frame(frame).await {
+        let flow = session.handle_frame(frame).await;
+        // A large message leaves its allocation behind the buffer: give it back rather than
+        // keep it for the life of the connection.
+        if large && buf.is_empty() {
+            buf = BytesMut::new();
+        }
+        match flow {
             Ok(Flow::Continue) => {}
             Ok(Flow::Close) => break,
             Err(e) => {
@@ -120,6 +164,7 @@ pub async fn serve(
             }
         }
     }
+    service.connection_closed(&client).await;
     let _ = socket.shutdown().await;
     tracing::debug!(conn, %peer, "connection closed");
 }
@@ -261,9 +306,7 @@ impl Session<'_> {
             shards = tracing::field::Empty,
             duration_ms = tracing::field::Empty,
         );
-        let response =
-            tracing::Instrument::instrument(self.service.handle(self.client, &req), span.clone())
-                .await;
+        let response = self.serve_request(&req, Some(span.clone())).await;
         let elapsed = started.elapsed();
         span.record("duration_ms", elapsed.as_secs_f64() * 1000.0);
         tracing::debug!(parent: &span, "request done");
@@ -298,6 +341,7 @@ impl Session<'_> {
     ) -> std::io::Result<Flow> {
         let mut reply = first;
         let mut respond_to = request_id;
+        let mut req = req;
         loop {
             let last = self.state.shutting_down() || reply.get_f64("ok").ok() != Some(1.0);
             let flags = reply_flags | if last { 0 } else { MsgFlags::MORE_TO_COME };
@@ -305,8 +349,15 @@ impl Session<'_> {
             if last {
                 return Ok(Flow::Continue);
             }
+            // Each streamed reply answers the previous one, so the next wait is against the
+            // topologyVersion just sent, as mongod does: a client that sent another server's
+            // topologyVersion gets one immediate reply, then replies only on a change or
+            // after maxAwaitTimeMS, never a tight loop.
+            if let Some(next) = with_topology_version(&req, &reply) {
+                req = next;
+            }
             let next = tokio::select! {
-                r = self.service.handle(self.client, &req) => match r {
+                r = serve_request(self.service, self.state, self.client, &req, None) => match r {
                     Response::Reply(reply) => Some(reply),
                     Response::CloseConnection => return Ok(Flow::Close),
                 },
@@ -322,6 +373,15 @@ impl Session<'_> {
                 None => return Ok(Flow::Continue),
             }
         }
+    }
+
+    /// Runs one request through the service (see [`serve_request`]).
+    async fn serve_request(
+        &mut self,
+        req: &CommandRequest,
+        span: Option<tracing::Span>,
+    ) -> Response {
+        serve_request(self.service, self.state, self.client, req, span).await
     }
 
     async fn handle_query(
@@ -356,7 +416,7 @@ impl Session<'_> {
                 sequences: Vec::new(),
                 legacy: true,
             };
-            match self.service.handle(self.client, &req).await {
+            match self.serve_request(&req, None).await {
                 Response::Reply(reply) => reply,
                 Response::CloseConnection => return Ok(Flow::Close),
             }
@@ -459,6 +519,61 @@ impl Session<'_> {
             .fetch_add(frame.len() as u64, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// Runs one request through the service, with a panic turned into InternalError (1) naming
+/// the command (and logged), so the connection and the process go on.
+async fn serve_request(
+    service: &Arc<dyn Service>,
+    state: &ServerState,
+    client: &mut ClientState,
+    req: &CommandRequest,
+    span: Option<tracing::Span>,
+) -> Response {
+    let conn = client.id;
+    let fut = service.handle(client, req);
+    let outcome = match span {
+        Some(span) => CatchUnwind(tracing::Instrument::instrument(fut, span)).await,
+        None => CatchUnwind(fut).await,
+    };
+    match outcome {
+        Ok(response) => response,
+        Err(panic) => {
+            let what = panic_message(panic.as_ref());
+            tracing::error!(
+                conn,
+                command = %req.name,
+                panic = %what,
+                "request panicked; it fails with InternalError and the connection goes on"
+            );
+            let mut reply = CommandError::new(
+                ErrorCode::InternalError,
+                format!(
+                    "internal error while running command '{}': {what}",
+                    req.name
+                ),
+            )
+            .to_reply();
+            command::append_cluster_time(state, &mut reply);
+            Response::Reply(reply)
+        }
+    }
+}
+
+/// The same awaitable `hello` with the `topologyVersion` of `reply` (`None` when the reply has
+/// none or the request already carries it).
+fn with_topology_version(req: &CommandRequest, reply: &Document) -> Option<CommandRequest> {
+    let tv = reply.get_document("topologyVersion").ok()?;
+    let mut body = req.body_document();
+    if body.get_document("topologyVersion").ok() == Some(tv) {
+        return None;
+    }
+    body.insert("topologyVersion", tv.clone());
+    let bytes = body.to_vec().ok()?;
+    Some(CommandRequest {
+        body: crate::wire::BsonDoc::from_encoded(bytes),
+        ..req.clone()
+    })
 }
 
 /// Encodes a reply; a reply that cannot be encoded (over 16 MiB, say) becomes an error reply.

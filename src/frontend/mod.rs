@@ -45,6 +45,12 @@ pub trait Service: Send + Sync + 'static {
         client: &'a mut ClientState,
         req: &'a CommandRequest,
     ) -> BoxFuture<'a, Response>;
+
+    /// Called once when a client connection ends, to release what only that connection could
+    /// use (its cursors, for the router).
+    fn connection_closed<'a>(&'a self, _client: &'a ClientState) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// A running listener (the router's, or an embedded shard's).
@@ -98,6 +104,9 @@ pub async fn start_router(
     argv: Vec<String>,
     cluster: Option<Arc<crate::cluster::Cluster>>,
 ) -> std::io::Result<RouterHandle> {
+    if let Some(c) = &cluster {
+        c.set_stage_memory(config.stage_memory_bytes);
+    }
     start_service(config, argv, |state| Arc::new(Router::new(state, cluster))).await
 }
 

@@ -26,7 +26,6 @@ use crate::cluster::{Cluster, SlotRequest};
 use crate::command::{number_field, truthy, CommandError, CommandRequest};
 use crate::embedded::query::{Projection, SortSpec};
 use crate::error_codes::ErrorCode;
-use crate::order::values_equal;
 use crate::routing::{FilterKeys, RoutingSnapshot};
 
 /// Default first-batch size, as mongod and mongos.
@@ -224,18 +223,49 @@ async fn kill_streams(cluster: &Cluster, db: &str, coll: &str, streams: &[ShardS
     crate::backend::join_all(futures).await;
 }
 
-/// Every document of each stream (aggregations whose router part needs all of them).
+/// Every document of each stream (aggregations whose router part needs all of them), at most
+/// `limit` bytes of them together: past it the aggregation fails with 292 and the shard
+/// cursors still open are killed, so one aggregation cannot make the router hold more.
 async fn drain(
     cluster: &Cluster,
     db: &str,
     coll: &str,
     streams: Vec<ShardStream>,
+    limit: usize,
 ) -> Result<Vec<Vec<Document>>, CommandError> {
-    let futures = streams.into_iter().map(|mut s| async move {
-        while s.cursor_id != 0 {
-            pull(cluster, db, coll, &mut s, 10_000).await?;
+    let held = std::sync::atomic::AtomicUsize::new(0);
+    let count = |docs: &[Document]| -> Result<(), CommandError> {
+        let bytes: usize = docs.iter().map(|d| crate::limits::measure(d).bytes).sum();
+        let total = held.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
+        if total > limit {
+            return Err(CommandError::new(
+                ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed,
+                format!("Exceeded memory limit of {limit} bytes gathering the shards' results at the router"),
+            ));
         }
-        Ok::<_, CommandError>(s.buffer.into_iter().collect::<Vec<_>>())
+        Ok(())
+    };
+    let futures = streams.into_iter().map(|mut s| {
+        let count = &count;
+        async move {
+            let result = async {
+                count(s.buffer.make_contiguous())?;
+                while s.cursor_id != 0 {
+                    let before = s.buffer.len();
+                    pull(cluster, db, coll, &mut s, 10_000).await?;
+                    count(&s.buffer.make_contiguous()[before..])?;
+                }
+                Ok::<_, CommandError>(())
+            }
+            .await;
+            match result {
+                Ok(()) => Ok(s.buffer.into_iter().collect::<Vec<_>>()),
+                Err(e) => {
+                    kill_streams(cluster, db, coll, std::slice::from_ref(&s)).await;
+                    Err(e)
+                }
+            }
+        }
     });
     crate::backend::join_all(futures)
         .await
@@ -340,6 +370,14 @@ struct RouterCursor {
     last_used: std::time::Instant,
 }
 
+/// Most cursors the router keeps open; one more first reaps idle cursors, then closes the
+/// least recently used.
+pub const MAX_ROUTER_CURSORS: usize = 10_000;
+
+/// Bytes of results the router's cursors may buffer together (aggregations computed at the
+/// router); past it the least recently used buffered cursors are closed.
+pub const MAX_BUFFERED_CURSOR_BYTES: usize = 1024 * 1024 * 1024;
+
 /// The router's open cursors on sharded collections.
 #[derive(Debug)]
 pub struct RouterCursors {
@@ -353,6 +391,15 @@ impl Default for RouterCursors {
             cursors: Mutex::new(HashMap::new()),
             idle_timeout: Mutex::new(std::time::Duration::from_secs(600)),
         }
+    }
+}
+
+/// Bytes a cursor's buffered documents take (0 for cursors streaming from shards, whose
+/// buffers are one batch per shard).
+fn buffered_bytes(c: &RouterCursor) -> usize {
+    match &c.source {
+        Source::Buffered(docs) => docs.iter().map(|d| crate::limits::measure(d).bytes).sum(),
+        Source::Streams(_) => 0,
     }
 }
 
@@ -393,6 +440,56 @@ impl RouterCursors {
         self.len() == 0
     }
 
+    /// Closes every cursor `owner` (a client connection) opened, with their shard cursors.
+    pub async fn close_owner(&self, cluster: &Cluster, owner: i64) {
+        let gone: Vec<RouterCursor> = {
+            let mut cursors = self.lock();
+            let ids: Vec<i64> = cursors
+                .iter()
+                .filter(|(_, c)| c.owner == owner)
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| cursors.remove(&id))
+                .collect()
+        };
+        close_all(cluster, gone).await;
+    }
+
+    /// Makes room for a new cursor holding `bytes` of buffered results: reaps idle cursors,
+    /// then closes the least recently used until both the count and the buffered bytes fit.
+    async fn make_room(&self, cluster: &Cluster, bytes: usize) {
+        self.reap(cluster).await;
+        let evicted: Vec<RouterCursor> = {
+            let mut cursors = self.lock();
+            let mut held: usize = cursors.values().map(buffered_bytes).sum();
+            let mut evicted = Vec::new();
+            while !cursors.is_empty()
+                && (cursors.len() >= MAX_ROUTER_CURSORS
+                    || (bytes > 0 && held + bytes > MAX_BUFFERED_CURSOR_BYTES))
+            {
+                let oldest = cursors
+                    .iter()
+                    .filter(|(_, c)| cursors.len() >= MAX_ROUTER_CURSORS || buffered_bytes(c) > 0)
+                    .min_by_key(|(_, c)| c.last_used)
+                    .map(|(id, _)| *id);
+                let Some(c) = oldest.and_then(|id| cursors.remove(&id)) else {
+                    break;
+                };
+                held = held.saturating_sub(buffered_bytes(&c));
+                evicted.push(c);
+            }
+            evicted
+        };
+        if !evicted.is_empty() {
+            tracing::info!(
+                closed = evicted.len(),
+                "router cursor table full: closed the least recently used cursors"
+            );
+        }
+        close_all(cluster, evicted).await;
+    }
+
     /// Drops cursors unused for longer than the idle timeout and kills their shard cursors.
     pub async fn reap(&self, cluster: &Cluster) {
         let timeout = *self.idle_timeout.lock().unwrap_or_else(|p| p.into_inner());
@@ -407,11 +504,7 @@ impl RouterCursors {
                 .filter_map(|id| cursors.remove(&id))
                 .collect()
         };
-        for c in expired {
-            if let Source::Streams(m) = c.source {
-                kill_streams(cluster, &m.db, &m.coll, &m.streams).await;
-            }
-        }
+        close_all(cluster, expired).await;
     }
 
     /// Serves the first batch of `source` and keeps the rest as a cursor unless `single`.
@@ -440,6 +533,13 @@ impl RouterCursors {
             }
             0i64
         } else {
+            let bytes = match &source {
+                Source::Buffered(docs) => {
+                    docs.iter().map(|d| crate::limits::measure(d).bytes).sum()
+                }
+                Source::Streams(_) => 0,
+            };
+            self.make_room(cluster, bytes).await;
             let mut cursors = self.lock();
             let id = new_cursor_id(&cursors);
             cursors.insert(
@@ -554,6 +654,15 @@ impl RouterCursors {
     }
 }
 
+/// Closes cursors: kills the shard cursors of those that stream from shards.
+async fn close_all(cluster: &Cluster, cursors: Vec<RouterCursor>) {
+    for c in cursors {
+        if let Source::Streams(m) = c.source {
+            kill_streams(cluster, &m.db, &m.coll, &m.streams).await;
+        }
+    }
+}
+
 /// Runs a plain command (`count`, `distinct`) on each targeted shard.
 async fn on_each(
     cluster: &Cluster,
@@ -644,13 +753,13 @@ pub async fn read(
             let batch = number_field(&body, "batchSize").map(|b| b.max(0) as usize).unwrap_or(DEFAULT_BATCH);
             let first = if single { limit.unwrap_or(usize::MAX) } else { batch };
             // Each shard's first batch covers what the router's first batch may need.
-            let shard_batch = (first.min(100_000) + skip).clamp(1, 100_000) as i64;
+            let shard_batch = first.min(100_000).saturating_add(skip).clamp(1, 100_000) as i64;
             let mut shard_cmd = doc! {"find": &coll, "filter": filter.clone(), "batchSize": shard_batch};
             if !sort_doc.is_empty() {
                 shard_cmd.insert("sort", sort_doc.clone());
             }
             if let Some(l) = limit {
-                shard_cmd.insert("limit", (l + skip) as i64);
+                shard_cmd.insert("limit", i64::try_from(l.saturating_add(skip)).unwrap_or(i64::MAX));
             }
             if push_projection {
                 shard_cmd.insert("projection", projection_doc.clone());
@@ -694,12 +803,14 @@ pub async fn read(
             let filter = leading_match(&pipeline);
             let shard_cmd = doc! {"aggregate": &coll, "pipeline": split.shard_part.clone(), "cursor": {"batchSize": 10_000}};
             let (streams, _) = open_streams(cluster, snap, target_shards(snap, &filter), &db, &coll, &shard_cmd, false).await?;
-            let streams = drain(cluster, &db, &coll, streams).await?;
+            let stage_memory = cluster.stage_memory();
+            let streams = drain(cluster, &db, &coll, streams, stage_memory).await?;
             let merged = match &split.merge_sort {
                 Some(sort) => merge::k_way_merge(&SortSpec::parse(sort).map_err(engine_err)?, streams),
                 None => streams.into_iter().flatten().collect(),
             };
-            let out = crate::embedded::aggregate::run(&split.router_part, merged).map_err(engine_err)?;
+            let options = crate::embedded::aggregate::AggregateOptions::for_request(stage_memory, &body);
+            let out = crate::embedded::aggregate::run_with(&split.router_part, merged, &options).map_err(engine_err)?;
             let batch = body
                 .get_document("cursor")
                 .ok()
@@ -715,14 +826,19 @@ pub async fn read(
         "count" => async {
             let query = doc_field(&body, "query", "count")?;
             let skip = number_field(&body, "skip").unwrap_or(0).max(0);
-            let limit = number_field(&body, "limit").filter(|l| *l != 0).map(|l| l.abs());
+            let limit = number_field(&body, "limit")
+                .filter(|l| *l != 0)
+                .map(|l| l.checked_abs().unwrap_or(i64::MAX));
             let mut cmd = doc! {"count": &coll, "query": query.clone()};
             if let Some(l) = limit {
-                cmd.insert("limit", l + skip);
+                cmd.insert("limit", l.saturating_add(skip));
             }
             let replies = on_each(cluster, snap, target_shards(snap, &query), &db, &cmd).await?;
-            let total: i64 = replies.iter().map(|r| number_field(r, "n").unwrap_or(0)).sum();
-            let mut n = (total - skip).max(0);
+            let total: i64 = replies
+                .iter()
+                .map(|r| number_field(r, "n").unwrap_or(0))
+                .fold(0i64, i64::saturating_add);
+            let mut n = total.saturating_sub(skip).max(0);
             if let Some(l) = limit {
                 n = n.min(l);
             }
@@ -737,15 +853,13 @@ pub async fn read(
             let query = doc_field(&body, "query", "distinct")?;
             let cmd = doc! {"distinct": &coll, "key": &key, "query": query.clone()};
             let replies = on_each(cluster, snap, target_shards(snap, &query), &db, &cmd).await?;
-            let mut values: Vec<Bson> = Vec::new();
+            let mut values: std::collections::BTreeSet<crate::order::OrdBson> = Default::default();
             for r in &replies {
                 for v in r.get_array("values").into_iter().flatten() {
-                    if !values.iter().any(|x| values_equal(x, v)) {
-                        values.push(v.clone());
-                    }
+                    values.insert(crate::order::OrdBson(v.clone()));
                 }
             }
-            values.sort_by(crate::order::compare);
+            let values: Vec<Bson> = values.into_iter().map(|v| v.0).collect();
             Ok(doc! {"values": values})
         }
         .await,

@@ -136,9 +136,7 @@ impl ConfigStore {
                     .collect()
             })
             .unwrap_or_default();
-        if let Ok(mut s) = self.shard_servers.lock() {
-            *s = servers;
-        }
+        *crate::sync::lock(&self.shard_servers) = servers;
         Ok(())
     }
 
@@ -157,11 +155,10 @@ impl ConfigStore {
                     .collect::<Vec<_>>(),
             );
         }
-        let servers: Vec<Bson> = self
-            .shard_servers
-            .lock()
-            .map(|s| s.iter().map(|x| Bson::String(x.clone())).collect())
-            .unwrap_or_default();
+        let servers: Vec<Bson> = crate::sync::lock(&self.shard_servers)
+            .iter()
+            .map(|x| Bson::String(x.clone()))
+            .collect();
         let root = doc! {"format": 1, "config": config, "shardServers": servers};
         let bytes = root.to_vec().map_err(internal)?;
         write_atomically(path, &bytes).map_err(|e| {
@@ -174,11 +171,7 @@ impl ConfigStore {
 
     /// The shards, sorted by id.
     pub fn shards(&self) -> Vec<ShardInfo> {
-        let servers = self
-            .shard_servers
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_default();
+        let servers = crate::sync::lock(&self.shard_servers).clone();
         let mut out: Vec<ShardInfo> = self
             .docs("shards")
             .iter()
@@ -201,7 +194,7 @@ impl ConfigStore {
     /// Registers the cluster's shards. With persisted metadata, the list must match it
     /// exactly: a router must not route persisted chunks to different servers.
     pub fn set_shards(&self, shards: &[ShardInfo]) -> Result<(), RoutingError> {
-        let _w = self.write.lock();
+        let _w = crate::sync::lock(&self.write);
         let existing = self.shards();
         if !existing.is_empty() {
             let same = existing.len() == shards.len()
@@ -235,13 +228,11 @@ impl ConfigStore {
                 .collect();
             self.put("shards", docs)?;
         }
-        if let Ok(mut servers) = self.shard_servers.lock() {
-            *servers = shards
-                .iter()
-                .filter(|s| s.shard_server)
-                .map(|s| s.id.clone())
-                .collect();
-        }
+        *crate::sync::lock(&self.shard_servers) = shards
+            .iter()
+            .filter(|s| s.shard_server)
+            .map(|s| s.id.clone())
+            .collect();
         self.persist()
     }
 
@@ -258,9 +249,26 @@ impl ConfigStore {
         db: &str,
         primary: Option<&str>,
     ) -> Result<Document, RoutingError> {
-        let _w = self.write.lock();
+        let _w = crate::sync::lock(&self.write);
         if let Some(d) = self.database(db) {
             return Ok(d);
+        }
+        crate::limits::check_database_name(db)
+            .map_err(|m| RoutingError::new(ErrorCode::InvalidNamespace, m))?;
+        // Two databases whose names differ only in case cannot coexist (the reserved ones
+        // included): mongod's DatabaseDifferCase.
+        let existing = self
+            .docs("databases")
+            .into_iter()
+            .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
+            .chain(["admin", "config", "local"].map(String::from));
+        for name in existing {
+            if name.eq_ignore_ascii_case(db) && name != db {
+                return Err(RoutingError::new(
+                    ErrorCode::DatabaseDifferCase,
+                    format!("db already exists with different case already have: [{name}] trying to create [{db}]"),
+                ));
+            }
         }
         let primary = match primary {
             Some(p) => {
@@ -303,7 +311,7 @@ impl ConfigStore {
         unique: bool,
         chunks: &[Chunk],
     ) -> Result<RoutingSnapshot, RoutingError> {
-        let _w = self.write.lock();
+        let _w = crate::sync::lock(&self.write);
         if self.collection(ns).is_some() {
             return Err(RoutingError::new(
                 ErrorCode(23),
@@ -350,7 +358,7 @@ impl ConfigStore {
 
     /// Forgets a sharded collection (after it was dropped on every shard).
     pub fn drop_collection(&self, ns: &str) -> Result<(), RoutingError> {
-        let _w = self.write.lock();
+        let _w = crate::sync::lock(&self.write);
         let Some(entry) = self.collection(ns) else {
             return Ok(());
         };
@@ -383,7 +391,7 @@ impl ConfigStore {
         for ns in &sharded {
             self.drop_collection(ns)?;
         }
-        let _w = self.write.lock();
+        let _w = crate::sync::lock(&self.write);
         let dbs: Vec<Document> = self
             .docs("databases")
             .into_iter()

@@ -86,6 +86,11 @@ pub trait MetadataLoader: Send + Sync {
     fn load_collection(&self, ns: &str) -> Result<Option<RoutingSnapshot>, RoutingError>;
 }
 
+/// Most namespaces the cache remembers as unsharded; past it those entries are dropped (and
+/// reloaded on use), so names a client makes up cannot grow the cache without bound.
+/// Sharded namespaces are kept whatever their number: the metadata holds them anyway.
+pub const MAX_UNSHARDED_ENTRIES: usize = 10_000;
+
 /// The router's cache of routing snapshots.
 pub struct RoutingTable {
     entries: DashMap<String, Option<Arc<RoutingSnapshot>>>,
@@ -121,6 +126,9 @@ impl RoutingTable {
     pub fn refresh(&self, ns: &str) -> Result<Option<Arc<RoutingSnapshot>>, RoutingError> {
         metrics::counter!("sluice_routing_refreshes_total").increment(1);
         let snap = self.loader.load_collection(ns)?.map(Arc::new);
+        if snap.is_none() && self.entries.len() >= MAX_UNSHARDED_ENTRIES {
+            self.entries.retain(|_, v| v.is_some());
+        }
         self.entries.insert(ns.to_string(), snap.clone());
         Ok(snap)
     }

@@ -5,6 +5,7 @@ use bytes::Bytes;
 
 use super::WireError;
 use crate::error_codes::ErrorCode;
+use crate::limits::MAX_BSON_DEPTH;
 
 /// Bytes proven to be one well-formed BSON document (every element, recursively, and every
 /// string valid UTF-8). Cloning shares the frame's buffer.
@@ -90,13 +91,15 @@ pub fn validate_document(bytes: &[u8]) -> Result<(), WireError> {
     validate_elements(doc, 0)
 }
 
-/// Nesting deeper than this is refused (mongod's limit for stored documents is 100 levels;
-/// command bodies may go a little deeper).
-const MAX_DEPTH: usize = 180;
-
+/// Checks every element of `doc`, which sits `depth` levels below the top-level document.
+/// Recursion is bounded: nesting beyond [`MAX_BSON_DEPTH`] (mongod's `maxBSONDepth`) is
+/// refused with Overflow (15), as mongod's validator refuses it, before going deeper.
 fn validate_elements(doc: &RawDocument, depth: usize) -> Result<(), WireError> {
-    if depth > MAX_DEPTH {
-        return Err(invalid("BSON document is nested too deeply"));
+    if depth > MAX_BSON_DEPTH {
+        return Err(WireError::invalid(
+            ErrorCode::Overflow,
+            format!("BSONObj exceeded maximum nested object depth: {MAX_BSON_DEPTH}"),
+        ));
     }
     for item in doc.iter() {
         let (_, value) = item.map_err(|e| invalid(e.to_string()))?;
@@ -145,6 +148,25 @@ mod tests {
         assert!(BsonDoc::new(Bytes::from(bad)).is_err());
 
         assert!(BsonDoc::new(Bytes::from_static(&[1, 2])).is_err());
+    }
+
+    #[test]
+    fn nesting_is_bounded_at_max_bson_depth() {
+        fn nested(levels: usize) -> Vec<u8> {
+            let mut d = bson::doc! {};
+            for _ in 0..levels {
+                d = bson::doc! {"a": d};
+            }
+            d.to_vec().unwrap()
+        }
+        assert!(BsonDoc::new(Bytes::from(nested(MAX_BSON_DEPTH))).is_ok());
+        match BsonDoc::new(Bytes::from(nested(MAX_BSON_DEPTH + 1))) {
+            Err(WireError::Invalid { code, message, .. }) => {
+                assert_eq!(code, ErrorCode::Overflow);
+                assert_eq!(message, "BSONObj exceeded maximum nested object depth: 200");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

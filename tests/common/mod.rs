@@ -152,9 +152,13 @@ impl TestCluster {
         collections: &[(&str, bson::Document)],
         config: Config,
     ) -> TestCluster {
-        let shards = sluice::embedded::EmbeddedShard::start_many(n, Default::default())
-            .await
-            .expect("shards start");
+        // Test commands on: the tests inject faults with MongoDB's failpoint.
+        let shards = sluice::embedded::EmbeddedShard::start_many(
+            n,
+            sluice::embedded::ShardOptions::for_tests(),
+        )
+        .await
+        .expect("shards start");
         let infos: Vec<sluice::routing::ShardInfo> = shards
             .iter()
             .map(|s| sluice::routing::ShardInfo {

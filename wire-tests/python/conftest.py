@@ -71,7 +71,7 @@ def router():
 def shard():
     """One embedded shard in its own process, driven directly (not through the router)."""
     port = free_port()
-    p = Process(["shard", "--port", str(port), "--set-name", "shardA"], port)
+    p = Process(["shard", "--port", str(port), "--set-name", "shardA", "--enable-test-commands"], port)
     yield p
     p.stop()
 
