@@ -2,7 +2,7 @@
 # tests, and every stock-client suite in wire-tests/ (it installs pymongo, mongosh and the
 # Node.js driver on first use).
 
-.PHONY: test lint build rust-test wire-test demo fuzz fuzz-build
+.PHONY: test lint build rust-test wire-test demo conformance fuzz fuzz-build
 
 test: lint rust-test wire-test
 
@@ -22,6 +22,13 @@ wire-test: build
 
 demo:
 	cargo run --release -- demo
+
+# The drivers' unified-format specification suites (pymongo's source distribution, downloaded at
+# test time) against `sluice demo` and one `sluice shard`; docs/conformance.md. Not part of
+# `make test` yet. SUITES=crud,retryable selects suites, TARGETS=demo|shard a target.
+conformance:
+	cargo build --release
+	bash wire-tests/conformance/run.sh
 
 # Coverage-guided fuzzing (cargo-fuzz, libFuzzer) of every target in fuzz/fuzz_targets/, one
 # after the other: `make fuzz SECONDS=60` runs each for 60 s, `make fuzz RUNS=10000000` for that
