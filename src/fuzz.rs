@@ -735,10 +735,13 @@ pub fn write_plan(data: &[u8]) {
         targeted.push(t);
     }
     let refs: Vec<(usize, &crate::write::target::Targeted)> = targeted.iter().enumerate().collect();
-    for policy in [Policy::RetrySafe, Policy::Always, Policy::Off] {
-        let _ = prove(&refs, policy);
+    for (policy, exact_counts) in [Policy::RetrySafe, Policy::Always, Policy::Off]
+        .into_iter()
+        .flat_map(|p| [(p, true), (p, false)])
+    {
+        let _ = prove(&refs, policy, exact_counts);
         for ordered in [true, false] {
-            let p = plan(&refs, ordered, policy);
+            let p = plan(&refs, ordered, policy, exact_counts);
             // Every statement is sent or failed exactly once.
             let mut seen = vec![0usize; n];
             for r in &p.rounds {
@@ -750,7 +753,7 @@ pub fn write_plan(data: &[u8]) {
                             }
                         }
                     }
-                    Round::Fail(i) => seen[*i] += 1,
+                    Round::Fail(i) | Round::Lookup(i, _) => seen[*i] += 1,
                 }
             }
             use crate::write::target::Target;
