@@ -130,6 +130,7 @@ fn main() -> anyhow::Result<()> {
     let runtime = || {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
+            .thread_stack_size(sluice::limits::WORKER_STACK_BYTES)
             .build()
             .context("cannot start the async runtime")
     };
