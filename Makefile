@@ -2,7 +2,7 @@
 # tests, and every stock-client suite in wire-tests/ (it installs pymongo, mongosh and the
 # Node.js driver on first use).
 
-.PHONY: test lint build rust-test wire-test demo
+.PHONY: test lint build rust-test wire-test demo conformance
 
 test: lint rust-test wire-test
 
@@ -22,3 +22,10 @@ wire-test: build
 
 demo:
 	cargo run --release -- demo
+
+# The drivers' unified-format specification suites (pymongo's source distribution, downloaded at
+# test time) against `sluice demo` and one `sluice shard`; docs/conformance.md. Not part of
+# `make test` yet. SUITES=crud,retryable selects suites, TARGETS=demo|shard a target.
+conformance:
+	cargo build --release
+	bash wire-tests/conformance/run.sh

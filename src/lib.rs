@@ -17,6 +17,7 @@
 //! limits MongoDB enforces (nesting depth, path length, batch size, stage memory) and the
 //! iterative measurements that check them, [`sync`] the lock that a panic cannot poison.
 
+pub mod auth;
 pub mod backend;
 pub mod bench;
 pub mod cluster;

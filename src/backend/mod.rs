@@ -10,6 +10,7 @@
 pub mod limiter;
 pub mod queue;
 pub mod sim;
+pub mod topology;
 
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
