@@ -42,13 +42,13 @@ pub struct Config {
     /// When an ORDERED bulk may be sent as one round of per-shard child batches:
     /// `"retry-safe"` (proven order-independent and retry-safe; the default), `"always"`
     /// (whenever every statement targets one shard) or `"off"` (mongos rounds).
-    pub ordered_rewrite: crate::write::plan::Policy,
+    pub ordered_rewrite: Policy,
     /// Connections to each shard.
     pub pool: PoolConfig,
     /// The per-shard queue and adaptive execution limit.
     pub batching: BatchingConfig,
     /// Per-namespace overrides of `ordered_rewrite`, e.g. `"shop.ledger" = "off"`.
-    pub ordered_rewrite_overrides: std::collections::BTreeMap<String, crate::write::plan::Policy>,
+    pub ordered_rewrite_overrides: std::collections::BTreeMap<String, Policy>,
     /// Accept commands that only tests send (`getParameter` reports it as
     /// `enableTestCommands`). The router implements none yet: `configureFailPoint` is refused
     /// either way, as mongos refuses it without test commands.
@@ -71,7 +71,7 @@ impl Default for Config {
             metadata_path: None,
             shards: Vec::new(),
             collections: Vec::new(),
-            ordered_rewrite: crate::write::plan::Policy::RetrySafe,
+            ordered_rewrite: Policy::RetrySafe,
             pool: PoolConfig::default(),
             batching: BatchingConfig::default(),
             ordered_rewrite_overrides: Default::default(),
@@ -279,7 +279,7 @@ pub enum ConfigError {
 
 impl Config {
     /// The ordered-rewrite policy of a namespace.
-    pub fn rewrite_policy(&self, ns: &str) -> crate::write::plan::Policy {
+    pub fn rewrite_policy(&self, ns: &str) -> Policy {
         self.ordered_rewrite_overrides
             .get(ns)
             .copied()
@@ -348,6 +348,21 @@ impl Config {
     }
 }
 
+/// When an ordered bulk may be rewritten into one round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Rewrite when every statement targets one shard, every statement has a distinct
+    /// identity, and every statement is retry-safe (the default).
+    #[default]
+    RetrySafe,
+    /// Rewrite whenever every statement targets one shard; the client accepts unordered
+    /// failure semantics.
+    Always,
+    /// Never rewrite: mongos rounds for every ordered bulk.
+    Off,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,7 +409,6 @@ mod tests {
 
     #[test]
     fn rewrite_policy_overrides() {
-        use crate::write::plan::Policy;
         let c: Config = toml::from_str(
             "ordered_rewrite = \"always\"\n[ordered_rewrite_overrides]\n\"a.b\" = \"off\"\n",
         )

@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 use crate::wire::{self, BsonDoc, Message, OpMsgBuilder};
 
 /// Runs futures concurrently on the current task and returns their outputs in order (the

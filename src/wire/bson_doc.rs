@@ -4,7 +4,7 @@ use bson::{RawBsonRef, RawDocument};
 use bytes::Bytes;
 
 use super::WireError;
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 use crate::limits::MAX_BSON_DEPTH;
 
 /// Bytes proven to be one well-formed BSON document (every element, recursively, and every

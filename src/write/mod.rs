@@ -23,8 +23,9 @@ use bytes::Bytes;
 use crate::backend::limiter::{OpKind, Outcome};
 use crate::backend::{BackendError, PooledConnection};
 use crate::cluster::Cluster;
-use crate::command::{number_field, truthy, CommandError, CommandRequest};
-use crate::error_codes::ErrorCode;
+use crate::command::{CommandError, CommandRequest};
+use crate::value::field::{number_field, truthy};
+use crate::value::error_codes::ErrorCode;
 use crate::routing::RoutingSnapshot;
 use crate::wire::OpMsgBuilder;
 use merge::{ChildOutcome, ChildResult, Merger};
@@ -979,7 +980,7 @@ impl ChildSender for ClusterSender<'_> {
                     items
                         .iter()
                         .filter(|(_, id, _)| {
-                            there.iter().any(|t| crate::order::values_equal(t, id))
+                            there.iter().any(|t| crate::value::compare::values_equal(t, id))
                         })
                         .map(|(i, _, _)| *i)
                         .collect::<Vec<usize>>()
