@@ -253,11 +253,13 @@ pub enum LogFormat {
     Json,
 }
 
-/// A configuration that could not be used.
+/// A configuration that could not be used. Each variant's message says what failed and leaves
+/// the why to its source, so a report that prints the chain (`anyhow` in `main`) says each
+/// thing once.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The file.
         path: String,
@@ -265,7 +267,7 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file is not valid TOML for this schema.
-    #[error("invalid configuration in {path}: {source}")]
+    #[error("invalid configuration in {path}")]
     Parse {
         /// The file.
         path: String,
@@ -417,6 +419,27 @@ mod tests {
         assert_eq!(c.rewrite_policy("a.c"), Policy::Always);
         assert_eq!(Config::default().rewrite_policy("x.y"), Policy::RetrySafe);
         assert!(toml::from_str::<Config>("ordered_rewrite = \"sometimes\"").is_err());
+    }
+
+    #[test]
+    fn a_file_error_says_its_cause_once() {
+        use std::error::Error as _;
+        let dir = std::env::temp_dir().join(format!("sluice-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = dir.join("bad.toml");
+        std::fs::write(&bad, "max_conections = 5\n").unwrap();
+        for (path, cause) in [(dir.join("missing.toml"), "No such file"), (bad, "max_conections")] {
+            let e = Config::from_file(&path).unwrap_err();
+            let chain: Vec<String> =
+                std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+                    .map(|e| e.to_string())
+                    .collect();
+            assert_eq!(chain.len(), 2, "{chain:?}");
+            assert!(chain[0].contains(&path.display().to_string()), "{chain:?}");
+            assert!(!chain[0].contains(cause), "the cause is the source's to say: {chain:?}");
+            assert!(chain[1].contains(cause), "{chain:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -49,8 +49,6 @@ const LAYERS: &[(&str, u8)] = &[
 /// removed one by one; each entry is `(importing module, imported module)`. The list only shrinks: an entry that no longer
 /// occurs fails the test too, so it is taken out when its import goes.
 const KNOWN_VIOLATIONS: &[(&str, &str)] = &[
-    // The backend's pool tests start an embedded shard to talk to.
-    ("backend", "embedded"),
     // The cluster holds the router-only state (cursors, the coalescer) that belongs in router/.
     ("cluster", "read"),
     ("cluster", "write"),
@@ -132,7 +130,14 @@ fn strip(src: &str) -> String {
                 if j >= b.len() {
                     break;
                 }
-                if b[j] == b'"' && b[j + 1..].iter().take(hashes).filter(|&&h| h == b'#').count() == hashes {
+                if b[j] == b'"'
+                    && b[j + 1..]
+                        .iter()
+                        .take(hashes)
+                        .filter(|&&h| h == b'#')
+                        .count()
+                        == hashes
+                {
                     j += 1 + hashes;
                     break;
                 }
@@ -161,7 +166,10 @@ fn strip(src: &str) -> String {
             // A character literal ('x', '\n', '\u{..}') or a lifetime ('a): a literal closes
             // within a few bytes.
             let close = if b.get(i + 1) == Some(&b'\\') {
-                b[i + 2..].iter().position(|&x| x == b'\'').map(|p| i + 2 + p)
+                b[i + 2..]
+                    .iter()
+                    .position(|&x| x == b'\'')
+                    .map(|p| i + 2 + p)
             } else if b.get(i + 2) == Some(&b'\'') {
                 Some(i + 2)
             } else {
@@ -280,7 +288,8 @@ fn imports_of(root: &Path, file: &Path) -> Vec<Import> {
     let mut i = 0;
     while i < b.len() {
         let at_word = i == 0 || !is_ident(b[i - 1]);
-        if at_word && code[i..].starts_with("crate") && code[i + 5..].trim_start().starts_with("::") {
+        if at_word && code[i..].starts_with("crate") && code[i + 5..].trim_start().starts_with("::")
+        {
             let after = i + 5 + (code[i + 5..].len() - code[i + 5..].trim_start().len()) + 2;
             let rest = code[after..].trim_start();
             let j = after + (code[after..].len() - rest.len());
@@ -454,7 +463,11 @@ fn no_import_cycle_between_modules() {
             return None;
         }
         stack.push(m.to_string());
-        for next in edges.get(m).map(|e| e.keys().cloned().collect::<Vec<_>>()).unwrap_or_default() {
+        for next in edges
+            .get(m)
+            .map(|e| e.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+        {
             if let Some(c) = visit(&next, edges, stack, done) {
                 return Some(c);
             }

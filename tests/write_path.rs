@@ -31,7 +31,9 @@ async fn run_update(
 ) -> Document {
     let mut session = cl.start_session().await.unwrap();
     cl.database("demo")
-        .run_command(doc! {"update": coll, "updates": updates, "ordered": ordered, "txnNumber": 1i64})
+        .run_command(
+            doc! {"update": coll, "updates": updates, "ordered": ordered, "txnNumber": 1i64},
+        )
         .session(&mut session)
         .await
         .unwrap()

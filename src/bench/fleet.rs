@@ -457,7 +457,9 @@ pub async fn timed_update(
     let start = Instant::now();
     let reply = c
         .database(db)
-        .run_command(doc! {"update": coll, "updates": updates, "ordered": ordered, "txnNumber": 1i64})
+        .run_command(
+            doc! {"update": coll, "updates": updates, "ordered": ordered, "txnNumber": 1i64},
+        )
         .session(&mut session)
         .await?;
     let took = start.elapsed();

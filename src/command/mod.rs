@@ -21,8 +21,8 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::engine::EngineError;
-use crate::value::field::number_field;
 use crate::value::error_codes::ErrorCode;
+use crate::value::field::number_field;
 use crate::wire::{BsonDoc, Compressor, DocumentSequence};
 
 /// What one command failed with: the `{ok: 0, errmsg, code, codeName}` reply.
@@ -740,13 +740,15 @@ pub fn check_write_statement(command: &str, stmt: &Document) -> Result<(), Comma
     };
     match stmt.get("q") {
         Some(Bson::Document(_)) => {}
-        Some(other) => return Err(CommandError::new(
-            ErrorCode::TypeMismatch,
-            format!(
+        Some(other) => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                format!(
                 "BSON field '{command}.{field}.q' is the wrong type '{}', expected type 'object'",
                 crate::value::field::type_name(other)
             ),
-        )),
+            ))
+        }
         None => return Err(missing("q")),
     }
     if command == "update" {
@@ -797,13 +799,5 @@ mod tests {
         assert_eq!(d.get_f64("ok").unwrap(), 0.0);
         assert_eq!(d.get_i32("code").unwrap(), 59);
         assert_eq!(d.get_str("codeName").unwrap(), "CommandNotFound");
-    }
-
-    #[test]
-    fn truthiness() {
-        assert!(truthy(&Bson::Int32(1)));
-        assert!(!truthy(&Bson::Double(0.0)));
-        assert!(!truthy(&Bson::Null));
-        assert!(truthy(&Bson::String(String::new())));
     }
 }

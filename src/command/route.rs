@@ -14,8 +14,8 @@ use bson::{Bson, Document};
 
 use super::{CommandError, CommandRequest};
 use crate::cluster::Cluster;
-use crate::value::error_codes::ErrorCode;
 use crate::routing::FilterKeys;
+use crate::value::error_codes::ErrorCode;
 use crate::wire::OpMsgBuilder;
 use crate::write::target::WriteKind;
 use crate::write::{plan::Policy, WriteStats};

@@ -159,7 +159,10 @@ pub fn get_log(req: &CommandRequest) -> Result<Document, CommandError> {
 pub fn connection_status(req: &CommandRequest) -> Document {
     let body = req.body_document();
     let mut auth = doc! {"authenticatedUsers": [], "authenticatedUserRoles": []};
-    if body.get("showPrivileges").is_some_and(crate::value::field::truthy) {
+    if body
+        .get("showPrivileges")
+        .is_some_and(crate::value::field::truthy)
+    {
         auth.insert("authenticatedUserPrivileges", Bson::Array(vec![]));
     }
     doc! {"authInfo": auth}

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use bson::{doc, Bson, Document};
 
 use super::{ClientState, CommandError, CommandRequest};
-use crate::value::field::{number_field, truthy};
 use crate::cluster::Cluster;
-use crate::value::error_codes::ErrorCode;
 use crate::frontend::{Response, Service};
 use crate::routing::chunks::initial_chunks;
 use crate::routing::{RoutingError, ShardKeyPattern};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{number_field, truthy};
 
 impl From<RoutingError> for CommandError {
     fn from(e: RoutingError) -> Self {

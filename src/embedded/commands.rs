@@ -5,19 +5,19 @@ use std::collections::VecDeque;
 
 use bson::{doc, Bson, Document};
 
-use crate::engine::aggregate;
-use crate::engine::matcher::Matcher;
-use crate::engine::query::{Projection, SortSpec};
 use super::service::{
     lock, Cursor, RetryCtx, ShardService, StmtOutcome, CURSOR_IDLE_TIMEOUT, MAX_OPEN_CURSORS,
 };
 use super::store::{check_namespace, Catalog, Collection};
+use crate::command::CommandRequest;
+use crate::engine::aggregate;
+use crate::engine::matcher::Matcher;
+use crate::engine::query::{Projection, SortSpec};
 use crate::engine::update::{prepare_insert, upsert_document, Update};
 use crate::engine::{path, EngineError};
-use crate::command::CommandRequest;
-use crate::value::field::{number_field, truthy};
-use crate::value::error_codes::ErrorCode;
 use crate::limits::{measure, MAX_STORED_DEPTH, MAX_WRITE_BATCH_SIZE};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{number_field, truthy};
 use crate::wire::MAX_BSON_OBJECT_SIZE;
 
 /// Default size of a first batch, as mongod.
@@ -611,7 +611,6 @@ fn take_batch(remaining: &mut VecDeque<Document>, batch: usize) -> Vec<Bson> {
     }
     out
 }
-
 
 fn batch_size(body: &Document, field: &str) -> Result<Option<usize>, EngineError> {
     match body.get(field) {

@@ -25,7 +25,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-
 use crate::config::Config;
 use crate::frontend::RouterHandle;
 

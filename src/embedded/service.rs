@@ -15,11 +15,11 @@ use tokio::sync::Semaphore;
 
 use super::store::Catalog;
 use super::ShardOptions;
-use crate::engine::EngineError;
 use crate::command::{self, hello, server_info, ClientState, CommandRequest, ServerState};
-use crate::value::error_codes::ErrorCode;
+use crate::engine::EngineError;
 use crate::frontend::{BoxFuture, Response, Service};
 use crate::value::compare::values_equal;
+use crate::value::error_codes::ErrorCode;
 use crate::wire::{MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE};
 
 /// Commands that touch data: they pay the injected latency and take a concurrency slot.
@@ -511,7 +511,10 @@ impl ShardService {
                 ))
             }
         };
-        let block = if data.get("blockConnection").is_some_and(crate::value::field::truthy) {
+        let block = if data
+            .get("blockConnection")
+            .is_some_and(crate::value::field::truthy)
+        {
             Some(Duration::from_millis(
                 crate::value::field::number_field(&data, "blockTimeMS")
                     .unwrap_or(0)
@@ -523,7 +526,9 @@ impl ShardService {
         *guard = Some(FailPoint {
             times,
             commands,
-            close_connection: data.get("closeConnection").is_some_and(crate::value::field::truthy),
+            close_connection: data
+                .get("closeConnection")
+                .is_some_and(crate::value::field::truthy),
             error_code: crate::value::field::number_field(&data, "errorCode").map(|c| c as i32),
             error_labels: data.get_array("errorLabels").ok().cloned(),
             block,
@@ -593,7 +598,9 @@ impl ShardService {
             None
         };
 
-        if body.get("startTransaction").is_some_and(crate::value::field::truthy)
+        if body
+            .get("startTransaction")
+            .is_some_and(crate::value::field::truthy)
             || matches!(body.get("autocommit"), Some(Bson::Boolean(false)))
             || matches!(name, "commitTransaction" | "abortTransaction")
         {

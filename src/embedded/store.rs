@@ -11,10 +11,10 @@ use std::collections::BTreeMap;
 use bson::{doc, Bson, Document};
 
 use crate::engine::matcher::Matcher;
-use crate::value::render::render_doc;
 use crate::engine::EngineError;
-use crate::value::error_codes::ErrorCode;
 use crate::value::compare::OrdBson;
+use crate::value::error_codes::ErrorCode;
+use crate::value::render::render_doc;
 
 /// A record id: the position of a document in insertion order.
 pub type RecordId = u64;
@@ -123,7 +123,13 @@ impl Collection {
     fn unique_key(spec: &IndexSpec, d: &Document) -> Vec<OrdBson> {
         spec.key
             .keys()
-            .map(|k| OrdBson(crate::engine::path::get(d, k).cloned().unwrap_or(Bson::Null)))
+            .map(|k| {
+                OrdBson(
+                    crate::engine::path::get(d, k)
+                        .cloned()
+                        .unwrap_or(Bson::Null),
+                )
+            })
             .collect()
     }
 

@@ -21,12 +21,12 @@ use super::matcher::Matcher;
 use super::path;
 use super::query::{Projection, SortSpec};
 use super::EngineError;
-use crate::value::error_codes::ErrorCode;
 use crate::limits::{
     measure, measure_value, DEFAULT_STAGE_MEMORY_BYTES, MAX_INTERNAL_DOCUMENT_SIZE,
     MAX_RESULT_DEPTH,
 };
 use crate::value::compare::{compare, values_equal, OrdBson};
+use crate::value::error_codes::ErrorCode;
 use crate::value::field::{arithmetic, as_int, int_result, is_number, to_decimal, to_f64, truthy};
 
 fn err(code: i32, msg: impl Into<String>) -> EngineError {

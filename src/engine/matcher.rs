@@ -13,9 +13,9 @@ use regex::Regex;
 
 use super::path::{lookup, Lookup};
 use super::EngineError;
-use crate::value::error_codes::ErrorCode;
 use crate::limits::MAX_MATCH_PATH_PARTS;
 use crate::value::compare::{canonical_type, compare, values_equal};
+use crate::value::error_codes::ErrorCode;
 
 /// A parsed filter.
 #[derive(Debug, Clone)]
@@ -219,7 +219,8 @@ fn parse_in_list(op: &str, v: &Bson) -> Result<InList, EngineError> {
                 return Err(bad(format!("cannot nest $ under {op}")))
             }
             other => {
-                list.values.insert(crate::value::compare::OrdBson(other.clone()));
+                list.values
+                    .insert(crate::value::compare::OrdBson(other.clone()));
             }
         }
     }
@@ -448,14 +449,16 @@ fn regex_matches(re: &Regex, v: &Bson) -> bool {
 
 fn in_matches(list: &InList, l: &Lookup) -> bool {
     if (l.missing || l.values.is_empty())
-        && list.values.contains(&crate::value::compare::OrdBson(Bson::Null))
+        && list
+            .values
+            .contains(&crate::value::compare::OrdBson(Bson::Null))
     {
         return true;
     }
-    let hit = l
-        .candidates()
-        .into_iter()
-        .any(|v| list.values.contains(&crate::value::compare::OrdBson(v.clone())));
+    let hit = l.candidates().into_iter().any(|v| {
+        list.values
+            .contains(&crate::value::compare::OrdBson(v.clone()))
+    });
     hit || list
         .regexes
         .iter()

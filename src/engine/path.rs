@@ -3,8 +3,8 @@
 
 use bson::{Bson, Document};
 
-use crate::value::error_codes::ErrorCode;
 use crate::limits::{MAX_ARRAY_BACKFILL, MAX_FIELD_PATH_PARTS};
+use crate::value::error_codes::ErrorCode;
 
 use super::EngineError;
 

@@ -7,13 +7,13 @@ use bson::{oid::ObjectId, Bson, Document};
 
 use super::matcher::Matcher;
 use super::path;
-use crate::value::render::{render_doc, render_value};
 use super::EngineError;
-use crate::value::error_codes::ErrorCode;
 use crate::limits::{measure, MAX_STORED_DEPTH};
-use crate::wire::MAX_BSON_OBJECT_SIZE;
 use crate::value::compare::{compare, values_equal, OrdBson};
+use crate::value::error_codes::ErrorCode;
 use crate::value::field::{arithmetic, is_number, type_name};
+use crate::value::render::{render_doc, render_value};
+use crate::wire::MAX_BSON_OBJECT_SIZE;
 
 /// A parsed update.
 #[derive(Debug, Clone)]

@@ -24,10 +24,10 @@ use crate::backend::limiter::{OpKind, Outcome};
 use crate::backend::BackendError;
 use crate::cluster::{Cluster, SlotRequest};
 use crate::command::{CommandError, CommandRequest};
-use crate::value::field::{number_field, truthy};
 use crate::engine::query::{Projection, SortSpec};
-use crate::value::error_codes::ErrorCode;
 use crate::routing::{FilterKeys, RoutingSnapshot};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{number_field, truthy};
 
 /// Default first-batch size, as mongod and mongos.
 const DEFAULT_BATCH: usize = 101;
@@ -416,7 +416,6 @@ fn buffered_bytes(c: &RouterCursor) -> usize {
         Source::Streams(_) => 0,
     }
 }
-
 
 impl RouterCursors {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, RouterCursor>> {

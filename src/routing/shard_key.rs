@@ -7,8 +7,8 @@ use bson::{Bson, Document, RawBsonRef, RawDocument};
 
 use super::hash::{hash64, hash64_raw};
 use super::RoutingError;
-use crate::value::error_codes::ErrorCode;
 use crate::value::compare::compare;
+use crate::value::error_codes::ErrorCode;
 
 /// One field of a shard key pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]

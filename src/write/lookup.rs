@@ -23,8 +23,8 @@ use bson::{doc, Bson, Document, RawDocument};
 
 use super::target::{equality_value, update_may_change_key, WriteKind};
 use crate::engine::update::Update;
-use crate::value::error_codes::ErrorCode;
 use crate::routing::RoutingSnapshot;
+use crate::value::error_codes::ErrorCode;
 
 /// How many times a statement is looked up again when its document changed in between.
 pub const MAX_ATTEMPTS: usize = 5;

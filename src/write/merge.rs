@@ -245,7 +245,11 @@ impl Merger {
             .find(|(_, e)| e.get_i32("code").is_ok_and(|c| STALE_CODES.contains(&c)))
             .map(|(ci, _)| *ci);
         let executed = |ci: usize| {
-            let stop = if child.ordered { first_error } else { first_stale };
+            let stop = if child.ordered {
+                first_error
+            } else {
+                first_stale
+            };
             stop.is_none_or(|s| ci < s) && !errors.contains_key(&ci)
         };
         for (ci, e) in &errors {

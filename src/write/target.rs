@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 
 use bson::{Bson, Document, RawDocument};
 
-use crate::value::error_codes::ErrorCode;
 use crate::routing::{FilterKeys, RoutingSnapshot, ShardKey};
+use crate::value::error_codes::ErrorCode;
 
 /// The kind of write command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

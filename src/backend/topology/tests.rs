@@ -994,7 +994,10 @@ fn waiting_gives_up_as_mongos_does() {
     let WaitStep::GiveUp(e) = wait.step(&t, at(2_000).instant, 0, &STUB) else {
         panic!("maxTimeMS passed");
     };
-    assert_eq!(e.code, crate::value::error_codes::ErrorCode::MaxTimeMSExpired);
+    assert_eq!(
+        e.code,
+        crate::value::error_codes::ErrorCode::MaxTimeMSExpired
+    );
     assert_eq!(e.message, "operation exceeded time limit");
 
     // A longer maxTimeMS does not extend the selection timeout.
