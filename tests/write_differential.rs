@@ -41,7 +41,7 @@
 //!   difference itself is asserted by `per_shard_id_uniqueness_on_a_non_id_shard_key` in
 //!   `tests/write_regressions.rs`.
 //!
-//! `SLUICE_DIFF_BULKS` (default 150) and `SLUICE_DIFF_SEED` (default fixed) size a run;
+//! `SLUICE_DIFF_BULKS` (default 300) and `SLUICE_DIFF_SEED` (default fixed) size a run;
 //! `make soak SEED=… BULKS=…` runs a long one in release mode. Each failing case is shrunk by
 //! proptest to a minimal bulk before it is reported.
 
@@ -1639,8 +1639,8 @@ fn env_number(name: &str, default: u64) -> u64 {
 
 #[test]
 fn router_matches_the_oracle_on_random_bulks() {
-    let bulks = env_number("SLUICE_DIFF_BULKS", 150) as u32;
-    let seed = env_number("SLUICE_DIFF_SEED", 0x5eed_12);
+    let bulks = env_number("SLUICE_DIFF_BULKS", 300) as u32;
+    let seed = env_number("SLUICE_DIFF_SEED", 0x005e_ed12);
     let started = std::time::Instant::now();
     let env = std::cell::RefCell::new(Env::start(&[2, 3, 5]));
     let mut runner = TestRunner::new(PtConfig {
