@@ -428,15 +428,23 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let bad = dir.join("bad.toml");
         std::fs::write(&bad, "max_conections = 5\n").unwrap();
-        for (path, cause) in [(dir.join("missing.toml"), "No such file"), (bad, "max_conections")] {
+        for (path, cause) in [
+            (dir.join("missing.toml"), "No such file"),
+            (bad, "max_conections"),
+        ] {
             let e = Config::from_file(&path).unwrap_err();
-            let chain: Vec<String> =
-                std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
-                    .map(|e| e.to_string())
-                    .collect();
+            let mut chain = vec![e.to_string()];
+            let mut source = e.source();
+            while let Some(s) = source {
+                chain.push(s.to_string());
+                source = s.source();
+            }
             assert_eq!(chain.len(), 2, "{chain:?}");
             assert!(chain[0].contains(&path.display().to_string()), "{chain:?}");
-            assert!(!chain[0].contains(cause), "the cause is the source's to say: {chain:?}");
+            assert!(
+                !chain[0].contains(cause),
+                "the cause is the source's to say: {chain:?}"
+            );
             assert!(chain[1].contains(cause), "{chain:?}");
         }
         let _ = std::fs::remove_dir_all(&dir);
