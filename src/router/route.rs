@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use bson::{Bson, Document};
 
-use super::{CommandError, CommandRequest};
+use crate::command::{CommandError, CommandRequest};
 use crate::cluster::Cluster;
 use crate::routing::FilterKeys;
 use crate::value::error_codes::ErrorCode;

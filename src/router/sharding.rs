@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bson::{doc, Bson, Document};
 
-use super::{ClientState, CommandError, CommandRequest};
+use crate::command::{ClientState, CommandError, CommandRequest};
 use crate::cluster::Cluster;
 use crate::frontend::{Response, Service};
 use crate::routing::chunks::initial_chunks;
