@@ -27,7 +27,8 @@
 //! 7. [`embedded`]: the embedded shard, an in-memory mongod-compatible server for the demo, the
 //!    tests and the benchmarks (memory only, not for production).
 //! 8. the router's service (today in [`command`] and [`routing`]'s metadata store).
-//! 9. [`bench`]: the `sluice bench` scenarios; `main.rs`: the command line.
+//! 9. [`bench`]: the `sluice bench` scenarios; [`fuzz`]: the fuzz targets' entry points (replayed
+//!    by `cargo test`); `main.rs`: the command line.
 
 pub mod auth;
 pub mod backend;
@@ -38,6 +39,7 @@ pub mod config;
 pub mod embedded;
 pub mod engine;
 pub mod frontend;
+pub mod fuzz;
 pub mod limits;
 pub mod read;
 pub mod routing;
