@@ -27,6 +27,7 @@ pub mod embedded;
 pub mod error_codes;
 pub mod frontend;
 pub mod limits;
+pub mod metadata;
 pub mod order;
 pub mod read;
 pub mod routing;
