@@ -73,8 +73,10 @@ pub trait ConfigSource: Send + Sync + 'static {
     fn shards(&self) -> BoxFuture<'_, Result<Vec<Document>, MetadataError>>;
 
     /// The `config.databases` document of `db`, if it exists.
-    fn database<'a>(&'a self, db: &'a str)
-        -> BoxFuture<'a, Result<Option<Document>, MetadataError>>;
+    fn database<'a>(
+        &'a self,
+        db: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Document>, MetadataError>>;
 
     /// The `config.collections` document of `ns` and its chunks (all of them, or those since
     /// `since` when the entry still has `since.generation`); `None` when `ns` is not tracked.
@@ -218,7 +220,8 @@ impl<V, W> Slot<V, W> {
 type Satisfies<V, W> = fn(&V, &W) -> bool;
 
 /// A refresh of one key: from the cached value (if any) to a new one.
-type RefreshFn<V> = Box<dyn FnMut(Option<V>) -> BoxFuture<'static, Result<V, MetadataError>> + Send>;
+type RefreshFn<V> =
+    Box<dyn FnMut(Option<V>) -> BoxFuture<'static, Result<V, MetadataError>> + Send>;
 
 /// Publishes a refresh's result to its waiters and clears the slot's in-flight marker; if the
 /// refresh task ends without a result (a panic), its drop does both with an error, so nobody
@@ -346,7 +349,12 @@ where
     }
 
     /// Records a demand; `needs` decides from the cached value whether there is one.
-    fn demand(&self, wanted: Option<W>, needs: impl FnOnce(Option<&V>, Option<&W>) -> bool, newer: fn(&W, &W) -> bool) {
+    fn demand(
+        &self,
+        wanted: Option<W>,
+        needs: impl FnOnce(Option<&V>, Option<&W>) -> bool,
+        newer: fn(&W, &W) -> bool,
+    ) {
         let mut st = lock(&self.state);
         if !needs(st.value.as_ref(), wanted.as_ref()) {
             return;
@@ -385,7 +393,9 @@ type CollectionValue = Option<Arc<CollectionRouting>>;
 type DatabaseValue = Option<Arc<DatabaseEntry>>;
 
 fn collection_version(v: &CollectionValue) -> ShardVersion {
-    v.as_ref().map(|c| c.version()).unwrap_or_else(ShardVersion::unsharded)
+    v.as_ref()
+        .map(|c| c.version())
+        .unwrap_or_else(ShardVersion::unsharded)
 }
 
 fn collection_satisfies(v: &CollectionValue, w: &ShardVersion) -> bool {
@@ -431,7 +441,11 @@ impl CatalogCache {
     }
 
     /// An empty cache with an explicit refresh policy.
-    pub fn with_policy(source: Arc<dyn ConfigSource>, printer: Printer, policy: RefreshPolicy) -> Self {
+    pub fn with_policy(
+        source: Arc<dyn ConfigSource>,
+        printer: Printer,
+        policy: RefreshPolicy,
+    ) -> Self {
         CatalogCache {
             inner: Arc::new(Inner {
                 source,
@@ -513,9 +527,7 @@ impl CatalogCache {
         if let Some(slot) = slot {
             slot.demand(
                 wanted,
-                |v, w| {
-                    database_needs_refresh(v.and_then(|d| d.as_ref()).map(|d| &d.version), w)
-                },
+                |v, w| database_needs_refresh(v.and_then(|d| d.as_ref()).map(|d| &d.version), w),
                 |a, b| a.is_newer_than(b),
             );
         }
@@ -533,9 +545,7 @@ impl CatalogCache {
     pub fn flush_all(&self) {
         lock(&self.inner.databases).clear();
         lock(&self.inner.collections).clear();
-        self.inner
-            .shards
-            .demand(None, |_, _| true, |_, _| false);
+        self.inner.shards.demand(None, |_, _| true, |_, _| false);
     }
 
     /// `flushRouterConfig: "db"` (and `dropDatabase`): forgets the database and its collections.
@@ -595,7 +605,10 @@ impl Inner {
                 self.source.shards()
             })
             .await?;
-        Ok(Arc::new(ShardRegistry::from_documents(&docs, &self.printer)))
+        Ok(Arc::new(ShardRegistry::from_documents(
+            &docs,
+            &self.printer,
+        )))
     }
 
     async fn shard(self: Arc<Self>, id: &str) -> Result<ShardEntry, MetadataError> {
@@ -685,13 +698,18 @@ impl Inner {
         let slot = self.collection_slot(ns);
         let this = self.clone();
         let name = ns.to_string();
-        slot.get(collection_satisfies, self.policy, &self.counters, move || {
-            Box::new(move |base| {
-                let this = this.clone();
-                let name = name.clone();
-                Box::pin(async move { this.refresh_collection(&name, base).await })
-            })
-        })
+        slot.get(
+            collection_satisfies,
+            self.policy,
+            &self.counters,
+            move || {
+                Box::new(move |base| {
+                    let this = this.clone();
+                    let name = name.clone();
+                    Box::pin(async move { this.refresh_collection(&name, base).await })
+                })
+            },
+        )
         .await
     }
 
@@ -710,7 +728,9 @@ impl Inner {
                 generation: b.entry.generation,
                 version: b.collection_version,
             });
-            self.counters.collection_reads.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .collection_reads
+                .fetch_add(1, Ordering::Relaxed);
             metrics::counter!("sluice_routing_refreshes_total").increment(1);
             let result = match self.source.collection(ns, since).await {
                 Ok(None) => Ok(None),
@@ -752,18 +772,16 @@ impl Inner {
             .map(|d| ChunkEntry::from_document(d, &entry.pattern, ns, p))
             .collect::<Result<Vec<_>, _>>()?;
         let routing = match base {
-            Some(b) if read.incremental => {
-                match b.apply_changes(entry, chunks, p)? {
-                    RefreshOutcome::Unchanged => {
-                        self.counters.unchanged.fetch_add(1, Ordering::Relaxed);
-                        return Ok(Some(b.clone()));
-                    }
-                    RefreshOutcome::Updated(r) => {
-                        self.counters.incremental.fetch_add(1, Ordering::Relaxed);
-                        r
-                    }
+            Some(b) if read.incremental => match b.apply_changes(entry, chunks, p)? {
+                RefreshOutcome::Unchanged => {
+                    self.counters.unchanged.fetch_add(1, Ordering::Relaxed);
+                    return Ok(Some(b.clone()));
                 }
-            }
+                RefreshOutcome::Updated(r) => {
+                    self.counters.incremental.fetch_add(1, Ordering::Relaxed);
+                    *r
+                }
+            },
             _ => {
                 let r = CollectionRouting::full(entry, chunks, p)?;
                 self.counters.full.fetch_add(1, Ordering::Relaxed);

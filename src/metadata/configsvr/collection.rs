@@ -37,7 +37,7 @@ pub enum RefreshOutcome {
     /// Nothing changed since the cached version: keep the cached routing.
     Unchanged,
     /// The routing changed.
-    Updated(CollectionRouting),
+    Updated(Box<CollectionRouting>),
 }
 
 impl CollectionRouting {
@@ -101,7 +101,9 @@ impl CollectionRouting {
         merged.extend(changed);
         merged.sort_by(|a, b| a.min.cmp(&b.min));
         validate_coverage(&entry.pattern, &merged, printer)?;
-        Ok(RefreshOutcome::Updated(Self::build(entry, merged)?))
+        Ok(RefreshOutcome::Updated(Box::new(Self::build(
+            entry, merged,
+        )?)))
     }
 
     fn build(entry: CollectionEntry, chunks: Vec<ChunkEntry>) -> Result<Self, MetadataError> {
@@ -112,8 +114,11 @@ impl CollectionRouting {
             *v = (*v).max(c.version);
             collection_version = collection_version.max(c.version);
         }
-        let map = ChunkMap::new(&entry.pattern, chunks.iter().map(|c| c.to_chunk()).collect())
-            .map_err(|e| MetadataError::new(ErrorCode::ConflictingOperationInProgress, e.message))?;
+        let map = ChunkMap::new(
+            &entry.pattern,
+            chunks.iter().map(|c| c.to_chunk()).collect(),
+        )
+        .map_err(|e| MetadataError::new(ErrorCode::ConflictingOperationInProgress, e.message))?;
         let snapshot = RoutingSnapshot {
             ns: entry.ns.clone(),
             pattern: entry.pattern.clone(),
@@ -238,7 +243,11 @@ pub fn validate_coverage(
     for pair in chunks.windows(2) {
         let (left, right) = (&pair[0], &pair[1]);
         if left.max != right.min {
-            let what = if left.max < right.min { "Gap" } else { "Overlap" };
+            let what = if left.max < right.min {
+                "Gap"
+            } else {
+                "Overlap"
+            };
             return Err(conflict(format!(
                 "{what} exists in the routing table between chunks {} and {}",
                 describe(pattern, left, printer),

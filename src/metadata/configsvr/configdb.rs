@@ -174,7 +174,9 @@ mod tests {
         let e = bad("h1:1,h2:2");
         assert_eq!(e.code, ErrorCode::FailedToParse);
         assert_eq!(e.message, "invalid url [h1:1,h2:2]");
-        assert!(bad("h1:1,h2:2,h3:3").message.contains("mirrored config server"));
+        assert!(bad("h1:1,h2:2,h3:3")
+            .message
+            .contains("mirrored config server"));
         let e = bad("cfg/h1:99999");
         assert_eq!(e.code, ErrorCode::FailedToParse);
         assert!(e.message.contains("out of range"), "{}", e.message);

@@ -191,8 +191,8 @@ impl CollectionEntry {
             let timestamp = idl.timestamp("timestamp")?;
             let uuid = idl.uuid("uuid")?;
             let key = idl.document("key")?;
-            let pattern = ShardKeyPattern::parse(key)
-                .map_err(|e| MetadataError::new(e.code, e.message))?;
+            let pattern =
+                ShardKeyPattern::parse(key).map_err(|e| MetadataError::new(e.code, e.message))?;
             let default_collation = idl
                 .optional_document("defaultCollation")?
                 .filter(|c| !c.is_empty() && c.get_str("locale").ok() != Some("simple"))
@@ -370,10 +370,16 @@ impl ChunkEntry {
         let min_doc = range.document("min")?;
         let max_doc = range.document("max")?;
         if min_doc.is_empty() {
-            return Err(MetadataError::new(ErrorCode::BadValue, "min field is empty"));
+            return Err(MetadataError::new(
+                ErrorCode::BadValue,
+                "min field is empty",
+            ));
         }
         if max_doc.is_empty() {
-            return Err(MetadataError::new(ErrorCode::BadValue, "max field is empty"));
+            return Err(MetadataError::new(
+                ErrorCode::BadValue,
+                "max field is empty",
+            ));
         }
         let min = bound(min_doc, pattern, printer)?;
         let max = bound(max_doc, pattern, printer)?;
@@ -415,7 +421,11 @@ impl ChunkEntry {
 /// A chunk bound read with the collection's key pattern: exactly the pattern's fields, in its
 /// order (a bound of another pattern means the chunk belongs to another generation of the
 /// collection, or the document is corrupt).
-fn bound(d: &Document, pattern: &ShardKeyPattern, printer: &Printer) -> Result<ShardKey, MetadataError> {
+fn bound(
+    d: &Document,
+    pattern: &ShardKeyPattern,
+    printer: &Printer,
+) -> Result<ShardKey, MetadataError> {
     let fields = pattern.fields();
     let matches = d.len() == fields.len() && d.keys().zip(fields).all(|(k, f)| *k == f.path);
     if !matches {

@@ -30,7 +30,9 @@ pub mod version;
 #[cfg(test)]
 pub(crate) mod test_support;
 
-pub use cache::{CacheStats, CatalogCache, CollectionRead, ConfigSource, RefreshPolicy, ShardRegistry, Since};
+pub use cache::{
+    CacheStats, CatalogCache, CollectionRead, ConfigSource, RefreshPolicy, ShardRegistry, Since,
+};
 pub use collection::{CollectionRouting, RefreshOutcome};
 pub use configdb::{ConfigDb, CONFIG_SERVER_PORT};
 pub use documents::{ChunkEntry, CollectionEntry, DatabaseEntry, ShardEntry};

@@ -183,7 +183,10 @@ impl StaleError {
 /// always without a wanted version (mongos's forced refresh), otherwise only when the wanted
 /// version is newer than what the cache holds (else the shard is the one behind, and a retry
 /// with the cached version succeeds once it has caught up).
-pub fn collection_needs_refresh(cached: Option<&ShardVersion>, wanted: Option<&ShardVersion>) -> bool {
+pub fn collection_needs_refresh(
+    cached: Option<&ShardVersion>,
+    wanted: Option<&ShardVersion>,
+) -> bool {
     match (cached, wanted) {
         (_, None) | (None, _) => true,
         (Some(c), Some(w)) => w.is_newer_than(c),
@@ -276,10 +279,16 @@ mod tests {
         };
         let found = StaleError::from_reply(&reply, &PRINTER);
         assert_eq!(found.len(), 3);
-        assert!(matches!(&found[0], StaleError::Collection { wanted: None, ns: Some(n), .. } if n == "db.c"));
-        assert!(matches!(&found[1], StaleError::Collection { wanted: Some(w), ns: Some(n), shard: Some(s), .. }
-            if n == "db.d" && *w == sv(e, 1, 1) && s == "s1"));
-        assert!(matches!(&found[2], StaleError::Database { db: Some(d), received: Some(_), wanted: None } if d == "db"));
+        assert!(
+            matches!(&found[0], StaleError::Collection { wanted: None, ns: Some(n), .. } if n == "db.c")
+        );
+        assert!(
+            matches!(&found[1], StaleError::Collection { wanted: Some(w), ns: Some(n), shard: Some(s), .. }
+            if n == "db.d" && *w == sv(e, 1, 1) && s == "s1")
+        );
+        assert!(
+            matches!(&found[2], StaleError::Database { db: Some(d), received: Some(_), wanted: None } if d == "db")
+        );
         // No vWanted: a forced refresh.
         assert_eq!(
             found[0].actions("db.c"),

@@ -32,7 +32,13 @@ pub fn database_doc(name: &str, primary: &str, uuid: Uuid, last_mod: i32) -> Doc
 }
 
 /// A `config.collections` document.
-pub fn collection_doc(ns: &str, epoch: ObjectId, timestamp: Timestamp, uuid: Uuid, key: Document) -> Document {
+pub fn collection_doc(
+    ns: &str,
+    epoch: ObjectId,
+    timestamp: Timestamp,
+    uuid: Uuid,
+    key: Document,
+) -> Document {
     doc! {
         "_id": ns,
         "lastmodEpoch": epoch,
@@ -46,7 +52,14 @@ pub fn collection_doc(ns: &str, epoch: ObjectId, timestamp: Timestamp, uuid: Uui
 }
 
 /// A `config.chunks` document.
-pub fn chunk_doc(uuid: Uuid, min: Document, max: Document, shard: &str, major: u32, minor: u32) -> Document {
+pub fn chunk_doc(
+    uuid: Uuid,
+    min: Document,
+    max: Document,
+    shard: &str,
+    major: u32,
+    minor: u32,
+) -> Document {
     doc! {
         "_id": ObjectId::new(),
         "uuid": uuid,

@@ -277,10 +277,7 @@ mod tests {
             ignored.get_object_id("e").unwrap().to_hex(),
             "00000000ffffffffffffffff"
         );
-        assert_eq!(
-            ignored.get_timestamp("t").unwrap(),
-            ts(u32::MAX, u32::MAX)
-        );
+        assert_eq!(ignored.get_timestamp("t").unwrap(), ts(u32::MAX, u32::MAX));
         let dbv = DatabaseVersion {
             uuid: Uuid::from_bytes([7; 16]),
             timestamp: ts(5, 1),

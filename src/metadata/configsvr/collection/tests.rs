@@ -58,9 +58,19 @@ fn full_build_versions_and_lookup() {
     let r = CollectionRouting::full(entry(e), chunks.clone(), &PRINTER).unwrap();
     assert_eq!(r.collection_version, ChunkVersion { major: 1, minor: 3 });
     assert_eq!(r.version().generation.epoch, e);
-    assert_eq!(r.shard_version("s0").placement, ChunkVersion { major: 1, minor: 1 });
-    assert_eq!(r.shard_version("s1").placement, ChunkVersion { major: 1, minor: 3 });
-    assert_eq!(r.shard_version("s2").placement, ChunkVersion::default(), "no chunk: 0|0");
+    assert_eq!(
+        r.shard_version("s0").placement,
+        ChunkVersion { major: 1, minor: 1 }
+    );
+    assert_eq!(
+        r.shard_version("s1").placement,
+        ChunkVersion { major: 1, minor: 3 }
+    );
+    assert_eq!(
+        r.shard_version("s2").placement,
+        ChunkVersion::default(),
+        "no chunk: 0|0"
+    );
     assert_eq!(r.shard_version("s2").generation, r.entry.generation);
     assert_eq!(r.shards().collect::<Vec<_>>(), vec!["s0", "s1"]);
     assert_eq!(r.snapshot.shard_for(&key(-5)), Some("s0"));
@@ -77,7 +87,8 @@ fn full_build_versions_and_lookup() {
 #[test]
 fn coverage_errors_are_mongos_conflicts() {
     let e = ObjectId::new();
-    let err = |chunks: Vec<ChunkEntry>| CollectionRouting::full(entry(e), chunks, &PRINTER).unwrap_err();
+    let err =
+        |chunks: Vec<ChunkEntry>| CollectionRouting::full(entry(e), chunks, &PRINTER).unwrap_err();
     let mut gap = four();
     gap.remove(1);
     let g = err(gap);
@@ -91,13 +102,23 @@ fn coverage_errors_are_mongos_conflicts() {
     // flatten keeps the newer of two overlapping chunks, leaving a gap or an overlap behind.
     let o = err(overlap);
     assert_eq!(o.code, ErrorCode::ConflictingOperationInProgress);
-    assert!(o.message.contains("exists in the routing table"), "{}", o.message);
+    assert!(
+        o.message.contains("exists in the routing table"),
+        "{}",
+        o.message
+    );
     let mut no_min = four();
     no_min.remove(0);
-    assert_eq!(err(no_min).message, "Not all elements of { x: 0 } are of type minKey");
+    assert_eq!(
+        err(no_min).message,
+        "Not all elements of { x: 0 } are of type minKey"
+    );
     let mut no_max = four();
     no_max.pop();
-    assert_eq!(err(no_max).message, "Not all elements of { x: 200 } are of type maxKey");
+    assert_eq!(
+        err(no_max).message,
+        "Not all elements of { x: 200 } are of type maxKey"
+    );
     assert_eq!(
         err(vec![]).message,
         "No chunks were found for the collection db.c"
@@ -106,7 +127,11 @@ fn coverage_errors_are_mongos_conflicts() {
     foreign[0].uuid = Uuid::from_bytes([1; 16]);
     let f = err(foreign);
     assert_eq!(f.code, ErrorCode::ConflictingOperationInProgress);
-    assert!(f.message.contains("does not belong to collection UUID"), "{}", f.message);
+    assert!(
+        f.message.contains("does not belong to collection UUID"),
+        "{}",
+        f.message
+    );
 }
 
 #[test]
@@ -122,8 +147,14 @@ fn a_migration_applies_incrementally() {
         panic!("expected an update");
     };
     assert_eq!(n.collection_version, ChunkVersion { major: 2, minor: 1 });
-    assert_eq!(n.shard_version("s0").placement, ChunkVersion { major: 2, minor: 0 });
-    assert_eq!(n.shard_version("s1").placement, ChunkVersion { major: 2, minor: 1 });
+    assert_eq!(
+        n.shard_version("s0").placement,
+        ChunkVersion { major: 2, minor: 0 }
+    );
+    assert_eq!(
+        n.shard_version("s1").placement,
+        ChunkVersion { major: 2, minor: 1 }
+    );
     assert_eq!(n.snapshot.shard_for(&key(150)), Some("s0"));
     assert_eq!(n.snapshot.chunks.len(), 4);
     // The old routing is untouched.
@@ -175,12 +206,18 @@ fn inconsistent_changes_are_refused() {
     };
     // Older than the cached collection version.
     let m = conflict(vec![chunk(l(0), l(100), "s1", 1, 2)], entry(e));
-    assert!(m.contains("doesn't have version that's greater or equal"), "{m}");
+    assert!(
+        m.contains("doesn't have version that's greater or equal"),
+        "{m}"
+    );
     // A split whose right half was not read: a gap.
     let m = conflict(vec![chunk(l(0), l(50), "s0", 1, 4)], entry(e));
     assert!(m.starts_with("Gap exists"), "{m}");
     // Another generation must be reloaded fully.
-    let m = conflict(vec![chunk(l(0), l(100), "s0", 1, 4)], entry(ObjectId::new()));
+    let m = conflict(
+        vec![chunk(l(0), l(100), "s0", 1, 4)],
+        entry(ObjectId::new()),
+    );
     assert!(m.contains("changed generation"), "{m}");
     assert!(conflict(vec![], entry(e)).contains("No chunks were found"));
 }
@@ -193,7 +230,10 @@ fn overlapping_reads_keep_the_newest_chunk() {
     for old_first in [true, false] {
         let mut chunks = four();
         let stale = chunks.remove(1);
-        let halves = [chunk(l(0), l(50), "s0", 1, 4), chunk(l(50), l(100), "s0", 1, 5)];
+        let halves = [
+            chunk(l(0), l(50), "s0", 1, 4),
+            chunk(l(50), l(100), "s0", 1, 5),
+        ];
         if old_first {
             chunks.insert(0, stale);
             chunks.extend(halves);
@@ -257,7 +297,11 @@ impl Model {
     }
 
     fn version(&self) -> ChunkVersion {
-        self.chunks.iter().map(|c| c.version).max().unwrap_or_default()
+        self.chunks
+            .iter()
+            .map(|c| c.version)
+            .max()
+            .unwrap_or_default()
     }
 
     fn apply(&mut self, op: &Op) {
@@ -272,12 +316,18 @@ impl Model {
                 }
                 let left = ModelChunk {
                     max: l(at),
-                    version: ChunkVersion { major: cv.major, minor: cv.minor + 1 },
+                    version: ChunkVersion {
+                        major: cv.major,
+                        minor: cv.minor + 1,
+                    },
                     ..c.clone()
                 };
                 let right = ModelChunk {
                     min: l(at),
-                    version: ChunkVersion { major: cv.major, minor: cv.minor + 2 },
+                    version: ChunkVersion {
+                        major: cv.major,
+                        minor: cv.minor + 2,
+                    },
                     id: ObjectId::new(),
                     ..c
                 };
@@ -293,7 +343,10 @@ impl Model {
                 }
                 let merged = ModelChunk {
                     max: self.chunks[i + 1].max.clone(),
-                    version: ChunkVersion { major: cv.major, minor: cv.minor + 1 },
+                    version: ChunkVersion {
+                        major: cv.major,
+                        minor: cv.minor + 1,
+                    },
                     ..self.chunks[i].clone()
                 };
                 self.chunks.splice(i..=i + 1, [merged]);
@@ -325,7 +378,13 @@ impl Model {
         out.sort_by_key(|c| c.version);
         out.into_iter()
             .map(|c| {
-                let mut e = chunk(c.min.clone(), c.max.clone(), &c.shard, c.version.major, c.version.minor);
+                let mut e = chunk(
+                    c.min.clone(),
+                    c.max.clone(),
+                    &c.shard,
+                    c.version.major,
+                    c.version.minor,
+                );
                 e.id = c.id;
                 e
             })
@@ -358,7 +417,14 @@ fn assert_matches_model(r: &CollectionRouting, model: &Model) -> Result<(), Test
     let theirs: Vec<(ShardKey, ShardKey, String, ChunkVersion)> = model
         .chunks
         .iter()
-        .map(|c| (ShardKey(vec![c.min.clone()]), ShardKey(vec![c.max.clone()]), c.shard.clone(), c.version))
+        .map(|c| {
+            (
+                ShardKey(vec![c.min.clone()]),
+                ShardKey(vec![c.max.clone()]),
+                c.shard.clone(),
+                c.version,
+            )
+        })
         .collect();
     prop_assert_eq!(ours, theirs);
     prop_assert_eq!(r.collection_version, model.version());
@@ -402,7 +468,7 @@ proptest! {
                     RefreshOutcome::Unchanged => prop_assert!(!changed_since_refresh),
                     RefreshOutcome::Updated(n) => {
                         prop_assert!(changed_since_refresh);
-                        cached = n;
+                        cached = *n;
                     }
                 }
                 changed_since_refresh = false;
@@ -428,7 +494,10 @@ fn generation_is_carried_into_versions() {
     let r = CollectionRouting::full(entry(e), four(), &PRINTER).unwrap();
     assert_eq!(
         r.version().generation,
-        CollectionGeneration { epoch: e, timestamp: ts(100, 1) }
+        CollectionGeneration {
+            epoch: e,
+            timestamp: ts(100, 1)
+        }
     );
     assert_eq!(
         r.shard_version("s0").to_document(),

@@ -33,16 +33,23 @@ fn shard_entries() {
     let e = ShardEntry::from_document(&doc! {"_id": 5, "host": "h:1"}, &PRINTER).unwrap_err();
     assert_eq!(e.code, ErrorCode::TypeMismatch);
     assert!(
-        e.message.ends_with("\"_id\" had the wrong type. Expected string, found int"),
+        e.message
+            .ends_with("\"_id\" had the wrong type. Expected string, found int"),
         "{}",
         e.message
     );
     let e = ShardEntry::from_document(&doc! {"_id": "s", "host": "h:1", "draining": 1}, &PRINTER)
         .unwrap_err();
-    assert!(e.message.ends_with("\"draining\" had the wrong type. Expected bool, found int"));
+    assert!(e
+        .message
+        .ends_with("\"draining\" had the wrong type. Expected bool, found int"));
     let e = ShardEntry::from_document(&doc! {"_id": "s", "host": "h:99999"}, &PRINTER).unwrap_err();
     assert_eq!(e.code, ErrorCode::FailedToParse);
-    assert!(e.message.contains("Invalid shard host h:99999"), "{}", e.message);
+    assert!(
+        e.message.contains("Invalid shard host h:99999"),
+        "{}",
+        e.message
+    );
 }
 
 #[test]
@@ -58,7 +65,8 @@ fn database_entries() {
     with_partitioned.insert("partitioned", true);
     assert!(DatabaseEntry::from_document(&with_partitioned, &PRINTER).is_ok());
 
-    let e = DatabaseEntry::from_document(&doc! {"_id": "app", "version": {}}, &PRINTER).unwrap_err();
+    let e =
+        DatabaseEntry::from_document(&doc! {"_id": "app", "version": {}}, &PRINTER).unwrap_err();
     assert_eq!(e.code, ErrorCode::IdlMissingField);
     assert_eq!(
         e.message,
@@ -72,14 +80,21 @@ fn database_entries() {
     assert!(e.message.ends_with(
         "BSON field 'DatabaseType.version.lastMod' is the wrong type 'string', expected type 'int'"
     ));
-    let e = DatabaseEntry::from_document(&doc! {"_id": "app", "primary": ""}, &PRINTER).unwrap_err();
+    let e =
+        DatabaseEntry::from_document(&doc! {"_id": "app", "primary": ""}, &PRINTER).unwrap_err();
     assert_eq!(e.code, ErrorCode::BadValue);
 }
 
 #[test]
 fn collection_entries() {
     let (e, u) = (ObjectId::new(), Uuid::new());
-    let mut d = collection_doc("db.c", e, ts(100, 2), u, doc! {"region": 1, "_id": "hashed"});
+    let mut d = collection_doc(
+        "db.c",
+        e,
+        ts(100, 2),
+        u,
+        doc! {"region": 1, "_id": "hashed"},
+    );
     d.insert("unique", true);
     d.insert("defaultCollation", doc! {"locale": "simple"});
     let c = CollectionEntry::from_document(&d, &PRINTER).unwrap();
@@ -89,7 +104,10 @@ fn collection_entries() {
     assert_eq!(c.uuid, u);
     assert_eq!(c.pattern.fields().len(), 2);
     assert!(c.unique && !c.unsplittable && c.allow_migrations);
-    assert_eq!(c.default_collation, None, "simple collation is no collation");
+    assert_eq!(
+        c.default_collation, None,
+        "simple collation is no collation"
+    );
     d.insert("defaultCollation", doc! {"locale": "fr"});
     d.insert("unsplittable", true);
     d.insert("allowMigrations", false);
@@ -103,10 +121,26 @@ fn collection_entries() {
 
     let prefix = "Failed to parse CollectionType from config.collections document _id: \"db.c\" :: caused by :: ";
     for (field, msg, code) in [
-        ("uuid", "BSON field 'CollectionType.uuid' is missing but a required field", ErrorCode::IdlMissingField),
-        ("timestamp", "BSON field 'CollectionType.timestamp' is missing but a required field", ErrorCode::IdlMissingField),
-        ("key", "BSON field 'CollectionType.key' is missing but a required field", ErrorCode::IdlMissingField),
-        ("lastmod", "BSON field 'CollectionType.lastmod' is missing but a required field", ErrorCode::IdlMissingField),
+        (
+            "uuid",
+            "BSON field 'CollectionType.uuid' is missing but a required field",
+            ErrorCode::IdlMissingField,
+        ),
+        (
+            "timestamp",
+            "BSON field 'CollectionType.timestamp' is missing but a required field",
+            ErrorCode::IdlMissingField,
+        ),
+        (
+            "key",
+            "BSON field 'CollectionType.key' is missing but a required field",
+            ErrorCode::IdlMissingField,
+        ),
+        (
+            "lastmod",
+            "BSON field 'CollectionType.lastmod' is missing but a required field",
+            ErrorCode::IdlMissingField,
+        ),
     ] {
         let mut bad = collection_doc("db.c", e, ts(1, 1), u, doc! {"_id": 1});
         bad.remove(field);
@@ -122,10 +156,21 @@ fn collection_entries() {
         format!("{prefix}BSON field 'CollectionType.timestamp' is the wrong type 'int', expected type 'timestamp'")
     );
     let mut bad = collection_doc("db.c", e, ts(1, 1), u, doc! {"_id": 1});
-    bad.insert("uuid", bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![0; 16] });
+    bad.insert(
+        "uuid",
+        bson::Binary {
+            subtype: bson::spec::BinarySubtype::Generic,
+            bytes: vec![0; 16],
+        },
+    );
     let err = CollectionEntry::from_document(&bad, &PRINTER).unwrap_err();
     assert_eq!(err.code, ErrorCode::TypeMismatch);
-    assert!(err.message.contains("wrong binData type '0', expected type '4'"), "{}", err.message);
+    assert!(
+        err.message
+            .contains("wrong binData type '0', expected type '4'"),
+        "{}",
+        err.message
+    );
     let bad = collection_doc("db.c", e, ts(1, 1), u, doc! {"a": -1});
     let err = CollectionEntry::from_document(&bad, &PRINTER).unwrap_err();
     assert_eq!(err.code, ErrorCode::BadValue);
@@ -135,7 +180,14 @@ fn collection_entries() {
 }
 
 fn chunk(min: i64, max: i64) -> Document {
-    chunk_doc(Uuid::from_bytes([9; 16]), doc! {"_id": min}, doc! {"_id": max}, "shard0", 2, 3)
+    chunk_doc(
+        Uuid::from_bytes([9; 16]),
+        doc! {"_id": min},
+        doc! {"_id": max},
+        "shard0",
+        2,
+        3,
+    )
 }
 
 #[test]
@@ -157,16 +209,32 @@ fn chunk_entries() {
     assert_eq!(c.to_chunk().version, c.version);
     // An old document whose lastmod is a Date holds the same 64 bits.
     let mut dated = chunk(1, 2);
-    dated.insert("lastmod", bson::DateTime::from_millis(((7u64 << 32) | 4) as i64));
+    dated.insert(
+        "lastmod",
+        bson::DateTime::from_millis(((7u64 << 32) | 4) as i64),
+    );
     let c = ChunkEntry::from_document(&dated, &pattern(), "db.c", &PRINTER).unwrap();
     assert_eq!(c.version, ChunkVersion { major: 7, minor: 4 });
 
     let check = |d: Document, code: ErrorCode, tail: &str| {
         let e = ChunkEntry::from_document(&d, &pattern(), "db.c", &PRINTER).unwrap_err();
         assert_eq!(e.code, code, "{}", e.message);
-        assert!(e.message.starts_with("Failed to parse chunk with id "), "{}", e.message);
-        assert!(e.message.contains("in config.chunks of collection db.c :: caused by :: "), "{}", e.message);
-        assert!(e.message.ends_with(tail), "{} does not end with {tail}", e.message);
+        assert!(
+            e.message.starts_with("Failed to parse chunk with id "),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message
+                .contains("in config.chunks of collection db.c :: caused by :: "),
+            "{}",
+            e.message
+        );
+        assert!(
+            e.message.ends_with(tail),
+            "{} does not end with {tail}",
+            e.message
+        );
     };
     let without = |f: &str| {
         let mut d = chunk(1, 2);
@@ -178,23 +246,67 @@ fn chunk_entries() {
         d.insert(f, v);
         d
     };
-    check(without("shard"), ErrorCode::NoSuchKey, "The field 'shard' is missing");
-    check(with("shard", Bson::Int32(1)), ErrorCode::TypeMismatch, "The field 'shard' cannot be parsed");
-    check(without("uuid"), ErrorCode::NoSuchKey, "Missing expected field \"uuid\"");
+    check(
+        without("shard"),
+        ErrorCode::NoSuchKey,
+        "The field 'shard' is missing",
+    );
+    check(
+        with("shard", Bson::Int32(1)),
+        ErrorCode::TypeMismatch,
+        "The field 'shard' cannot be parsed",
+    );
+    check(
+        without("uuid"),
+        ErrorCode::NoSuchKey,
+        "Missing expected field \"uuid\"",
+    );
     check(
         with("uuid", Bson::String("x".into())),
         ErrorCode::InvalidUUID,
         "UUID must be a 16-byte binary field with UUID (4) subtype",
     );
-    check(with("_id", Bson::String("x".into())), ErrorCode::TypeMismatch, "\"_id\" had the wrong type. Expected objectId, found string");
+    check(
+        with("_id", Bson::String("x".into())),
+        ErrorCode::TypeMismatch,
+        "\"_id\" had the wrong type. Expected objectId, found string",
+    );
     check(without("lastmod"), ErrorCode::NoSuchKey, "No version found");
-    check(with("lastmod", Bson::Int64(5)), ErrorCode::BadValue, "The field lastmod cannot be parsed.");
-    check(with("lastmod", Bson::Timestamp(ts(0, 0))), ErrorCode::NoSuchKey, "missing version field");
-    check(without("min"), ErrorCode::IdlMissingField, "BSON field 'ChunkRange.min' is missing but a required field");
-    check(with("max", Bson::Int32(1)), ErrorCode::TypeMismatch, "BSON field 'ChunkRange.max' is the wrong type 'int', expected type 'object'");
-    check(with("min", Bson::Document(doc! {})), ErrorCode::BadValue, "min field is empty");
-    check(chunk(5, 5), ErrorCode::BadValue, "min: { _id: 5 } should be less than max: { _id: 5 }");
-    check(chunk(6, 5), ErrorCode::BadValue, "min: { _id: 6 } should be less than max: { _id: 5 }");
+    check(
+        with("lastmod", Bson::Int64(5)),
+        ErrorCode::BadValue,
+        "The field lastmod cannot be parsed.",
+    );
+    check(
+        with("lastmod", Bson::Timestamp(ts(0, 0))),
+        ErrorCode::NoSuchKey,
+        "missing version field",
+    );
+    check(
+        without("min"),
+        ErrorCode::IdlMissingField,
+        "BSON field 'ChunkRange.min' is missing but a required field",
+    );
+    check(
+        with("max", Bson::Int32(1)),
+        ErrorCode::TypeMismatch,
+        "BSON field 'ChunkRange.max' is the wrong type 'int', expected type 'object'",
+    );
+    check(
+        with("min", Bson::Document(doc! {})),
+        ErrorCode::BadValue,
+        "min field is empty",
+    );
+    check(
+        chunk(5, 5),
+        ErrorCode::BadValue,
+        "min: { _id: 5 } should be less than max: { _id: 5 }",
+    );
+    check(
+        chunk(6, 5),
+        ErrorCode::BadValue,
+        "min: { _id: 6 } should be less than max: { _id: 5 }",
+    );
     check(
         with("min", Bson::Document(doc! {"x": 1})),
         ErrorCode::BadValue,
@@ -210,7 +322,11 @@ fn chunk_entries() {
         ErrorCode::BadValue,
         "while onCurrentShardSince is Timestamp(6, 1)",
     );
-    check(with("jumbo", Bson::String("yes".into())), ErrorCode::TypeMismatch, "\"jumbo\" had the wrong type. Expected bool, found string");
+    check(
+        with("jumbo", Bson::String("yes".into())),
+        ErrorCode::TypeMismatch,
+        "\"jumbo\" had the wrong type. Expected bool, found string",
+    );
 }
 
 fn any_bson() -> impl Strategy<Value = Bson> {
@@ -226,9 +342,13 @@ fn any_bson() -> impl Strategy<Value = Bson> {
         Just(Bson::ObjectId(ObjectId::from_bytes([1; 12]))),
         Just(Bson::Document(doc! {"_id": 1i64})),
         Just(Bson::Document(doc! {})),
-        Just(Bson::Array(vec![Bson::Document(doc! {"validAfter": ts(1, 1), "shard": "s"})])),
-        proptest::collection::vec(any::<u8>(), 0..20)
-            .prop_map(|b| Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: b })),
+        Just(Bson::Array(vec![Bson::Document(
+            doc! {"validAfter": ts(1, 1), "shard": "s"}
+        )])),
+        proptest::collection::vec(any::<u8>(), 0..20).prop_map(|b| Bson::Binary(bson::Binary {
+            subtype: bson::spec::BinarySubtype::Uuid,
+            bytes: b
+        })),
     ]
 }
 
@@ -246,7 +366,9 @@ fn mutated(base: Document) -> impl Strategy<Value = Document> {
                 if drop[i] {
                     continue;
                 }
-                let v = replace[i].clone().unwrap_or_else(|| base.get(k).cloned().unwrap_or(Bson::Null));
+                let v = replace[i]
+                    .clone()
+                    .unwrap_or_else(|| base.get(k).cloned().unwrap_or(Bson::Null));
                 d.insert(k.clone(), v);
             }
             d
