@@ -81,7 +81,7 @@ fn benches(c: &mut Criterion) {
                 b.iter(|| {
                     let t: Vec<_> = docs.iter().map(|d| target_insert(snap, d, true)).collect();
                     let indexed: Vec<_> = t.iter().enumerate().collect();
-                    plan(&indexed, true, Policy::RetrySafe).send_rounds()
+                    plan(&indexed, true, Policy::RetrySafe, true).send_rounds()
                 })
             },
         );
@@ -95,7 +95,7 @@ fn benches(c: &mut Criterion) {
                 b.iter(|| {
                     let t: Vec<_> = updates.iter().map(|u| target_update(snap, u)).collect();
                     let indexed: Vec<_> = t.iter().enumerate().collect();
-                    plan(&indexed, true, Policy::RetrySafe).send_rounds()
+                    plan(&indexed, true, Policy::RetrySafe, true).send_rounds()
                 })
             },
         );

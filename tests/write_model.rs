@@ -64,6 +64,14 @@ impl Stmt {
 
 type State = BTreeMap<String, BTreeMap<i32, i32>>;
 
+/// The shards that hold documents (a shard emptied again compares equal to one never written).
+fn occupied(s: &State) -> State {
+    s.iter()
+        .filter(|(_, docs)| !docs.is_empty())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// A statement's recorded result: n, nModified, upserted _id.
 type StmtRecord = (i64, i64, Option<Bson>);
 
@@ -159,6 +167,36 @@ impl ChildSender for Model {
                 ordered,
                 outcome: ChildOutcome::Reply(reply),
             }]
+        })
+    }
+
+    /// Removes each inserted document while it still holds the value inserted, as the router
+    /// does on its shards.
+    fn undo_inserts<'a>(
+        &'a self,
+        snap: &'a RoutingSnapshot,
+        statements: Vec<usize>,
+    ) -> sluice::frontend::BoxFuture<'a, Vec<usize>> {
+        Box::pin(async move {
+            let mut state = self.state.lock().unwrap();
+            let mut left = Vec::new();
+            for i in statements {
+                let Stmt::Insert { id, v } = &self.stmts[i] else {
+                    left.push(i);
+                    continue;
+                };
+                let key = ShardKey(vec![Bson::Int64(sluice::routing::hash64(&Bson::Int32(
+                    *id,
+                )))]);
+                let shard = snap.shard_for(&key).unwrap().to_string();
+                let docs = state.entry(shard).or_default();
+                if docs.get(id) == Some(v) {
+                    docs.remove(id);
+                } else {
+                    left.push(i);
+                }
+            }
+            left
         })
     }
 }
@@ -310,12 +348,14 @@ proptest! {
         prop_assert_eq!(p1, Some(PlanKind::Rewrite), "distinct, retry-safe, single-shard statements are rewritten");
         prop_assert_eq!(p2, Some(PlanKind::MongosRounds));
         prop_assert_eq!(&r1, &r2, "identical replies");
-        if !r1.contains_key("writeErrors") {
-            prop_assert_eq!(&s1, &s2, "identical final state");
+        if !r1.contains_key("writeErrors") || kind == WriteKind::Insert {
+            // Inserts applied after an error are undone: the collection ends as mongos rounds
+            // leave it even before any recovery.
+            prop_assert_eq!(occupied(&s1), occupied(&s2), "identical final state");
         } else {
             let f1 = recover(kind, &stmts, &snap, s1, r1, Policy::RetrySafe);
             let f2 = recover(kind, &stmts, &snap, s2, r2, Policy::Off);
-            prop_assert_eq!(f1, f2, "identical final state after the application's recovery");
+            prop_assert_eq!(occupied(&f1), occupied(&f2), "identical final state after the application's recovery");
         }
     }
 }
@@ -332,7 +372,8 @@ fn mongos_round_count_follows_the_formula() {
         let stmts: Vec<Stmt> = (0..1000).map(|i| Stmt::Upsert { id: i, v: 1 }).collect();
         let targeted: Vec<Targeted> = stmts.iter().map(|s| s.target(&snap)).collect();
         let indexed: Vec<(usize, &Targeted)> = targeted.iter().enumerate().collect();
-        let rounds = sluice::write::plan::plan(&indexed, true, Policy::Off).send_rounds() as f64;
+        let rounds =
+            sluice::write::plan::plan(&indexed, true, Policy::Off, true).send_rounds() as f64;
         let p = 1.0 - 1.0 / shards as f64;
         let expected = 1.0 + 999.0 * p;
         let sigma = (999.0 * p * (1.0 - p)).sqrt();
@@ -341,7 +382,7 @@ fn mongos_round_count_follows_the_formula() {
             "S={shards}: {rounds} rounds, expected {expected:.1} ± {sigma:.1}"
         );
         assert_eq!(
-            sluice::write::plan::plan(&indexed, true, Policy::RetrySafe).send_rounds(),
+            sluice::write::plan::plan(&indexed, true, Policy::RetrySafe, true).send_rounds(),
             1
         );
     }

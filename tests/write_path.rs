@@ -21,14 +21,20 @@ fn upserts(n: i32) -> Vec<Bson> {
         .collect()
 }
 
+/// One `update` command as a retryable write (`lsid` + `txnNumber`), as drivers send a bulk of
+/// single-document updates.
 async fn run_update(
     cl: &mongodb::Client,
     coll: &str,
     updates: Vec<Bson>,
     ordered: bool,
 ) -> Document {
+    let mut session = cl.start_session().await.unwrap();
     cl.database("demo")
-        .run_command(doc! {"update": coll, "updates": updates, "ordered": ordered})
+        .run_command(
+            doc! {"update": coll, "updates": updates, "ordered": ordered, "txnNumber": 1i64},
+        )
+        .session(&mut session)
         .await
         .unwrap()
 }
@@ -308,20 +314,44 @@ async fn unsharded_collections_pass_through_to_the_primary() {
 async fn targeting_errors_reach_the_client() {
     let c = TestCluster::start(2, &[("demo.items", doc! {"sk": "hashed"})]).await;
     let cl = common::driver(c.addr(), "").await;
+    let first_error = |r: &Document| {
+        r.get_array("writeErrors").unwrap()[0]
+            .as_document()
+            .unwrap()
+            .get_i32("code")
+            .unwrap()
+    };
+    // A multi-document upsert must pin the full shard key (mongos's 61).
     let r = run_update(
         &cl,
         "items",
         vec![Bson::Document(
-            doc! {"q": {"x": 1}, "u": {"$set": {"a": 1}}},
+            doc! {"q": {"x": 1}, "u": {"$set": {"a": 1}}, "upsert": true, "multi": true},
         )],
         true,
     )
     .await;
-    let e = r.get_array("writeErrors").unwrap()[0]
-        .as_document()
-        .unwrap()
-        .clone();
-    assert_eq!(e.get_i32("code").unwrap(), 72);
+    assert_eq!(first_error(&r), 61);
+    // A multi-document update may not write the shard key (72).
+    let r = run_update(
+        &cl,
+        "items",
+        vec![Bson::Document(
+            doc! {"q": {"x": 1}, "u": {"$set": {"sk": 1}}, "multi": true},
+        )],
+        true,
+    )
+    .await;
+    assert_eq!(first_error(&r), 72);
+    // An array in the shard key (61).
+    let r = cl
+        .database("demo")
+        .run_command(doc! {"insert": "items", "documents": [{"_id": 1, "sk": [1, 2]}]})
+        .await
+        .unwrap();
+    assert_eq!(first_error(&r), 61);
+    // Single-document writes without the shard key run as mongos 8.0 runs them (a write
+    // without shard key): no refusal.
     let r = run_update(
         &cl,
         "items",
@@ -331,21 +361,8 @@ async fn targeting_errors_reach_the_client() {
         true,
     )
     .await;
-    let e = r.get_array("writeErrors").unwrap()[0]
-        .as_document()
-        .unwrap()
-        .clone();
-    assert_eq!(e.get_i32("code").unwrap(), 61);
-    let r = cl
-        .database("demo")
-        .run_command(doc! {"insert": "items", "documents": [{"_id": 1, "sk": [1, 2]}]})
-        .await
-        .unwrap();
-    let e = r.get_array("writeErrors").unwrap()[0]
-        .as_document()
-        .unwrap()
-        .clone();
-    assert_eq!(e.get_i32("code").unwrap(), 61);
+    assert_eq!(r.get_i32("n").unwrap(), 1, "{r}");
+    assert_eq!(r.get_array("upserted").unwrap().len(), 1);
     c.stop().await;
 }
 

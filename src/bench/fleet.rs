@@ -442,8 +442,9 @@ pub fn upserts(tag: &str, n: usize) -> Vec<Bson> {
         .collect()
 }
 
-/// Runs one `update` command of `updates` on `db.coll` and checks that every statement
-/// upserted; returns its wall time.
+/// Runs one `update` command of `updates` on `db.coll` as a retryable write (`lsid` +
+/// `txnNumber`, what drivers send for a bulk of single-document updates by default) and checks
+/// that every statement upserted; returns its wall time.
 pub async fn timed_update(
     c: &mongodb::Client,
     db: &str,
@@ -452,10 +453,14 @@ pub async fn timed_update(
     ordered: bool,
 ) -> anyhow::Result<Duration> {
     let n = updates.len();
+    let mut session = c.start_session().await?;
     let start = Instant::now();
     let reply = c
         .database(db)
-        .run_command(doc! {"update": coll, "updates": updates, "ordered": ordered})
+        .run_command(
+            doc! {"update": coll, "updates": updates, "ordered": ordered, "txnNumber": 1i64},
+        )
+        .session(&mut session)
         .await?;
     let took = start.elapsed();
     let upserted = reply.get_array("upserted").map(|a| a.len()).unwrap_or(0);

@@ -723,6 +723,58 @@ pub fn number_field(doc: &Document, key: &str) -> Option<i64> {
     }
 }
 
+/// Checks one statement of an `update` or `delete` command (`command`) as mongod's parser does
+/// before the command runs any statement, so a malformed statement fails the whole command: `q`
+/// must be a document, an update needs `u`, a delete's `limit` must be 0 or 1. The router and
+/// the embedded shard both check with it, so both answer alike.
+pub fn check_write_statement(command: &str, stmt: &Document) -> Result<(), CommandError> {
+    let field = if command == "update" {
+        "updates"
+    } else {
+        "deletes"
+    };
+    let missing = |name: &str| {
+        CommandError::new(
+            ErrorCode(40414),
+            format!("BSON field '{command}.{field}.{name}' is missing but a required field"),
+        )
+    };
+    match stmt.get("q") {
+        Some(Bson::Document(_)) => {}
+        Some(other) => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                format!(
+                "BSON field '{command}.{field}.q' is the wrong type '{}', expected type 'object'",
+                crate::embedded::update::type_name(other)
+            ),
+            ))
+        }
+        None => return Err(missing("q")),
+    }
+    if command == "update" {
+        if !stmt.contains_key("u") {
+            return Err(missing("u"));
+        }
+        return Ok(());
+    }
+    match stmt.get("limit") {
+        Some(Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_)) => {
+            match number_field(stmt, "limit") {
+                Some(0 | 1) => Ok(()),
+                other => Err(CommandError::new(
+                    ErrorCode::FailedToParse,
+                    format!(
+                        "The limit field in delete objects must be 0 or 1. Got {}",
+                        other.unwrap_or_default()
+                    ),
+                )),
+            }
+        }
+        _ => Err(missing("limit")),
+    }
+}
+
 /// MongoDB's truthiness for option fields: false, 0 and null are false.
 pub fn truthy(value: &Bson) -> bool {
     match value {

@@ -816,7 +816,8 @@ fn args_list(args: &Bson, root: &Document, budget: &mut Budget) -> Result<Vec<Bs
     }
 }
 
-fn truthy(v: &Bson) -> bool {
+/// An expression result's truthiness: null, missing, false and zero are false.
+pub(super) fn truthy(v: &Bson) -> bool {
     let falsy = matches!(v, Bson::Null | Bson::Undefined | Bson::Boolean(false))
         || (is_number(v) && to_f64(v) == 0.0);
     !falsy

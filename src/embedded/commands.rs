@@ -323,8 +323,10 @@ fn insert(
     Ok(out.finish(doc! {"n": n}))
 }
 
-/// The document an upsert inserts: the filter's equality fields, then the update applied.
-fn upsert_document(filter: &Document, upd: &Update) -> Result<Document, EngineError> {
+/// The document an upsert inserts: the filter's equality fields, then the update applied, `_id`
+/// first (generated when neither gives one). The router builds an upsert's document with it
+/// too, when it inserts the document of a write without shard key itself.
+pub fn upsert_document(filter: &Document, upd: &Update) -> Result<Document, EngineError> {
     let mut seed = Document::new();
     match upd {
         Update::Replacement(_) => {
@@ -361,13 +363,7 @@ fn update(
     // Statement shapes are checked before anything runs: a malformed statement fails the
     // whole command, as mongod's parser does.
     for stmt in &batch.stmts {
-        statement_filter(stmt, "update.updates")?;
-        if stmt.get("u").is_none() {
-            return Err(err(
-                ErrorCode(40414),
-                "BSON field 'update.updates.u' is missing but a required field",
-            ));
-        }
+        crate::command::check_write_statement("update", stmt)?;
     }
     let mut cat = lock(&svc.catalog);
     let out = run_statements(svc, retry, batch.stmts.len(), batch.ordered, |i| {
@@ -502,29 +498,10 @@ fn delete(
     let parsed: Vec<(&Document, i64)> = batch
         .stmts
         .iter()
-        .map(|stmt| {
+        .map(|stmt| -> Result<(&Document, i64), EngineError> {
+            crate::command::check_write_statement("delete", stmt)?;
             let q = statement_filter(stmt, "delete.deletes")?;
-            let limit = match stmt.get("limit").and_then(|v| match v {
-                Bson::Int32(i) => Some(*i as i64),
-                Bson::Int64(i) => Some(*i),
-                Bson::Double(d) => Some(*d as i64),
-                _ => None,
-            }) {
-                Some(l @ (0 | 1)) => l,
-                Some(other) => {
-                    return Err(err(
-                        ErrorCode::FailedToParse,
-                        format!("The limit field in delete objects must be 0 or 1. Got {other}"),
-                    ))
-                }
-                None => {
-                    return Err(err(
-                        ErrorCode(40414),
-                        "BSON field 'delete.deletes.limit' is missing but a required field",
-                    ))
-                }
-            };
-            Ok((q, limit))
+            Ok((q, number_field(stmt, "limit").unwrap_or(0)))
         })
         .collect::<Result<_, _>>()?;
     let mut cat = lock(&svc.catalog);

@@ -2,8 +2,9 @@
 //! against documents.
 //!
 //! Supported: `$eq $ne $gt $gte $lt $lte $in $nin $exists $type $and $or $nor $not $regex
-//! $options $elemMatch $size $all $mod $comment`, implicit equality (including against whole
-//! arrays and documents), dotted paths through sub-documents and arrays. Comparisons are
+//! $options $elemMatch $size $all $mod $comment`, `$expr` with the aggregation expressions of
+//! [`super::aggregate`] (an expression that fails to evaluate matches nothing), implicit equality
+//! (including against whole arrays and documents), dotted paths through sub-documents and arrays. Comparisons are
 //! bracketed by type as in MongoDB (`{a: {$gt: 5}}` never matches a string). Anything else is a
 //! `BadValue` error naming the operator.
 
@@ -28,6 +29,8 @@ enum Expr {
     Or(Vec<Expr>),
     Nor(Vec<Expr>),
     Field(String, Vec<Op>),
+    /// `$expr`: an aggregation expression, true when it evaluates truthy.
+    Aggregate(Bson),
 }
 
 #[derive(Debug, Clone)]
@@ -128,6 +131,7 @@ fn parse_doc(filter: &Document) -> Result<Expr, EngineError> {
                 });
             }
             "$comment" => {}
+            "$expr" => parts.push(Expr::Aggregate(value.clone())),
             k if k.starts_with('$') => {
                 return Err(bad(format!("unknown top level operator: {k}")));
             }
@@ -395,6 +399,10 @@ fn eval(e: &Expr, doc: &Document) -> bool {
             let l = lookup(doc, path);
             ops.iter().all(|op| eval_op(op, &l))
         }
+        Expr::Aggregate(e) => super::aggregate::eval(e, doc)
+            .ok()
+            .flatten()
+            .is_some_and(|v| super::aggregate::truthy(&v)),
     }
 }
 

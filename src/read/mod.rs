@@ -120,6 +120,19 @@ async fn read_on(
     Ok(reply)
 }
 
+/// Runs one read command on a shard through its queue, as every shard read does, for readers
+/// outside this module (the write path's lookups): the shard's `{ok: 1}` reply or the error.
+pub async fn read_one(
+    cluster: &Cluster,
+    shard: &str,
+    ns: &str,
+    cmd: &Document,
+) -> Result<Document, CommandError> {
+    read_on(cluster, shard, ns, cmd)
+        .await
+        .map_err(ReadFailure::into_error)
+}
+
 /// One shard's cursor as the router sees it: what it has buffered and whether more remains.
 #[derive(Debug)]
 struct ShardStream {

@@ -1,13 +1,18 @@
 //! Reply merging: child replies in, the client's reply out, no I/O (WRITE-PATH.md section 4).
 //!
-//! Each statement ends in a state: done (with its exact `n`, `nModified` and upserted `_id`),
-//! failed (its write error, index remapped to the client's), stale (to be retargeted), or
-//! pending (not executed). A child reply gives exact per-statement results for inserts and
-//! upserts, but only totals for the other updates and deletes of one child batch: those
-//! statements form a *residual* group whose totals are shared by its members. Totals are
-//! enough unless an ordered reply must count only the statements before the first error and a
-//! group has members on both sides of it; [`Merger::straddlers`] names them so the executor
-//! can resolve them one by one.
+//! Each child reply is kept as an account: its totals (`n`, `nModified`), which of its
+//! statements ran, and the exact result of those whose result the reply tells apart (an insert
+//! counts one; an upsert that inserted is listed in `upserted`). The other updates and deletes
+//! of one child batch share its totals: a *residual*. A statement may run in several child
+//! batches (a broadcast, a `$in` over several shards): each adds its own share, and a shard's
+//! error never hides the others' counts, as mongos sums every child reply.
+//!
+//! The client's counts are the sum of every account, except in an ordered reply cut at its
+//! first error k: then only what statements up to k did counts, which needs a residual's
+//! members on both sides of k to be told apart; [`Merger::straddlers`] names those before k so
+//! the executor can resolve them one by one. Several shards' errors for one statement combine
+//! as mongos combines them: one error, or several with the same code, pass through; different
+//! codes become 65 MultipleErrorsOccurred with every message and `errInfo.causedBy`.
 
 use std::collections::BTreeMap;
 
@@ -45,22 +50,76 @@ pub struct ChildResult {
 
 #[derive(Debug, Clone, PartialEq)]
 enum Stmt {
+    /// Not run anywhere yet.
     Pending,
-    Done {
-        n: i64,
-        n_modified: i64,
-        upserted: Option<Bson>,
-    },
-    Residual(usize),
-    Failed(Document),
+    /// Ran without error on every shard that answered for it so far.
+    Done,
+    /// Failed on at least one shard: the errors, in the order they came.
+    Failed(Vec<Document>),
+    /// Hit stale routing: to be retargeted.
     Stale(Document),
 }
 
-#[derive(Debug, Clone, PartialEq)]
-struct Residual {
+/// The exact result of one statement in one child batch.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Exact {
     n: i64,
     n_modified: i64,
-    members: Vec<usize>,
+}
+
+/// One child reply, as counted.
+#[derive(Debug, Clone, PartialEq)]
+struct Account {
+    n: i64,
+    n_modified: i64,
+    /// Each statement that ran without error (global index), with its exact result when the
+    /// reply tells it apart.
+    ran: Vec<(usize, Option<Exact>)>,
+    /// Upserted `_id`s by global index.
+    upserted: Vec<(usize, Bson)>,
+}
+
+impl Account {
+    /// The totals of the members without an exact result.
+    fn residual(&self) -> Exact {
+        let exact = self
+            .ran
+            .iter()
+            .filter_map(|(_, e)| *e)
+            .fold(Exact::default(), |a, e| Exact {
+                n: a.n + e.n,
+                n_modified: a.n_modified + e.n_modified,
+            });
+        Exact {
+            n: self.n - exact.n,
+            n_modified: self.n_modified - exact.n_modified,
+        }
+    }
+
+    /// What statements up to `limit` did in this child.
+    fn counted_up_to(&self, limit: usize) -> Exact {
+        let mut out = Exact::default();
+        let mut before = false;
+        for (g, e) in &self.ran {
+            match e {
+                Some(e) if *g <= limit => {
+                    out.n += e.n;
+                    out.n_modified += e.n_modified;
+                }
+                Some(_) => {}
+                None if *g <= limit => before = true,
+                None => {}
+            }
+        }
+        // A residual with members on both sides of the limit that was not resolved (the proof
+        // keeps such bulks from being rewritten) is counted when any member counts.
+        if before {
+            let r = self.residual();
+            out.n += r.n;
+            out.n_modified += r.n_modified;
+        }
+        out
+    }
 }
 
 /// Accumulates child results into the client's reply.
@@ -69,15 +128,43 @@ pub struct Merger {
     kind: WriteKind,
     ordered: bool,
     stmts: Vec<Stmt>,
-    residuals: Vec<Residual>,
+    accounts: Vec<Account>,
     wces: Vec<(String, Document)>,
     n_modified_missing: bool,
+    /// Statements applied after the first error that the executor could not undo.
+    not_undone: Vec<usize>,
+    /// Statements applied after the first error that the executor undid.
+    undone: Vec<usize>,
 }
 
 const STALE_CODES: &[i32] = &[13388, 150, 63];
 
 fn error_doc(index: usize, code: ErrorCode, message: &str) -> Document {
     doc! {"index": index as i32, "code": code.0, "errmsg": message}
+}
+
+/// One statement's errors from several shards, as mongos combines them.
+fn combine(index: usize, errors: &[Document]) -> Document {
+    let code = |e: &Document| e.get_i32("code").unwrap_or(0);
+    match errors {
+        [] => error_doc(index, ErrorCode::InternalError, "no error recorded"),
+        [one] => one.clone(),
+        [first, rest @ ..] if rest.iter().all(|e| code(e) == code(first)) => first.clone(),
+        many => {
+            let messages: Vec<&str> = many
+                .iter()
+                .map(|e| e.get_str("errmsg").unwrap_or(""))
+                .collect();
+            let caused_by: Vec<Bson> = many.iter().cloned().map(Bson::Document).collect();
+            let mut d = error_doc(
+                index,
+                ErrorCode::MultipleErrorsOccurred,
+                &format!("multiple errors for op : {}", messages.join(" :: and :: ")),
+            );
+            d.insert("errInfo", doc! {"causedBy": caused_by});
+            d
+        }
+    }
 }
 
 impl Merger {
@@ -87,40 +174,24 @@ impl Merger {
             kind,
             ordered,
             stmts: vec![Stmt::Pending; n],
-            residuals: Vec::new(),
+            accounts: Vec::new(),
             wces: Vec::new(),
             n_modified_missing: false,
+            not_undone: Vec::new(),
+            undone: Vec::new(),
         }
     }
 
     /// Records a targeting error for statement `i`.
     pub fn fail(&mut self, i: usize, code: ErrorCode, message: &str) {
-        if let Some(s) = self.stmts.get_mut(i) {
-            *s = Stmt::Failed(error_doc(i, code, message));
-        }
+        self.mark_error(i, error_doc(i, code, message));
     }
 
-    fn mark_done(&mut self, i: usize, n: i64, n_modified: i64, upserted: Option<Bson>) {
-        match self.stmts.get_mut(i) {
-            Some(Stmt::Done {
-                n: pn,
-                n_modified: pm,
-                upserted: pu,
-            }) => {
-                *pn += n;
-                *pm += n_modified;
-                if pu.is_none() {
-                    *pu = upserted;
-                }
+    fn mark_ran(&mut self, i: usize) {
+        if let Some(s) = self.stmts.get_mut(i) {
+            if matches!(s, Stmt::Pending | Stmt::Stale(_)) {
+                *s = Stmt::Done;
             }
-            Some(s @ (Stmt::Pending | Stmt::Stale(_))) => {
-                *s = Stmt::Done {
-                    n,
-                    n_modified,
-                    upserted,
-                }
-            }
-            _ => {}
         }
     }
 
@@ -129,9 +200,10 @@ impl Merger {
         let stale = err.get_i32("code").is_ok_and(|c| STALE_CODES.contains(&c));
         if let Some(s) = self.stmts.get_mut(i) {
             match s {
+                Stmt::Failed(errors) if !stale => errors.push(err),
                 Stmt::Failed(_) => {}
                 _ if stale => *s = Stmt::Stale(err),
-                _ => *s = Stmt::Failed(err),
+                _ => *s = Stmt::Failed(vec![err]),
             }
         }
     }
@@ -167,9 +239,18 @@ impl Merger {
             }
         }
         let first_error = errors.keys().next().copied();
-        let executed = |ci: usize| match (child.ordered, first_error) {
-            (true, Some(fe)) => ci < fe,
-            _ => !errors.contains_key(&ci),
+        // A shard stops a batch at stale routing even when it is unordered.
+        let first_stale = errors
+            .iter()
+            .find(|(_, e)| e.get_i32("code").is_ok_and(|c| STALE_CODES.contains(&c)))
+            .map(|(ci, _)| *ci);
+        let executed = |ci: usize| {
+            let stop = if child.ordered {
+                first_error
+            } else {
+                first_stale
+            };
+            stop.is_none_or(|s| ci < s) && !errors.contains_key(&ci)
         };
         for (ci, e) in &errors {
             if let Some(&g) = child.statements.get(*ci) {
@@ -184,8 +265,8 @@ impl Merger {
                 }
             }
         }
-        let total_n = crate::command::number_field(reply, "n").unwrap_or(0);
-        let total_mod = match crate::command::number_field(reply, "nModified") {
+        let n = crate::command::number_field(reply, "n").unwrap_or(0);
+        let n_modified = match crate::command::number_field(reply, "nModified") {
             Some(m) => m,
             None => {
                 if self.kind == WriteKind::Update {
@@ -194,40 +275,37 @@ impl Merger {
                 0
             }
         };
-        let mut rest: Vec<usize> = Vec::new();
+        let mut account = Account {
+            n,
+            n_modified,
+            ran: Vec::new(),
+            upserted: Vec::new(),
+        };
         for (ci, &g) in child.statements.iter().enumerate() {
             if !executed(ci) {
                 continue;
             }
-            match self.kind {
-                WriteKind::Insert => self.mark_done(g, 1, 0, None),
-                WriteKind::Update if upserted.contains_key(&ci) => {
-                    self.mark_done(g, 1, 0, upserted.get(&ci).cloned())
-                }
-                _ => rest.push(g),
+            self.mark_ran(g);
+            let exact = match self.kind {
+                WriteKind::Insert => Some(Exact {
+                    n: 1,
+                    n_modified: 0,
+                }),
+                _ => upserted.contains_key(&ci).then_some(Exact {
+                    n: 1,
+                    n_modified: 0,
+                }),
+            };
+            if let Some(id) = upserted.get(&ci) {
+                account.upserted.push((g, id.clone()));
             }
+            account.ran.push((g, exact));
         }
-        if self.kind == WriteKind::Insert {
-            return;
+        // A child batch of one statement tells its result exactly.
+        if let [(_, e @ None)] = account.ran.as_mut_slice() {
+            *e = Some(Exact { n, n_modified });
         }
-        let rest_n = total_n - upserted.len() as i64;
-        match rest.len() {
-            0 => {}
-            1 => self.mark_done(rest[0], rest_n, total_mod, None),
-            _ => {
-                let id = self.residuals.len();
-                for &g in &rest {
-                    if let Some(s) = self.stmts.get_mut(g) {
-                        *s = Stmt::Residual(id);
-                    }
-                }
-                self.residuals.push(Residual {
-                    n: rest_n,
-                    n_modified: total_mod,
-                    members: rest,
-                });
-            }
-        }
+        self.accounts.push(account);
     }
 
     fn fail_child(
@@ -281,17 +359,18 @@ impl Merger {
         out
     }
 
-    /// Fails every stale statement with NoProgressMade (82), as mongos does after 5 rounds.
+    /// Fails every statement still stale or waiting behind one with NoProgressMade (82), as
+    /// mongos does after 5 rounds.
     pub fn give_up_stale(&mut self, ns: &str) {
         for (i, s) in self.stmts.iter_mut().enumerate() {
-            if matches!(s, Stmt::Stale(_)) {
-                *s = Stmt::Failed(error_doc(
+            if matches!(s, Stmt::Stale(_) | Stmt::Pending) {
+                *s = Stmt::Failed(vec![error_doc(
                     i,
                     ErrorCode::NoProgressMade,
                     &format!(
                         "no progress was made executing batch write op in {ns} after 5 rounds"
                     ),
-                ));
+                )]);
             }
         }
     }
@@ -300,63 +379,75 @@ impl Merger {
     pub fn finished(&self) -> usize {
         self.stmts
             .iter()
-            .filter(|s| matches!(s, Stmt::Done { .. } | Stmt::Failed(_) | Stmt::Residual(_)))
+            .filter(|s| matches!(s, Stmt::Done | Stmt::Failed(_)))
             .count()
     }
 
-    /// Members before the first error of residual groups that also have members after it: their
-    /// exact results are needed for an ordered reply.
+    /// Statements before the first error whose result a child reply only totals together with
+    /// statements after it: their exact results are needed for an ordered reply.
     pub fn straddlers(&self) -> Vec<usize> {
         let Some(e) = self.first_error().filter(|_| self.ordered) else {
             return Vec::new();
         };
         let mut out = Vec::new();
-        for r in &self.residuals {
-            let before: Vec<usize> = r.members.iter().copied().filter(|m| *m < e).collect();
-            if !before.is_empty() && before.len() < r.members.len() {
-                out.extend(before);
+        for a in &self.accounts {
+            let residual: Vec<usize> = a
+                .ran
+                .iter()
+                .filter(|(_, x)| x.is_none())
+                .map(|(g, _)| *g)
+                .collect();
+            if residual.iter().any(|g| *g > e) {
+                out.extend(residual.into_iter().filter(|g| *g < e));
             }
         }
         out.sort_unstable();
+        out.dedup();
         out
     }
 
-    /// Records the exact result of a residual member (obtained by resending it alone).
-    pub fn resolve(&mut self, i: usize, n: i64, n_modified: i64, upserted: Option<Bson>) {
-        let Some(Stmt::Residual(id)) = self.stmts.get(i).cloned() else {
-            return;
-        };
-        if let Some(r) = self.residuals.get_mut(id) {
-            r.members.retain(|m| *m != i);
-            r.n -= n;
-            r.n_modified -= n_modified;
+    /// Records the exact result of statement `i` (obtained by resending it alone under its
+    /// statement id).
+    pub fn resolve(&mut self, i: usize, n: i64, n_modified: i64) {
+        for a in &mut self.accounts {
+            for (g, e) in &mut a.ran {
+                if *g == i && e.is_none() {
+                    *e = Some(Exact { n, n_modified });
+                    return;
+                }
+            }
         }
-        self.stmts[i] = Stmt::Done {
-            n,
-            n_modified,
-            upserted,
-        };
     }
 
     /// Whether no statement was applied (every one failed or never ran).
     pub fn nothing_applied(&self) -> bool {
-        !self
-            .stmts
-            .iter()
-            .any(|s| matches!(s, Stmt::Done { .. } | Stmt::Residual(_)))
+        self.accounts.iter().all(|a| a.ran.is_empty())
     }
 
-    /// Statements after the first error that were applied anyway (rewritten bulks only).
+    /// Statements after the first error that ran anyway (rewritten bulks only), minus those
+    /// undone since.
     pub fn applied_after_error(&self) -> Vec<usize> {
         let Some(e) = self.first_error() else {
             return Vec::new();
         };
-        self.stmts
+        let mut out: Vec<usize> = self
+            .accounts
             .iter()
-            .enumerate()
-            .filter(|(i, s)| *i > e && matches!(s, Stmt::Done { .. } | Stmt::Residual(_)))
-            .map(|(i, _)| i)
-            .collect()
+            .flat_map(|a| a.ran.iter().map(|(g, _)| *g))
+            .filter(|g| *g > e && !self.undone.contains(g))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Records which statements applied after the first error were undone (`undone`) and which
+    /// could not be (`not_undone`, reported in the first error's `errInfo.appliedAfterError`).
+    pub fn note_undo(&mut self, undone: &[usize], not_undone: &[usize]) {
+        self.undone.extend_from_slice(undone);
+        self.not_undone.extend_from_slice(not_undone);
+        self.not_undone.sort_unstable();
+        self.not_undone.dedup();
     }
 
     /// The client's reply (without `ok` and cluster time).
@@ -366,59 +457,70 @@ impl Merger {
         } else {
             None
         };
-        let counts = |i: usize| limit.is_none_or(|e| i < e);
         let (mut n, mut n_modified) = (0i64, 0i64);
-        let mut upserted = Vec::new();
-        for (i, s) in self.stmts.iter().enumerate() {
-            if let Stmt::Done {
-                n: sn,
-                n_modified: sm,
-                upserted: su,
-            } = s
-            {
-                if counts(i) {
-                    n += sn;
-                    n_modified += sm;
-                    if let Some(id) = su {
-                        upserted.push(Bson::Document(doc! {"index": i as i32, "_id": id.clone()}));
-                    }
+        let mut upserted: Vec<(usize, Bson)> = Vec::new();
+        for a in &self.accounts {
+            match limit {
+                None => {
+                    n += a.n;
+                    n_modified += a.n_modified;
+                }
+                Some(e) => {
+                    let c = a.counted_up_to(e);
+                    n += c.n;
+                    n_modified += c.n_modified;
                 }
             }
+            upserted.extend(
+                a.upserted
+                    .iter()
+                    .filter(|(g, _)| limit.is_none_or(|e| *g <= e))
+                    .cloned(),
+            );
         }
-        for r in &self.residuals {
-            // A group whose members straddle the first error and were not resolved (only a
-            // non-retryable bulk under the "always" policy) is counted when any member counts.
-            if r.members.iter().any(|m| counts(*m)) {
-                n += r.n;
-                n_modified += r.n_modified;
-            }
-        }
-        let errors: Vec<Bson> = match limit {
-            Some(e) => match &self.stmts[e] {
-                Stmt::Failed(d) => vec![Bson::Document(d.clone())],
-                _ => Vec::new(),
-            },
+        upserted.sort_by_key(|(g, _)| *g);
+        let failed = |i: usize, s: &Stmt| match s {
+            Stmt::Failed(errors) => Some(Bson::Document(combine(i, errors))),
+            _ => None,
+        };
+        let mut errors: Vec<Bson> = match limit {
+            Some(e) => failed(e, &self.stmts[e]).into_iter().collect(),
             None => self
                 .stmts
                 .iter()
-                .filter_map(|s| match s {
-                    Stmt::Failed(d) => Some(Bson::Document(d.clone())),
-                    _ => None,
-                })
+                .enumerate()
+                .filter_map(|(i, s)| failed(i, s))
                 .collect(),
         };
+        if !self.not_undone.is_empty() {
+            if let Some(Bson::Document(first)) = errors.first_mut() {
+                let mut info = first.get_document("errInfo").cloned().unwrap_or_default();
+                info.insert(
+                    "appliedAfterError",
+                    self.not_undone
+                        .iter()
+                        .map(|i| *i as i32)
+                        .collect::<Vec<i32>>(),
+                );
+                first.insert("errInfo", info);
+            }
+        }
         let mut out = doc! {"n": count(n)};
         if self.kind == WriteKind::Update && !self.n_modified_missing {
             out.insert("nModified", count(n_modified));
         }
         if !upserted.is_empty() {
-            out.insert("upserted", upserted);
+            let list: Vec<Bson> = upserted
+                .into_iter()
+                .map(|(g, id)| Bson::Document(doc! {"index": g as i32, "_id": id}))
+                .collect();
+            out.insert("upserted", list);
         }
         let all_failed = errors.len() == self.stmts.len();
-        if !errors.is_empty() {
-            out.insert("writeErrors", errors.clone());
-        }
         let report_wce = errors.is_empty() || (!self.ordered && !all_failed);
+        if !errors.is_empty() {
+            out.insert("writeErrors", std::mem::take(&mut errors));
+        }
         if report_wce {
             if let Some(wce) = merge_write_concern_errors(&self.wces) {
                 out.insert("writeConcernError", wce);
@@ -554,7 +656,7 @@ mod tests {
         ));
         m.add(&child("B", &[1, 3], true, doc! {"n": 1, "nModified": 1, "writeErrors": [{"index": 1, "code": 66, "errmsg": "x"}], "ok": 1.0}));
         assert_eq!(m.straddlers(), vec![0]);
-        m.resolve(0, 1, 0, None);
+        m.resolve(0, 1, 0);
         assert!(m.straddlers().is_empty());
         let r = m.reply();
         // 0 (n 1, mod 0) + 1 (n 1, mod 1) + 2 (upsert) precede the error at 3.
@@ -586,7 +688,11 @@ mod tests {
         let mut m = Merger::new(WriteKind::Insert, false, 3);
         m.add(&child("A", &[0, 1], false, doc! {"n": 0, "writeErrors": [{"index": 0, "code": 13388, "errmsg": "stale"}], "ok": 1.0}));
         assert!(m.has_stale());
-        assert_eq!(m.take_unfinished(), vec![0, 2]);
+        assert_eq!(
+            m.take_unfinished(),
+            vec![0, 1, 2],
+            "a shard stops even an unordered batch at stale routing: 1 never ran"
+        );
         m.add(&child("A", &[0], false, doc! {"n": 0, "writeErrors": [{"index": 0, "code": 13388, "errmsg": "stale"}], "ok": 1.0}));
         m.give_up_stale("d.c");
         let r = m.reply();

@@ -3,10 +3,13 @@
 //! [`target`] decides where each statement goes, [`plan`] turns the statements into rounds of
 //! child batches (mongos rounds, an unordered round, or the proven one-round rewrite), the
 //! executor here sends each round's child batches concurrently over the shard pools, and
-//! [`merge`] builds the client's reply. Targeting, planning and merging are pure; only this
-//! file does I/O. The contract is WRITE-PATH.md.
+//! [`merge`] builds the client's reply. [`lookup`] decides the steps of a single-document write
+//! that must find its document first (mongos 8.0's write without shard key). Targeting,
+//! planning, lookups' decisions and merging are pure; only this file does I/O. The contract is
+//! WRITE-PATH.md; what Sluice chose where it is silent is docs/design/write-path.md.
 
 pub mod coalesce;
+pub mod lookup;
 pub mod merge;
 pub mod plan;
 pub mod target;
@@ -48,8 +51,13 @@ pub struct WriteStats {
     pub child_batches: AtomicU64,
     /// Rounds sent.
     pub rounds: AtomicU64,
-    /// Statements of rewritten bulks applied after the bulk's first error.
+    /// Statements of rewritten bulks applied after the bulk's first error and left applied
+    /// (updates and deletes, and inserts that could not be undone).
     pub applied_after_error: AtomicU64,
+    /// Inserts of rewritten bulks applied after the bulk's first error and undone.
+    pub undone_after_error: AtomicU64,
+    /// Single-document writes looked up first (writes without shard key).
+    pub lookups: AtomicU64,
 }
 
 impl WriteStats {
@@ -71,6 +79,8 @@ impl WriteStats {
             "rounds": g(&self.rounds),
             "childBatches": g(&self.child_batches),
             "appliedAfterError": g(&self.applied_after_error),
+            "undoneAfterError": g(&self.undone_after_error),
+            "writesWithoutShardKey": g(&self.lookups),
         }
     }
 }
@@ -117,10 +127,11 @@ fn statements(req: &CommandRequest, kind: WriteKind) -> Result<Statements, Comma
             }
             _ => {
                 client_id.push(false);
-                parsed.push(
-                    Document::try_from(doc)
-                        .map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?,
-                );
+                let d = Document::try_from(doc)
+                    .map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?;
+                // A malformed statement fails the whole command before anything runs.
+                crate::command::check_write_statement(kind.command(), &d)?;
+                parsed.push(d);
             }
         }
     }
@@ -200,6 +211,39 @@ pub trait ChildSender: Send + Sync {
         statements: Vec<usize>,
         ordered: bool,
     ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>>;
+
+    /// Runs statement `statement`, a single-document write looked up on `shards` first
+    /// ([`lookup`]), and returns its outcome as the result of a child batch holding it alone.
+    fn run_lookup<'a>(
+        &'a self,
+        snap: &'a RoutingSnapshot,
+        statement: usize,
+        shards: Vec<String>,
+    ) -> crate::frontend::BoxFuture<'a, ChildResult> {
+        let _ = snap;
+        Box::pin(async move {
+            ChildResult {
+                shard: shards.first().cloned().unwrap_or_default(),
+                statements: vec![statement],
+                ordered: true,
+                outcome: ChildOutcome::Failed {
+                    code: ErrorCode::CommandNotSupported,
+                    message: "this sender does not look documents up".into(),
+                },
+            }
+        })
+    }
+
+    /// Deletes what the insert statements `statements` inserted, each document only while it
+    /// is still the one inserted; returns the statements whose document is still there.
+    fn undo_inserts<'a>(
+        &'a self,
+        snap: &'a RoutingSnapshot,
+        statements: Vec<usize>,
+    ) -> crate::frontend::BoxFuture<'a, Vec<usize>> {
+        let _ = snap;
+        Box::pin(async move { statements })
+    }
 }
 
 /// What the executor needs to know about a write besides its statements.
@@ -254,7 +298,12 @@ pub async fn run_write(
         let Plan {
             kind: plan_kind,
             rounds,
-        } = plan::plan(&indexed, ordered, spec.policy);
+        } = plan::plan(
+            &indexed,
+            ordered,
+            spec.policy,
+            spec.kind == WriteKind::Insert || spec.retryable,
+        );
         if chosen.is_none() {
             chosen = Some(plan_kind);
             stats.count_plan(plan_kind);
@@ -264,7 +313,9 @@ pub async fn run_write(
                 .iter()
                 .flat_map(|t| match &t.target {
                     target::Target::One(s) => vec![s.as_str()],
-                    target::Target::Many(v) => v.iter().map(|s| s.as_str()).collect(),
+                    target::Target::Many(v) | target::Target::Lookup(v) => {
+                        v.iter().map(|s| s.as_str()).collect()
+                    }
                     target::Target::Error { .. } => Vec::new(),
                 })
                 .collect();
@@ -282,6 +333,18 @@ pub async fn run_write(
                         }
                     }
                     if ordered {
+                        break;
+                    }
+                }
+                Round::Lookup(i, shards) => {
+                    rounds_sent += 1;
+                    stats.rounds.fetch_add(1, Ordering::Relaxed);
+                    stats.lookups.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("sluice_write_without_shard_key_total").increment(1);
+                    let child = sender.run_lookup(&snap, i, shards).await;
+                    stats.child_batches.fetch_add(1, Ordering::Relaxed);
+                    merger.add(&child);
+                    if ordered && (merger.first_error().is_some() || merger.has_stale()) {
                         break;
                     }
                 }
@@ -332,7 +395,7 @@ pub async fn run_write(
         pending = merger.take_unfinished();
     }
     metrics::histogram!("sluice_write_rounds_per_bulk").record(rounds_sent as f64);
-    if chosen == Some(PlanKind::Rewrite) {
+    if chosen == Some(PlanKind::Rewrite) && merger.first_error().is_some() {
         if spec.retryable {
             // Resending a statement alone with its session, transaction number and statement id
             // returns its recorded result: exact counts for a reply cut at the first error.
@@ -348,20 +411,32 @@ pub async fn run_write(
                 }) = results.first()
                 {
                     if r.get_f64("ok").ok() == Some(1.0) && !r.contains_key("writeErrors") {
-                        let up = r
-                            .get_array("upserted")
-                            .ok()
-                            .and_then(|a| a.first())
-                            .and_then(|u| u.as_document())
-                            .and_then(|u| u.get("_id").cloned());
                         merger.resolve(
                             i,
                             number_field(r, "n").unwrap_or(0),
                             number_field(r, "nModified").unwrap_or(0),
-                            up,
                         );
                     }
                 }
+            }
+        }
+        // Inserts after the error are undone, so the collection ends as mongos leaves it and
+        // an application resending the rest meets no document it was told was not inserted.
+        // Updates and deletes stay applied: they passed the proof, a resend converges.
+        if spec.kind == WriteKind::Insert {
+            let late = merger.applied_after_error();
+            if !late.is_empty() {
+                let left = sender.undo_inserts(&snap, late.clone()).await;
+                let undone: Vec<usize> = late.into_iter().filter(|i| !left.contains(i)).collect();
+                stats
+                    .undone_after_error
+                    .fetch_add(undone.len() as u64, Ordering::Relaxed);
+                metrics::counter!("sluice_rewrite_undone_after_error_total")
+                    .increment(undone.len() as u64);
+                if !left.is_empty() {
+                    tracing::warn!(ns = %spec.ns, indexes = ?left, "inserts of a rewritten bulk applied after its first error could not be undone");
+                }
+                merger.note_undo(&undone, &left);
             }
         }
         let late = merger.applied_after_error();
@@ -545,6 +620,99 @@ impl ClusterSender<'_> {
     }
 }
 
+impl ClusterSender<'_> {
+    /// The database and collection names.
+    fn names(&self) -> (&str, &str) {
+        self.ns.split_once('.').unwrap_or(("", self.ns.as_str()))
+    }
+
+    /// A body for another write command on the same collection, with the client's write
+    /// concern (and, when `session`, its session fields).
+    fn other_template(&self, command: &str, session: bool) -> Document {
+        let mut t = doc! {command: self.names().1};
+        let keep: &[&str] = if session {
+            &[
+                "$db",
+                "writeConcern",
+                "bypassDocumentValidation",
+                "comment",
+                "lsid",
+                "txnNumber",
+            ]
+        } else {
+            &["$db", "writeConcern", "comment"]
+        };
+        for k in keep {
+            if let Some(v) = self.template.get(*k) {
+                t.insert(*k, v.clone());
+            }
+        }
+        t
+    }
+
+    fn version(&self, snap: &RoutingSnapshot, shard: &str) -> Option<Document> {
+        self.cluster
+            .is_shard_server(shard)
+            .then(|| snap.shard_version(shard))
+    }
+
+    /// Step one of a lookup: the first shard (in shard order) holding a matching document, and
+    /// that document; or the error of a shard that could not answer.
+    async fn find_one(
+        &self,
+        snap: &RoutingSnapshot,
+        shards: &[String],
+        find: &Document,
+    ) -> Result<Option<(String, Document)>, CommandError> {
+        let db = self.names().0;
+        let futures = shards.iter().map(|s| async move {
+            let mut cmd = find.clone();
+            cmd.insert("$db", db);
+            if let Some(v) = self.version(snap, s) {
+                cmd.insert("shardVersion", v);
+            }
+            (
+                s,
+                crate::read::read_one(self.cluster, s, &self.ns, &cmd).await,
+            )
+        });
+        let mut hit = None;
+        for (shard, result) in crate::backend::join_all(futures).await {
+            if let Some(d) = lookup::found(&result?) {
+                hit = hit.or(Some((shard.clone(), d)));
+            }
+        }
+        Ok(hit)
+    }
+
+    /// The ids of `ids` still on `shard`, or all of them when the shard cannot say.
+    async fn still_there(&self, snap: &RoutingSnapshot, shard: &str, ids: &[Bson]) -> Vec<Bson> {
+        let mut cmd = doc! {
+            "find": self.names().1,
+            "filter": {"_id": {"$in": ids.to_vec()}},
+            "projection": {"_id": 1},
+            "singleBatch": true,
+            "batchSize": ids.len() as i64 + 1,
+            "$db": self.names().0,
+        };
+        if let Some(v) = self.version(snap, shard) {
+            cmd.insert("shardVersion", v);
+        }
+        match crate::read::read_one(self.cluster, shard, &self.ns, &cmd).await {
+            Ok(r) => r
+                .get_document("cursor")
+                .and_then(|c| c.get_array("firstBatch"))
+                .map(|b| {
+                    b.iter()
+                        .filter_map(|d| d.as_document()?.get("_id").cloned())
+                        .collect()
+                })
+                .unwrap_or_else(|_| ids.to_vec()),
+            Err(_) => ids.to_vec(),
+        }
+    }
+}
+
 impl ChildSender for ClusterSender<'_> {
     fn run_shard<'a>(
         &'a self,
@@ -596,6 +764,235 @@ impl ChildSender for ClusterSender<'_> {
                 }
             }
             out
+        })
+    }
+    fn run_lookup<'a>(
+        &'a self,
+        snap: &'a RoutingSnapshot,
+        statement: usize,
+        shards: Vec<String>,
+    ) -> crate::frontend::BoxFuture<'a, ChildResult> {
+        Box::pin(async move {
+            let i = statement;
+            let result = |shard: &str, outcome: ChildOutcome| ChildResult {
+                shard: shard.to_string(),
+                statements: vec![i],
+                ordered: true,
+                outcome,
+            };
+            let first = shards.first().cloned().unwrap_or_default();
+            let Some(stmt) = self.stmts.parsed.get(i) else {
+                return result(
+                    &first,
+                    ChildOutcome::Reply(lookup::nothing_reply(self.kind)),
+                );
+            };
+            let find = lookup::find_command(self.names().1, stmt);
+            let mut last = lookup::nothing_reply(self.kind);
+            for _ in 0..lookup::MAX_ATTEMPTS {
+                let hit = match self.find_one(snap, &shards, &find).await {
+                    Ok(hit) => hit,
+                    Err(e) => {
+                        let reply = lookup::failed_reply(self.kind, e.code, &e.message);
+                        return result(&first, ChildOutcome::Reply(reply));
+                    }
+                };
+                let stmt_ids = self.retryable.then(|| vec![self.stmt_id(i)]);
+                match lookup::decide(
+                    snap,
+                    self.kind,
+                    stmt,
+                    shards.first().map(String::as_str),
+                    hit,
+                ) {
+                    lookup::Step::Nothing => {
+                        return result(
+                            &first,
+                            ChildOutcome::Reply(lookup::nothing_reply(self.kind)),
+                        )
+                    }
+                    lookup::Step::Validate { shard, statement } => {
+                        let outcome = match statement.to_vec() {
+                            Ok(b) => {
+                                let child = ChildSpec {
+                                    template: &self.template,
+                                    kind: self.kind,
+                                    ns: &self.ns,
+                                    ordered: true,
+                                    stmt_ids,
+                                    version: self.version(snap, &shard),
+                                    retryable: self.retryable,
+                                    max_time: self.max_time,
+                                };
+                                send_child(self.cluster, &shard, &child, &[Bytes::from(b)]).await
+                            }
+                            Err(e) => ChildOutcome::Reply(lookup::failed_reply(
+                                self.kind,
+                                ErrorCode::BadValue,
+                                &e.to_string(),
+                            )),
+                        };
+                        return result(&shard, outcome);
+                    }
+                    lookup::Step::Fail { code, message } => {
+                        let reply = lookup::failed_reply(self.kind, code, &message);
+                        return result(&first, ChildOutcome::Reply(reply));
+                    }
+                    lookup::Step::Insert { shard, document } => {
+                        let id = document.get("_id").cloned().unwrap_or(Bson::Null);
+                        let bytes = match document.to_vec() {
+                            Ok(b) => Bytes::from(b),
+                            Err(e) => {
+                                let reply = lookup::failed_reply(
+                                    self.kind,
+                                    ErrorCode::BadValue,
+                                    &e.to_string(),
+                                );
+                                return result(&shard, ChildOutcome::Reply(reply));
+                            }
+                        };
+                        let template = self.other_template("insert", true);
+                        let child = ChildSpec {
+                            template: &template,
+                            kind: WriteKind::Insert,
+                            ns: &self.ns,
+                            ordered: true,
+                            stmt_ids,
+                            version: self.version(snap, &shard),
+                            retryable: self.retryable,
+                            max_time: self.max_time,
+                        };
+                        let outcome = match send_child(self.cluster, &shard, &child, &[bytes]).await
+                        {
+                            ChildOutcome::Reply(r) => {
+                                ChildOutcome::Reply(lookup::upsert_reply(&r, &id))
+                            }
+                            failed => failed,
+                        };
+                        return result(&shard, outcome);
+                    }
+                    lookup::Step::Write { shard, statement } => {
+                        let bytes = match statement.to_vec() {
+                            Ok(b) => Bytes::from(b),
+                            Err(e) => {
+                                let reply = lookup::failed_reply(
+                                    self.kind,
+                                    ErrorCode::BadValue,
+                                    &e.to_string(),
+                                );
+                                return result(&shard, ChildOutcome::Reply(reply));
+                            }
+                        };
+                        let child = ChildSpec {
+                            template: &self.template,
+                            kind: self.kind,
+                            ns: &self.ns,
+                            ordered: true,
+                            stmt_ids,
+                            version: self.version(snap, &shard),
+                            retryable: self.retryable,
+                            max_time: self.max_time,
+                        };
+                        match send_child(self.cluster, &shard, &child, &[bytes]).await {
+                            // The document changed between the two steps: look again.
+                            ChildOutcome::Reply(r) if lookup::went_away(&r) => last = r,
+                            outcome => return result(&shard, outcome),
+                        }
+                    }
+                }
+            }
+            result(&first, ChildOutcome::Reply(last))
+        })
+    }
+
+    fn undo_inserts<'a>(
+        &'a self,
+        snap: &'a RoutingSnapshot,
+        statements: Vec<usize>,
+    ) -> crate::frontend::BoxFuture<'a, Vec<usize>> {
+        Box::pin(async move {
+            // Each document is deleted only while it equals, field for field and in order,
+            // the document inserted (`_id` first, as shards store it).
+            let mut by_shard: std::collections::BTreeMap<String, Vec<(usize, Bson, Bytes)>> =
+                Default::default();
+            let mut left = Vec::new();
+            for i in statements {
+                let Some(raw) = self.stmts.raw.get(i) else {
+                    continue;
+                };
+                let parsed = RawDocument::from_bytes(&raw[..])
+                    .ok()
+                    .and_then(|r| Some((r, Document::try_from(r).ok()?)));
+                let Some((raw_doc, doc)) = parsed else {
+                    left.push(i);
+                    continue;
+                };
+                let shard = match target::target_insert(snap, raw_doc, false).target {
+                    target::Target::One(s) => s,
+                    _ => {
+                        left.push(i);
+                        continue;
+                    }
+                };
+                let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+                let mut stored = doc! {"_id": id.clone()};
+                stored.extend(doc.into_iter().filter(|(k, _)| k != "_id"));
+                let delete = doc! {
+                    "q": {"_id": id.clone(), "$expr": {"$eq": ["$$ROOT", {"$literal": stored}]}},
+                    "limit": 1,
+                };
+                match delete.to_vec() {
+                    Ok(b) => by_shard
+                        .entry(shard)
+                        .or_default()
+                        .push((i, id, Bytes::from(b))),
+                    Err(_) => left.push(i),
+                }
+            }
+            let template = self.other_template("delete", false);
+            let futures = by_shard.into_iter().map(|(shard, items)| {
+                let template = &template;
+                async move {
+                    let raws: Vec<Bytes> = items.iter().map(|(_, _, b)| b.clone()).collect();
+                    let child = ChildSpec {
+                        template,
+                        kind: WriteKind::Delete,
+                        ns: &self.ns,
+                        ordered: false,
+                        stmt_ids: None,
+                        version: self.version(snap, &shard),
+                        retryable: false,
+                        max_time: self.max_time,
+                    };
+                    let all_gone = match send_child(self.cluster, &shard, &child, &raws).await {
+                        ChildOutcome::Reply(r) => {
+                            r.get_f64("ok").ok() == Some(1.0)
+                                && number_field(&r, "n") == Some(items.len() as i64)
+                        }
+                        ChildOutcome::Failed { .. } => false,
+                    };
+                    if all_gone {
+                        return Vec::new();
+                    }
+                    let ids: Vec<Bson> = items.iter().map(|(_, id, _)| id.clone()).collect();
+                    let there = self.still_there(snap, &shard, &ids).await;
+                    items
+                        .iter()
+                        .filter(|(_, id, _)| {
+                            there.iter().any(|t| crate::order::values_equal(t, id))
+                        })
+                        .map(|(i, _, _)| *i)
+                        .collect::<Vec<usize>>()
+                }
+            });
+            left.extend(
+                crate::backend::join_all(futures)
+                    .await
+                    .into_iter()
+                    .flatten(),
+            );
+            left.sort_unstable();
+            left
         })
     }
 }

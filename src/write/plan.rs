@@ -7,6 +7,10 @@
 //! - **unordered**: one round, every shard gets its statements in original order.
 //! - **proven rewrite**: an ordered bulk that is provably order-independent goes out as one
 //!   round, one ordered child batch per shard.
+//!
+//! A single-document write that must be looked up first ([`Target::Lookup`], mongos 8.0's
+//! write without shard key) is a round of its own in every plan: the statements before it
+//! run first, then it, then the rest, so each shard still sees its statements in order.
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -69,6 +73,8 @@ pub enum Round {
     Send(Vec<ShardWork>),
     /// Statement `i` cannot be targeted: it fails, and an ordered bulk stops here.
     Fail(usize),
+    /// Statement `i` is a single-document write looked up on these shards first.
+    Lookup(usize, Vec<String>),
 }
 
 /// A plan: rounds executed one after another.
@@ -85,7 +91,7 @@ impl Plan {
     pub fn send_rounds(&self) -> usize {
         self.rounds
             .iter()
-            .filter(|r| matches!(r, Round::Send(_)))
+            .filter(|r| matches!(r, Round::Send(_) | Round::Lookup(..)))
             .count()
     }
 }
@@ -101,12 +107,23 @@ pub enum ProofFailure {
     DuplicateIdentity,
     /// A statement is not retry-safe.
     NotRetrySafe,
+    /// A shard would run several updates or deletes whose results its reply only totals, and
+    /// nothing can split them afterwards (no `txnNumber` to resend them under).
+    UnresolvableCounts,
     /// The policy forbids rewriting.
     PolicyOff,
 }
 
-/// Checks the proof of WRITE-PATH.md 2 for an ordered bulk.
-pub fn prove(targeted: &[(usize, &Targeted)], policy: Policy) -> Result<(), ProofFailure> {
+/// Checks the proof of WRITE-PATH.md 2 for an ordered bulk. `exact_counts` says whether each
+/// statement's result can be told apart in a child batch's reply: inserts report one by one,
+/// and a retryable write's updates and deletes can be resent alone under their statement ids;
+/// without it a rewrite must not give a shard two statements (an error between them would cut
+/// a total the router cannot split).
+pub fn prove(
+    targeted: &[(usize, &Targeted)],
+    policy: Policy,
+    exact_counts: bool,
+) -> Result<(), ProofFailure> {
     if policy == Policy::Off {
         return Err(ProofFailure::PolicyOff);
     }
@@ -115,6 +132,16 @@ pub fn prove(targeted: &[(usize, &Targeted)], policy: Policy) -> Result<(), Proo
         .all(|(_, t)| matches!(t.target, Target::One(_)))
     {
         return Err(ProofFailure::NotSingleShard);
+    }
+    if !exact_counts {
+        let mut seen = HashSet::new();
+        let shared = targeted.iter().any(|(_, t)| match &t.target {
+            Target::One(s) => !seen.insert(s.as_str()),
+            _ => false,
+        });
+        if shared {
+            return Err(ProofFailure::UnresolvableCounts);
+        }
     }
     if policy == Policy::Always {
         return Ok(());
@@ -167,15 +194,21 @@ fn identities_distinct(ids: &[&Bson]) -> bool {
     ids.iter().all(|id| seen.insert(OrdBson((*id).clone())))
 }
 
-/// Plans statements (global index, targeting), given in original order.
-pub fn plan(targeted: &[(usize, &Targeted)], ordered: bool, policy: Policy) -> Plan {
+/// Plans statements (global index, targeting), given in original order; `exact_counts` as
+/// for [`prove`].
+pub fn plan(
+    targeted: &[(usize, &Targeted)],
+    ordered: bool,
+    policy: Policy,
+    exact_counts: bool,
+) -> Plan {
     if !ordered {
         return Plan {
             kind: PlanKind::Unordered,
             rounds: unordered_rounds(targeted),
         };
     }
-    if prove(targeted, policy).is_ok() {
+    if prove(targeted, policy, exact_counts).is_ok() {
         return Plan {
             kind: PlanKind::Rewrite,
             rounds: per_shard_round(targeted),
@@ -187,22 +220,34 @@ pub fn plan(targeted: &[(usize, &Targeted)], ordered: bool, policy: Policy) -> P
     }
 }
 
-/// One round with every shard's statements in original order; statements that cannot be
-/// targeted fail first.
+/// Rounds with every shard's statements in original order: statements that cannot be targeted
+/// fail first; a lookup splits the rest into the statements before it, itself, and after it.
 fn unordered_rounds(targeted: &[(usize, &Targeted)]) -> Vec<Round> {
     let mut rounds: Vec<Round> = targeted
         .iter()
         .filter(|(_, t)| matches!(t.target, Target::Error { .. }))
         .map(|(i, _)| Round::Fail(*i))
         .collect();
-    let work = group_by_shard(targeted.iter().filter_map(|(i, t)| match &t.target {
-        Target::One(s) => Some(vec![(s.clone(), *i)]),
-        Target::Many(shards) => Some(shards.iter().map(|s| (s.clone(), *i)).collect()),
-        Target::Error { .. } => None,
-    }));
-    if !work.is_empty() {
-        rounds.push(Round::Send(work));
+    let mut segment: Vec<(usize, &Targeted)> = Vec::new();
+    let flush = |segment: &mut Vec<(usize, &Targeted)>, rounds: &mut Vec<Round>| {
+        let work = group_by_shard(segment.drain(..).filter_map(|(i, t)| match &t.target {
+            Target::One(s) => Some(vec![(s.clone(), i)]),
+            Target::Many(shards) => Some(shards.iter().map(|s| (s.clone(), i)).collect()),
+            Target::Lookup(_) | Target::Error { .. } => None,
+        }));
+        if !work.is_empty() {
+            rounds.push(Round::Send(work));
+        }
+    };
+    for &(i, t) in targeted {
+        if let Target::Lookup(shards) = &t.target {
+            flush(&mut segment, &mut rounds);
+            rounds.push(Round::Lookup(i, shards.clone()));
+        } else {
+            segment.push((i, t));
+        }
     }
+    flush(&mut segment, &mut rounds);
     rounds
 }
 
@@ -254,6 +299,12 @@ fn mongos_rounds(targeted: &[(usize, &Targeted)]) -> Vec<Round> {
                     });
                 }
             },
+            Target::Lookup(shards) => {
+                if let Some(w) = current.take() {
+                    rounds.push(Round::Send(vec![w]));
+                }
+                rounds.push(Round::Lookup(*i, shards.clone()));
+            }
             Target::Many(shards) => {
                 if let Some(w) = current.take() {
                     rounds.push(Round::Send(vec![w]));
@@ -337,7 +388,7 @@ mod tests {
             .enumerate()
             .map(|(i, s)| one(s, i as i32))
             .collect();
-        let p = plan(&indexed(&ts), true, Policy::Off);
+        let p = plan(&indexed(&ts), true, Policy::Off, true);
         assert_eq!(p.kind, PlanKind::MongosRounds);
         assert_eq!(p.send_rounds(), 6);
         assert_eq!(
@@ -347,7 +398,7 @@ mod tests {
                 statements: vec![1, 2]
             }])
         );
-        let u = plan(&indexed(&ts), false, Policy::Off);
+        let u = plan(&indexed(&ts), false, Policy::Off, true);
         assert_eq!(u.send_rounds(), 1);
         let Round::Send(work) = &u.rounds[0] else {
             panic!()
@@ -355,7 +406,7 @@ mod tests {
         assert_eq!(work.len(), 3);
         assert_eq!(work[0].statements, vec![0, 4]);
         assert_eq!(work[1].statements, vec![1, 2, 7]);
-        let r = plan(&indexed(&ts), true, Policy::RetrySafe);
+        let r = plan(&indexed(&ts), true, Policy::RetrySafe, true);
         assert_eq!(r.kind, PlanKind::Rewrite);
         assert_eq!(r.rounds, u.rounds);
     }
@@ -364,15 +415,15 @@ mod tests {
     fn proof_failures_fall_back_to_mongos_rounds() {
         let mut dup = vec![one("A", 1), one("B", 2), one("A", 1)];
         assert_eq!(
-            prove(&indexed(&dup), Policy::RetrySafe),
+            prove(&indexed(&dup), Policy::RetrySafe, true),
             Err(ProofFailure::DuplicateIdentity)
         );
         assert_eq!(
-            plan(&indexed(&dup), true, Policy::RetrySafe).kind,
+            plan(&indexed(&dup), true, Policy::RetrySafe, true).kind,
             PlanKind::MongosRounds
         );
         // "always" keeps duplicates in order inside their shard's child batch.
-        let always = plan(&indexed(&dup), true, Policy::Always);
+        let always = plan(&indexed(&dup), true, Policy::Always, true);
         assert_eq!(always.kind, PlanKind::Rewrite);
         let Round::Send(work) = &always.rounds[0] else {
             panic!()
@@ -382,13 +433,13 @@ mod tests {
         dup[2] = one("A", 3);
         dup[1].retry_safe = false;
         assert_eq!(
-            prove(&indexed(&dup), Policy::RetrySafe),
+            prove(&indexed(&dup), Policy::RetrySafe, true),
             Err(ProofFailure::NotRetrySafe)
         );
         dup[1].retry_safe = true;
         dup[1].identity = None;
         assert_eq!(
-            prove(&indexed(&dup), Policy::RetrySafe),
+            prove(&indexed(&dup), Policy::RetrySafe, true),
             Err(ProofFailure::NoIdentity)
         );
         dup[1] = Targeted {
@@ -397,10 +448,10 @@ mod tests {
             retry_safe: true,
         };
         assert_eq!(
-            prove(&indexed(&dup), Policy::Always),
+            prove(&indexed(&dup), Policy::Always, true),
             Err(ProofFailure::NotSingleShard)
         );
-        let p = plan(&indexed(&dup), true, Policy::RetrySafe);
+        let p = plan(&indexed(&dup), true, Policy::RetrySafe, true);
         assert_eq!(p.kind, PlanKind::MongosRounds);
         assert_eq!(
             p.rounds.len(),
@@ -408,7 +459,7 @@ mod tests {
             "the broadcast statement is alone in its round"
         );
         assert_eq!(
-            prove(&indexed(&[one("A", 1)]), Policy::Off),
+            prove(&indexed(&[one("A", 1)]), Policy::Off, true),
             Err(ProofFailure::PolicyOff)
         );
     }
@@ -424,7 +475,7 @@ mod tests {
             retry_safe: false,
         };
         let ts = vec![one("A", 1), one("A", 2), err.clone(), one("B", 3)];
-        let p = plan(&indexed(&ts), true, Policy::RetrySafe);
+        let p = plan(&indexed(&ts), true, Policy::RetrySafe, true);
         assert_eq!(p.kind, PlanKind::MongosRounds);
         assert_eq!(
             p.rounds,
@@ -436,7 +487,7 @@ mod tests {
                 Round::Fail(2),
             ]
         );
-        let u = plan(&indexed(&ts), false, Policy::RetrySafe);
+        let u = plan(&indexed(&ts), false, Policy::RetrySafe, true);
         assert_eq!(u.rounds[0], Round::Fail(2));
         assert_eq!(u.send_rounds(), 1);
     }

@@ -243,3 +243,46 @@ impl TestCluster {
         )
     }
 }
+
+impl TestCluster {
+    /// The routing snapshot of a sharded namespace.
+    pub fn snapshot(&self, ns: &str) -> std::sync::Arc<sluice::routing::RoutingSnapshot> {
+        self.cluster
+            .routing
+            .get(ns)
+            .expect("routing")
+            .expect("sharded")
+    }
+
+    /// The shard that owns `doc`'s shard key in `ns`.
+    pub fn owner(&self, ns: &str, doc: &Document) -> String {
+        let snap = self.snapshot(ns);
+        let bytes = doc.to_vec().expect("document encodes");
+        let raw = bson::RawDocument::from_bytes(&bytes).expect("raw document");
+        let key = snap
+            .pattern
+            .extract_from_document(raw)
+            .expect("document has a shard key");
+        snap.shard_for(&key).expect("a chunk owns it").to_string()
+    }
+
+    /// Every document of `db.coll` on the shards, each checked to sit on the shard that owns
+    /// its key; panics naming the first misplaced one.
+    pub fn placed_documents(&self, db: &str, coll: &str) -> Vec<Document> {
+        let ns = format!("{db}.{coll}");
+        let mut out = Vec::new();
+        for s in &self.shards {
+            for d in s.service().documents(db, coll) {
+                let owner = self.owner(&ns, &d);
+                assert_eq!(
+                    owner,
+                    s.service().name(),
+                    "{d} sits on {} but its key belongs to {owner}",
+                    s.service().name()
+                );
+                out.push(d);
+            }
+        }
+        out
+    }
+}
