@@ -13,6 +13,7 @@
 //!   tests and the benchmarks (memory only, not for production).
 //! - [`order`]: MongoDB's cross-type comparison order for BSON values.
 //!
+//! [`fuzz`] holds the fuzz targets' entry points (replayed by `cargo test`).
 //! [`error_codes`] holds the MongoDB error codes every layer replies with, [`limits`] the
 //! limits MongoDB enforces (nesting depth, path length, batch size, stage memory) and the
 //! iterative measurements that check them, [`sync`] the lock that a panic cannot poison.
@@ -26,6 +27,7 @@ pub mod config;
 pub mod embedded;
 pub mod error_codes;
 pub mod frontend;
+pub mod fuzz;
 pub mod limits;
 pub mod metadata;
 pub mod order;
