@@ -41,6 +41,7 @@ pub mod engine;
 pub mod frontend;
 pub mod fuzz;
 pub mod limits;
+pub mod metadata;
 pub mod read;
 pub mod routing;
 pub mod sync;
