@@ -13,7 +13,7 @@ use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use sluice::backend::topology::Printer;
 use sluice::embedded::{EmbeddedShard, ShardOptions};
-use sluice::engine::update::type_name;
+use sluice::value::field::type_name;
 use sluice::metadata::configsvr::{
     CatalogCache, ConfigDb, ConfigServerSource, RefreshPolicy, ShardVersion, StaleError,
 };
