@@ -268,4 +268,3 @@ impl TransactionTable {
         self.len() == 0
     }
 }
-

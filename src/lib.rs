@@ -25,10 +25,12 @@
 //!    [`write`]: targeting, the pure planner, child batches, reply merging; [`frontend`]: the
 //!    listener and one task per client connection.
 //! 7. [`embedded`]: the embedded shard, an in-memory mongod-compatible server for the demo, the
-//!    tests and the benchmarks (memory only, not for production).
+//!    tests and the benchmarks (memory only, not for production); [`metadata`]: where routing metadata
+//!    comes from (the config server as a routing source).
 //! 8. [`router`]: the router's service — one dispatch, forwarding, sharding administration,
 //!    start-up.
-//! 9. [`bench`]: the `sluice bench` scenarios; `main.rs`: the command line.
+//! 9. [`bench`]: the `sluice bench` scenarios; [`fuzz`]: the fuzz targets' entry points (replayed
+//!    by `cargo test`); `main.rs`: the command line.
 
 pub mod auth;
 pub mod backend;
@@ -39,7 +41,9 @@ pub mod config;
 pub mod embedded;
 pub mod engine;
 pub mod frontend;
+pub mod fuzz;
 pub mod limits;
+pub mod metadata;
 pub mod read;
 pub mod router;
 pub mod routing;

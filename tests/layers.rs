@@ -179,9 +179,7 @@ fn strip(src: &str) -> String {
             };
             match close {
                 Some(end) => {
-                    for _ in i..=end {
-                        out.push(b' ');
-                    }
+                    out.extend(std::iter::repeat_n(b' ', end + 1 - i));
                     i = end + 1;
                 }
                 None => {

@@ -12,7 +12,6 @@ pub mod server_info;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bson::{doc, oid::ObjectId, Bson, Document, Timestamp};

@@ -661,7 +661,7 @@ fn command_label(name: &str) -> &'static str {
 }
 
 /// Builds the dispatcher's view of an OP_MSG: the command name and `$db`.
-fn command_request(msg: &OpMsg) -> Result<CommandRequest, CommandError> {
+pub fn command_request(msg: &OpMsg) -> Result<CommandRequest, CommandError> {
     let name = msg.body.first_key().unwrap_or_default().to_string();
     let db = match msg.body.raw().get("$db") {
         Ok(Some(bson::RawBsonRef::String(db))) => db.to_string(),

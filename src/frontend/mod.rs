@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use crate::command::{ClientState, CommandRequest, ServerState};
 use crate::config::Config;
 
+pub use connection::command_request;
 pub use listener::bind;
 
 /// A boxed future, as returned by [`Service::handle`].

@@ -288,7 +288,8 @@ pub async fn start_router(
     if let Some(c) = &cluster {
         c.set_stage_memory(config.stage_memory_bytes);
     }
-    crate::frontend::start_service(config, argv, |state| Arc::new(Router::new(state, cluster))).await
+    crate::frontend::start_service(config, argv, |state| Arc::new(Router::new(state, cluster)))
+        .await
 }
 
 /// Opens the metadata, registers the shards (refusing a list that contradicts persisted

@@ -104,6 +104,7 @@ named {
     BalancerInterrupted = 194,
     NetworkInterfaceExceededTimeLimit = 202,
     NoSuchSession = 206,
+    InvalidUUID = 207,
     IllegalOpMsgFlag = 223,
     TooManyDocumentSequences = 233,
     CursorKilled = 237,

@@ -1,0 +1,4 @@
+//! Fuzz target `aggregate`: see `sluice::fuzz::aggregate`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sluice::fuzz::aggregate(data));
