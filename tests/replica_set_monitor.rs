@@ -92,7 +92,8 @@ impl FakeMember {
                     return;
                 };
                 let ctx = ctx.clone();
-                let conn = tokio::spawn(serve(socket, ctx.0, ctx.1, ctx.2.subscribe(), ctx.3, ctx.4));
+                let conn =
+                    tokio::spawn(serve(socket, ctx.0, ctx.1, ctx.2.subscribe(), ctx.3, ctx.4));
                 tasks.lock().unwrap().push(conn);
             }
         });
@@ -290,8 +291,15 @@ async fn embedded_shard_is_a_one_member_set_discovered_from_its_seed() {
     let addr = shard.local_addr().to_string();
     let m = monitor(&format!("rs0/{addr}"), settings(500));
     let me = HostAddr::parse(&addr).unwrap();
-    assert!(until(&m, Duration::from_secs(10), |m| primary(m) == Some(me.clone())).await);
-    assert_eq!(m.with_topology(|t| t.kind()), TopologyKind::ReplicaSetWithPrimary);
+    assert!(
+        until(&m, Duration::from_secs(10), |m| primary(m)
+            == Some(me.clone()))
+        .await
+    );
+    assert_eq!(
+        m.with_topology(|t| t.kind()),
+        TopologyKind::ReplicaSetWithPrimary
+    );
     assert_eq!(m.monitored(), vec![me.clone()]);
     // The shard reports a topologyVersion: the monitor streams, and a member answering an
     // awaitable hello at once is never checked in a tight loop.
@@ -301,26 +309,49 @@ async fn embedded_shard_is_a_one_member_set_discovered_from_its_seed() {
     assert!(c.polls + c.awaitable <= 8, "checks in 1.5 s: {c:?}");
     // A shard of another set is not this set's member.
     let other = monitor(&format!("other/{addr}"), settings(500));
-    assert!(until(&other, Duration::from_secs(10), |m| m.monitored().is_empty()).await);
+    assert!(
+        until(&other, Duration::from_secs(10), |m| m
+            .monitored()
+            .is_empty())
+        .await
+    );
     assert!(other.with_topology(|t| t.members().count()) == 0);
 }
 
 #[tokio::test]
 async fn discovers_the_set_from_one_seed_and_stops_monitors_of_removed_members() {
     let (a, b, c) = three(true).await;
-    a.set(Role::Primary { election: election(1) }, &[&a, &b, &c], None);
+    a.set(
+        Role::Primary {
+            election: election(1),
+        },
+        &[&a, &b, &c],
+        None,
+    );
     b.set(Role::Secondary, &[&a, &b, &c], Some(&a));
     c.set(Role::Secondary, &[&a, &b, &c], Some(&a));
     let m = monitor(&format!("rs0/{}", b.addr), settings(500));
-    assert!(until(&m, Duration::from_secs(10), |m| primary(m) == Some(a.host())).await);
+    assert!(
+        until(&m, Duration::from_secs(10), |m| primary(m)
+            == Some(a.host()))
+        .await
+    );
     let mut all = vec![a.host(), b.host(), c.host()];
     all.sort();
     assert!(until(&m, Duration::from_secs(10), |m| m.monitored() == all).await);
-    assert!(until(&m, Duration::from_secs(10), |m| kind_of(m, &c.host())
-        == Some(ServerType::RsSecondary))
-    .await);
+    assert!(
+        until(&m, Duration::from_secs(10), |m| kind_of(m, &c.host())
+            == Some(ServerType::RsSecondary))
+        .await
+    );
     // The primary drops c from the set: c is removed and its monitor stopped.
-    a.set(Role::Primary { election: election(1) }, &[&a, &b], None);
+    a.set(
+        Role::Primary {
+            election: election(1),
+        },
+        &[&a, &b],
+        None,
+    );
     let mut two = vec![a.host(), b.host()];
     two.sort();
     assert!(until(&m, Duration::from_secs(10), |m| m.monitored() == two).await);
@@ -331,11 +362,24 @@ async fn discovers_the_set_from_one_seed_and_stops_monitors_of_removed_members()
 async fn a_primary_change_is_followed_within_a_heartbeat_when_polling() {
     // No topologyVersion: the members are polled every heartbeat (500 ms).
     let (a, b, c) = three(false).await;
-    a.set(Role::Primary { election: election(1) }, &[&a, &b, &c], None);
+    a.set(
+        Role::Primary {
+            election: election(1),
+        },
+        &[&a, &b, &c],
+        None,
+    );
     b.set(Role::Secondary, &[&a, &b, &c], Some(&a));
     c.set(Role::Secondary, &[&a, &b, &c], Some(&a));
-    let m = monitor(&format!("rs0/{},{},{}", a.addr, b.addr, c.addr), settings(500));
-    assert!(until(&m, Duration::from_secs(10), |m| primary(m) == Some(a.host())).await);
+    let m = monitor(
+        &format!("rs0/{},{},{}", a.addr, b.addr, c.addr),
+        settings(500),
+    );
+    assert!(
+        until(&m, Duration::from_secs(10), |m| primary(m)
+            == Some(a.host()))
+        .await
+    );
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let ca = m.counts(&a.host());
     assert_eq!(ca.awaitable, 0, "{ca:?}");
@@ -343,38 +387,80 @@ async fn a_primary_change_is_followed_within_a_heartbeat_when_polling() {
     assert_eq!(a.awaitable_seen.load(Ordering::SeqCst), 0);
     // a steps down, b wins the next election.
     a.set(Role::Secondary, &[&a, &b, &c], Some(&b));
-    b.set(Role::Primary { election: election(2) }, &[&a, &b, &c], None);
+    b.set(
+        Role::Primary {
+            election: election(2),
+        },
+        &[&a, &b, &c],
+        None,
+    );
     let changed = Instant::now();
-    assert!(until(&m, Duration::from_secs(10), |m| primary(m) == Some(b.host())).await);
+    assert!(
+        until(&m, Duration::from_secs(10), |m| primary(m)
+            == Some(b.host()))
+        .await
+    );
     let took = changed.elapsed();
     // One heartbeat plus a round trip, with room for a loaded machine.
-    assert!(took < Duration::from_millis(2500), "followed after {took:?}");
-    assert!(until(&m, Duration::from_secs(5), |m| kind_of(m, &a.host())
-        == Some(ServerType::RsSecondary))
-    .await);
+    assert!(
+        took < Duration::from_millis(2500),
+        "followed after {took:?}"
+    );
+    assert!(
+        until(&m, Duration::from_secs(5), |m| kind_of(m, &a.host())
+            == Some(ServerType::RsSecondary))
+        .await
+    );
 }
 
 #[tokio::test]
 async fn awaitable_hello_streams_a_step_down_long_before_the_heartbeat() {
     // Heartbeat a minute: only streaming can see the change in time.
     let (a, b, c) = three(true).await;
-    a.set(Role::Primary { election: election(1) }, &[&a, &b, &c], None);
+    a.set(
+        Role::Primary {
+            election: election(1),
+        },
+        &[&a, &b, &c],
+        None,
+    );
     b.set(Role::Secondary, &[&a, &b, &c], Some(&a));
     c.set(Role::Secondary, &[&a, &b, &c], Some(&a));
-    let m = monitor(&format!("rs0/{},{},{}", a.addr, b.addr, c.addr), settings(60_000));
-    assert!(until(&m, Duration::from_secs(10), |m| primary(m) == Some(a.host())
-        && m.with_topology(|t| t.members().all(|x| x.server_type() != ServerType::Unknown)))
-    .await);
+    let m = monitor(
+        &format!("rs0/{},{},{}", a.addr, b.addr, c.addr),
+        settings(60_000),
+    );
+    assert!(
+        until(&m, Duration::from_secs(10), |m| primary(m)
+            == Some(a.host())
+            && m.with_topology(|t| t
+                .members()
+                .all(|x| x.server_type() != ServerType::Unknown)))
+        .await
+    );
     // Wait until every monitor has an awaitable hello in flight.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while [&a, &b, &c].iter().any(|x| x.awaitable_seen.load(Ordering::SeqCst) == 0) {
+    while [&a, &b, &c]
+        .iter()
+        .any(|x| x.awaitable_seen.load(Ordering::SeqCst) == 0)
+    {
         assert!(Instant::now() < deadline, "no awaitable hello was sent");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     a.set(Role::Secondary, &[&a, &b, &c], Some(&c));
-    c.set(Role::Primary { election: election(2) }, &[&a, &b, &c], None);
+    c.set(
+        Role::Primary {
+            election: election(2),
+        },
+        &[&a, &b, &c],
+        None,
+    );
     let changed = Instant::now();
-    assert!(until(&m, Duration::from_secs(10), |m| primary(m) == Some(c.host())).await);
+    assert!(
+        until(&m, Duration::from_secs(10), |m| primary(m)
+            == Some(c.host()))
+        .await
+    );
     assert!(
         changed.elapsed() < Duration::from_secs(5),
         "seen after {:?}",
@@ -389,19 +475,41 @@ async fn awaitable_hello_streams_a_step_down_long_before_the_heartbeat() {
 #[tokio::test]
 async fn a_stale_primary_with_an_older_election_id_is_ignored() {
     let (a, b, c) = three(true).await;
-    a.set(Role::Primary { election: election(5) }, &[&a, &b, &c], None);
+    a.set(
+        Role::Primary {
+            election: election(5),
+        },
+        &[&a, &b, &c],
+        None,
+    );
     b.set(Role::Secondary, &[&a, &b, &c], Some(&a));
     c.set(Role::Secondary, &[&a, &b, &c], Some(&a));
-    let m = monitor(&format!("rs0/{},{},{}", a.addr, b.addr, c.addr), settings(500));
-    assert!(until(&m, Duration::from_secs(10), |m| primary(m) == Some(a.host())
-        && kind_of(m, &b.host()) == Some(ServerType::RsSecondary))
-    .await);
+    let m = monitor(
+        &format!("rs0/{},{},{}", a.addr, b.addr, c.addr),
+        settings(500),
+    );
+    assert!(
+        until(&m, Duration::from_secs(10), |m| primary(m)
+            == Some(a.host())
+            && kind_of(m, &b.host()) == Some(ServerType::RsSecondary))
+        .await
+    );
     // b still answers as the primary of an older term.
-    b.set(Role::Primary { election: election(4) }, &[&a, &b, &c], None);
+    b.set(
+        Role::Primary {
+            election: election(4),
+        },
+        &[&a, &b, &c],
+        None,
+    );
     let v = m.with_topology(|t| t.version());
-    assert!(until(&m, Duration::from_secs(10), |m| m.with_topology(|t| t.version()) > v
-        && kind_of(m, &b.host()) == Some(ServerType::Unknown))
-    .await);
+    assert!(
+        until(&m, Duration::from_secs(10), |m| m
+            .with_topology(|t| t.version())
+            > v
+            && kind_of(m, &b.host()) == Some(ServerType::Unknown))
+        .await
+    );
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(primary(&m), Some(a.host()));
     assert_ne!(kind_of(&m, &b.host()), Some(ServerType::RsPrimary));
@@ -411,30 +519,56 @@ async fn a_stale_primary_with_an_older_election_id_is_ignored() {
     );
     // A newer term wins.
     a.set(Role::Secondary, &[&a, &b, &c], Some(&b));
-    b.set(Role::Primary { election: election(6) }, &[&a, &b, &c], None);
-    assert!(until(&m, Duration::from_secs(10), |m| primary(m) == Some(b.host())).await);
+    b.set(
+        Role::Primary {
+            election: election(6),
+        },
+        &[&a, &b, &c],
+        None,
+    );
+    assert!(
+        until(&m, Duration::from_secs(10), |m| primary(m)
+            == Some(b.host()))
+        .await
+    );
 }
 
 #[tokio::test]
 async fn a_member_that_goes_away_is_unknown_and_the_primary_is_lost() {
     let (a, b, c) = three(true).await;
-    a.set(Role::Primary { election: election(1) }, &[&a, &b, &c], None);
+    a.set(
+        Role::Primary {
+            election: election(1),
+        },
+        &[&a, &b, &c],
+        None,
+    );
     b.set(Role::Secondary, &[&a, &b, &c], Some(&a));
     c.set(Role::Secondary, &[&a, &b, &c], Some(&a));
-    let m = monitor(&format!("rs0/{},{},{}", a.addr, b.addr, c.addr), settings(500));
-    assert!(until(&m, Duration::from_secs(10), |m| primary(m) == Some(a.host())
-        && kind_of(m, &b.host()) == Some(ServerType::RsSecondary))
-    .await);
+    let m = monitor(
+        &format!("rs0/{},{},{}", a.addr, b.addr, c.addr),
+        settings(500),
+    );
+    assert!(
+        until(&m, Duration::from_secs(10), |m| primary(m)
+            == Some(a.host())
+            && kind_of(m, &b.host()) == Some(ServerType::RsSecondary))
+        .await
+    );
     b.kill();
-    assert!(until(&m, Duration::from_secs(10), |m| kind_of(m, &b.host())
-        == Some(ServerType::Unknown))
-    .await);
+    assert!(
+        until(&m, Duration::from_secs(10), |m| kind_of(m, &b.host())
+            == Some(ServerType::Unknown))
+        .await
+    );
     // Still a member (the primary lists it), still monitored.
     assert!(m.monitored().contains(&b.host()));
     a.kill();
-    assert!(until(&m, Duration::from_secs(10), |m| primary(m).is_none()
-        && kind_of(m, &a.host()) == Some(ServerType::Unknown))
-    .await);
+    assert!(
+        until(&m, Duration::from_secs(10), |m| primary(m).is_none()
+            && kind_of(m, &a.host()) == Some(ServerType::Unknown))
+        .await
+    );
     assert_eq!(
         m.with_topology(|t| t.kind()),
         TopologyKind::ReplicaSetNoPrimary
@@ -451,9 +585,12 @@ async fn waiters_for_a_primary_wake_when_one_is_elected() {
         &format!("rs0/{},{},{}", a.addr, b.addr, c.addr),
         settings(60_000),
     ));
-    assert!(until(&m, Duration::from_secs(10), |m| m
-        .with_topology(|t| t.members().all(|x| x.server_type() == ServerType::RsSecondary)))
-    .await);
+    assert!(
+        until(&m, Duration::from_secs(10), |m| m.with_topology(|t| t
+            .members()
+            .all(|x| x.server_type() == ServerType::RsSecondary)))
+        .await
+    );
     // Bounded by the operation's deadline: MaxTimeMSExpired.
     let e = m
         .select(
@@ -473,7 +610,13 @@ async fn waiters_for_a_primary_wake_when_one_is_elected() {
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(waiters.iter().all(|w| !w.is_finished()));
-    b.set(Role::Primary { election: election(1) }, &[&a, &b, &c], None);
+    b.set(
+        Role::Primary {
+            election: election(1),
+        },
+        &[&a, &b, &c],
+        None,
+    );
     let elected = Instant::now();
     for w in waiters {
         let got = tokio::time::timeout(Duration::from_secs(8), w)
@@ -488,17 +631,37 @@ async fn waiters_for_a_primary_wake_when_one_is_elected() {
 #[tokio::test]
 async fn a_not_primary_error_from_the_data_path_marks_the_member_and_checks_at_once() {
     let (a, b, c) = three(false).await;
-    a.set(Role::Primary { election: election(1) }, &[&a, &b, &c], None);
+    a.set(
+        Role::Primary {
+            election: election(1),
+        },
+        &[&a, &b, &c],
+        None,
+    );
     b.set(Role::Secondary, &[&a, &b, &c], Some(&a));
     c.set(Role::Secondary, &[&a, &b, &c], Some(&a));
     // Polling every 60 s: only the requested check can find the new primary in time.
-    let m = monitor(&format!("rs0/{},{},{}", a.addr, b.addr, c.addr), settings(60_000));
-    assert!(until(&m, Duration::from_secs(10), |m| primary(m) == Some(a.host())
-        && m.with_topology(|t| t.members().all(|x| x.server_type() != ServerType::Unknown)))
-    .await);
+    let m = monitor(
+        &format!("rs0/{},{},{}", a.addr, b.addr, c.addr),
+        settings(60_000),
+    );
+    assert!(
+        until(&m, Duration::from_secs(10), |m| primary(m)
+            == Some(a.host())
+            && m.with_topology(|t| t
+                .members()
+                .all(|x| x.server_type() != ServerType::Unknown)))
+        .await
+    );
     tokio::time::sleep(Duration::from_millis(600)).await;
     a.set(Role::Secondary, &[&a, &b, &c], Some(&b));
-    b.set(Role::Primary { election: election(2) }, &[&a, &b, &c], None);
+    b.set(
+        Role::Primary {
+            election: election(2),
+        },
+        &[&a, &b, &c],
+        None,
+    );
     let generation = m.with_topology(|t| t.member(&a.host()).map(|x| x.pool_generation()));
     let update = m.report_application_error(
         &a.host(),

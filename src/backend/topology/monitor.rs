@@ -210,7 +210,12 @@ impl ShardMonitor {
         let mut changes = self.subscribe();
         let wait = {
             let topology = lock(&self.inner.topology);
-            MemberWait::new(need, Instant::now(), topology.settings(), operation_deadline)
+            MemberWait::new(
+                need,
+                Instant::now(),
+                topology.settings(),
+                operation_deadline,
+            )
         };
         loop {
             changes.borrow_and_update();
