@@ -226,7 +226,7 @@ impl TransactionTable {
             entries.retain(|_, e| e.last_used.elapsed() < TRANSACTION_IDLE_TIMEOUT);
             if entries.len() >= MAX_TRANSACTIONS {
                 return Err(crate::command::CommandError::new(
-                    crate::error_codes::ErrorCode::TooManyLogicalSessions,
+                    crate::value::error_codes::ErrorCode::TooManyLogicalSessions,
                     format!("Unable to start a transaction because the router already tracks {MAX_TRANSACTIONS} open transactions"),
                 ));
             }

@@ -27,10 +27,10 @@ use bytes::Bytes;
 
 use crate::command::{ClientState, ServerState};
 use crate::config::Config;
-use crate::embedded::aggregate::{self, AggregateOptions};
-use crate::embedded::matcher::Matcher;
-use crate::embedded::update::Update;
 use crate::embedded::{ShardOptions, ShardService};
+use crate::engine::aggregate::{self, AggregateOptions};
+use crate::engine::matcher::Matcher;
+use crate::engine::update::Update;
 use crate::frontend::Service;
 use crate::wire::{self, Compressor, OpMsgBuilder};
 
@@ -602,7 +602,7 @@ pub fn matcher(data: &[u8]) {
             let _ = m.matches(d);
         }
     }
-    let _ = crate::embedded::matcher::equality_fields(&filter);
+    let _ = crate::engine::matcher::equality_fields(&filter);
 }
 
 /// Update documents: parsed, applied to generated documents (as an update and as an upsert),

@@ -47,7 +47,7 @@ pub const DEFAULT_STAGE_MEMORY_BYTES: usize = 100 * 1024 * 1024;
 /// The largest document an engine result may be once encoded: a user document plus the room
 /// mongod allows internal documents (`BSONObjMaxInternalSize`; BSONObjectTooLarge, 10334,
 /// beyond it).
-pub const MAX_INTERNAL_DOCUMENT_SIZE: usize = crate::wire::MAX_BSON_INTERNAL_SIZE;
+pub const MAX_INTERNAL_DOCUMENT_SIZE: usize = 16 * 1024 * 1024 + 16 * 1024;
 
 /// Longest database name (`DatabaseName::kMaxDatabaseNameLength`).
 pub const MAX_DATABASE_NAME_LEN: usize = 63;

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use bson::{doc, Bson, Document};
 
-use super::{number_field, truthy, ClientState, CommandError, CommandRequest, ServerState};
-use crate::error_codes::ErrorCode;
+use super::{ClientState, CommandError, CommandRequest, ServerState};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{number_field, truthy};
 use crate::wire::{Compressor, MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE};
 
 /// Highest wire version Sluice speaks: MongoDB 8.0's.

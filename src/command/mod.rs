@@ -20,7 +20,9 @@ use bson::{doc, oid::ObjectId, Bson, Document, Timestamp};
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::error_codes::ErrorCode;
+use crate::engine::EngineError;
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::number_field;
 use crate::wire::{BsonDoc, Compressor, DocumentSequence};
 
 /// What one command failed with: the `{ok: 0, errmsg, code, codeName}` reply.
@@ -64,16 +66,23 @@ impl CommandError {
 
     /// The reply document for this error.
     pub fn to_reply(&self) -> Document {
-        let mut d = doc! {
-            "ok": 0.0,
-            "errmsg": &self.message,
-            "code": self.code.0,
-            "codeName": self.code.name(),
-        };
+        let mut d = self.code.error_reply(&self.message);
         if !self.labels.is_empty() {
             d.insert("errorLabels", self.labels.clone());
         }
         d
+    }
+}
+
+impl From<EngineError> for CommandError {
+    fn from(e: EngineError) -> Self {
+        CommandError::new(e.code, e.message)
+    }
+}
+
+impl From<CommandError> for EngineError {
+    fn from(e: CommandError) -> Self {
+        EngineError::new(e.code, e.message)
     }
 }
 
@@ -544,7 +553,7 @@ pub fn session_id(lsid: &Document) -> Result<[u8; 16], CommandError> {
             ErrorCode::TypeMismatch,
             format!(
                 "BSON field 'OperationSessionInfo.lsid.id' is the wrong type '{}', expected type 'binData'",
-                crate::embedded::update::type_name(other)
+                crate::value::field::type_name(other)
             ),
         )),
         None => Err(CommandError::new(
@@ -713,16 +722,6 @@ pub fn append_cluster_time(state: &ServerState, reply: &mut Document) {
     reply.insert("operationTime", t);
 }
 
-/// Reads a field that must be a number, as an `i64` (doubles are truncated as mongod does).
-pub fn number_field(doc: &Document, key: &str) -> Option<i64> {
-    match doc.get(key)? {
-        Bson::Int32(v) => Some(*v as i64),
-        Bson::Int64(v) => Some(*v),
-        Bson::Double(v) if v.is_finite() => Some(*v as i64),
-        _ => None,
-    }
-}
-
 /// Checks one statement of an `update` or `delete` command (`command`) as mongod's parser does
 /// before the command runs any statement, so a malformed statement fails the whole command: `q`
 /// must be a document, an update needs `u`, a delete's `limit` must be 0 or 1. The router and
@@ -746,7 +745,7 @@ pub fn check_write_statement(command: &str, stmt: &Document) -> Result<(), Comma
                 ErrorCode::TypeMismatch,
                 format!(
                 "BSON field '{command}.{field}.q' is the wrong type '{}', expected type 'object'",
-                crate::embedded::update::type_name(other)
+                crate::value::field::type_name(other)
             ),
             ))
         }
@@ -775,18 +774,6 @@ pub fn check_write_statement(command: &str, stmt: &Document) -> Result<(), Comma
     }
 }
 
-/// MongoDB's truthiness for option fields: false, 0 and null are false.
-pub fn truthy(value: &Bson) -> bool {
-    match value {
-        Bson::Boolean(b) => *b,
-        Bson::Int32(v) => *v != 0,
-        Bson::Int64(v) => *v != 0,
-        Bson::Double(v) => *v != 0.0,
-        Bson::Null | Bson::Undefined => false,
-        _ => true,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -812,13 +799,5 @@ mod tests {
         assert_eq!(d.get_f64("ok").unwrap(), 0.0);
         assert_eq!(d.get_i32("code").unwrap(), 59);
         assert_eq!(d.get_str("codeName").unwrap(), "CommandNotFound");
-    }
-
-    #[test]
-    fn truthiness() {
-        assert!(truthy(&Bson::Int32(1)));
-        assert!(!truthy(&Bson::Double(0.0)));
-        assert!(!truthy(&Bson::Null));
-        assert!(truthy(&Bson::String(String::new())));
     }
 }

@@ -14,8 +14,8 @@ use bson::{Bson, Document};
 
 use super::{CommandError, CommandRequest};
 use crate::cluster::Cluster;
-use crate::error_codes::ErrorCode;
 use crate::routing::FilterKeys;
+use crate::value::error_codes::ErrorCode;
 use crate::wire::OpMsgBuilder;
 use crate::write::target::WriteKind;
 use crate::write::{plan::Policy, WriteStats};
@@ -279,7 +279,7 @@ async fn list_databases(
                 continue;
             };
             let e = by_name.entry(name.to_string()).or_insert((0, true));
-            e.0 += crate::command::number_field(d, "sizeOnDisk").unwrap_or(0);
+            e.0 += crate::value::field::number_field(d, "sizeOnDisk").unwrap_or(0);
             e.1 &= d.get_bool("empty").unwrap_or(false);
         }
     }
@@ -337,10 +337,10 @@ async fn coll_stats(
         if reply.get_f64("ok").ok() != Some(1.0) {
             return Ok(reply);
         }
-        count += crate::command::number_field(&reply, "count").unwrap_or(0);
-        size += crate::command::number_field(&reply, "size").unwrap_or(0);
-        storage += crate::command::number_field(&reply, "storageSize").unwrap_or(0);
-        nindexes = nindexes.max(crate::command::number_field(&reply, "nindexes").unwrap_or(0));
+        count += crate::value::field::number_field(&reply, "count").unwrap_or(0);
+        size += crate::value::field::number_field(&reply, "size").unwrap_or(0);
+        storage += crate::value::field::number_field(&reply, "storageSize").unwrap_or(0);
+        nindexes = nindexes.max(crate::value::field::number_field(&reply, "nindexes").unwrap_or(0));
         shards.insert(shard, reply);
     }
     Ok(bson::doc! {
@@ -406,7 +406,7 @@ async fn db_stats(cluster: &Arc<Cluster>, req: &CommandRequest) -> Result<Docume
 
 fn in_transaction(body: &Document) -> bool {
     body.get("startTransaction")
-        .is_some_and(crate::command::truthy)
+        .is_some_and(crate::value::field::truthy)
         || matches!(body.get("autocommit"), Some(Bson::Boolean(false)))
 }
 
@@ -426,7 +426,7 @@ async fn transaction(
         ));
     };
     let session = crate::command::session_id(lsid)?;
-    let txn = crate::command::number_field(body, "txnNumber").unwrap_or(0);
+    let txn = crate::value::field::number_field(body, "txnNumber").unwrap_or(0);
     if matches!(req.name.as_str(), "commitTransaction" | "abortTransaction") {
         let shard = cluster.transactions.end(&session, txn);
         let Some(shard) = shard else {
@@ -647,8 +647,8 @@ async fn find_and_modify(
             ErrorCode::ShardKeyNotFound,
             format!(
                 "Query for sharded findAndModify must contain the shard key (pattern {}); got {}",
-                crate::embedded::render::render_doc(&snap.pattern.to_document()),
-                crate::embedded::render::render_doc(&query)
+                crate::value::render::render_doc(&snap.pattern.to_document()),
+                crate::value::render::render_doc(&query)
             ),
         ));
     };

@@ -11,12 +11,13 @@ use std::sync::Arc;
 
 use bson::{doc, Bson, Document};
 
-use super::{number_field, truthy, ClientState, CommandError, CommandRequest};
+use super::{ClientState, CommandError, CommandRequest};
 use crate::cluster::Cluster;
-use crate::error_codes::ErrorCode;
 use crate::frontend::{Response, Service};
 use crate::routing::chunks::initial_chunks;
 use crate::routing::{RoutingError, ShardKeyPattern};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{number_field, truthy};
 
 impl From<RoutingError> for CommandError {
     fn from(e: RoutingError) -> Self {
@@ -116,8 +117,8 @@ pub fn enable_sharding(
 }
 
 fn check_db_name(db: &str) -> Result<(), CommandError> {
-    crate::embedded::store::check_namespace(db, "x")
-        .map_err(|e| CommandError::new(e.code, e.message))?;
+    crate::limits::check_namespace(db, "x")
+        .map_err(|message| CommandError::new(ErrorCode::InvalidNamespace, message))?;
     if matches!(db, "admin" | "config" | "local") {
         return Err(CommandError::new(
             ErrorCode::IllegalOperation,
@@ -153,8 +154,8 @@ pub async fn shard_collection(
         ));
     };
     check_db_name(db)?;
-    crate::embedded::store::check_namespace(db, coll)
-        .map_err(|e| CommandError::new(e.code, e.message))?;
+    crate::limits::check_namespace(db, coll)
+        .map_err(|message| CommandError::new(ErrorCode::InvalidNamespace, message))?;
     let key = match body.get("key") {
         Some(Bson::Document(k)) => k.clone(),
         Some(_) => {
@@ -211,7 +212,7 @@ pub async fn shard_collection(
             ErrorCode(23),
             format!(
                 "sharding already enabled for collection {ns} with options {}",
-                crate::embedded::render::render_doc(
+                crate::value::render::render_doc(
                     &doc! {"key": existing.get("key").cloned().unwrap_or(Bson::Null), "unique": existing.get_bool("unique").unwrap_or(false)}
                 )
             ),
@@ -330,8 +331,8 @@ pub fn local_documents_aggregate(
     if !first_is_documents {
         return None;
     }
-    let options = crate::embedded::aggregate::AggregateOptions::for_request(stage_memory, &body);
-    let docs = match crate::embedded::aggregate::run_with(pipeline, Vec::new(), &options) {
+    let options = crate::engine::aggregate::AggregateOptions::for_request(stage_memory, &body);
+    let docs = match crate::engine::aggregate::run_with(pipeline, Vec::new(), &options) {
         Ok(docs) => docs,
         Err(e) => return Some(Err(e.into())),
     };

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use super::{Response, Service};
 use crate::command::{self, hello, ClientState, CommandError, CommandRequest, ServerState};
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 use crate::wire::{
     self, encode_compressed, encode_op_reply, Compressor, Header, Incoming, Message, MsgFlags,
     OpCode, OpMsg, OpMsgBuilder, OpQuery, ReplyFlags, WireError,

@@ -213,7 +213,7 @@ impl Coalescer {
         let group = match joined {
             Joined::Member(rx) => {
                 return rx.await.unwrap_or(ChildOutcome::Failed {
-                    code: crate::error_codes::ErrorCode::InternalError,
+                    code: crate::value::error_codes::ErrorCode::InternalError,
                     message: "the merged child batch was abandoned".into(),
                 })
             }
@@ -293,7 +293,7 @@ mod tests {
             2
         );
         let failed = ChildOutcome::Failed {
-            code: crate::error_codes::ErrorCode::HostUnreachable,
+            code: crate::value::error_codes::ErrorCode::HostUnreachable,
             message: "x".into(),
         };
         assert_eq!(split_reply(&failed, 3, 1), failed);

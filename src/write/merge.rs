@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use bson::{doc, Bson, Document};
 
 use super::target::WriteKind;
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// What came back for one child batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -265,8 +265,8 @@ impl Merger {
                 }
             }
         }
-        let n = crate::command::number_field(reply, "n").unwrap_or(0);
-        let n_modified = match crate::command::number_field(reply, "nModified") {
+        let n = crate::value::field::number_field(reply, "n").unwrap_or(0);
+        let n_modified = match crate::value::field::number_field(reply, "nModified") {
             Some(m) => m,
             None => {
                 if self.kind == WriteKind::Update {

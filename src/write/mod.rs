@@ -23,9 +23,10 @@ use bytes::Bytes;
 use crate::backend::limiter::{OpKind, Outcome};
 use crate::backend::{BackendError, PooledConnection};
 use crate::cluster::Cluster;
-use crate::command::{number_field, truthy, CommandError, CommandRequest};
-use crate::error_codes::ErrorCode;
+use crate::command::{CommandError, CommandRequest};
 use crate::routing::RoutingSnapshot;
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{number_field, truthy};
 use crate::wire::OpMsgBuilder;
 use merge::{ChildOutcome, ChildResult, Merger};
 use plan::{Plan, PlanKind, Policy, Round};
@@ -979,7 +980,9 @@ impl ChildSender for ClusterSender<'_> {
                     items
                         .iter()
                         .filter(|(_, id, _)| {
-                            there.iter().any(|t| crate::order::values_equal(t, id))
+                            there
+                                .iter()
+                                .any(|t| crate::value::compare::values_equal(t, id))
                         })
                         .map(|(i, _, _)| *i)
                         .collect::<Vec<usize>>()

@@ -15,25 +15,11 @@
 use std::collections::{BTreeSet, HashSet};
 
 use bson::Bson;
-use serde::Deserialize;
 
 use super::target::{Target, Targeted};
-use crate::order::OrdBson;
+use crate::value::compare::OrdBson;
 
-/// When an ordered bulk may be rewritten into one round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum Policy {
-    /// Rewrite when every statement targets one shard, every statement has a distinct
-    /// identity, and every statement is retry-safe (the default).
-    #[default]
-    RetrySafe,
-    /// Rewrite whenever every statement targets one shard; the client accepts unordered
-    /// failure semantics.
-    Always,
-    /// Never rewrite: mongos rounds for every ordered bulk.
-    Off,
-}
+pub use crate::config::Policy;
 
 /// Which plan was chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,7 +324,7 @@ fn mongos_rounds(targeted: &[(usize, &Targeted)]) -> Vec<Round> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error_codes::ErrorCode;
+    use crate::value::error_codes::ErrorCode;
 
     #[test]
     fn identities_are_compared_as_mongodb_compares_them() {

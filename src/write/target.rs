@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 
 use bson::{Bson, Document, RawDocument};
 
-use crate::error_codes::ErrorCode;
 use crate::routing::{FilterKeys, RoutingSnapshot, ShardKey};
+use crate::value::error_codes::ErrorCode;
 
 /// The kind of write command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,7 +202,7 @@ fn describe_id(doc: &RawDocument) -> String {
     match doc.get("_id").ok().flatten() {
         Some(v) => format!(
             "{{ _id: {} }}",
-            crate::embedded::render::render_value(&crate::routing::shard_key::raw_to_bson(v))
+            crate::value::render::render_value(&crate::routing::shard_key::raw_to_bson(v))
         ),
         None => "{}".to_string(),
     }
@@ -249,7 +249,7 @@ pub fn update_may_change_key(snap: &RoutingSnapshot, q: &Document, u: &Bson, ups
     };
     if !is_operator_doc(u) {
         return fields.iter().any(|f| {
-            let new = crate::embedded::path::get(u, f);
+            let new = crate::engine::path::get(u, f);
             new.is_none() || new != equality_value(q, f)
         });
     }
@@ -284,9 +284,9 @@ fn upsert_owner(snap: &RoutingSnapshot, q: &Document, u: &Bson) -> Option<String
     let fields = snap.pattern.fields();
     let mut seed = Document::new();
     if is_operator_doc(u) {
-        for (path, v) in crate::embedded::matcher::equality_fields(q) {
+        for (path, v) in crate::engine::matcher::equality_fields(q) {
             if fields.iter().any(|f| paths_overlap(&path, &f.path)) {
-                crate::embedded::path::set(&mut seed, &path, v).ok()?;
+                crate::engine::path::set(&mut seed, &path, v).ok()?;
             }
         }
     } else {
@@ -354,8 +354,8 @@ fn single_target(
 pub fn target_update(snap: &RoutingSnapshot, stmt: &Document) -> Targeted {
     let q = filter_of(stmt);
     let u = stmt.get("u").unwrap_or(&Bson::Null);
-    let multi = stmt.get("multi").is_some_and(crate::command::truthy);
-    let upsert = stmt.get("upsert").is_some_and(crate::command::truthy);
+    let multi = stmt.get("multi").is_some_and(crate::value::field::truthy);
+    let upsert = stmt.get("upsert").is_some_and(crate::value::field::truthy);
     let retry_safe = update_is_retry_safe(u);
     let shards = key_shards(snap, stmt, q);
     let may_change_key = update_may_change_key(snap, q, u, upsert);
@@ -409,7 +409,7 @@ fn single_key(snap: &RoutingSnapshot, q: &Document) -> bool {
 /// Targets a delete statement (`{q, limit, collation}`).
 pub fn target_delete(snap: &RoutingSnapshot, stmt: &Document) -> Targeted {
     let q = filter_of(stmt);
-    let multi = crate::command::number_field(stmt, "limit").unwrap_or(0) == 0;
+    let multi = crate::value::field::number_field(stmt, "limit").unwrap_or(0) == 0;
     let shards = key_shards(snap, stmt, q);
     if multi {
         return Targeted {

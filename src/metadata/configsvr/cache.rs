@@ -30,9 +30,9 @@ use bson::Document;
 use tokio::sync::watch;
 
 use crate::backend::topology::Printer;
-use crate::error_codes::ErrorCode;
 use crate::routing::ChunkVersion;
 use crate::sync::lock;
+use crate::value::error_codes::ErrorCode;
 
 use super::collection::{CollectionRouting, RefreshOutcome};
 use super::documents::{ChunkEntry, CollectionEntry, DatabaseEntry, ShardEntry};

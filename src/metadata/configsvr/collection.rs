@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::backend::topology::Printer;
-use crate::error_codes::ErrorCode;
 use crate::routing::{ChunkMap, ChunkVersion, RoutingSnapshot, ShardKey, ShardKeyPattern};
+use crate::value::error_codes::ErrorCode;
 
 use super::documents::{ChunkEntry, CollectionEntry};
 use super::error::MetadataError;

@@ -14,8 +14,8 @@
 use bson::{oid::ObjectId, Bson, DateTime, Document, Timestamp, Uuid};
 
 use crate::backend::topology::{Printer, SeedList};
-use crate::error_codes::ErrorCode;
 use crate::routing::{ChunkVersion, ShardKey, ShardKeyPattern};
+use crate::value::error_codes::ErrorCode;
 
 use super::error::MetadataError;
 use super::fields::{

@@ -1,7 +1,7 @@
 //! The error every part of the config-server source returns: a MongoDB code and the message a
 //! client sees, worded as mongos and mongod word the same failure.
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// A failure to read, parse or apply routing metadata. The caller turns it into a command error;
 /// the code says whether trying again may help ([`MetadataError::is_transient`]).

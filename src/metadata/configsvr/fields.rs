@@ -11,7 +11,7 @@ use bson::spec::BinarySubtype;
 use bson::{oid::ObjectId, Bson, DateTime, Document, Timestamp, Uuid};
 
 use crate::backend::topology::Printer;
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 use super::error::MetadataError;
 

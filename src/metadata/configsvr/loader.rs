@@ -19,8 +19,8 @@ use mongodb::options::{
 };
 use mongodb::{Client, ClientSession, Database};
 
-use crate::error_codes::ErrorCode;
 use crate::sync::lock;
+use crate::value::error_codes::ErrorCode;
 
 use super::cache::{BoxFuture, CollectionRead, ConfigSource, Since};
 use super::configdb::ConfigDb;

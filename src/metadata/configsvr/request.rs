@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bson::{Document, RawDocumentBuf};
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 use super::collection::CollectionRouting;
 use super::documents::DatabaseEntry;

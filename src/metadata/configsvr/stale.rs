@@ -16,7 +16,7 @@
 use bson::{Bson, Document};
 
 use crate::backend::topology::Printer;
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 use super::version::{DatabaseVersion, ShardVersion};
 

@@ -7,9 +7,9 @@ use crate::backend::topology::Printer;
 
 /// The printer the router lends the cache.
 pub const PRINTER: Printer = Printer {
-    document: crate::embedded::render::render_doc,
-    value: crate::embedded::render::render_value,
-    type_name: crate::embedded::update::type_name,
+    document: crate::value::render::render_doc,
+    value: crate::value::render::render_value,
+    type_name: crate::value::field::type_name,
 };
 
 /// `Timestamp(t, i)`.

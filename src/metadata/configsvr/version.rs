@@ -13,8 +13,8 @@ use std::cmp::Ordering;
 use bson::{doc, oid::ObjectId, Bson, Document, Timestamp, Uuid};
 
 use crate::backend::topology::Printer;
-use crate::error_codes::ErrorCode;
 use crate::routing::ChunkVersion;
+use crate::value::error_codes::ErrorCode;
 
 use super::error::MetadataError;
 use super::fields::Idl;

@@ -21,12 +21,13 @@ use super::matcher::Matcher;
 use super::path;
 use super::query::{Projection, SortSpec};
 use super::EngineError;
-use crate::error_codes::ErrorCode;
 use crate::limits::{
     measure, measure_value, DEFAULT_STAGE_MEMORY_BYTES, MAX_INTERNAL_DOCUMENT_SIZE,
     MAX_RESULT_DEPTH,
 };
-use crate::order::{compare, values_equal, OrdBson};
+use crate::value::compare::{compare, values_equal, OrdBson};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{arithmetic, as_int, int_result, is_number, to_decimal, to_f64, truthy};
 
 fn err(code: i32, msg: impl Into<String>) -> EngineError {
     EngineError::new(ErrorCode(code), msg)
@@ -639,89 +640,8 @@ fn group(
     Ok(out.docs)
 }
 
-fn is_number(v: &Bson) -> bool {
-    matches!(
-        v,
-        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_)
-    )
-}
-
-fn to_f64(v: &Bson) -> f64 {
-    match v {
-        Bson::Int32(i) => *i as f64,
-        Bson::Int64(i) => *i as f64,
-        Bson::Double(d) => *d,
-        Bson::Decimal128(d) => crate::order::decimal_to_f64(d),
-        _ => 0.0,
-    }
-}
-
-/// An integer operand exactly (int32 or int64), `None` for other types.
-fn as_int(v: &Bson) -> Option<i64> {
-    match v {
-        Bson::Int32(i) => Some(*i as i64),
-        Bson::Int64(i) => Some(*i),
-        _ => None,
-    }
-}
-
-/// A double as a Decimal128 (through its shortest decimal form), for results of operators
-/// whose operands included a decimal.
-fn to_decimal(f: f64) -> Bson {
-    let text = if f.is_nan() {
-        "NaN".to_string()
-    } else if f.is_infinite() {
-        if f > 0.0 { "Infinity" } else { "-Infinity" }.to_string()
-    } else {
-        format!("{f:?}")
-    };
-    text.parse::<bson::Decimal128>()
-        .map(Bson::Decimal128)
-        .unwrap_or(Bson::Double(f))
-}
-
-/// An integer result as MongoDB types it: int32 when both operands were int32 and it fits,
-/// else int64.
-fn int_result(r: i64, both_int32: bool) -> Bson {
-    match i32::try_from(r) {
-        Ok(v) if both_int32 => Bson::Int32(v),
-        _ => Bson::Int64(r),
-    }
-}
-
-/// `a + b` (or `a * b`) with MongoDB's types: integers exactly, an int32 overflow widening to
-/// int64 and an int64 overflow to a double; any decimal makes a decimal, any double a double.
-fn combine(a: &Bson, b: &Bson, mul: bool) -> Bson {
-    if let (Some(x), Some(y)) = (as_int(a), as_int(b)) {
-        let both_int32 = matches!((a, b), (Bson::Int32(_), Bson::Int32(_)));
-        let r = if mul {
-            x.checked_mul(y)
-        } else {
-            x.checked_add(y)
-        };
-        return match r {
-            Some(r) => int_result(r, both_int32),
-            None => Bson::Double(if mul {
-                x as f64 * y as f64
-            } else {
-                x as f64 + y as f64
-            }),
-        };
-    }
-    let f = if mul {
-        to_f64(a) * to_f64(b)
-    } else {
-        to_f64(a) + to_f64(b)
-    };
-    if matches!(a, Bson::Decimal128(_)) || matches!(b, Bson::Decimal128(_)) {
-        to_decimal(f)
-    } else {
-        Bson::Double(f)
-    }
-}
-
 fn add_numbers(a: &Bson, b: &Bson) -> Bson {
-    combine(a, b, false)
+    arithmetic(a, b, false)
 }
 
 /// Evaluates an aggregation expression against `root`; `None` is "missing".
@@ -816,13 +736,6 @@ fn args_list(args: &Bson, root: &Document, budget: &mut Budget) -> Result<Vec<Bs
     }
 }
 
-/// An expression result's truthiness: null, missing, false and zero are false.
-pub(super) fn truthy(v: &Bson) -> bool {
-    let falsy = matches!(v, Bson::Null | Bson::Undefined | Bson::Boolean(false))
-        || (is_number(v) && to_f64(v) == 0.0);
-    !falsy
-}
-
 fn exactly_two(op: &str, a: &[Bson]) -> Result<(), EngineError> {
     if a.len() != 2 {
         return Err(err(
@@ -856,7 +769,7 @@ fn modulo(a: &Bson, b: &Bson) -> Result<Bson, EngineError> {
     )
 }
 
-/// `a - b` with MongoDB's types (see [`combine`]).
+/// `a - b` with MongoDB's types (see [`arithmetic`]).
 fn subtract(a: &Bson, b: &Bson) -> Bson {
     if let (Some(x), Some(y)) = (as_int(a), as_int(b)) {
         let both_int32 = matches!((a, b), (Bson::Int32(_), Bson::Int32(_)));
@@ -920,11 +833,11 @@ fn operator(
                             16554,
                             format!(
                                 "{op} only supports numeric types, not {}",
-                                super::update::type_name(v)
+                                crate::value::field::type_name(v)
                             ),
                         ))
                     }
-                    (acc, v) => combine(acc, v, op == "$multiply"),
+                    (acc, v) => arithmetic(acc, v, op == "$multiply"),
                 };
             }
             acc
@@ -939,8 +852,8 @@ fn operator(
                     16556,
                     format!(
                         "cant {op} a {} from a {}",
-                        super::update::type_name(&a[1]),
-                        super::update::type_name(&a[0])
+                        crate::value::field::type_name(&a[1]),
+                        crate::value::field::type_name(&a[0])
                     ),
                 ));
             }
@@ -971,7 +884,7 @@ fn operator(
                             16702,
                             format!(
                                 "$concat only supports strings, not {}",
-                                super::update::type_name(other)
+                                crate::value::field::type_name(other)
                             ),
                         ))
                     }
@@ -1035,7 +948,7 @@ fn operator(
                     17124,
                     format!(
                         "The argument to $size must be an array. Type of the argument: {}",
-                        super::update::type_name(other)
+                        crate::value::field::type_name(other)
                     ),
                 ))
             }
@@ -1053,14 +966,14 @@ fn operator(
                 }
             },
             Some(Bson::Double(d)) => Bson::Double(d.abs()),
-            Some(Bson::Decimal128(d)) => to_decimal(crate::order::decimal_to_f64(d).abs()),
+            Some(Bson::Decimal128(d)) => to_decimal(crate::value::compare::decimal_to_f64(d).abs()),
             Some(v) if nullish(v) => Bson::Null,
             Some(other) => {
                 return Err(err(
                     28765,
                     format!(
                         "$abs only supports numeric types, not {}",
-                        super::update::type_name(other)
+                        crate::value::field::type_name(other)
                     ),
                 ))
             }
@@ -1091,7 +1004,7 @@ fn operator(
             _ => Bson::Null,
         },
         "$type" => Bson::String(match a.first() {
-            Some(v) => super::update::type_name(v).to_string(),
+            Some(v) => crate::value::field::type_name(v).to_string(),
             None => "missing".to_string(),
         }),
         "$isNumber" => Bson::Boolean(a.first().is_some_and(is_number)),
@@ -1240,7 +1153,7 @@ mod tests {
         let half: bson::Decimal128 = "0.5".parse().unwrap();
         assert!(matches!(
             v(Bson::Document(doc! {"$mod": [5, half]})),
-            Bson::Decimal128(d) if crate::order::decimal_to_f64(&d) == 0.0
+            Bson::Decimal128(d) if crate::value::compare::decimal_to_f64(&d) == 0.0
         ));
         for zero in [Bson::Int32(0), Bson::Int64(0), Bson::Double(0.0)] {
             let e = eval(&Bson::Document(doc! {"$mod": [5, zero]}), &doc! {}).unwrap_err();

@@ -3,15 +3,17 @@
 //! to a document. Pipeline updates, `arrayFilters` and positional paths are refused with a
 //! clear error.
 
-use bson::{Bson, Document};
+use bson::{oid::ObjectId, Bson, Document};
 
 use super::matcher::Matcher;
 use super::path;
-use super::render::{render_doc, render_value};
 use super::EngineError;
-use crate::error_codes::ErrorCode;
-use crate::limits::MAX_STORED_DEPTH;
-use crate::order::{compare, values_equal, OrdBson};
+use crate::limits::{measure, MAX_STORED_DEPTH};
+use crate::value::compare::{compare, values_equal, OrdBson};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{arithmetic, is_number, type_name};
+use crate::value::render::{render_doc, render_value};
+use crate::wire::MAX_BSON_OBJECT_SIZE;
 
 /// A parsed update.
 #[derive(Debug, Clone)]
@@ -225,94 +227,6 @@ pub fn too_deep() -> EngineError {
     )
 }
 
-/// The name MongoDB uses for a value's type in messages.
-pub fn type_name(v: &Bson) -> &'static str {
-    match v {
-        Bson::Double(_) => "double",
-        Bson::String(_) => "string",
-        Bson::Document(_) => "object",
-        Bson::Array(_) => "array",
-        Bson::Binary(_) => "binData",
-        Bson::Undefined => "undefined",
-        Bson::ObjectId(_) => "objectId",
-        Bson::Boolean(_) => "bool",
-        Bson::DateTime(_) => "date",
-        Bson::Null => "null",
-        Bson::RegularExpression(_) => "regex",
-        Bson::DbPointer(_) => "dbPointer",
-        Bson::JavaScriptCode(_) => "javascript",
-        Bson::Symbol(_) => "symbol",
-        Bson::JavaScriptCodeWithScope(_) => "javascriptWithScope",
-        Bson::Int32(_) => "int",
-        Bson::Timestamp(_) => "timestamp",
-        Bson::Int64(_) => "long",
-        Bson::Decimal128(_) => "decimal",
-        Bson::MinKey => "minKey",
-        Bson::MaxKey => "maxKey",
-    }
-}
-
-fn is_number(v: &Bson) -> bool {
-    matches!(
-        v,
-        Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Decimal128(_)
-    )
-}
-
-/// `a + b` or `a * b` with MongoDB's result types: int32 widens to int64 on overflow, any
-/// double makes a double.
-fn arith(a: &Bson, b: &Bson, mul: bool) -> Bson {
-    use Bson::*;
-    let f = |x: &Bson| match x {
-        Int32(i) => *i as f64,
-        Int64(i) => *i as f64,
-        Double(d) => *d,
-        Decimal128(d) => crate::order::decimal_to_f64(d),
-        _ => 0.0,
-    };
-    match (a, b) {
-        (Int32(x), Int32(y)) => {
-            let r = if mul {
-                x.checked_mul(*y)
-            } else {
-                x.checked_add(*y)
-            };
-            match r {
-                Some(r) => Int32(r),
-                None => {
-                    let (x, y) = (*x as i64, *y as i64);
-                    Int64(if mul { x * y } else { x + y })
-                }
-            }
-        }
-        (Int32(_) | Int64(_), Int32(_) | Int64(_)) => {
-            let (x, y) = (as_i64(a), as_i64(b));
-            let r = if mul {
-                x.checked_mul(y)
-            } else {
-                x.checked_add(y)
-            };
-            match r {
-                Some(r) => Int64(r),
-                None => Double(if mul {
-                    x as f64 * y as f64
-                } else {
-                    x as f64 + y as f64
-                }),
-            }
-        }
-        _ => Double(if mul { f(a) * f(b) } else { f(a) + f(b) }),
-    }
-}
-
-fn as_i64(v: &Bson) -> i64 {
-    match v {
-        Bson::Int32(i) => *i as i64,
-        Bson::Int64(i) => *i,
-        _ => 0,
-    }
-}
-
 fn id_render(doc: &Document) -> String {
     match doc.get("_id") {
         Some(id) => format!("{{_id: {}}}", render_value(id)),
@@ -354,10 +268,10 @@ fn apply_op(
             }
             match path::get(doc, p).cloned() {
                 None => {
-                    let v = if mul { arith(&Bson::Int32(0), arg, true) } else { arg.clone() };
+                    let v = if mul { arithmetic(&Bson::Int32(0), arg, true) } else { arg.clone() };
                     path::set(doc, p, v)
                 }
-                Some(cur) if is_number(&cur) => path::set(doc, p, arith(&cur, arg, mul)),
+                Some(cur) if is_number(&cur) => path::set(doc, p, arithmetic(&cur, arg, mul)),
                 Some(cur) => Err(fail(
                     ErrorCode::TypeMismatch,
                     format!(
@@ -635,6 +549,83 @@ impl PullPredicate {
 /// Renders a document for messages.
 pub fn describe(doc: &Document) -> String {
     render_doc(doc)
+}
+
+/// Puts `_id` first, generating an ObjectId when missing, as mongod stores documents.
+pub fn prepare_insert(mut d: Document) -> Result<Document, EngineError> {
+    let id = match d.remove("_id") {
+        Some(Bson::Array(_)) => {
+            return Err(EngineError::new(
+                ErrorCode::InvalidIdField,
+                "The '_id' value cannot be of type array",
+            ))
+        }
+        Some(Bson::RegularExpression(_)) => {
+            return Err(EngineError::new(
+                ErrorCode::InvalidIdField,
+                "The '_id' value cannot be of type regex",
+            ))
+        }
+        Some(Bson::Undefined) => {
+            return Err(EngineError::new(
+                ErrorCode::InvalidIdField,
+                "The '_id' value cannot be of type undefined",
+            ))
+        }
+        Some(v) => v,
+        None => Bson::ObjectId(ObjectId::new()),
+    };
+    let mut out = Document::new();
+    out.insert("_id", id);
+    for (k, v) in d {
+        out.insert(k, v);
+    }
+    let m = measure(&out);
+    if m.bytes > MAX_BSON_OBJECT_SIZE {
+        return Err(EngineError::new(
+            ErrorCode::BSONObjectTooLarge,
+            format!(
+                "object to insert too large. size in bytes: {}, max size: {MAX_BSON_OBJECT_SIZE}",
+                m.bytes
+            ),
+        ));
+    }
+    if m.depth > MAX_STORED_DEPTH {
+        return Err(EngineError::new(
+            ErrorCode::Overflow,
+            format!(
+                "cannot insert document because it exceeds {MAX_STORED_DEPTH} levels of nesting"
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+/// The document an upsert inserts: the filter's equality fields, then the update applied, `_id`
+/// first (generated when neither gives one). The embedded shard stores it; the router builds an upsert's document
+/// with it too, when it inserts the document of a write without shard key itself.
+pub fn upsert_document(filter: &Document, upd: &Update) -> Result<Document, EngineError> {
+    let mut seed = Document::new();
+    match upd {
+        Update::Replacement(_) => {
+            if let Some((_, id)) = crate::engine::matcher::equality_fields(filter)
+                .into_iter()
+                .find(|(k, _)| k == "_id")
+            {
+                seed.insert("_id", id);
+            }
+        }
+        Update::Operators(_) => {
+            for (k, v) in crate::engine::matcher::equality_fields(filter) {
+                if k.starts_with('$') {
+                    continue;
+                }
+                crate::engine::path::set(&mut seed, &k, v)?;
+            }
+        }
+    }
+    upd.apply(&mut seed, true)?;
+    prepare_insert(seed)
 }
 
 #[cfg(test)]

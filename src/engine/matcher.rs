@@ -13,9 +13,9 @@ use regex::Regex;
 
 use super::path::{lookup, Lookup};
 use super::EngineError;
-use crate::error_codes::ErrorCode;
 use crate::limits::MAX_MATCH_PATH_PARTS;
-use crate::order::{canonical_type, compare, values_equal};
+use crate::value::compare::{canonical_type, compare, values_equal};
+use crate::value::error_codes::ErrorCode;
 
 /// A parsed filter.
 #[derive(Debug, Clone)]
@@ -63,7 +63,7 @@ enum CmpOp {
 /// million values costs a lookup, not a scan, per candidate) and its regular expressions.
 #[derive(Debug, Clone)]
 struct InList {
-    values: std::collections::BTreeSet<crate::order::OrdBson>,
+    values: std::collections::BTreeSet<crate::value::compare::OrdBson>,
     regexes: Vec<Regex>,
 }
 
@@ -219,7 +219,8 @@ fn parse_in_list(op: &str, v: &Bson) -> Result<InList, EngineError> {
                 return Err(bad(format!("cannot nest $ under {op}")))
             }
             other => {
-                list.values.insert(crate::order::OrdBson(other.clone()));
+                list.values
+                    .insert(crate::value::compare::OrdBson(other.clone()));
             }
         }
     }
@@ -313,7 +314,7 @@ fn parse_ops(d: &Document) -> Result<Vec<Op>, EngineError> {
             "$lte" => Op::Cmp(CmpOp::Lte, v.clone()),
             "$in" => Op::In(parse_in_list("$in", v)?),
             "$nin" => Op::Nin(parse_in_list("$nin", v)?),
-            "$exists" => Op::Exists(crate::command::truthy(v)),
+            "$exists" => Op::Exists(crate::value::field::truthy(v)),
             "$type" => match v {
                 Bson::Array(items) => {
                     Op::Type(items.iter().map(type_selector).collect::<Result<_, _>>()?)
@@ -402,7 +403,7 @@ fn eval(e: &Expr, doc: &Document) -> bool {
         Expr::Aggregate(e) => super::aggregate::eval(e, doc)
             .ok()
             .flatten()
-            .is_some_and(|v| super::aggregate::truthy(&v)),
+            .is_some_and(|v| crate::value::field::truthy(&v)),
     }
 }
 
@@ -448,14 +449,16 @@ fn regex_matches(re: &Regex, v: &Bson) -> bool {
 
 fn in_matches(list: &InList, l: &Lookup) -> bool {
     if (l.missing || l.values.is_empty())
-        && list.values.contains(&crate::order::OrdBson(Bson::Null))
+        && list
+            .values
+            .contains(&crate::value::compare::OrdBson(Bson::Null))
     {
         return true;
     }
-    let hit = l
-        .candidates()
-        .into_iter()
-        .any(|v| list.values.contains(&crate::order::OrdBson(v.clone())));
+    let hit = l.candidates().into_iter().any(|v| {
+        list.values
+            .contains(&crate::value::compare::OrdBson(v.clone()))
+    });
     hit || list
         .regexes
         .iter()

@@ -3,8 +3,8 @@
 
 use bson::{Bson, Document};
 
-use crate::error_codes::ErrorCode;
 use crate::limits::{MAX_ARRAY_BACKFILL, MAX_FIELD_PATH_PARTS};
+use crate::value::error_codes::ErrorCode;
 
 use super::EngineError;
 
@@ -130,7 +130,7 @@ fn path_not_viable(part: &str, container: &Bson) -> EngineError {
         ErrorCode::PathNotViable,
         format!(
             "Cannot create field '{part}' in element {{{}}}",
-            super::render::render_value(container)
+            crate::value::render::render_value(container)
         ),
     )
 }

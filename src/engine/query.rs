@@ -7,8 +7,8 @@ use bson::{Bson, Document};
 
 use super::path::lookup;
 use super::EngineError;
-use crate::error_codes::ErrorCode;
-use crate::order::compare;
+use crate::value::compare::compare;
+use crate::value::error_codes::ErrorCode;
 
 /// A parsed sort specification: `(path, ascending)` in priority order.
 #[derive(Debug, Clone, Default)]

@@ -34,6 +34,19 @@ macro_rules! codes {
     };
 }
 
+impl ErrorCode {
+    /// The `{ok: 0, errmsg, code, codeName}` reply of an error with this code: the one place
+    /// that shape is written, for the router's and the embedded shard's errors alike.
+    pub fn error_reply(self, message: &str) -> bson::Document {
+        bson::doc! {
+            "ok": 0.0,
+            "errmsg": message,
+            "code": self.0,
+            "codeName": self.name(),
+        }
+    }
+}
+
 codes! {
 named {
     InternalError = 1,
