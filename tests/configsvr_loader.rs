@@ -13,12 +13,12 @@ use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use sluice::backend::topology::Printer;
 use sluice::embedded::{EmbeddedShard, ShardOptions};
-use sluice::value::field::type_name;
 use sluice::metadata::configsvr::{
     CatalogCache, ConfigDb, ConfigServerSource, RefreshPolicy, ShardVersion, StaleError,
 };
 use sluice::routing::ShardKey;
 use sluice::value::error_codes::ErrorCode;
+use sluice::value::field::type_name;
 use sluice::value::render::{render_doc, render_value};
 
 const PRINTER: Printer = Printer {

@@ -19,7 +19,7 @@ use sluice::backend::topology::{
     HostAddr, MonitorOptions, Need, Printer, SeedList, ServerType, ShardMonitor, TopologyKind,
     TopologySettings,
 };
-use sluice::error_codes::ErrorCode;
+use sluice::value::error_codes::ErrorCode;
 use sluice::wire::{self, Message, OpMsgBuilder};
 
 const PRINTER: Printer = Printer {
