@@ -48,6 +48,25 @@ pub const TARGETS: &[(&str, Entry)] = &[
     ("write_plan", write_plan),
 ];
 
+/// Runs one input through `entry` on a thread with the server's stack
+/// ([`crate::limits::WORKER_STACK_BYTES`]), as the fuzz targets do: libFuzzer's own thread has
+/// a larger one, which would hide a recursion that overflows a server's worker. A panic on
+/// that thread is resumed here.
+pub fn run_on_worker_stack(entry: Entry, data: &[u8]) {
+    let outcome = std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .stack_size(crate::limits::WORKER_STACK_BYTES)
+            .spawn_scoped(s, || entry(data))
+            .map(|h| h.join())
+    });
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        // No thread could be started: run here rather than skip the input.
+        Err(_) => entry(data),
+    }
+}
+
 /// Reads structured values out of fuzz bytes: every choice consumes bytes, and an exhausted
 /// input reads as zeros, so any input gives a finite value.
 pub struct Gen<'a> {
@@ -342,6 +361,52 @@ impl<'a> Gen<'a> {
         d
     }
 
+    /// A command: a name from the commands the router and the shard know (and some they
+    /// must refuse), generated fields, then one of a pipeline, documents, an update statement,
+    /// session fields or `maxTimeMS`, and a `$db` (invalid ones among them).
+    pub fn command(&mut self) -> Document {
+        let name = self.pick(COMMANDS);
+        let mut body = doc! {name: match self.below(3) {
+            0 => Bson::String("c".into()),
+            1 => Bson::Int32(1),
+            _ => self.value(2),
+        }};
+        for (k, v) in self.doc(3) {
+            body.insert(k, v);
+        }
+        match self.below(6) {
+            0 => {
+                body.insert("pipeline", self.pipeline());
+                body.insert("cursor", doc! {});
+            }
+            1 => {
+                let docs: Vec<Bson> = (0..self.below(4))
+                    .map(|_| Bson::Document(self.doc(3)))
+                    .collect();
+                body.insert("documents", docs);
+            }
+            2 => {
+                let stmt = doc! {"q": self.doc(2), "u": self.doc(2), "multi": self.value(0), "upsert": self.value(0)};
+                body.insert("updates", vec![Bson::Document(stmt)]);
+            }
+            3 => {
+                body.insert("lsid", doc! {"id": self.value(1)});
+                body.insert("txnNumber", self.value(0));
+            }
+            4 => {
+                body.insert("maxTimeMS", self.value(0));
+            }
+            _ => {}
+        }
+        body.insert(
+            "$db",
+            self.pick(&[
+                "test", "admin", "config", "local", "bad.name", "Config", "$x", "d",
+            ]),
+        );
+        body
+    }
+
     /// A pipeline of a few stages with generated specifications.
     pub fn pipeline(&mut self) -> Vec<Bson> {
         let n = 1 + self.below(4);
@@ -512,44 +577,7 @@ pub fn command_envelope(data: &[u8]) {
     let (structured, rest) = mode(data);
     let frame = if structured {
         let mut g = Gen::new(rest);
-        let name = g.pick(COMMANDS);
-        let mut body = doc! {name: match g.below(3) {
-            0 => Bson::String("c".into()),
-            1 => Bson::Int32(1),
-            _ => g.value(2),
-        }};
-        for (k, v) in g.doc(3) {
-            body.insert(k, v);
-        }
-        match g.below(6) {
-            0 => {
-                body.insert("pipeline", g.pipeline());
-                body.insert("cursor", doc! {});
-            }
-            1 => {
-                let docs: Vec<Bson> = (0..g.below(4)).map(|_| Bson::Document(g.doc(3))).collect();
-                body.insert("documents", docs);
-            }
-            2 => {
-                let stmt =
-                    doc! {"q": g.doc(2), "u": g.doc(2), "multi": g.value(0), "upsert": g.value(0)};
-                body.insert("updates", vec![Bson::Document(stmt)]);
-            }
-            3 => {
-                body.insert("lsid", doc! {"id": g.value(1)});
-                body.insert("txnNumber", g.value(0));
-            }
-            4 => {
-                body.insert("maxTimeMS", g.value(0));
-            }
-            _ => {}
-        }
-        body.insert(
-            "$db",
-            g.pick(&[
-                "test", "admin", "config", "local", "bad.name", "Config", "$x", "d",
-            ]),
-        );
+        let body = g.command();
         match body.to_vec() {
             Ok(bytes) => OpMsgBuilder::new(0, &bytes).finish(1, 0).to_vec(),
             Err(_) => return,
@@ -575,7 +603,7 @@ pub fn command_envelope(data: &[u8]) {
         let (_tx, rx) = tokio::sync::watch::channel(false);
         let state = Arc::new(ServerState::new(Config::default(), Vec::new(), rx));
         let mut client = ClientState::new(1, peer);
-        let router = crate::command::Router::new(state.clone(), None);
+        let router = crate::router::Router::new(state.clone(), None);
         let _ = router.handle(&mut client, &req).await;
         let shard = ShardService::new(state, ShardOptions::default());
         let mut client = ClientState::new(2, peer);

@@ -18,15 +18,17 @@
 //!    replica-set topology core.
 //! 4. [`config`]: the TOML configuration, its defaults and the write policy.
 //! 5. [`command`]: what every server shares — the request envelope, the error type, server
-//!    information, `hello` — and for now the router's dispatch; [`cluster`]: the router's view of
-//!    its shards (pools, queues, the routing table); [`auth`]: the security core (SCRAM, X.509,
-//!    roles, TLS configuration), not wired yet.
+//!    state and information, `hello`; [`cluster`]: the router's view of its shards (pools,
+//!    queues, the routing table); [`auth`]: the security core (SCRAM, X.509, roles, TLS
+//!    configuration), not wired yet.
 //! 6. [`read`]: targeted and scatter-gather reads, the merge and the router's cursors;
 //!    [`write`]: targeting, the pure planner, child batches, reply merging; [`frontend`]: the
 //!    listener and one task per client connection.
 //! 7. [`embedded`]: the embedded shard, an in-memory mongod-compatible server for the demo, the
-//!    tests and the benchmarks (memory only, not for production).
-//! 8. the router's service (today in [`command`] and [`routing`]'s metadata store).
+//!    tests and the benchmarks (memory only, not for production); [`metadata`]: where routing metadata
+//!    comes from (the config server as a routing source).
+//! 8. [`router`]: the router's service — one dispatch, forwarding, sharding administration,
+//!    start-up.
 //! 9. [`bench`]: the `sluice bench` scenarios; [`fuzz`]: the fuzz targets' entry points (replayed
 //!    by `cargo test`); `main.rs`: the command line.
 
@@ -43,6 +45,7 @@ pub mod fuzz;
 pub mod limits;
 pub mod metadata;
 pub mod read;
+pub mod router;
 pub mod routing;
 pub mod sync;
 pub mod value;

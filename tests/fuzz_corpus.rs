@@ -32,7 +32,7 @@ fn committed_corpus_and_regressions_replay_cleanly() {
         for kind in ["corpus", "regressions"] {
             for (path, bytes) in inputs(&root.join(kind).join(name)) {
                 eprintln!("{path}");
-                entry(&bytes);
+                sluice::fuzz::run_on_worker_stack(*entry, &bytes);
                 replayed += 1;
             }
         }
@@ -54,7 +54,7 @@ fn generated_inputs_run_cleanly() {
         for _ in 0..300 {
             let len = (next() % 256) as usize;
             let input: Vec<u8> = (0..len).map(|_| next() as u8).collect();
-            entry(&input);
+            sluice::fuzz::run_on_worker_stack(*entry, &input);
         }
         eprintln!("{name}: 300 generated inputs");
     }

@@ -1,4 +1,4 @@
-//! Fuzz target `aggregate`: see `sluice::fuzz::aggregate`.
+//! Fuzz target `aggregate`: see `sluice::fuzz::aggregate`, run on a thread with the server's stack.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| sluice::fuzz::aggregate(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sluice::fuzz::run_on_worker_stack(sluice::fuzz::aggregate, data));

@@ -21,8 +21,8 @@ use crate::wire::{Compressor, MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE};
 pub const MAX_WIRE_VERSION: i32 = 25;
 /// Lowest wire version offered to external clients (mongos advertises 0).
 pub const MIN_WIRE_VERSION: i32 = 0;
-/// `maxWriteBatchSize`.
-pub const MAX_WRITE_BATCH_SIZE: i32 = 100_000;
+/// `maxWriteBatchSize`, as `hello` reports it: the limit the router and the shard enforce.
+pub const MAX_WRITE_BATCH_SIZE: i32 = crate::limits::MAX_WRITE_BATCH_SIZE as i32;
 /// `logicalSessionTimeoutMinutes` (the server default).
 pub const LOGICAL_SESSION_TIMEOUT_MINUTES: i32 = 30;
 

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use bson::{Bson, Document};
 
-use super::{CommandError, CommandRequest};
 use crate::cluster::Cluster;
+use crate::command::{CommandError, CommandRequest};
 use crate::routing::FilterKeys;
 use crate::value::error_codes::ErrorCode;
 use crate::wire::OpMsgBuilder;

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use bson::{doc, Bson, Document};
 
-use super::{ClientState, CommandError, CommandRequest};
 use crate::cluster::Cluster;
+use crate::command::{ClientState, CommandError, CommandRequest};
 use crate::frontend::{Response, Service};
 use crate::routing::chunks::initial_chunks;
 use crate::routing::{RoutingError, ShardKeyPattern};
