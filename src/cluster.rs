@@ -113,6 +113,13 @@ impl Cluster {
             .store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Opens each shard pool's idle connections (start-up).
+    pub async fn warm_pools(&self) {
+        for p in self.pools.values() {
+            p.warm().await;
+        }
+    }
+
     /// The shards, sorted by id.
     pub fn shards(&self) -> &[ShardInfo] {
         &self.shards
@@ -226,7 +233,7 @@ impl TransactionTable {
             entries.retain(|_, e| e.last_used.elapsed() < TRANSACTION_IDLE_TIMEOUT);
             if entries.len() >= MAX_TRANSACTIONS {
                 return Err(crate::command::CommandError::new(
-                    crate::error_codes::ErrorCode::TooManyLogicalSessions,
+                    crate::value::error_codes::ErrorCode::TooManyLogicalSessions,
                     format!("Unable to start a transaction because the router already tracks {MAX_TRANSACTIONS} open transactions"),
                 ));
             }
@@ -260,40 +267,4 @@ impl TransactionTable {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// Opens the metadata, registers the shards (refusing a list that contradicts persisted
-/// metadata), connects pools and shards the configured collections.
-pub async fn bootstrap(
-    metadata_path: Option<std::path::PathBuf>,
-    shards: &[ShardInfo],
-    collections: &[crate::config::CollectionConfig],
-    pool: PoolOptions,
-    batching: &crate::config::BatchingConfig,
-) -> Result<Arc<Cluster>, String> {
-    let store = Arc::new(ConfigStore::open(metadata_path).map_err(|e| e.message)?);
-    store.set_shards(shards).map_err(|e| e.message)?;
-    let cluster = Arc::new(Cluster::with_batching(store, pool, batching));
-    for p in cluster.pools.values() {
-        p.warm().await;
-    }
-    for c in collections {
-        let key = c.key_document().map_err(|e| e.to_string())?;
-        let mut body =
-            bson::doc! {"shardCollection": &c.ns, "key": key, "unique": c.unique, "$db": "admin"};
-        if let Some(n) = c.num_initial_chunks {
-            body.insert("numInitialChunks", n as i64);
-        }
-        let req = crate::command::CommandRequest {
-            db: "admin".into(),
-            name: "shardCollection".into(),
-            body: crate::wire::BsonDoc::from_encoded(body.to_vec().map_err(|e| e.to_string())?),
-            sequences: Vec::new(),
-            legacy: false,
-        };
-        crate::command::sharding::shard_collection(Some(&cluster), &req)
-            .await
-            .map_err(|e| format!("cannot shard {}: {}", c.ns, e.message))?;
-    }
-    Ok(cluster)
 }

@@ -42,13 +42,13 @@ pub struct Config {
     /// When an ORDERED bulk may be sent as one round of per-shard child batches:
     /// `"retry-safe"` (proven order-independent and retry-safe; the default), `"always"`
     /// (whenever every statement targets one shard) or `"off"` (mongos rounds).
-    pub ordered_rewrite: crate::write::plan::Policy,
+    pub ordered_rewrite: Policy,
     /// Connections to each shard.
     pub pool: PoolConfig,
     /// The per-shard queue and adaptive execution limit.
     pub batching: BatchingConfig,
     /// Per-namespace overrides of `ordered_rewrite`, e.g. `"shop.ledger" = "off"`.
-    pub ordered_rewrite_overrides: std::collections::BTreeMap<String, crate::write::plan::Policy>,
+    pub ordered_rewrite_overrides: std::collections::BTreeMap<String, Policy>,
     /// Accept commands that only tests send (`getParameter` reports it as
     /// `enableTestCommands`). The router implements none yet: `configureFailPoint` is refused
     /// either way, as mongos refuses it without test commands.
@@ -71,7 +71,7 @@ impl Default for Config {
             metadata_path: None,
             shards: Vec::new(),
             collections: Vec::new(),
-            ordered_rewrite: crate::write::plan::Policy::RetrySafe,
+            ordered_rewrite: Policy::RetrySafe,
             pool: PoolConfig::default(),
             batching: BatchingConfig::default(),
             ordered_rewrite_overrides: Default::default(),
@@ -81,7 +81,7 @@ impl Default for Config {
     }
 }
 
-/// The per-shard queue and adaptive execution limit (ADAPTIVE-LIMIT.md).
+/// The per-shard queue and adaptive execution limit (docs/design/adaptive-limit.md).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchingConfig {
@@ -253,11 +253,13 @@ pub enum LogFormat {
     Json,
 }
 
-/// A configuration that could not be used.
+/// A configuration that could not be used. Each variant's message says what failed and leaves
+/// the why to its source, so a report that prints the chain (`anyhow` in `main`) says each
+/// thing once.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The file.
         path: String,
@@ -265,7 +267,7 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// The file is not valid TOML for this schema.
-    #[error("invalid configuration in {path}: {source}")]
+    #[error("invalid configuration in {path}")]
     Parse {
         /// The file.
         path: String,
@@ -279,7 +281,7 @@ pub enum ConfigError {
 
 impl Config {
     /// The ordered-rewrite policy of a namespace.
-    pub fn rewrite_policy(&self, ns: &str) -> crate::write::plan::Policy {
+    pub fn rewrite_policy(&self, ns: &str) -> Policy {
         self.ordered_rewrite_overrides
             .get(ns)
             .copied()
@@ -348,6 +350,21 @@ impl Config {
     }
 }
 
+/// When an ordered bulk may be rewritten into one round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Rewrite when every statement targets one shard, every statement has a distinct
+    /// identity, and every statement is retry-safe (the default).
+    #[default]
+    RetrySafe,
+    /// Rewrite whenever every statement targets one shard; the client accepts unordered
+    /// failure semantics.
+    Always,
+    /// Never rewrite: mongos rounds for every ordered bulk.
+    Off,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,7 +411,6 @@ mod tests {
 
     #[test]
     fn rewrite_policy_overrides() {
-        use crate::write::plan::Policy;
         let c: Config = toml::from_str(
             "ordered_rewrite = \"always\"\n[ordered_rewrite_overrides]\n\"a.b\" = \"off\"\n",
         )
@@ -403,6 +419,35 @@ mod tests {
         assert_eq!(c.rewrite_policy("a.c"), Policy::Always);
         assert_eq!(Config::default().rewrite_policy("x.y"), Policy::RetrySafe);
         assert!(toml::from_str::<Config>("ordered_rewrite = \"sometimes\"").is_err());
+    }
+
+    #[test]
+    fn a_file_error_says_its_cause_once() {
+        use std::error::Error as _;
+        let dir = std::env::temp_dir().join(format!("sluice-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bad = dir.join("bad.toml");
+        std::fs::write(&bad, "max_conections = 5\n").unwrap();
+        for (path, cause) in [
+            (dir.join("missing.toml"), "No such file"),
+            (bad, "max_conections"),
+        ] {
+            let e = Config::from_file(&path).unwrap_err();
+            let mut chain = vec![e.to_string()];
+            let mut source = e.source();
+            while let Some(s) = source {
+                chain.push(s.to_string());
+                source = s.source();
+            }
+            assert_eq!(chain.len(), 2, "{chain:?}");
+            assert!(chain[0].contains(&path.display().to_string()), "{chain:?}");
+            assert!(
+                !chain[0].contains(cause),
+                "the cause is the source's to say: {chain:?}"
+            );
+            assert!(chain[1].contains(cause), "{chain:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

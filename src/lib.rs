@@ -1,21 +1,36 @@
 //! Sluice: a MongoDB wire-protocol router, compatible with mongos.
 //!
-//! Layers, in the order a request meets them:
+//! # Module map
 //!
-//! - [`wire`]: bytes to messages and back (OP_MSG, the legacy OP_QUERY handshake,
-//!   OP_COMPRESSED); zero-copy views over `bytes::Bytes`.
-//! - [`frontend`]: the listener, one task per client connection, the handshake state of each
-//!   connection, graceful shutdown.
-//! - [`command`]: command dispatch and the commands the router answers itself (`hello`,
-//!   `buildInfo`, `serverStatus`, …), each replying with mongos's shape.
-//! - [`config`]: the TOML configuration and its defaults.
-//! - [`embedded`]: the embedded shard, an in-memory mongod-compatible server for the demo, the
-//!   tests and the benchmarks (memory only, not for production).
-//! - [`order`]: MongoDB's cross-type comparison order for BSON values.
+//! The crate is built in layers; a module imports only from its own layer or a lower one, and no
+//! two modules import each other round a cycle. `tests/layers.rs` reads every `use crate::…`
+//! under `src/` and fails on an import that breaks this, naming the file and the name.
 //!
-//! [`error_codes`] holds the MongoDB error codes every layer replies with, [`limits`] the
-//! limits MongoDB enforces (nesting depth, path length, batch size, stage memory) and the
-//! iterative measurements that check them, [`sync`] the lock that a panic cannot poison.
+//! 1. [`value`]: BSON helpers every layer shares (MongoDB's comparison order, values rendered
+//!    for messages, typed field readers, error codes); [`limits`]: the limits MongoDB enforces
+//!    and the iterative measurements that check them; [`sync`]: the lock a panic cannot poison.
+//! 2. [`wire`]: bytes to messages and back (OP_MSG, the legacy OP_QUERY handshake,
+//!    OP_COMPRESSED), zero-copy views over `bytes::Bytes`; [`routing`]: shard key patterns,
+//!    MongoDB's hashed key, chunk maps and routing snapshots.
+//! 3. [`engine`]: the document engine (paths, the query matcher, sort, projection, update
+//!    operators, aggregation) that the embedded shard stores with and the router merges with;
+//!    [`backend`]: shard connections, pools, the per-shard queue and its adaptive limit, and the
+//!    replica-set topology core.
+//! 4. [`config`]: the TOML configuration, its defaults and the write policy.
+//! 5. [`command`]: what every server shares — the request envelope, the error type, server
+//!    state and information, `hello`; [`cluster`]: the router's view of its shards (pools,
+//!    queues, the routing table); [`auth`]: the security core (SCRAM, X.509, roles, TLS
+//!    configuration), not wired yet.
+//! 6. [`read`]: targeted and scatter-gather reads, the merge and the router's cursors;
+//!    [`write`]: targeting, the pure planner, child batches, reply merging; [`frontend`]: the
+//!    listener and one task per client connection.
+//! 7. [`embedded`]: the embedded shard, an in-memory mongod-compatible server for the demo, the
+//!    tests and the benchmarks (memory only, not for production); [`metadata`]: where routing metadata
+//!    comes from (the config server as a routing source).
+//! 8. [`router`]: the router's service — one dispatch, forwarding, sharding administration,
+//!    start-up.
+//! 9. [`bench`]: the `sluice bench` scenarios; [`fuzz`]: the fuzz targets' entry points (replayed
+//!    by `cargo test`); `main.rs`: the command line.
 
 pub mod auth;
 pub mod backend;
@@ -24,12 +39,15 @@ pub mod cluster;
 pub mod command;
 pub mod config;
 pub mod embedded;
-pub mod error_codes;
+pub mod engine;
 pub mod frontend;
+pub mod fuzz;
 pub mod limits;
-pub mod order;
+pub mod metadata;
 pub mod read;
+pub mod router;
 pub mod routing;
 pub mod sync;
+pub mod value;
 pub mod wire;
 pub mod write;

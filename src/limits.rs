@@ -47,7 +47,13 @@ pub const DEFAULT_STAGE_MEMORY_BYTES: usize = 100 * 1024 * 1024;
 /// The largest document an engine result may be once encoded: a user document plus the room
 /// mongod allows internal documents (`BSONObjMaxInternalSize`; BSONObjectTooLarge, 10334,
 /// beyond it).
-pub const MAX_INTERNAL_DOCUMENT_SIZE: usize = crate::wire::MAX_BSON_INTERNAL_SIZE;
+pub const MAX_INTERNAL_DOCUMENT_SIZE: usize = 16 * 1024 * 1024 + 16 * 1024;
+
+/// The stack each request is handled on: a worker thread of the server's runtime (tokio's
+/// default, set explicitly in `main`). Every recursion bounded by the limits above must fit in
+/// it; the fuzz targets run their inputs on a thread of this size so that they would see a
+/// stack overflow the server would.
+pub const WORKER_STACK_BYTES: usize = 2 * 1024 * 1024;
 
 /// Longest database name (`DatabaseName::kMaxDatabaseNameLength`).
 pub const MAX_DATABASE_NAME_LEN: usize = 63;

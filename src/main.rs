@@ -130,6 +130,7 @@ fn main() -> anyhow::Result<()> {
     let runtime = || {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
+            .thread_stack_size(sluice::limits::WORKER_STACK_BYTES)
             .build()
             .context("cannot start the async runtime")
     };
@@ -261,7 +262,7 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
         let demo: Config = toml::from_str(include_str!("../configs/demo.toml"))
             .context("configs/demo.toml is invalid")?;
         Some(
-            sluice::cluster::bootstrap(
+            sluice::router::bootstrap(
                 None,
                 &infos,
                 &demo.collections,
@@ -282,7 +283,7 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
             })
             .collect();
         Some(
-            sluice::cluster::bootstrap(
+            sluice::router::bootstrap(
                 config.metadata_path.as_ref().map(Into::into),
                 &infos,
                 &config.collections,
@@ -295,7 +296,7 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
     } else {
         None
     };
-    let router = sluice::frontend::start_router(config, argv, cluster.clone())
+    let router = sluice::router::start_router(config, argv, cluster.clone())
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = router.local_addr();

@@ -12,8 +12,8 @@ use sluice::backend::topology::{
     Hello, MemberWait, Need, Now, Printer, ReadPreference, SeedList, ShardTopology,
     TopologySettings, WaitStep,
 };
-use sluice::embedded::render::{render_doc, render_value};
-use sluice::embedded::update::type_name;
+use sluice::value::field::type_name;
+use sluice::value::render::{render_doc, render_value};
 
 const PRINTER: Printer = Printer {
     document: render_doc,

@@ -55,9 +55,9 @@ use common::TestCluster;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngSeed, TestCaseError, TestRunner};
 use sluice::config::Config;
-use sluice::embedded::matcher::Matcher;
-use sluice::embedded::update::Update;
 use sluice::embedded::EmbeddedShard;
+use sluice::engine::matcher::Matcher;
+use sluice::engine::update::Update;
 use sluice::routing::RoutingSnapshot;
 use sluice::write::plan::Policy;
 

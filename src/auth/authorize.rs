@@ -27,7 +27,7 @@
 use super::render::render_command;
 use super::roles::{Action, Principal, Privileges, Resource};
 use super::AuthError;
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 use bson::raw::{RawArray, RawBsonRef, RawDocument};
 use bson::RawDocumentBuf;
 

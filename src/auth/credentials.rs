@@ -24,7 +24,7 @@
 use super::roles::{is_builtin_role, Principal, RoleName};
 use super::scram::{ScramCredential, ScramMechanism, MIN_ITERATIONS};
 use super::{AuthError, UserName, EXTERNAL_DB};
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use bson::spec::BinarySubtype;

@@ -25,7 +25,7 @@ use super::scram::{
     prepare_password, ClientConversation, ScramClientError, ScramCredential, ScramMechanism,
 };
 use super::{secure_random, AuthError, INTERNAL_USER};
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 use std::fmt;
 use std::path::Path;
 

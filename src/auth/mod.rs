@@ -4,7 +4,7 @@
 //! Everything here is sans-IO: functions and state machines that take bytes, documents and
 //! already-read files and return replies, errors and configurations. The connection task, the
 //! dispatcher, the backend pools and the embedded shard call into it; nothing here calls out.
-//! It imports nothing from the rest of the crate but [`crate::error_codes`], so it sits beside
+//! It imports nothing from the rest of the crate but [`crate::value::error_codes`], so it sits beside
 //! `wire/` in the layering (see `docs/design/security.md`).
 //!
 //! | module | owns |
@@ -29,7 +29,7 @@ pub mod scram;
 pub mod tls;
 pub mod x509;
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 use std::fmt;
 
 /// The database of users that authenticate outside MongoDB (X.509 subjects).

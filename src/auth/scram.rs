@@ -152,7 +152,7 @@ pub fn mongo_password_digest(user: &str, password: &str) -> String {
 /// SASLprep gives (`createUser`/`updateUser` report them; a client conversation reports them
 /// as a local error).
 pub fn saslprep_password(password: &str) -> Result<String, AuthError> {
-    use crate::error_codes::ErrorCode;
+    use crate::value::error_codes::ErrorCode;
     if password.is_empty() {
         return Err(AuthError::new(
             ErrorCode::SaslPrepEmpty,

@@ -25,7 +25,7 @@
 
 use super::x509::{X509Error, X509Name};
 use super::AuthError;
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;

@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 use crate::wire::{self, BsonDoc, Message, OpMsgBuilder};
 
 /// Runs futures concurrently on the current task and returns their outputs in order (the
@@ -441,102 +441,5 @@ impl Drop for PooledConnection {
                 self.pool.metrics.idle.set(idle.len() as f64);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::embedded::{EmbeddedShard, ShardOptions};
-
-    #[tokio::test]
-    async fn pool_reuses_and_evicts() {
-        let shard = EmbeddedShard::start("127.0.0.1:0", ShardOptions::for_tests())
-            .await
-            .unwrap();
-        let pool = Arc::new(ShardPool::new(
-            "shard0",
-            &shard.local_addr().to_string(),
-            PoolOptions {
-                max_size: 2,
-                ..PoolOptions::default()
-            },
-        ));
-        let r = pool
-            .run_command(&doc! {"ping": 1, "$db": "admin"})
-            .await
-            .unwrap();
-        assert_eq!(r.get_f64("ok").unwrap(), 1.0);
-        assert_eq!(pool.idle_count(), 1, "returned to the pool");
-        pool.run_command(&doc! {"ping": 1, "$db": "admin"})
-            .await
-            .unwrap();
-        assert_eq!(pool.idle_count(), 1, "reused, not a second connection");
-
-        // A connection the shard closes mid-exchange is not returned.
-        pool.run_command(&doc! {"configureFailPoint": "failCommand", "mode": {"times": 1}, "data": {"failCommands": ["ping"], "closeConnection": true}, "$db": "admin"})
-            .await
-            .unwrap();
-        let e = pool
-            .run_command(&doc! {"ping": 1, "$db": "admin"})
-            .await
-            .unwrap_err();
-        assert_eq!(e.code(), ErrorCode::HostUnreachable);
-        assert_eq!(pool.idle_count(), 0);
-        assert!(pool
-            .run_command(&doc! {"ping": 1, "$db": "admin"})
-            .await
-            .is_ok());
-
-        // An idle connection whose shard went away is evicted at checkout.
-        let addr = shard.local_addr().to_string();
-        shard.shutdown().await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let e = pool
-            .run_command(&doc! {"ping": 1, "$db": "admin"})
-            .await
-            .unwrap_err();
-        assert!(e.to_string().contains("cannot connect"), "{e} ({addr})");
-        assert!(pool.evicted_count() >= 2);
-    }
-
-    #[tokio::test]
-    async fn pool_warms_to_min_idle() {
-        let shard = EmbeddedShard::start("127.0.0.1:0", ShardOptions::default())
-            .await
-            .unwrap();
-        let pool = Arc::new(ShardPool::new(
-            "s",
-            &shard.local_addr().to_string(),
-            PoolOptions {
-                min_idle: 3,
-                ..PoolOptions::default()
-            },
-        ));
-        pool.warm().await;
-        assert_eq!(pool.idle_count(), 3);
-        shard.shutdown().await;
-    }
-
-    #[tokio::test]
-    async fn pool_bounds_open_connections() {
-        let shard = EmbeddedShard::start("127.0.0.1:0", ShardOptions::default())
-            .await
-            .unwrap();
-        let pool = Arc::new(ShardPool::new(
-            "s",
-            &shard.local_addr().to_string(),
-            PoolOptions {
-                max_size: 1,
-                connect_timeout: Duration::from_millis(200),
-                ..PoolOptions::default()
-            },
-        ));
-        let held = pool.checkout().await.unwrap();
-        let e = pool.checkout().await.unwrap_err();
-        assert_eq!(e.code(), ErrorCode::NetworkTimeout);
-        drop(held);
-        assert!(pool.checkout().await.is_ok());
-        shard.shutdown().await;
     }
 }

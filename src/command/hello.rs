@@ -12,16 +12,17 @@ use std::time::Duration;
 
 use bson::{doc, Bson, Document};
 
-use super::{number_field, truthy, ClientState, CommandError, CommandRequest, ServerState};
-use crate::error_codes::ErrorCode;
+use super::{ClientState, CommandError, CommandRequest, ServerState};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{number_field, truthy};
 use crate::wire::{Compressor, MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE};
 
 /// Highest wire version Sluice speaks: MongoDB 8.0's.
 pub const MAX_WIRE_VERSION: i32 = 25;
 /// Lowest wire version offered to external clients (mongos advertises 0).
 pub const MIN_WIRE_VERSION: i32 = 0;
-/// `maxWriteBatchSize`.
-pub const MAX_WRITE_BATCH_SIZE: i32 = 100_000;
+/// `maxWriteBatchSize`, as `hello` reports it: the limit the router and the shard enforce.
+pub const MAX_WRITE_BATCH_SIZE: i32 = crate::limits::MAX_WRITE_BATCH_SIZE as i32;
 /// `logicalSessionTimeoutMinutes` (the server default).
 pub const LOGICAL_SESSION_TIMEOUT_MINUTES: i32 = 30;
 

@@ -1,26 +1,26 @@
-//! Command dispatch: a decoded request becomes a typed [`CommandRequest`], is routed by name to
-//! its handler, and comes back as a reply document with mongos's shape.
-//!
-//! One file per command family: [`hello`] (the handshake and its awaitable form),
-//! [`server_info`] (`buildInfo`, `serverStatus`, `getParameter`, …). An unknown command is a
-//! value ([`CommandError`] with code 59), never a panic. Handlers do not touch sockets; the
-//! frontend owns the connection and hands them the per-connection [`ClientState`].
+//! What every server shares, the router and the embedded shard alike: a decoded request as a
+//! typed [`CommandRequest`], the [`CommandError`] every handler fails with (an unknown command
+//! is a value with code 59, never a panic), the shared [`ServerState`] (counters, the cluster
+//! clock), the request checks both servers make (`maxTimeMS`, `lsid`), and the commands both
+//! answer alike: [`hello`] (the handshake and its awaitable form) and [`server_info`]
+//! (`buildInfo`, `serverStatus`, `getParameter`, …). Handlers do not touch sockets; the frontend
+//! owns the connection and hands them the per-connection [`ClientState`]. The router's own
+//! dispatch is in `crate::router`, the embedded shard's in `crate::embedded`.
 
 pub mod hello;
-pub mod route;
 pub mod server_info;
-pub mod sharding;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bson::{doc, oid::ObjectId, Bson, Document, Timestamp};
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::error_codes::ErrorCode;
+use crate::engine::EngineError;
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::number_field;
 use crate::wire::{BsonDoc, Compressor, DocumentSequence};
 
 /// What one command failed with: the `{ok: 0, errmsg, code, codeName}` reply.
@@ -64,16 +64,23 @@ impl CommandError {
 
     /// The reply document for this error.
     pub fn to_reply(&self) -> Document {
-        let mut d = doc! {
-            "ok": 0.0,
-            "errmsg": &self.message,
-            "code": self.code.0,
-            "codeName": self.code.name(),
-        };
+        let mut d = self.code.error_reply(&self.message);
         if !self.labels.is_empty() {
             d.insert("errorLabels", self.labels.clone());
         }
         d
+    }
+}
+
+impl From<EngineError> for CommandError {
+    fn from(e: EngineError) -> Self {
+        CommandError::new(e.code, e.message)
+    }
+}
+
+impl From<CommandError> for EngineError {
+    fn from(e: CommandError) -> Self {
+        EngineError::new(e.code, e.message)
     }
 }
 
@@ -382,115 +389,6 @@ pub const GENERIC_ARGUMENTS: &[&str] = &[
     "backpressure",
 ];
 
-/// The router's command handler, served by the frontend.
-#[derive(Debug)]
-pub struct Router {
-    state: Arc<ServerState>,
-    cluster: Option<Arc<crate::cluster::Cluster>>,
-}
-
-impl Router {
-    /// A router over this shared state and, when it has shards, its cluster.
-    pub fn new(state: Arc<ServerState>, cluster: Option<Arc<crate::cluster::Cluster>>) -> Self {
-        Router { state, cluster }
-    }
-}
-
-impl crate::frontend::Service for Router {
-    fn state(&self) -> &Arc<ServerState> {
-        &self.state
-    }
-
-    fn handle<'a>(
-        &'a self,
-        client: &'a mut ClientState,
-        req: &'a CommandRequest,
-    ) -> crate::frontend::BoxFuture<'a, crate::frontend::Response> {
-        Box::pin(async move {
-            crate::frontend::Response::Reply(
-                dispatch(&self.state, self.cluster.as_ref(), client, req).await,
-            )
-        })
-    }
-
-    fn connection_closed<'a>(
-        &'a self,
-        client: &'a ClientState,
-    ) -> crate::frontend::BoxFuture<'a, ()> {
-        Box::pin(async move {
-            if let Some(cluster) = &self.cluster {
-                // Only the connection that opened a cursor may use it: its cursors go with it.
-                cluster.cursors.close_owner(cluster, client.id).await;
-            }
-        })
-    }
-}
-
-/// Commands mongos registers that the router forwards (to the database's primary shard, or
-/// through the read and write paths) when it does not answer them itself. Anything else that
-/// the router does not answer is unknown (CommandNotFound, 59): a client cannot reach a
-/// shard's internal commands (`_shardsvr*`, `_configsvr*`, Sluice's own `sluice*`) or its
-/// test-only ones (`configureFailPoint`) through the router.
-pub const FORWARDED_COMMANDS: &[&str] = &[
-    "abortTransaction",
-    "aggregate",
-    "analyze",
-    "collMod",
-    "collStats",
-    "collstats",
-    "commitTransaction",
-    "compact",
-    "convertToCapped",
-    "count",
-    "create",
-    "createIndexes",
-    "dataSize",
-    "datasize",
-    "dbStats",
-    "dbstats",
-    "delete",
-    "deleteIndexes",
-    "distinct",
-    "drop",
-    "dropDatabase",
-    "dropIndexes",
-    "explain",
-    "filemd5",
-    "find",
-    "findAndModify",
-    "findandmodify",
-    "getMore",
-    "insert",
-    "killCursors",
-    "listCollections",
-    "listDatabases",
-    "listIndexes",
-    "mapReduce",
-    "planCacheClear",
-    "planCacheClearFilters",
-    "planCacheListFilters",
-    "planCacheSetFilter",
-    "update",
-    "validate",
-    "validateDBMetadata",
-];
-
-/// Whether `name` is a command only shards, config servers or tests accept: never forwarded
-/// from a client, whatever the allow-list says.
-pub fn is_internal_command(name: &str) -> bool {
-    name.starts_with("_shardsvr")
-        || name.starts_with("_configsvr")
-        || name.starts_with("sluice")
-        || name == "configureFailPoint"
-}
-
-fn no_such_command(name: &str) -> CommandError {
-    CommandError::new(
-        ErrorCode::CommandNotFound,
-        format!("no such command: '{name}'"),
-    )
-}
-
 /// `maxTimeMS` of a request: `None` when absent or 0 (no limit); mongod's errors for a value
 /// that is not a non-negative 32-bit integer.
 pub fn max_time(body: &bson::RawDocument) -> Result<Option<std::time::Duration>, CommandError> {
@@ -544,153 +442,13 @@ pub fn session_id(lsid: &Document) -> Result<[u8; 16], CommandError> {
             ErrorCode::TypeMismatch,
             format!(
                 "BSON field 'OperationSessionInfo.lsid.id' is the wrong type '{}', expected type 'binData'",
-                crate::embedded::update::type_name(other)
+                crate::value::field::type_name(other)
             ),
         )),
         None => Err(CommandError::new(
             ErrorCode(40414),
             "BSON field 'OperationSessionInfo.lsid.id' is missing but a required field",
         )),
-    }
-}
-
-/// Checks what mongos checks of every request before running it: the database name, the
-/// `local` database (not usable through mongos), `lsid`.
-fn check_envelope(req: &CommandRequest) -> Result<(), CommandError> {
-    if let Err(message) = crate::limits::check_database_name(&req.db) {
-        return Err(CommandError::new(ErrorCode::InvalidNamespace, message));
-    }
-    if req.db == "local" {
-        return Err(CommandError::new(
-            ErrorCode::IllegalOperation,
-            "Can't use 'local' database through mongos",
-        ));
-    }
-    match req.body.raw().get("lsid") {
-        Ok(None) => {}
-        Ok(Some(bson::RawBsonRef::Document(lsid))) => {
-            let lsid = Document::try_from(lsid)
-                .map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?;
-            session_id(&lsid)?;
-        }
-        Ok(Some(_)) | Err(_) => {
-            return Err(CommandError::new(
-                ErrorCode::TypeMismatch,
-                "BSON field 'OperationSessionInfo.lsid' is the wrong type, expected type 'object'",
-            ))
-        }
-    }
-    Ok(())
-}
-
-/// Runs one command and returns its reply, `$clusterTime` and `operationTime` included, as
-/// mongos appends them to every reply. A request with `maxTimeMS` gets MaxTimeMSExpired (50)
-/// when that time passes before its reply is ready, however long its shards take.
-pub async fn dispatch(
-    state: &Arc<ServerState>,
-    cluster: Option<&Arc<crate::cluster::Cluster>>,
-    client: &mut ClientState,
-    req: &CommandRequest,
-) -> Document {
-    state.counters.op_command.fetch_add(1, Ordering::Relaxed);
-    let result = match check_envelope(req).and_then(|_| {
-        if matches!(req.name.as_str(), "hello" | "isMaster" | "ismaster") {
-            Ok(None)
-        } else {
-            max_time(req.body.raw())
-        }
-    }) {
-        Err(e) => Err(e),
-        Ok(None) => run_command(state, cluster, client, req).await,
-        Ok(Some(limit)) => {
-            match tokio::time::timeout(limit, run_command(state, cluster, client, req)).await {
-                Ok(r) => r,
-                Err(_) => Err(CommandError::new(
-                    ErrorCode::MaxTimeMSExpired,
-                    "operation exceeded time limit",
-                )),
-            }
-        }
-    };
-    let mut reply = match result {
-        Ok(mut d) => {
-            // Forwarded replies carry the shard's `ok` (0 or 1); the router's own lack one.
-            if !d.contains_key("ok") {
-                d.insert("ok", 1.0);
-            }
-            d
-        }
-        Err(e) => e.to_reply(),
-    };
-    append_cluster_time(state, &mut reply);
-    reply
-}
-
-/// Runs one command: the router's own, or forwarded. A forwarded reply keeps its `ok`.
-async fn run_command(
-    state: &Arc<ServerState>,
-    cluster: Option<&Arc<crate::cluster::Cluster>>,
-    client: &mut ClientState,
-    req: &CommandRequest,
-) -> Result<Document, CommandError> {
-    if req.db == "config"
-        && !matches!(
-            req.name.as_str(),
-            "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo"
-        )
-    {
-        let name = format!(
-            "{}:{}",
-            server_info::hostname(),
-            state.config.listen.rsplit(':').next().unwrap_or("")
-        );
-        return sharding::config_read(
-            cluster,
-            client,
-            req,
-            &name,
-            state.started.elapsed().as_secs() as i64,
-        )
-        .await;
-    }
-    match req.name.as_str() {
-        "hello" | "isMaster" | "ismaster" => hello::hello(state, client, req).await,
-        "ping" => Ok(doc! {}),
-        "buildInfo" | "buildinfo" => Ok(server_info::build_info()),
-        "getParameter" => {
-            server_info::get_parameter(req, &server_info::Parameters::of(&state.config))
-        }
-        "getLog" => server_info::get_log(req),
-        "whatsmyuri" => Ok(doc! {"you": client.peer.to_string()}),
-        "connectionStatus" => Ok(server_info::connection_status(req)),
-        "endSessions" => server_info::end_sessions(req),
-        "getCmdLineOpts" => Ok(server_info::get_cmd_line_opts(state)),
-        "serverStatus" => Ok(server_info::server_status(state)),
-        "enableSharding" | "enablesharding" => sharding::enable_sharding(cluster, req),
-        "shardCollection" | "shardcollection" => sharding::shard_collection(cluster, req).await,
-        "listShards" | "listshards" => sharding::list_shards(cluster),
-        "flushRouterConfig" | "flushrouterconfig" => sharding::flush_router_config(cluster),
-        "balancerStatus" => Ok(sharding::balancer_status()),
-        "aggregate" if req.body.raw().get_str("aggregate").is_err() => {
-            match sharding::local_documents_aggregate(req, state.config.stage_memory_bytes) {
-                Some(r) => r,
-                None => Err(CommandError::new(
-                    ErrorCode::InvalidNamespace,
-                    "collection-less aggregations are only supported with $documents",
-                )),
-            }
-        }
-        other if is_internal_command(other) || !FORWARDED_COMMANDS.contains(&other) => {
-            Err(no_such_command(other))
-        }
-        other => match cluster {
-            Some(cluster) => {
-                let coll = req.body.raw().get_str(other).unwrap_or("");
-                let policy = state.config.rewrite_policy(&format!("{}.{coll}", req.db));
-                route::route(cluster, &state.writes, policy, req, client.id).await
-            }
-            None => Err(no_such_command(other)),
-        },
     }
 }
 
@@ -711,16 +469,6 @@ pub fn append_cluster_time(state: &ServerState, reply: &mut Document) {
         },
     );
     reply.insert("operationTime", t);
-}
-
-/// Reads a field that must be a number, as an `i64` (doubles are truncated as mongod does).
-pub fn number_field(doc: &Document, key: &str) -> Option<i64> {
-    match doc.get(key)? {
-        Bson::Int32(v) => Some(*v as i64),
-        Bson::Int64(v) => Some(*v),
-        Bson::Double(v) if v.is_finite() => Some(*v as i64),
-        _ => None,
-    }
 }
 
 /// Checks one statement of an `update` or `delete` command (`command`) as mongod's parser does
@@ -746,7 +494,7 @@ pub fn check_write_statement(command: &str, stmt: &Document) -> Result<(), Comma
                 ErrorCode::TypeMismatch,
                 format!(
                 "BSON field '{command}.{field}.q' is the wrong type '{}', expected type 'object'",
-                crate::embedded::update::type_name(other)
+                crate::value::field::type_name(other)
             ),
             ))
         }
@@ -775,18 +523,6 @@ pub fn check_write_statement(command: &str, stmt: &Document) -> Result<(), Comma
     }
 }
 
-/// MongoDB's truthiness for option fields: false, 0 and null are false.
-pub fn truthy(value: &Bson) -> bool {
-    match value {
-        Bson::Boolean(b) => *b,
-        Bson::Int32(v) => *v != 0,
-        Bson::Int64(v) => *v != 0,
-        Bson::Double(v) => *v != 0.0,
-        Bson::Null | Bson::Undefined => false,
-        _ => true,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -812,13 +548,5 @@ mod tests {
         assert_eq!(d.get_f64("ok").unwrap(), 0.0);
         assert_eq!(d.get_i32("code").unwrap(), 59);
         assert_eq!(d.get_str("codeName").unwrap(), "CommandNotFound");
-    }
-
-    #[test]
-    fn truthiness() {
-        assert!(truthy(&Bson::Int32(1)));
-        assert!(!truthy(&Bson::Double(0.0)));
-        assert!(!truthy(&Bson::Null));
-        assert!(truthy(&Bson::String(String::new())));
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bson::{doc, Bson, Document};
 
 use super::{CommandError, CommandRequest, ServerState, GENERIC_ARGUMENTS};
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 use crate::wire::{Compressor, MAX_BSON_OBJECT_SIZE};
 
 /// The MongoDB version Sluice presents (drivers and mongosh gate features on it).
@@ -159,7 +159,10 @@ pub fn get_log(req: &CommandRequest) -> Result<Document, CommandError> {
 pub fn connection_status(req: &CommandRequest) -> Document {
     let body = req.body_document();
     let mut auth = doc! {"authenticatedUsers": [], "authenticatedUserRoles": []};
-    if body.get("showPrivileges").is_some_and(super::truthy) {
+    if body
+        .get("showPrivileges")
+        .is_some_and(crate::value::field::truthy)
+    {
         auth.insert("authenticatedUserPrivileges", Bson::Array(vec![]));
     }
     doc! {"authInfo": auth}

@@ -3,20 +3,21 @@
 
 use std::collections::VecDeque;
 
-use bson::{doc, oid::ObjectId, Bson, Document};
+use bson::{doc, Bson, Document};
 
-use super::aggregate;
-use super::matcher::{equality_fields, Matcher};
-use super::query::{Projection, SortSpec};
 use super::service::{
     lock, Cursor, RetryCtx, ShardService, StmtOutcome, CURSOR_IDLE_TIMEOUT, MAX_OPEN_CURSORS,
 };
 use super::store::{check_namespace, Catalog, Collection};
-use super::update::Update;
-use super::{path, EngineError};
-use crate::command::{number_field, truthy, CommandRequest};
-use crate::error_codes::ErrorCode;
+use crate::command::CommandRequest;
+use crate::engine::aggregate;
+use crate::engine::matcher::Matcher;
+use crate::engine::query::{Projection, SortSpec};
+use crate::engine::update::{prepare_insert, upsert_document, Update};
+use crate::engine::{path, EngineError};
 use crate::limits::{measure, MAX_STORED_DEPTH, MAX_WRITE_BATCH_SIZE};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{number_field, truthy};
 use crate::wire::MAX_BSON_OBJECT_SIZE;
 
 /// Default size of a first batch, as mongod.
@@ -53,7 +54,7 @@ fn collection_name(req: &CommandRequest, body: &Document) -> Result<String, Engi
             ErrorCode::InvalidNamespace,
             format!(
                 "collection name has invalid type {}",
-                super::update::type_name(other)
+                crate::value::field::type_name(other)
             ),
         )),
         None => Err(err(ErrorCode::InvalidNamespace, "missing collection name")),
@@ -228,62 +229,12 @@ fn run_statements(
     out
 }
 
-/// Puts `_id` first, generating an ObjectId when missing, as mongod stores documents.
-fn prepare_insert(mut d: Document) -> Result<Document, EngineError> {
-    let id = match d.remove("_id") {
-        Some(Bson::Array(_)) => {
-            return Err(err(
-                ErrorCode::InvalidIdField,
-                "The '_id' value cannot be of type array",
-            ))
-        }
-        Some(Bson::RegularExpression(_)) => {
-            return Err(err(
-                ErrorCode::InvalidIdField,
-                "The '_id' value cannot be of type regex",
-            ))
-        }
-        Some(Bson::Undefined) => {
-            return Err(err(
-                ErrorCode::InvalidIdField,
-                "The '_id' value cannot be of type undefined",
-            ))
-        }
-        Some(v) => v,
-        None => Bson::ObjectId(ObjectId::new()),
-    };
-    let mut out = Document::new();
-    out.insert("_id", id);
-    for (k, v) in d {
-        out.insert(k, v);
-    }
-    let m = measure(&out);
-    if m.bytes > MAX_BSON_OBJECT_SIZE {
-        return Err(err(
-            ErrorCode::BSONObjectTooLarge,
-            format!(
-                "object to insert too large. size in bytes: {}, max size: {MAX_BSON_OBJECT_SIZE}",
-                m.bytes
-            ),
-        ));
-    }
-    if m.depth > MAX_STORED_DEPTH {
-        return Err(err(
-            ErrorCode::Overflow,
-            format!(
-                "cannot insert document because it exceeds {MAX_STORED_DEPTH} levels of nesting"
-            ),
-        ));
-    }
-    Ok(out)
-}
-
 /// Checks a document an update produced before it replaces the stored one: mongod's
 /// storage validation (nesting) and size limit.
 fn check_updated(d: &Document) -> Result<(), EngineError> {
     let m = measure(d);
     if m.depth > MAX_STORED_DEPTH {
-        return Err(super::update::too_deep());
+        return Err(crate::engine::update::too_deep());
     }
     if m.bytes > MAX_BSON_OBJECT_SIZE {
         return Err(err(
@@ -321,33 +272,6 @@ fn insert(
     let n = out.applied.len() as i32;
     svc.bump_opcounter("insert", n as i64);
     Ok(out.finish(doc! {"n": n}))
-}
-
-/// The document an upsert inserts: the filter's equality fields, then the update applied, `_id`
-/// first (generated when neither gives one). The router builds an upsert's document with it
-/// too, when it inserts the document of a write without shard key itself.
-pub fn upsert_document(filter: &Document, upd: &Update) -> Result<Document, EngineError> {
-    let mut seed = Document::new();
-    match upd {
-        Update::Replacement(_) => {
-            if let Some((_, id)) = equality_fields(filter)
-                .into_iter()
-                .find(|(k, _)| k == "_id")
-            {
-                seed.insert("_id", id);
-            }
-        }
-        Update::Operators(_) => {
-            for (k, v) in equality_fields(filter) {
-                if k.starts_with('$') {
-                    continue;
-                }
-                path::set(&mut seed, &k, v)?;
-            }
-        }
-    }
-    upd.apply(&mut seed, true)?;
-    prepare_insert(seed)
 }
 
 fn update(
@@ -644,13 +568,8 @@ fn cursor_reply(
     let id = if remaining.is_empty() || single_batch {
         0i64
     } else {
-        let id = loop {
-            let candidate = (rand_u64() >> 2) as i64;
-            if candidate != 0 && !lock(&svc.cursors).contains_key(&candidate) {
-                break candidate;
-            }
-        };
         let mut cursors = lock(&svc.cursors);
+        let id = crate::value::field::new_cursor_id(|id| cursors.contains_key(&id));
         if cursors.len() >= MAX_OPEN_CURSORS {
             cursors.retain(|_, c| c.last_used.elapsed() < CURSOR_IDLE_TIMEOUT);
         }
@@ -693,21 +612,6 @@ fn take_batch(remaining: &mut VecDeque<Document>, batch: usize) -> Vec<Bson> {
     out
 }
 
-fn rand_u64() -> u64 {
-    let oid = ObjectId::new().bytes();
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let mut x = u64::from_le_bytes([
-        oid[4], oid[5], oid[6], oid[7], oid[8], oid[9], oid[10], oid[11],
-    ]) ^ t.rotate_left(17);
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    x
-}
-
 fn batch_size(body: &Document, field: &str) -> Result<Option<usize>, EngineError> {
     match body.get(field) {
         None => Ok(None),
@@ -717,7 +621,7 @@ fn batch_size(body: &Document, field: &str) -> Result<Option<usize>, EngineError
                 ErrorCode(51024),
                 format!(
                     "BSON field '{field}' value must be >= 0, actual value '{}'",
-                    super::render::render_value(v)
+                    crate::value::render::render_value(v)
                 ),
             )),
             None => Err(err(
@@ -754,7 +658,7 @@ fn doc_arg(body: &Document, field: &str, cmd: &str) -> Result<Document, EngineEr
             ErrorCode::TypeMismatch,
             format!(
                 "BSON field '{cmd}.{field}' is the wrong type '{}', expected type 'object'",
-                super::update::type_name(other)
+                crate::value::field::type_name(other)
             ),
         )),
     }
@@ -919,10 +823,10 @@ fn distinct(
     path::check_field_path(key)?;
     let query = doc_arg(body, "query", "distinct")?;
     let docs = matching_documents(svc, &req.db, &coll, &query)?;
-    let mut values: std::collections::BTreeSet<crate::order::OrdBson> = Default::default();
+    let mut values: std::collections::BTreeSet<crate::value::compare::OrdBson> = Default::default();
     for d in &docs {
         for v in path::lookup(d, key).expanded() {
-            values.insert(crate::order::OrdBson(v.clone()));
+            values.insert(crate::value::compare::OrdBson(v.clone()));
         }
     }
     let values: Vec<Bson> = values.into_iter().map(|v| v.0).collect();

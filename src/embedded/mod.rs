@@ -17,91 +17,18 @@
 //! [`update`] (update operators), [`query`] (sort, projection), [`aggregate`] (pipelines),
 //! [`path`] (dotted paths), [`render`] (values in error messages), [`service`] (commands).
 
-pub mod aggregate;
 pub mod commands;
-pub mod matcher;
-pub mod path;
-pub mod query;
-pub mod render;
 pub mod service;
 pub mod store;
-pub mod update;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{doc, Document};
-
 use crate::config::Config;
-use crate::error_codes::ErrorCode;
 use crate::frontend::RouterHandle;
 
 pub use service::ShardService;
-
-/// An error of the embedded engine, with the extra fields mongod puts beside `code` and
-/// `errmsg` (`keyPattern`/`keyValue` for a duplicate key, the versions of a StaleConfig).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct EngineError {
-    /// The MongoDB code.
-    pub code: ErrorCode,
-    /// The `errmsg`.
-    pub message: String,
-    /// Extra fields.
-    pub extra: Option<Document>,
-}
-
-impl EngineError {
-    /// An error with this code and message.
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        EngineError {
-            code,
-            message: message.into(),
-            extra: None,
-        }
-    }
-
-    /// Adds extra fields.
-    pub fn with_extra(mut self, extra: Document) -> Self {
-        self.extra = Some(extra);
-        self
-    }
-
-    /// The `writeErrors` entry for statement `index`.
-    pub fn write_error(&self, index: usize) -> Document {
-        let mut d = doc! {"index": index as i32, "code": self.code.0, "errmsg": &self.message};
-        if let Some(extra) = &self.extra {
-            for (k, v) in extra {
-                d.insert(k.clone(), v.clone());
-            }
-        }
-        d
-    }
-
-    /// The `{ok: 0, errmsg, code, codeName, …}` reply.
-    pub fn to_reply(&self) -> Document {
-        let mut d = crate::command::CommandError::new(self.code, self.message.as_str()).to_reply();
-        if let Some(extra) = &self.extra {
-            for (k, v) in extra {
-                d.insert(k.clone(), v.clone());
-            }
-        }
-        d
-    }
-}
-
-impl From<EngineError> for crate::command::CommandError {
-    fn from(e: EngineError) -> Self {
-        crate::command::CommandError::new(e.code, e.message)
-    }
-}
-
-impl From<crate::command::CommandError> for EngineError {
-    fn from(e: crate::command::CommandError) -> Self {
-        EngineError::new(e.code, e.message)
-    }
-}
 
 /// How an embedded shard behaves.
 #[derive(Debug, Clone)]

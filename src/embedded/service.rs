@@ -14,11 +14,12 @@ use bson::{doc, oid::ObjectId, Bson, Document};
 use tokio::sync::Semaphore;
 
 use super::store::Catalog;
-use super::{EngineError, ShardOptions};
+use super::ShardOptions;
 use crate::command::{self, hello, server_info, ClientState, CommandRequest, ServerState};
-use crate::error_codes::ErrorCode;
+use crate::engine::EngineError;
 use crate::frontend::{BoxFuture, Response, Service};
-use crate::order::values_equal;
+use crate::value::compare::values_equal;
+use crate::value::error_codes::ErrorCode;
 use crate::wire::{MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE};
 
 /// Commands that touch data: they pay the injected latency and take a concurrency slot.
@@ -300,7 +301,7 @@ impl ShardService {
     fn retry_ctx(&self, body: &Document, n: usize) -> Result<Option<RetryCtx>, EngineError> {
         let (Ok(lsid), Some(txn)) = (
             body.get_document("lsid"),
-            command::number_field(body, "txnNumber"),
+            crate::value::field::number_field(body, "txnNumber"),
         ) else {
             return Ok(None);
         };
@@ -315,7 +316,7 @@ impl ShardService {
                 })
                 .collect(),
             _ => {
-                let first = command::number_field(body, "stmtId").unwrap_or(0) as i32;
+                let first = crate::value::field::number_field(body, "stmtId").unwrap_or(0) as i32;
                 (0..n as i32).map(|i| first.wrapping_add(i)).collect()
             }
         };
@@ -415,7 +416,7 @@ impl ShardService {
             "lastWrite",
             doc! {"opTime": {"ts": now, "t": 1i64}, "lastWriteDate": bson::DateTime::now()},
         );
-        if body.get("helloOk").is_some_and(command::truthy) {
+        if body.get("helloOk").is_some_and(crate::value::field::truthy) {
             d.insert("helloOk", true);
         }
         d.insert("maxBsonObjectSize", MAX_BSON_OBJECT_SIZE as i32);
@@ -477,7 +478,7 @@ impl ShardService {
                 return Ok(doc! {"count": previously});
             }
             Some(Bson::String(m)) if m == "alwaysOn" => None,
-            Some(Bson::Document(m)) => match command::number_field(m, "times") {
+            Some(Bson::Document(m)) => match crate::value::field::number_field(m, "times") {
                 Some(n) if n > 0 => Some(n as u64),
                 Some(_) => {
                     *guard = None;
@@ -510,9 +511,12 @@ impl ShardService {
                 ))
             }
         };
-        let block = if data.get("blockConnection").is_some_and(command::truthy) {
+        let block = if data
+            .get("blockConnection")
+            .is_some_and(crate::value::field::truthy)
+        {
             Some(Duration::from_millis(
-                command::number_field(&data, "blockTimeMS")
+                crate::value::field::number_field(&data, "blockTimeMS")
                     .unwrap_or(0)
                     .max(0) as u64,
             ))
@@ -522,8 +526,10 @@ impl ShardService {
         *guard = Some(FailPoint {
             times,
             commands,
-            close_connection: data.get("closeConnection").is_some_and(command::truthy),
-            error_code: command::number_field(&data, "errorCode").map(|c| c as i32),
+            close_connection: data
+                .get("closeConnection")
+                .is_some_and(crate::value::field::truthy),
+            error_code: crate::value::field::number_field(&data, "errorCode").map(|c| c as i32),
             error_labels: data.get_array("errorLabels").ok().cloned(),
             block,
             write_concern_error: data.get_document("writeConcernError").ok().cloned(),
@@ -592,7 +598,9 @@ impl ShardService {
             None
         };
 
-        if body.get("startTransaction").is_some_and(command::truthy)
+        if body
+            .get("startTransaction")
+            .is_some_and(crate::value::field::truthy)
             || matches!(body.get("autocommit"), Some(Bson::Boolean(false)))
             || matches!(name, "commitTransaction" | "abortTransaction")
         {
@@ -680,7 +688,7 @@ impl ShardService {
 
     fn set_latency(&self, body: &Document) -> Result<Document, EngineError> {
         let micros = |field: &str| {
-            let v = command::number_field(body, field).unwrap_or(0);
+            let v = crate::value::field::number_field(body, field).unwrap_or(0);
             if !(0..=MAX_INJECTED_LATENCY_MICROS).contains(&v) {
                 return Err(EngineError::new(
                     ErrorCode::BadValue,

@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 
 use bson::{doc, Bson, Document};
 
-use super::matcher::Matcher;
-use super::render::render_doc;
-use super::EngineError;
-use crate::error_codes::ErrorCode;
-use crate::order::OrdBson;
+use crate::engine::matcher::Matcher;
+use crate::engine::EngineError;
+use crate::value::compare::OrdBson;
+use crate::value::error_codes::ErrorCode;
+use crate::value::render::render_doc;
 
 /// A record id: the position of a document in insertion order.
 pub type RecordId = u64;
@@ -123,7 +123,13 @@ impl Collection {
     fn unique_key(spec: &IndexSpec, d: &Document) -> Vec<OrdBson> {
         spec.key
             .keys()
-            .map(|k| OrdBson(super::path::get(d, k).cloned().unwrap_or(Bson::Null)))
+            .map(|k| {
+                OrdBson(
+                    crate::engine::path::get(d, k)
+                        .cloned()
+                        .unwrap_or(Bson::Null),
+                )
+            })
             .collect()
     }
 
@@ -138,7 +144,7 @@ impl Collection {
         }
         let shown: Vec<String> = key_value
             .iter()
-            .map(|(k, v)| format!("{k}: {}", super::render::render_value(v)))
+            .map(|(k, v)| format!("{k}: {}", crate::value::render::render_value(v)))
             .collect();
         EngineError::new(
             ErrorCode::DuplicateKey,
@@ -254,7 +260,7 @@ impl Collection {
                 .collect::<Vec<_>>()
                 .join("_"),
         };
-        let unique = spec.get("unique").is_some_and(crate::command::truthy);
+        let unique = spec.get("unique").is_some_and(crate::value::field::truthy);
         if let Some(existing) = self.indexes.iter().find(|i| i.name == name) {
             if existing.key == key && existing.unique == unique {
                 return Ok(false);
@@ -325,7 +331,7 @@ impl Collection {
                     "index not found with name [{}]",
                     match which {
                         Bson::String(s) => s.clone(),
-                        other => super::render::render_value(other),
+                        other => crate::value::render::render_value(other),
                     }
                 ),
             )),

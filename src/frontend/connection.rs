@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use super::{Response, Service};
 use crate::command::{self, hello, ClientState, CommandError, CommandRequest, ServerState};
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 use crate::wire::{
     self, encode_compressed, encode_op_reply, Compressor, Header, Incoming, Message, MsgFlags,
     OpCode, OpMsg, OpMsgBuilder, OpQuery, ReplyFlags, WireError,
@@ -661,7 +661,7 @@ fn command_label(name: &str) -> &'static str {
 }
 
 /// Builds the dispatcher's view of an OP_MSG: the command name and `$db`.
-fn command_request(msg: &OpMsg) -> Result<CommandRequest, CommandError> {
+pub fn command_request(msg: &OpMsg) -> Result<CommandRequest, CommandError> {
     let name = msg.body.first_key().unwrap_or_default().to_string();
     let db = match msg.body.raw().get("$db") {
         Ok(Some(bson::RawBsonRef::String(db))) => db.to_string(),

@@ -16,9 +16,10 @@ use bson::Document;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::command::{ClientState, CommandRequest, Router, ServerState};
+use crate::command::{ClientState, CommandRequest, ServerState};
 use crate::config::Config;
 
+pub use connection::command_request;
 pub use listener::bind;
 
 /// A boxed future, as returned by [`Service::handle`].
@@ -91,23 +92,6 @@ impl std::fmt::Debug for RouterHandle {
             .field("addr", &self.addr)
             .finish()
     }
-}
-
-/// Binds the configured address and starts serving clients as a router without shards.
-pub async fn start(config: Config, argv: Vec<String>) -> std::io::Result<RouterHandle> {
-    start_router(config, argv, None).await
-}
-
-/// Binds the configured address and starts serving clients as the router of `cluster`.
-pub async fn start_router(
-    config: Config,
-    argv: Vec<String>,
-    cluster: Option<Arc<crate::cluster::Cluster>>,
-) -> std::io::Result<RouterHandle> {
-    if let Some(c) = &cluster {
-        c.set_stage_memory(config.stage_memory_bytes);
-    }
-    start_service(config, argv, |state| Arc::new(Router::new(state, cluster))).await
 }
 
 /// Binds the configured address and serves `make(state)`'s commands on it.

@@ -7,7 +7,7 @@ use std::collections::BinaryHeap;
 
 use bson::{doc, Bson, Document};
 
-use crate::embedded::query::SortSpec;
+use crate::engine::query::SortSpec;
 
 /// Merges per-shard lists, each already sorted by `sort`, into one sorted list. Ties keep the
 /// order of the shard lists (stable), so equal keys come out deterministically.
@@ -135,13 +135,13 @@ pub fn split_pipeline(pipeline: &[Bson]) -> SplitPipeline {
                     Some("$skip") => {
                         skip += s
                             .as_document()
-                            .and_then(|d| crate::command::number_field(d, "$skip"))
+                            .and_then(|d| crate::value::field::number_field(d, "$skip"))
                             .unwrap_or(0)
                     }
                     Some("$limit") => {
                         bound = s
                             .as_document()
-                            .and_then(|d| crate::command::number_field(d, "$limit"))
+                            .and_then(|d| crate::value::field::number_field(d, "$limit"))
                             .map(|l| l + skip);
                         break;
                     }
@@ -167,13 +167,13 @@ pub fn split_pipeline(pipeline: &[Bson]) -> SplitPipeline {
                     Some("$skip") => {
                         total += s
                             .as_document()
-                            .and_then(|d| crate::command::number_field(d, "$skip"))
+                            .and_then(|d| crate::value::field::number_field(d, "$skip"))
                             .unwrap_or(0)
                     }
                     Some("$limit") => {
                         total += s
                             .as_document()
-                            .and_then(|d| crate::command::number_field(d, "$limit"))
+                            .and_then(|d| crate::value::field::number_field(d, "$limit"))
                             .unwrap_or(0);
                         bounded = true;
                         break;
@@ -290,7 +290,7 @@ fn split_group(group: Option<&Document>) -> Option<(Document, Vec<Bson>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::embedded::aggregate;
+    use crate::engine::aggregate;
 
     fn sorted(spec: Document, mut docs: Vec<Document>) -> Vec<Document> {
         SortSpec::parse(&spec).unwrap().sort(&mut docs);

@@ -23,15 +23,16 @@ use bson::{doc, Bson, Document};
 use crate::backend::limiter::{OpKind, Outcome};
 use crate::backend::BackendError;
 use crate::cluster::{Cluster, SlotRequest};
-use crate::command::{number_field, truthy, CommandError, CommandRequest};
-use crate::embedded::query::{Projection, SortSpec};
-use crate::error_codes::ErrorCode;
+use crate::command::{CommandError, CommandRequest};
+use crate::engine::query::{Projection, SortSpec};
 use crate::routing::{FilterKeys, RoutingSnapshot};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{number_field, truthy};
 
 /// Default first-batch size, as mongod and mongos.
 const DEFAULT_BATCH: usize = 101;
 
-fn engine_err(e: crate::embedded::EngineError) -> CommandError {
+fn engine_err(e: crate::engine::EngineError) -> CommandError {
     CommandError::new(e.code, e.message)
 }
 
@@ -416,23 +417,6 @@ fn buffered_bytes(c: &RouterCursor) -> usize {
     }
 }
 
-fn new_cursor_id(taken: &HashMap<i64, RouterCursor>) -> i64 {
-    loop {
-        let id = (bson::oid::ObjectId::new()
-            .bytes()
-            .iter()
-            .fold(0u64, |a, b| a.wrapping_mul(131).wrapping_add(*b as u64))
-            >> 2) as i64
-            ^ (std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.subsec_nanos() as i64)
-                .unwrap_or(7));
-        if id > 0 && !taken.contains_key(&id) {
-            return id;
-        }
-    }
-}
-
 impl RouterCursors {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, RouterCursor>> {
         self.cursors.lock().unwrap_or_else(|p| p.into_inner())
@@ -554,7 +538,7 @@ impl RouterCursors {
             };
             self.make_room(cluster, bytes).await;
             let mut cursors = self.lock();
-            let id = new_cursor_id(&cursors);
+            let id = crate::value::field::new_cursor_id(|id| cursors.contains_key(&id));
             cursors.insert(
                 id,
                 RouterCursor {
@@ -822,8 +806,8 @@ pub async fn read(
                 Some(sort) => merge::k_way_merge(&SortSpec::parse(sort).map_err(engine_err)?, streams),
                 None => streams.into_iter().flatten().collect(),
             };
-            let options = crate::embedded::aggregate::AggregateOptions::for_request(stage_memory, &body);
-            let out = crate::embedded::aggregate::run_with(&split.router_part, merged, &options).map_err(engine_err)?;
+            let options = crate::engine::aggregate::AggregateOptions::for_request(stage_memory, &body);
+            let out = crate::engine::aggregate::run_with(&split.router_part, merged, &options).map_err(engine_err)?;
             let batch = body
                 .get_document("cursor")
                 .ok()
@@ -866,10 +850,10 @@ pub async fn read(
             let query = doc_field(&body, "query", "distinct")?;
             let cmd = doc! {"distinct": &coll, "key": &key, "query": query.clone()};
             let replies = on_each(cluster, snap, target_shards(snap, &query), &db, &cmd).await?;
-            let mut values: std::collections::BTreeSet<crate::order::OrdBson> = Default::default();
+            let mut values: std::collections::BTreeSet<crate::value::compare::OrdBson> = Default::default();
             for r in &replies {
                 for v in r.get_array("values").into_iter().flatten() {
-                    values.insert(crate::order::OrdBson(v.clone()));
+                    values.insert(crate::value::compare::OrdBson(v.clone()));
                 }
             }
             let values: Vec<Bson> = values.into_iter().map(|v| v.0).collect();

@@ -9,7 +9,7 @@ use bson::{oid::ObjectId, Bson, Timestamp};
 
 use super::shard_key::{ShardKey, ShardKeyPattern};
 use super::RoutingError;
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// A chunk version `major|minor`, stored as `Timestamp(major, minor)` in `config.chunks`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]

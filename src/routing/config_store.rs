@@ -22,7 +22,7 @@ use super::{RoutingError, ShardKeyPattern};
 use crate::command::ServerState;
 use crate::config::Config;
 use crate::embedded::{ShardOptions, ShardService};
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// The config collections persisted and served.
 const COLLECTIONS: &[&str] = &["version", "shards", "databases", "collections", "chunks"];

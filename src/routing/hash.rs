@@ -1,7 +1,7 @@
 //! `hash64`: MongoDB's hashed-index hash, bit for bit (`BSONElementHasher::hash64`, seed 0).
 //!
 //! The MD5 input is the seed (int32 LE), then for the value: its canonical type (int32 LE, see
-//! [`crate::order::canonical_type`]), the field name with its NUL for nested elements only,
+//! [`crate::value::compare::canonical_type`]), the field name with its NUL for nested elements only,
 //! then the value: numbers as the int64 of `safeNumberLongForHash` (LE); documents and arrays
 //! as their elements recursively (with names) and a 4-zero-byte terminator; CodeWScope as the
 //! code string with its NUL (no length), the scope's elements and the terminator; anything
@@ -11,7 +11,7 @@
 use bson::{Bson, RawBsonRef, RawDocument};
 use md5::{Digest, Md5};
 
-use crate::order::canonical_for;
+use crate::value::compare::canonical_for;
 
 /// The hash of a value, as stored in a hashed index and used for hashed shard keys.
 pub fn hash64(value: &Bson) -> i64 {

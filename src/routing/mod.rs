@@ -19,7 +19,7 @@ pub use hash::hash64;
 pub use shard_key::{FilterKeys, ShardKey, ShardKeyPattern};
 pub use table::{MetadataLoader, RoutingSnapshot, RoutingTable};
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// A routing error, reported to clients with its MongoDB code.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

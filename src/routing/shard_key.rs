@@ -7,8 +7,8 @@ use bson::{Bson, Document, RawBsonRef, RawDocument};
 
 use super::hash::{hash64, hash64_raw};
 use super::RoutingError;
-use crate::error_codes::ErrorCode;
-use crate::order::compare;
+use crate::value::compare::compare;
+use crate::value::error_codes::ErrorCode;
 
 /// One field of a shard key pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,7 +94,7 @@ impl ShardKeyPattern {
                         ErrorCode::BadValue,
                         format!(
                             "Unsupported shard key pattern {}. Pattern must either be a single hashed field, or a list of ascending fields",
-                            crate::embedded::render::render_doc(key)
+                            crate::value::render::render_doc(key)
                         ),
                     ))
                 }
@@ -109,7 +109,7 @@ impl ShardKeyPattern {
                 ErrorCode::BadValue,
                 format!(
                     "Shard key pattern {} has more than one hashed field; at most one field can be hashed",
-                    crate::embedded::render::render_doc(key)
+                    crate::value::render::render_doc(key)
                 ),
             ));
         }
@@ -173,7 +173,7 @@ impl ShardKeyPattern {
                         ErrorCode::FailedToParse,
                         format!(
                             "chunk bound {} lacks shard key field {}",
-                            crate::embedded::render::render_doc(d),
+                            crate::value::render::render_doc(d),
                             f.path
                         ),
                     )

@@ -4,8 +4,8 @@ use bson::{RawBsonRef, RawDocument};
 use bytes::Bytes;
 
 use super::WireError;
-use crate::error_codes::ErrorCode;
 use crate::limits::MAX_BSON_DEPTH;
+use crate::value::error_codes::ErrorCode;
 
 /// Bytes proven to be one well-formed BSON document (every element, recursively, and every
 /// string valid UTF-8). Cloning shares the frame's buffer.

@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 
 use super::WireError;
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// A compressor a client may negotiate in its handshake's `compression` list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,6 +1,6 @@
 //! Errors of the wire layer.
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// What went wrong with one message, and what the connection must do about it.
 #[derive(Debug, Clone, thiserror::Error)]

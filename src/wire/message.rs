@@ -4,7 +4,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{Compressor, Header, OpCode, OpMsg, OpQuery, WireError, HEADER_LEN, MAX_MESSAGE_SIZE};
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// A decoded request.
 #[derive(Debug, Clone)]

@@ -31,4 +31,4 @@ pub const MAX_MESSAGE_SIZE: usize = 48_000_000;
 pub const MAX_BSON_OBJECT_SIZE: usize = 16 * 1024 * 1024;
 
 /// Largest internal document: a user document plus room for command fields.
-pub const MAX_BSON_INTERNAL_SIZE: usize = MAX_BSON_OBJECT_SIZE + 16 * 1024;
+pub const MAX_BSON_INTERNAL_SIZE: usize = crate::limits::MAX_INTERNAL_DOCUMENT_SIZE;

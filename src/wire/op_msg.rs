@@ -4,7 +4,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{BsonDoc, Header, OpCode, WireError, HEADER_LEN, MAX_MESSAGE_SIZE};
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// The OP_MSG flag bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

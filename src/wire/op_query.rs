@@ -4,7 +4,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{BsonDoc, Header, OpCode, WireError, HEADER_LEN};
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// A decoded OP_QUERY.
 #[derive(Debug, Clone)]

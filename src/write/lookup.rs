@@ -22,9 +22,9 @@
 use bson::{doc, Bson, Document, RawDocument};
 
 use super::target::{equality_value, update_may_change_key, WriteKind};
-use crate::embedded::update::Update;
-use crate::error_codes::ErrorCode;
+use crate::engine::update::Update;
 use crate::routing::RoutingSnapshot;
+use crate::value::error_codes::ErrorCode;
 
 /// How many times a statement is looked up again when its document changed in between.
 pub const MAX_ATTEMPTS: usize = 5;
@@ -107,7 +107,7 @@ fn key_values(snap: &RoutingSnapshot, d: &Document) -> Vec<Bson> {
         .fields()
         .iter()
         .map(|f| {
-            crate::embedded::path::get(d, &f.path)
+            crate::engine::path::get(d, &f.path)
                 .cloned()
                 .unwrap_or(Bson::Null)
         })
@@ -140,7 +140,7 @@ pub fn decide(
     hit: Option<(String, Document)>,
 ) -> Step {
     let q = stmt.get_document("q").cloned().unwrap_or_default();
-    let upsert = stmt.get("upsert").is_some_and(crate::command::truthy);
+    let upsert = stmt.get("upsert").is_some_and(crate::value::field::truthy);
     let Some((shard, doc)) = hit else {
         if kind != WriteKind::Update {
             return Step::Nothing;
@@ -156,7 +156,7 @@ pub fn decide(
         }
         let u = stmt.get("u").unwrap_or(&Bson::Null);
         let document = match Update::parse(u)
-            .and_then(|upd| crate::embedded::commands::upsert_document(&q, &upd))
+            .and_then(|upd| crate::engine::update::upsert_document(&q, &upd))
         {
             Ok(d) => d,
             Err(e) => return fail(e.code, e.message),
@@ -228,7 +228,7 @@ fn key_change(
 /// The update-shaped reply (`n`, `nModified`, `upserted`) of an upsert's insert reply.
 pub fn upsert_reply(insert_reply: &Document, id: &Bson) -> Document {
     let mut out = insert_reply.clone();
-    let inserted = crate::command::number_field(insert_reply, "n").unwrap_or(0) > 0;
+    let inserted = crate::value::field::number_field(insert_reply, "n").unwrap_or(0) > 0;
     out.insert("nModified", 0);
     if inserted {
         out.insert(
@@ -271,7 +271,7 @@ pub fn went_away(reply: &Document) -> bool {
     reply.get_f64("ok").ok() == Some(1.0)
         && !reply.contains_key("writeErrors")
         && !reply.contains_key("retriedStmtIds")
-        && crate::command::number_field(reply, "n") == Some(0)
+        && crate::value::field::number_field(reply, "n") == Some(0)
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Reply merging: child replies in, the client's reply out, no I/O (WRITE-PATH.md section 4).
+//! Reply merging: child replies in, the client's reply out, no I/O (docs/design/write-path.md
+//! section 3).
 //!
 //! Each child reply is kept as an account: its totals (`n`, `nModified`), which of its
 //! statements ran, and the exact result of those whose result the reply tells apart (an insert
@@ -19,7 +20,7 @@ use std::collections::BTreeMap;
 use bson::{doc, Bson, Document};
 
 use super::target::WriteKind;
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// What came back for one child batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -265,8 +266,8 @@ impl Merger {
                 }
             }
         }
-        let n = crate::command::number_field(reply, "n").unwrap_or(0);
-        let n_modified = match crate::command::number_field(reply, "nModified") {
+        let n = crate::value::field::number_field(reply, "n").unwrap_or(0);
+        let n_modified = match crate::value::field::number_field(reply, "nModified") {
             Some(m) => m,
             None => {
                 if self.kind == WriteKind::Update {

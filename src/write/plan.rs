@@ -1,4 +1,4 @@
-//! The planner: targeted statements in, a plan out, no I/O. Three plans (WRITE-PATH.md
+//! The planner: targeted statements in, a plan out, no I/O. Three plans (docs/design/write-path.md
 //! section 2):
 //!
 //! - **mongos rounds**: each round is a maximal contiguous run of statements bound for one
@@ -15,25 +15,11 @@
 use std::collections::{BTreeSet, HashSet};
 
 use bson::Bson;
-use serde::Deserialize;
 
 use super::target::{Target, Targeted};
-use crate::order::OrdBson;
+use crate::value::compare::OrdBson;
 
-/// When an ordered bulk may be rewritten into one round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum Policy {
-    /// Rewrite when every statement targets one shard, every statement has a distinct
-    /// identity, and every statement is retry-safe (the default).
-    #[default]
-    RetrySafe,
-    /// Rewrite whenever every statement targets one shard; the client accepts unordered
-    /// failure semantics.
-    Always,
-    /// Never rewrite: mongos rounds for every ordered bulk.
-    Off,
-}
+pub use crate::config::Policy;
 
 /// Which plan was chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,10 +100,10 @@ pub enum ProofFailure {
     PolicyOff,
 }
 
-/// Checks the proof of WRITE-PATH.md 2 for an ordered bulk. `exact_counts` says whether each
-/// statement's result can be told apart in a child batch's reply: inserts report one by one,
-/// and a retryable write's updates and deletes can be resent alone under their statement ids;
-/// without it a rewrite must not give a shard two statements (an error between them would cut
+/// Checks the proof (docs/design/write-path.md section 2) for an ordered bulk. `exact_counts` says
+/// whether each statement's result can be told apart in a child batch's reply: inserts report one
+/// by one, and a retryable write's updates and deletes can be resent alone under their statement
+/// ids; without it a rewrite must not give a shard two statements (an error between them would cut
 /// a total the router cannot split).
 pub fn prove(
     targeted: &[(usize, &Targeted)],
@@ -338,7 +324,7 @@ fn mongos_rounds(targeted: &[(usize, &Targeted)]) -> Vec<Round> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error_codes::ErrorCode;
+    use crate::value::error_codes::ErrorCode;
 
     #[test]
     fn identities_are_compared_as_mongodb_compares_them() {

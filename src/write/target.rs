@@ -1,14 +1,14 @@
 //! Targeting one write statement: the shards it must go to, its *identity* (the `_id` of the
 //! one document it touches, when it pins one) and whether applying it twice leaves the same
 //! state (its retry-safety). Pure: a statement and a routing snapshot in, a [`Targeted`] out.
-//! The rules are WRITE-PATH.md section 1.
+//! The rules are docs/design/write-path.md section 1.
 
 use std::collections::BTreeSet;
 
 use bson::{Bson, Document, RawDocument};
 
-use crate::error_codes::ErrorCode;
 use crate::routing::{FilterKeys, RoutingSnapshot, ShardKey};
+use crate::value::error_codes::ErrorCode;
 
 /// The kind of write command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +78,8 @@ pub enum Target {
 pub struct Targeted {
     /// Where it goes.
     pub target: Target,
-    /// The `_id` of the one document it touches, when it pins one (see WRITE-PATH.md 2.2).
+    /// The `_id` of the one document it touches, when it pins one (docs/design/write-path.md
+    /// section 2).
     pub identity: Option<Bson>,
     /// Whether applying it twice leaves the state applying it once does.
     pub retry_safe: bool,
@@ -202,7 +203,7 @@ fn describe_id(doc: &RawDocument) -> String {
     match doc.get("_id").ok().flatten() {
         Some(v) => format!(
             "{{ _id: {} }}",
-            crate::embedded::render::render_value(&crate::routing::shard_key::raw_to_bson(v))
+            crate::value::render::render_value(&crate::routing::shard_key::raw_to_bson(v))
         ),
         None => "{}".to_string(),
     }
@@ -249,7 +250,7 @@ pub fn update_may_change_key(snap: &RoutingSnapshot, q: &Document, u: &Bson, ups
     };
     if !is_operator_doc(u) {
         return fields.iter().any(|f| {
-            let new = crate::embedded::path::get(u, f);
+            let new = crate::engine::path::get(u, f);
             new.is_none() || new != equality_value(q, f)
         });
     }
@@ -284,9 +285,9 @@ fn upsert_owner(snap: &RoutingSnapshot, q: &Document, u: &Bson) -> Option<String
     let fields = snap.pattern.fields();
     let mut seed = Document::new();
     if is_operator_doc(u) {
-        for (path, v) in crate::embedded::matcher::equality_fields(q) {
+        for (path, v) in crate::engine::matcher::equality_fields(q) {
             if fields.iter().any(|f| paths_overlap(&path, &f.path)) {
-                crate::embedded::path::set(&mut seed, &path, v).ok()?;
+                crate::engine::path::set(&mut seed, &path, v).ok()?;
             }
         }
     } else {
@@ -331,10 +332,10 @@ fn key_shards(snap: &RoutingSnapshot, stmt: &Document, q: &Document) -> Option<V
     }
 }
 
-/// Where a single-document update or delete goes (WRITE-PATH.md section 1, as mongos 8.0):
-/// the one shard its filter pins; every targeted shard when it pins an `_id` (each shard holds
-/// at most one such document); otherwise a lookup (`direct` false: it may change the key, or an
-/// upsert's new document may belong elsewhere).
+/// Where a single-document update or delete goes (docs/design/write-path.md section 1, as mongos
+/// 8.0): the one shard its filter pins; every targeted shard when it pins an `_id` (each shard
+/// holds at most one such document); otherwise a lookup (`direct` false: it may change the key, or
+/// an upsert's new document may belong elsewhere).
 fn single_target(
     snap: &RoutingSnapshot,
     shards: Option<Vec<String>>,
@@ -354,8 +355,8 @@ fn single_target(
 pub fn target_update(snap: &RoutingSnapshot, stmt: &Document) -> Targeted {
     let q = filter_of(stmt);
     let u = stmt.get("u").unwrap_or(&Bson::Null);
-    let multi = stmt.get("multi").is_some_and(crate::command::truthy);
-    let upsert = stmt.get("upsert").is_some_and(crate::command::truthy);
+    let multi = stmt.get("multi").is_some_and(crate::value::field::truthy);
+    let upsert = stmt.get("upsert").is_some_and(crate::value::field::truthy);
     let retry_safe = update_is_retry_safe(u);
     let shards = key_shards(snap, stmt, q);
     let may_change_key = update_may_change_key(snap, q, u, upsert);
@@ -409,7 +410,7 @@ fn single_key(snap: &RoutingSnapshot, q: &Document) -> bool {
 /// Targets a delete statement (`{q, limit, collation}`).
 pub fn target_delete(snap: &RoutingSnapshot, stmt: &Document) -> Targeted {
     let q = filter_of(stmt);
-    let multi = crate::command::number_field(stmt, "limit").unwrap_or(0) == 0;
+    let multi = crate::value::field::number_field(stmt, "limit").unwrap_or(0) == 0;
     let shards = key_shards(snap, stmt, q);
     if multi {
         return Targeted {

@@ -21,7 +21,7 @@ pub async fn start_router() -> RouterHandle {
 /// Starts a router with `config`, listening on an ephemeral loopback port.
 pub async fn start_router_with(mut config: Config) -> RouterHandle {
     config.listen = "127.0.0.1:0".to_string();
-    sluice::frontend::start(config, vec!["sluice".into()])
+    sluice::router::start(config, vec!["sluice".into()])
         .await
         .expect("router starts")
 }
@@ -179,7 +179,7 @@ impl TestCluster {
                 num_initial_chunks: None,
             })
             .collect();
-        let cluster = sluice::cluster::bootstrap(
+        let cluster = sluice::router::bootstrap(
             None,
             &infos,
             &colls,
@@ -193,7 +193,7 @@ impl TestCluster {
             ..config
         };
         let router =
-            sluice::frontend::start_router(config, vec!["sluice".into()], Some(cluster.clone()))
+            sluice::router::start_router(config, vec!["sluice".into()], Some(cluster.clone()))
                 .await
                 .expect("router");
         TestCluster {

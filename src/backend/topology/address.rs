@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 use super::error::TopologyError;
 

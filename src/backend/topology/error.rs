@@ -1,7 +1,7 @@
 //! The error every part of the replica-set core returns: a MongoDB code and the message a
 //! client sees, exactly as mongos words it where mongos has a wording.
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// A failure with mongos's code and message (`FailedToSatisfyReadPreference`, a rejected
 /// `$readPreference`, a malformed seed list, …). The caller turns it into a command error or a

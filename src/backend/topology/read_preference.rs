@@ -11,7 +11,7 @@
 
 use bson::{doc, Bson, Document};
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 use super::error::{Printer, TopologyError};
 

@@ -17,7 +17,7 @@
 //!   `RetryableWriteError` for the router, which does the retrying itself. The router labels an
 //!   error `RetryableWriteError` only when it is itself shutting down.
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 /// How many times mongos resends a retryable child batch after a retriable failure
 /// (`kMaxNumFailedHostRetryAttempts`). Each resend is the same batch to the current primary.

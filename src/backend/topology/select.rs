@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 use super::address::HostAddr;
 use super::error::TopologyError;

@@ -925,7 +925,7 @@ fn max_staleness_below_heartbeat_plus_idle_write_period_is_refused() {
     let e = select_for_read(&t, &p, 0).unwrap_err();
     assert_eq!(
         e.code,
-        crate::error_codes::ErrorCode::MaxStalenessOutOfRange
+        crate::value::error_codes::ErrorCode::MaxStalenessOutOfRange
     );
     assert_eq!(
         e.message,
@@ -976,7 +976,7 @@ fn waiting_gives_up_as_mongos_does() {
     };
     assert_eq!(
         e.code,
-        crate::error_codes::ErrorCode::FailedToSatisfyReadPreference
+        crate::value::error_codes::ErrorCode::FailedToSatisfyReadPreference
     );
     assert_eq!(
         e.message,
@@ -994,7 +994,10 @@ fn waiting_gives_up_as_mongos_does() {
     let WaitStep::GiveUp(e) = wait.step(&t, at(2_000).instant, 0, &STUB) else {
         panic!("maxTimeMS passed");
     };
-    assert_eq!(e.code, crate::error_codes::ErrorCode::MaxTimeMSExpired);
+    assert_eq!(
+        e.code,
+        crate::value::error_codes::ErrorCode::MaxTimeMSExpired
+    );
     assert_eq!(e.message, "operation exceeded time limit");
 
     // A longer maxTimeMS does not extend the selection timeout.

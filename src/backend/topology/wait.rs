@@ -14,7 +14,7 @@
 
 use std::time::Instant;
 
-use crate::error_codes::ErrorCode;
+use crate::value::error_codes::ErrorCode;
 
 use super::address::HostAddr;
 use super::error::{Printer, TopologyError};

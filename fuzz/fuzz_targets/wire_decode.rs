@@ -1,0 +1,4 @@
+//! Fuzz target `wire_decode`: see `sluice::fuzz::wire_decode`, run on a thread with the server's stack.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sluice::fuzz::run_on_worker_stack(sluice::fuzz::wire_decode, data));

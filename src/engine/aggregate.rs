@@ -1,0 +1,1278 @@
+//! Aggregation pipelines on the embedded shard: `$match $project $addFields/$set $unset $sort
+//! $skip $limit $group $count $unwind $documents`, with the expression operators they commonly
+//! use. Unknown stages and expressions are errors naming them.
+//!
+//! The engine holds each stage's output in memory, so every stage is bounded: each document it
+//! produces must encode within 16 MiB plus mongod's internal margin (BSONObjectTooLarge, 10334)
+//! and nest at most [`MAX_RESULT_DEPTH`] levels (Overflow, 15); a blocking stage (`$sort`,
+//! `$group`) may hold at most [`AggregateOptions::stage_memory`] bytes unless the request opted
+//! in with `allowDiskUse: true`, and no stage may produce more than that limit or its input,
+//! whichever is larger, at all (QueryExceededMemoryLimitNoDiskUseAllowed, 292): the engine
+//! cannot spill to disk. Expressions are evaluated against a byte budget, so one expression
+//! cannot copy a document a million times before the size check sees it. Arithmetic is checked
+//! and gives MongoDB's results at the edges (`$mod` of the smallest long by -1 is 0, an int
+//! overflow widens to a long and a long overflow to a double, `$mod` by zero is 16610).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use bson::{Bson, Document};
+
+use super::matcher::Matcher;
+use super::path;
+use super::query::{Projection, SortSpec};
+use super::EngineError;
+use crate::limits::{
+    measure, measure_value, DEFAULT_STAGE_MEMORY_BYTES, MAX_INTERNAL_DOCUMENT_SIZE,
+    MAX_RESULT_DEPTH,
+};
+use crate::value::compare::{compare, values_equal, OrdBson};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{arithmetic, as_int, int_result, is_number, to_decimal, to_f64, truthy};
+
+fn err(code: i32, msg: impl Into<String>) -> EngineError {
+    EngineError::new(ErrorCode(code), msg)
+}
+
+/// How much memory a pipeline may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AggregateOptions {
+    /// Bytes a blocking stage may hold without `allowDiskUse` (100 MiB by default, as mongod).
+    pub stage_memory: usize,
+    /// The request's `allowDiskUse: true`: blocking stages may go past `stage_memory` (up to
+    /// the size of the pipeline's input, since nothing is spilled).
+    pub allow_disk_use: bool,
+}
+
+impl Default for AggregateOptions {
+    fn default() -> Self {
+        AggregateOptions {
+            stage_memory: DEFAULT_STAGE_MEMORY_BYTES,
+            allow_disk_use: false,
+        }
+    }
+}
+
+impl AggregateOptions {
+    /// The limits a request asks for: `allowDiskUse` read from its body.
+    pub fn for_request(stage_memory: usize, body: &Document) -> AggregateOptions {
+        AggregateOptions {
+            stage_memory,
+            allow_disk_use: matches!(body.get("allowDiskUse"), Some(Bson::Boolean(true))),
+        }
+    }
+}
+
+/// The error for a document that would not encode within mongod's internal size limit.
+fn too_large(size: usize) -> EngineError {
+    err(
+        ErrorCode::BSONObjectTooLarge.0,
+        format!(
+            "BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 and {MAX_INTERNAL_DOCUMENT_SIZE}(16MB)"
+        ),
+    )
+}
+
+/// Collects one stage's output, checking each document and the stage's total.
+struct Sink {
+    docs: Vec<Document>,
+    bytes: usize,
+    /// Bytes the stage may produce at most.
+    cap: usize,
+    stage: &'static str,
+}
+
+impl Sink {
+    fn new(stage: &'static str, cap: usize) -> Sink {
+        Sink {
+            docs: Vec::new(),
+            bytes: 0,
+            cap,
+            stage,
+        }
+    }
+
+    fn push(&mut self, d: Document) -> Result<(), EngineError> {
+        let m = measure(&d);
+        if m.depth > MAX_RESULT_DEPTH {
+            return Err(err(
+                ErrorCode::Overflow.0,
+                format!("cannot convert document to BSON because it exceeds the limit of {MAX_RESULT_DEPTH} levels of nesting"),
+            ));
+        }
+        if m.bytes > MAX_INTERNAL_DOCUMENT_SIZE {
+            return Err(too_large(m.bytes));
+        }
+        self.bytes += m.bytes;
+        if self.bytes > self.cap {
+            return Err(over_memory(self.stage, self.cap));
+        }
+        self.docs.push(d);
+        Ok(())
+    }
+}
+
+fn over_memory(stage: &str, cap: usize) -> EngineError {
+    err(
+        ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed.0,
+        format!("Exceeded memory limit of {cap} bytes in {stage}; the embedded engine holds each stage's output in memory and cannot spill it to disk"),
+    )
+}
+
+fn total_bytes(docs: &[Document]) -> usize {
+    docs.iter().map(|d| measure(d).bytes).sum()
+}
+
+/// Runs `pipeline` over `docs` with the default limits.
+pub fn run(pipeline: &[Bson], docs: Vec<Document>) -> Result<Vec<Document>, EngineError> {
+    run_with(pipeline, docs, &AggregateOptions::default())
+}
+
+/// Runs `pipeline` over `docs` within `options`' memory limits.
+pub fn run_with(
+    pipeline: &[Bson],
+    mut docs: Vec<Document>,
+    options: &AggregateOptions,
+) -> Result<Vec<Document>, EngineError> {
+    // No stage may produce more than the pipeline's input or the stage limit, whichever is
+    // larger: that bounds what one request can make the engine hold.
+    let mut input_bytes = total_bytes(&docs);
+    let cap = input_bytes.max(options.stage_memory);
+    for stage in pipeline {
+        let Bson::Document(stage) = stage else {
+            return Err(err(
+                14,
+                "Each element of the 'pipeline' array must be an object",
+            ));
+        };
+        if stage.len() != 1 {
+            return Err(err(
+                40323,
+                "A pipeline stage specification object must contain exactly one field.",
+            ));
+        }
+        let Some((name, spec)) = stage.iter().next() else {
+            return Err(err(40323, "empty stage"));
+        };
+        docs = match name.as_str() {
+            "$match" => {
+                let Bson::Document(f) = spec else {
+                    return Err(err(
+                        15959,
+                        "the match filter must be an expression in an object",
+                    ));
+                };
+                let m = Matcher::parse(f)?;
+                docs.into_iter().filter(|d| m.matches(d)).collect()
+            }
+            "$project" => project(spec, docs, cap)?,
+            "$addFields" | "$set" => {
+                let Bson::Document(fields) = spec else {
+                    return Err(err(
+                        40272,
+                        format!("{name} specification stage must be an object"),
+                    ));
+                };
+                for (k, e) in fields {
+                    path::check_field_path(k)?;
+                    check_expression(e)?;
+                }
+                let mut out = Sink::new("$addFields", cap);
+                for mut d in docs {
+                    for (k, e) in fields {
+                        match eval(e, &d)? {
+                            Some(v) => path::set(&mut d, k, v)?,
+                            None => {
+                                path::unset(&mut d, k);
+                            }
+                        }
+                    }
+                    out.push(d)?;
+                }
+                out.docs
+            }
+            "$unset" => {
+                let fields: Vec<String> = match spec {
+                    Bson::String(s) => vec![s.clone()],
+                    Bson::Array(items) => items
+                        .iter()
+                        .map(|i| match i {
+                            Bson::String(s) => Ok(s.clone()),
+                            _ => Err(err(31120, "$unset specification must be a string or an array containing only string values")),
+                        })
+                        .collect::<Result<_, _>>()?,
+                    _ => return Err(err(31002, "$unset specification must be a string or an array")),
+                };
+                for f in &fields {
+                    path::check_field_path(f)?;
+                }
+                docs.into_iter()
+                    .map(|mut d| {
+                        for f in &fields {
+                            path::unset(&mut d, f);
+                        }
+                        d
+                    })
+                    .collect()
+            }
+            "$sort" => {
+                let Bson::Document(s) = spec else {
+                    return Err(err(15973, "the $sort key specification must be an object"));
+                };
+                let s = SortSpec::parse(s)?;
+                if !options.allow_disk_use && input_bytes > options.stage_memory {
+                    return Err(err(
+                        ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed.0,
+                        format!("Sort exceeded memory limit of {} bytes, but did not opt in to external sorting.", options.stage_memory),
+                    ));
+                }
+                s.sort(&mut docs);
+                docs
+            }
+            "$skip" => {
+                let n = non_negative(spec, "$skip")?;
+                docs.into_iter().skip(n).collect()
+            }
+            "$limit" => {
+                let n = non_negative(spec, "$limit")?;
+                if n == 0 {
+                    return Err(err(15958, "the limit must be positive"));
+                }
+                docs.into_iter().take(n).collect()
+            }
+            "$count" => {
+                let Bson::String(field) = spec else {
+                    return Err(err(40156, "the count field must be a non-empty string"));
+                };
+                if field.is_empty() || field.starts_with('$') || field.contains('.') {
+                    return Err(err(
+                        40158,
+                        "the count field must be a non-empty string without $ or .",
+                    ));
+                }
+                if docs.is_empty() {
+                    Vec::new()
+                } else {
+                    let mut d = Document::new();
+                    let n = docs.len();
+                    d.insert(
+                        field.clone(),
+                        i32::try_from(n)
+                            .map(Bson::Int32)
+                            .unwrap_or(Bson::Int64(n as i64)),
+                    );
+                    vec![d]
+                }
+            }
+            "$group" => group(spec, docs, options, cap)?,
+            "$documents" => {
+                let Bson::Array(items) = spec else {
+                    return Err(err(5858203, "an array is expected for $documents"));
+                };
+                let mut out = Sink::new("$documents", cap);
+                for i in items {
+                    match i {
+                        Bson::Document(d) => out.push(d.clone())?,
+                        _ => {
+                            return Err(err(
+                                5858203,
+                                "$documents must evaluate to an array of objects",
+                            ))
+                        }
+                    }
+                }
+                out.docs
+            }
+            "$unwind" => unwind(spec, docs, cap)?,
+            other => {
+                return Err(err(
+                    40324,
+                    format!("Unrecognized pipeline stage name: '{other}'"),
+                ))
+            }
+        };
+        input_bytes = total_bytes(&docs);
+    }
+    Ok(docs)
+}
+
+fn non_negative(v: &Bson, stage: &str) -> Result<usize, EngineError> {
+    match v {
+        Bson::Int32(i) if *i >= 0 => Ok(*i as usize),
+        Bson::Int64(i) if *i >= 0 => Ok(*i as usize),
+        Bson::Double(d) if *d >= 0.0 && d.fract() == 0.0 => Ok(*d as usize),
+        _ => Err(err(
+            15956,
+            format!("invalid argument to {stage} stage: must be a non-negative integer"),
+        )),
+    }
+}
+
+/// Checks the field paths an expression names (`"$a.b"`) before it is evaluated, as mongod
+/// parses expressions before running them. Recursion follows the expression, whose nesting
+/// the wire codec has bounded.
+fn check_expression(e: &Bson) -> Result<(), EngineError> {
+    match e {
+        Bson::String(s) if s.starts_with('$') && !s.starts_with("$$") => {
+            path::check_field_path(&s[1..])
+        }
+        Bson::Document(d) => {
+            if d.len() == 1 && d.contains_key("$literal") {
+                return Ok(());
+            }
+            d.values().try_for_each(check_expression)
+        }
+        Bson::Array(items) => items.iter().try_for_each(check_expression),
+        _ => Ok(()),
+    }
+}
+
+fn project(spec: &Bson, docs: Vec<Document>, cap: usize) -> Result<Vec<Document>, EngineError> {
+    let Bson::Document(spec) = spec else {
+        return Err(err(15969, "$project specification must be an object"));
+    };
+    let simple = spec.values().all(|v| {
+        matches!(
+            v,
+            Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Boolean(_)
+        )
+    });
+    if simple {
+        let Some(p) = Projection::parse(spec)? else {
+            return Err(err(
+                51272,
+                "projection specification must have at least one field",
+            ));
+        };
+        return Ok(docs.iter().map(|d| p.apply(d)).collect());
+    }
+    for (k, v) in spec {
+        path::check_field_path(k)?;
+        check_expression(v)?;
+    }
+    // Inclusion with computed fields.
+    let include_id = !matches!(
+        spec.get("_id"),
+        Some(Bson::Int32(0) | Bson::Boolean(false) | Bson::Int64(0))
+    );
+    let mut sink = Sink::new("$project", cap);
+    for d in &docs {
+        let mut out = Document::new();
+        if include_id {
+            if let Some(id) = d.get("_id") {
+                out.insert("_id", id.clone());
+            }
+        }
+        for (k, v) in spec {
+            if k == "_id" && !matches!(v, Bson::Document(_) | Bson::String(_)) {
+                continue;
+            }
+            match v {
+                Bson::Int32(0) | Bson::Int64(0) | Bson::Boolean(false) => {
+                    return Err(err(31254, format!("Invalid $project :: caused by :: Cannot do exclusion on field {k} in inclusion projection")));
+                }
+                Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_) | Bson::Boolean(true) => {
+                    if let Some(val) = path::get(d, k) {
+                        path::set(&mut out, k, val.clone())?;
+                    }
+                }
+                e => {
+                    if let Some(val) = eval(e, d)? {
+                        path::set(&mut out, k, val)?;
+                    }
+                }
+            }
+        }
+        sink.push(out)?;
+    }
+    Ok(sink.docs)
+}
+
+fn unwind(spec: &Bson, docs: Vec<Document>, cap: usize) -> Result<Vec<Document>, EngineError> {
+    let (field, preserve, index_field) = match spec {
+        Bson::String(s) => (s.clone(), false, None),
+        Bson::Document(d) => (
+            d.get_str("path")
+                .map(|s| s.to_string())
+                .map_err(|_| err(28812, "no path specified to $unwind stage"))?,
+            d.get_bool("preserveNullAndEmptyArrays").unwrap_or(false),
+            d.get_str("includeArrayIndex").ok().map(|s| s.to_string()),
+        ),
+        _ => {
+            return Err(err(
+                15981,
+                "expected either a string or an object as specification for $unwind stage",
+            ))
+        }
+    };
+    let Some(field) = field.strip_prefix('$').map(|s| s.to_string()) else {
+        return Err(err(
+            28818,
+            "path option to $unwind stage should be prefixed with a '$'",
+        ));
+    };
+    path::check_field_path(&field)?;
+    let mut out = Sink::new("$unwind", cap);
+    for d in docs {
+        match path::get(&d, &field).cloned() {
+            Some(Bson::Array(items)) if !items.is_empty() => {
+                for (i, item) in items.into_iter().enumerate() {
+                    let mut nd = d.clone();
+                    path::set(&mut nd, &field, item)?;
+                    if let Some(ix) = &index_field {
+                        nd.insert(ix.clone(), i as i64);
+                    }
+                    out.push(nd)?;
+                }
+            }
+            Some(Bson::Array(_)) | None | Some(Bson::Null) => {
+                if preserve {
+                    let mut nd = d.clone();
+                    if let Some(ix) = &index_field {
+                        nd.insert(ix.clone(), Bson::Null);
+                    }
+                    out.push(nd)?;
+                }
+            }
+            Some(_) => {
+                let mut nd = d.clone();
+                if let Some(ix) = &index_field {
+                    nd.insert(ix.clone(), Bson::Null);
+                }
+                out.push(nd)?;
+            }
+        }
+    }
+    Ok(out.docs)
+}
+
+#[derive(Debug, Clone)]
+enum Acc {
+    Sum(Bson),
+    Avg(f64, u64),
+    Min(Option<Bson>),
+    Max(Option<Bson>),
+    First(Option<Bson>),
+    Last(Bson),
+    Push(Vec<Bson>),
+    AddToSet(BTreeSet<OrdBson>),
+}
+
+fn group(
+    spec: &Bson,
+    docs: Vec<Document>,
+    options: &AggregateOptions,
+    cap: usize,
+) -> Result<Vec<Document>, EngineError> {
+    let Bson::Document(spec) = spec else {
+        return Err(err(
+            15947,
+            "a group's fields must be specified in an object",
+        ));
+    };
+    let Some(id_expr) = spec.get("_id") else {
+        return Err(err(15955, "a group specification must include an _id"));
+    };
+    check_expression(id_expr)?;
+    let mut accs: Vec<(String, String, Bson)> = Vec::new();
+    for (k, v) in spec {
+        if k == "_id" {
+            continue;
+        }
+        let Bson::Document(a) = v else {
+            return Err(err(
+                40234,
+                format!("The field '{k}' must be an accumulator object"),
+            ));
+        };
+        if a.len() != 1 {
+            return Err(err(
+                40238,
+                format!("The field '{k}' must specify one accumulator"),
+            ));
+        }
+        let Some((op, arg)) = a.iter().next() else {
+            continue;
+        };
+        if !matches!(
+            op.as_str(),
+            "$sum"
+                | "$avg"
+                | "$min"
+                | "$max"
+                | "$first"
+                | "$last"
+                | "$push"
+                | "$addToSet"
+                | "$count"
+        ) {
+            return Err(err(15952, format!("unknown group operator '{op}'")));
+        }
+        check_expression(arg)?;
+        accs.push((k.clone(), op.clone(), arg.clone()));
+    }
+    // What the groups hold: keys and accumulated values, in encoded bytes.
+    let mut held = 0usize;
+    let mut charge = |bytes: usize| -> Result<(), EngineError> {
+        held += bytes;
+        if !options.allow_disk_use && held > options.stage_memory {
+            return Err(err(
+                ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed.0,
+                "Exceeded memory limit for $group, but didn't allow external sort. Pass allowDiskUse:true to opt in.",
+            ));
+        }
+        if held > cap {
+            return Err(over_memory("$group", cap));
+        }
+        Ok(())
+    };
+    let mut order: Vec<OrdBson> = Vec::new();
+    let mut groups: HashMap<usize, Vec<Acc>> = HashMap::new();
+    let mut index: BTreeMap<OrdBson, usize> = BTreeMap::new();
+    for d in &docs {
+        let key = OrdBson(eval(id_expr, d)?.unwrap_or(Bson::Null));
+        let gi = match index.get(&key) {
+            Some(i) => *i,
+            None => {
+                charge(measure_value(&key.0).bytes)?;
+                let i = order.len();
+                order.push(key.clone());
+                index.insert(key, i);
+                groups.insert(
+                    i,
+                    accs.iter()
+                        .map(|(_, op, _)| match op.as_str() {
+                            "$sum" | "$count" => Acc::Sum(Bson::Int32(0)),
+                            "$avg" => Acc::Avg(0.0, 0),
+                            "$min" => Acc::Min(None),
+                            "$max" => Acc::Max(None),
+                            "$first" => Acc::First(None),
+                            "$last" => Acc::Last(Bson::Null),
+                            "$push" => Acc::Push(Vec::new()),
+                            _ => Acc::AddToSet(BTreeSet::new()),
+                        })
+                        .collect(),
+                );
+                i
+            }
+        };
+        let Some(state) = groups.get_mut(&gi) else {
+            continue;
+        };
+        for (slot, (_, op, arg)) in state.iter_mut().zip(&accs) {
+            let v = if op == "$count" {
+                Some(Bson::Int32(1))
+            } else {
+                eval(arg, d)?
+            };
+            match slot {
+                Acc::Sum(total) => {
+                    if let Some(v) = v.filter(is_number) {
+                        *total = add_numbers(total, &v);
+                    }
+                }
+                Acc::Avg(sum, n) => {
+                    if let Some(v) = v.filter(is_number) {
+                        *sum += to_f64(&v);
+                        *n += 1;
+                    }
+                }
+                Acc::Min(cur) => {
+                    if let Some(v) = v.filter(|v| !matches!(v, Bson::Null | Bson::Undefined)) {
+                        if cur.as_ref().is_none_or(|c| compare(&v, c).is_lt()) {
+                            *cur = Some(v);
+                        }
+                    }
+                }
+                Acc::Max(cur) => {
+                    if let Some(v) = v.filter(|v| !matches!(v, Bson::Null | Bson::Undefined)) {
+                        if cur.as_ref().is_none_or(|c| compare(&v, c).is_gt()) {
+                            *cur = Some(v);
+                        }
+                    }
+                }
+                Acc::First(cur) => {
+                    if cur.is_none() {
+                        *cur = Some(v.unwrap_or(Bson::Null));
+                    }
+                }
+                Acc::Last(cur) => *cur = v.unwrap_or(Bson::Null),
+                Acc::Push(items) => {
+                    if let Some(v) = v {
+                        charge(measure_value(&v).bytes)?;
+                        items.push(v);
+                    }
+                }
+                Acc::AddToSet(items) => {
+                    if let Some(v) = v {
+                        let bytes = measure_value(&v).bytes;
+                        if items.insert(OrdBson(v)) {
+                            charge(bytes)?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut out = Sink::new("$group", cap);
+    for (i, key) in order.into_iter().enumerate() {
+        let mut d = Document::new();
+        d.insert("_id", key.0);
+        if let Some(state) = groups.remove(&i) {
+            for ((name, _, _), acc) in accs.iter().zip(state) {
+                d.insert(
+                    name.clone(),
+                    match acc {
+                        Acc::Sum(v) => v,
+                        Acc::Avg(_, 0) => Bson::Null,
+                        Acc::Avg(s, n) => Bson::Double(s / n as f64),
+                        Acc::Min(v) | Acc::Max(v) | Acc::First(v) => v.unwrap_or(Bson::Null),
+                        Acc::Last(v) => v,
+                        Acc::Push(items) => Bson::Array(items),
+                        Acc::AddToSet(items) => {
+                            Bson::Array(items.into_iter().map(|v| v.0).collect())
+                        }
+                    },
+                );
+            }
+        }
+        out.push(d)?;
+    }
+    Ok(out.docs)
+}
+
+fn add_numbers(a: &Bson, b: &Bson) -> Bson {
+    arithmetic(a, b, false)
+}
+
+/// Evaluates an aggregation expression against `root`; `None` is "missing".
+pub fn eval(e: &Bson, root: &Document) -> Result<Option<Bson>, EngineError> {
+    let mut budget = Budget {
+        left: MAX_INTERNAL_DOCUMENT_SIZE,
+    };
+    eval_in(e, root, &mut budget)
+}
+
+/// Bytes an evaluation may still copy: every value taken from the document or the expression
+/// is charged, so the result of one evaluation stays within a document's size.
+struct Budget {
+    left: usize,
+}
+
+impl Budget {
+    fn take(&mut self, v: Bson) -> Result<Bson, EngineError> {
+        let bytes = measure_value(&v).bytes;
+        match self.left.checked_sub(bytes) {
+            Some(left) => {
+                self.left = left;
+                Ok(v)
+            }
+            None => Err(too_large(MAX_INTERNAL_DOCUMENT_SIZE - self.left + bytes)),
+        }
+    }
+}
+
+fn eval_in(e: &Bson, root: &Document, budget: &mut Budget) -> Result<Option<Bson>, EngineError> {
+    match e {
+        Bson::String(s) if s == "$$ROOT" || s == "$$CURRENT" => {
+            Ok(Some(budget.take(Bson::Document(root.clone()))?))
+        }
+        Bson::String(s) if s.starts_with("$$") => Err(err(
+            17276,
+            format!("Use of undefined variable: {}", &s[2..]),
+        )),
+        Bson::String(s) if s.starts_with('$') => {
+            let p = &s[1..];
+            path::check_field_path(p)?;
+            let l = path::lookup(root, p);
+            let through_array = p.contains('.') && {
+                let first = p.split('.').next().unwrap_or("");
+                matches!(root.get(first), Some(Bson::Array(_)))
+            };
+            let v = if through_array {
+                Some(Bson::Array(l.values.into_iter().cloned().collect()))
+            } else {
+                l.values.first().map(|v| (*v).clone())
+            };
+            v.map(|v| budget.take(v)).transpose()
+        }
+        Bson::Document(d) if d.keys().next().is_some_and(|k| k.starts_with('$')) => {
+            if d.len() != 1 {
+                return Err(err(
+                    15983,
+                    "An object representing an expression must have exactly one field",
+                ));
+            }
+            let Some((op, args)) = d.iter().next() else {
+                return Ok(None);
+            };
+            operator(op, args, root, budget)
+        }
+        Bson::Document(d) => {
+            let mut out = Document::new();
+            for (k, v) in d {
+                if let Some(v) = eval_in(v, root, budget)? {
+                    out.insert(k.clone(), v);
+                }
+            }
+            Ok(Some(Bson::Document(out)))
+        }
+        Bson::Array(items) => Ok(Some(Bson::Array(
+            items
+                .iter()
+                .map(|i| eval_in(i, root, budget).map(|v| v.unwrap_or(Bson::Null)))
+                .collect::<Result<_, _>>()?,
+        ))),
+        other => Ok(Some(budget.take(other.clone())?)),
+    }
+}
+
+fn args_list(args: &Bson, root: &Document, budget: &mut Budget) -> Result<Vec<Bson>, EngineError> {
+    match args {
+        Bson::Array(items) => items
+            .iter()
+            .map(|i| eval_in(i, root, budget).map(|v| v.unwrap_or(Bson::Null)))
+            .collect(),
+        other => Ok(vec![eval_in(other, root, budget)?.unwrap_or(Bson::Null)]),
+    }
+}
+
+fn exactly_two(op: &str, a: &[Bson]) -> Result<(), EngineError> {
+    if a.len() != 2 {
+        return Err(err(
+            16020,
+            format!(
+                "Expression {op} takes exactly 2 arguments. {} were passed in.",
+                a.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `$mod` with mongod's results: by zero is 16610; integers exactly (the smallest long by -1
+/// is 0); a double makes a double, a decimal a decimal.
+fn modulo(a: &Bson, b: &Bson) -> Result<Bson, EngineError> {
+    if to_f64(b) == 0.0 {
+        return Err(err(ErrorCode::ModByZero.0, "can't $mod by zero"));
+    }
+    if let (Some(x), Some(y)) = (as_int(a), as_int(b)) {
+        let both_int32 = matches!((a, b), (Bson::Int32(_), Bson::Int32(_)));
+        return Ok(int_result(x.checked_rem(y).unwrap_or(0), both_int32));
+    }
+    let r = to_f64(a) % to_f64(b);
+    Ok(
+        if matches!(a, Bson::Decimal128(_)) || matches!(b, Bson::Decimal128(_)) {
+            to_decimal(r)
+        } else {
+            Bson::Double(r)
+        },
+    )
+}
+
+/// `a - b` with MongoDB's types (see [`arithmetic`]).
+fn subtract(a: &Bson, b: &Bson) -> Bson {
+    if let (Some(x), Some(y)) = (as_int(a), as_int(b)) {
+        let both_int32 = matches!((a, b), (Bson::Int32(_), Bson::Int32(_)));
+        return match x.checked_sub(y) {
+            Some(r) => int_result(r, both_int32),
+            None => Bson::Double(x as f64 - y as f64),
+        };
+    }
+    let f = to_f64(a) - to_f64(b);
+    if matches!(a, Bson::Decimal128(_)) || matches!(b, Bson::Decimal128(_)) {
+        to_decimal(f)
+    } else {
+        Bson::Double(f)
+    }
+}
+
+/// A date moved by `millis` milliseconds, refusing to leave the range of a date.
+fn shift_date(dt: &bson::DateTime, millis: f64, op: &str) -> Result<Bson, EngineError> {
+    let delta = millis.round();
+    if !delta.is_finite() || delta.abs() >= 9.2e18 {
+        return Err(err(ErrorCode::Overflow.0, format!("date overflow in {op}")));
+    }
+    dt.timestamp_millis()
+        .checked_add(delta as i64)
+        .map(|m| Bson::DateTime(bson::DateTime::from_millis(m)))
+        .ok_or_else(|| err(ErrorCode::Overflow.0, format!("date overflow in {op}")))
+}
+
+fn operator(
+    op: &str,
+    args: &Bson,
+    root: &Document,
+    budget: &mut Budget,
+) -> Result<Option<Bson>, EngineError> {
+    if op == "$literal" {
+        return Ok(Some(budget.take(args.clone())?));
+    }
+    let a = args_list(args, root, budget)?;
+    let nullish = |v: &Bson| matches!(v, Bson::Null | Bson::Undefined);
+    Ok(Some(match op {
+        "$add" | "$multiply" => {
+            if a.iter().any(nullish) {
+                return Ok(Some(Bson::Null));
+            }
+            let mut acc = if op == "$add" {
+                Bson::Int32(0)
+            } else {
+                Bson::Int32(1)
+            };
+            for v in &a {
+                acc = match (&acc, v) {
+                    (Bson::DateTime(_), Bson::DateTime(_)) if op == "$add" => {
+                        return Err(err(16612, "only one date allowed in an $add expression"))
+                    }
+                    (Bson::DateTime(dt), n) if op == "$add" && is_number(n) => {
+                        shift_date(dt, to_f64(n), op)?
+                    }
+                    (n, Bson::DateTime(dt)) if op == "$add" => shift_date(dt, to_f64(n), op)?,
+                    (_, v) if !is_number(v) => {
+                        return Err(err(
+                            16554,
+                            format!(
+                                "{op} only supports numeric types, not {}",
+                                crate::value::field::type_name(v)
+                            ),
+                        ))
+                    }
+                    (acc, v) => arithmetic(acc, v, op == "$multiply"),
+                };
+            }
+            acc
+        }
+        "$subtract" | "$divide" | "$mod" => {
+            exactly_two(op, &a)?;
+            if a.iter().any(nullish) {
+                return Ok(Some(Bson::Null));
+            }
+            if !is_number(&a[0]) || !is_number(&a[1]) {
+                return Err(err(
+                    16556,
+                    format!(
+                        "cant {op} a {} from a {}",
+                        crate::value::field::type_name(&a[1]),
+                        crate::value::field::type_name(&a[0])
+                    ),
+                ));
+            }
+            match op {
+                "$subtract" => subtract(&a[0], &a[1]),
+                "$divide" => {
+                    if to_f64(&a[1]) == 0.0 {
+                        return Err(err(ErrorCode::DivideByZero.0, "can't $divide by zero"));
+                    }
+                    let q = to_f64(&a[0]) / to_f64(&a[1]);
+                    if matches!(a[0], Bson::Decimal128(_)) || matches!(a[1], Bson::Decimal128(_)) {
+                        to_decimal(q)
+                    } else {
+                        Bson::Double(q)
+                    }
+                }
+                _ => modulo(&a[0], &a[1])?,
+            }
+        }
+        "$concat" => {
+            let mut s = String::new();
+            for v in &a {
+                match v {
+                    Bson::String(x) => s.push_str(x),
+                    v if nullish(v) => return Ok(Some(Bson::Null)),
+                    other => {
+                        return Err(err(
+                            16702,
+                            format!(
+                                "$concat only supports strings, not {}",
+                                crate::value::field::type_name(other)
+                            ),
+                        ))
+                    }
+                }
+            }
+            Bson::String(s)
+        }
+        "$toLower" | "$toUpper" => match a.first() {
+            Some(Bson::String(s)) => Bson::String(if op == "$toLower" {
+                s.to_lowercase()
+            } else {
+                s.to_uppercase()
+            }),
+            Some(v) if nullish(v) => Bson::String(String::new()),
+            Some(other) => Bson::String(other.to_string()),
+            None => Bson::String(String::new()),
+        },
+        "$eq" | "$ne" | "$gt" | "$gte" | "$lt" | "$lte" | "$cmp" => {
+            exactly_two(op, &a)?;
+            let o = compare(&a[0], &a[1]);
+            match op {
+                "$eq" => Bson::Boolean(o.is_eq()),
+                "$ne" => Bson::Boolean(o.is_ne()),
+                "$gt" => Bson::Boolean(o.is_gt()),
+                "$gte" => Bson::Boolean(o.is_ge()),
+                "$lt" => Bson::Boolean(o.is_lt()),
+                "$lte" => Bson::Boolean(o.is_le()),
+                _ => Bson::Int32(o as i32),
+            }
+        }
+        "$and" => Bson::Boolean(a.iter().all(truthy)),
+        "$or" => Bson::Boolean(a.iter().any(truthy)),
+        "$not" => Bson::Boolean(!a.first().is_some_and(truthy)),
+        "$cond" => {
+            let (c, t, f) = match args {
+                Bson::Document(d) => (
+                    eval_in(d.get("if").unwrap_or(&Bson::Null), root, budget)?
+                        .unwrap_or(Bson::Null),
+                    d.get("then").cloned().unwrap_or(Bson::Null),
+                    d.get("else").cloned().unwrap_or(Bson::Null),
+                ),
+                Bson::Array(items) if items.len() == 3 => {
+                    (a[0].clone(), items[1].clone(), items[2].clone())
+                }
+                _ => return Err(err(16020, "Expression $cond takes exactly 3 arguments.")),
+            };
+            return eval_in(if truthy(&c) { &t } else { &f }, root, budget);
+        }
+        "$ifNull" => {
+            for v in &a {
+                if !nullish(v) {
+                    return Ok(Some(v.clone()));
+                }
+            }
+            a.last().cloned().unwrap_or(Bson::Null)
+        }
+        "$size" => match a.first() {
+            Some(Bson::Array(items)) => int_result(items.len() as i64, true),
+            Some(other) => {
+                return Err(err(
+                    17124,
+                    format!(
+                        "The argument to $size must be an array. Type of the argument: {}",
+                        crate::value::field::type_name(other)
+                    ),
+                ))
+            }
+            None => Bson::Null,
+        },
+        "$abs" => match a.first() {
+            Some(Bson::Int32(i)) => int_result((*i as i64).abs(), true),
+            Some(Bson::Int64(i)) => match i.checked_abs() {
+                Some(v) => Bson::Int64(v),
+                None => {
+                    return Err(err(
+                        ErrorCode::AbsOfLongMin.0,
+                        "can't take $abs of long long min",
+                    ))
+                }
+            },
+            Some(Bson::Double(d)) => Bson::Double(d.abs()),
+            Some(Bson::Decimal128(d)) => to_decimal(crate::value::compare::decimal_to_f64(d).abs()),
+            Some(v) if nullish(v) => Bson::Null,
+            Some(other) => {
+                return Err(err(
+                    28765,
+                    format!(
+                        "$abs only supports numeric types, not {}",
+                        crate::value::field::type_name(other)
+                    ),
+                ))
+            }
+            None => Bson::Null,
+        },
+        "$in" => {
+            if a.len() != 2 {
+                return Err(err(16020, "Expression $in takes exactly 2 arguments."));
+            }
+            match &a[1] {
+                Bson::Array(items) => Bson::Boolean(items.iter().any(|x| values_equal(x, &a[0]))),
+                _ => return Err(err(40081, "$in requires an array as a second argument")),
+            }
+        }
+        "$arrayElemAt" => match (a.first(), a.get(1)) {
+            (Some(Bson::Array(items)), Some(i)) if is_number(i) => {
+                let i = to_f64(i);
+                let len = items.len() as f64;
+                let idx = if i < 0.0 { len + i } else { i };
+                if idx < 0.0 || idx >= len {
+                    return Ok(None);
+                }
+                match items.get(idx as usize) {
+                    Some(v) => v.clone(),
+                    None => return Ok(None),
+                }
+            }
+            _ => Bson::Null,
+        },
+        "$type" => Bson::String(match a.first() {
+            Some(v) => crate::value::field::type_name(v).to_string(),
+            None => "missing".to_string(),
+        }),
+        "$isNumber" => Bson::Boolean(a.first().is_some_and(is_number)),
+        "$toHashedIndexKey" => Bson::Int64(crate::routing::hash64(
+            &eval_in(args, root, budget)?.unwrap_or(Bson::Null),
+        )),
+        "$toString" => match a.first() {
+            Some(Bson::String(s)) => Bson::String(s.clone()),
+            Some(Bson::ObjectId(o)) => Bson::String(o.to_hex()),
+            Some(v) if nullish(v) => Bson::Null,
+            Some(v) => Bson::String(v.to_string()),
+            None => Bson::Null,
+        },
+        other => {
+            return Err(err(
+                ErrorCode::InvalidPipelineOperator.0,
+                format!("Unrecognized expression '{other}'"),
+            ))
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    fn docs() -> Vec<Document> {
+        vec![
+            doc! {"_id": 1, "k": "a", "n": 1, "t": [1, 2]},
+            doc! {"_id": 2, "k": "b", "n": 2.5, "t": [3]},
+            doc! {"_id": 3, "k": "a", "n": 3, "t": []},
+        ]
+    }
+
+    #[test]
+    fn group_accumulators() {
+        let out = run(
+            &[Bson::Document(doc! {"$group": {
+                "_id": "$k", "s": {"$sum": "$n"}, "c": {"$sum": 1}, "avg": {"$avg": "$n"},
+                "mn": {"$min": "$n"}, "mx": {"$max": "$n"}, "f": {"$first": "$_id"}, "l": {"$last": "$_id"},
+                "p": {"$push": "$_id"}, "u": {"$addToSet": "$k"}, "cnt": {"$count": {}}
+            }})],
+            docs(),
+        )
+        .unwrap();
+        assert_eq!(out.len(), 2);
+        let a = &out[0];
+        assert_eq!(a.get_str("_id").unwrap(), "a");
+        assert_eq!(a.get_i32("s").unwrap(), 4);
+        assert_eq!(a.get_i32("c").unwrap(), 2);
+        assert_eq!(a.get_f64("avg").unwrap(), 2.0);
+        assert_eq!(a.get_i32("mn").unwrap(), 1);
+        assert_eq!(a.get_i32("mx").unwrap(), 3);
+        assert_eq!(a.get_i32("f").unwrap(), 1);
+        assert_eq!(a.get_i32("l").unwrap(), 3);
+        assert_eq!(a.get_array("p").unwrap().len(), 2);
+        assert_eq!(a.get_array("u").unwrap().len(), 1);
+        assert_eq!(out[1].get_f64("s").unwrap(), 2.5);
+    }
+
+    #[test]
+    fn count_documents_pipeline() {
+        let out = run(
+            &[
+                Bson::Document(doc! {"$match": {"k": "a"}}),
+                Bson::Document(doc! {"$group": {"_id": 1, "n": {"$sum": 1}}}),
+            ],
+            docs(),
+        )
+        .unwrap();
+        assert_eq!(out, vec![doc! {"_id": 1, "n": 2}]);
+    }
+
+    #[test]
+    fn stages() {
+        let out = run(
+            &[
+                Bson::Document(doc! {"$sort": {"n": -1}}),
+                Bson::Document(doc! {"$skip": 1}),
+                Bson::Document(doc! {"$limit": 1}),
+                Bson::Document(doc! {"$project": {"k": 1, "twice": {"$multiply": ["$n", 2]}}}),
+            ],
+            docs(),
+        )
+        .unwrap();
+        assert_eq!(out, vec![doc! {"_id": 2, "k": "b", "twice": 5.0}]);
+        let out = run(
+            &[
+                Bson::Document(doc! {"$unwind": "$t"}),
+                Bson::Document(doc! {"$count": "n"}),
+            ],
+            docs(),
+        )
+        .unwrap();
+        assert_eq!(out, vec![doc! {"n": 3}]);
+        let out = run(
+            &[
+                Bson::Document(doc! {"$set": {"z": {"$concat": ["$k", "!"]}}}),
+                Bson::Document(doc! {"$unset": ["t", "n"]}),
+            ],
+            docs(),
+        )
+        .unwrap();
+        assert_eq!(out[0], doc! {"_id": 1, "k": "a", "z": "a!"});
+        let e = run(&[Bson::Document(doc! {"$lookup": {}})], docs()).unwrap_err();
+        assert!(e.message.contains("$lookup"));
+        let e = run(
+            &[Bson::Document(doc! {"$project": {"x": {"$frob": 1}}})],
+            docs(),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("$frob"));
+    }
+
+    fn one(stage: Document) -> Result<Vec<Document>, EngineError> {
+        run(
+            &[
+                Bson::Document(doc! {"$documents": [{"_id": 1}]}),
+                Bson::Document(stage),
+            ],
+            Vec::new(),
+        )
+    }
+
+    #[test]
+    fn arithmetic_edges_have_mongodb_results() {
+        let v = |e: Bson| eval(&e, &doc! {}).unwrap().unwrap();
+        assert_eq!(
+            v(Bson::Document(doc! {"$mod": [i64::MIN, -1i64]})),
+            Bson::Int64(0)
+        );
+        assert_eq!(
+            v(Bson::Document(doc! {"$mod": [i32::MIN, -1]})),
+            Bson::Int32(0)
+        );
+        assert_eq!(v(Bson::Document(doc! {"$mod": [7, 3]})), Bson::Int32(1));
+        assert_eq!(
+            v(Bson::Document(doc! {"$mod": [-7i64, 3]})),
+            Bson::Int64(-1)
+        );
+        assert_eq!(
+            v(Bson::Document(doc! {"$mod": [7.5, 2]})),
+            Bson::Double(1.5)
+        );
+        let half: bson::Decimal128 = "0.5".parse().unwrap();
+        assert!(matches!(
+            v(Bson::Document(doc! {"$mod": [5, half]})),
+            Bson::Decimal128(d) if crate::value::compare::decimal_to_f64(&d) == 0.0
+        ));
+        for zero in [Bson::Int32(0), Bson::Int64(0), Bson::Double(0.0)] {
+            let e = eval(&Bson::Document(doc! {"$mod": [5, zero]}), &doc! {}).unwrap_err();
+            assert_eq!(
+                (e.code.0, e.message.as_str()),
+                (16610, "can't $mod by zero")
+            );
+        }
+        assert_eq!(
+            v(Bson::Document(doc! {"$add": [i64::MAX, 1]})),
+            Bson::Double(i64::MAX as f64 + 1.0)
+        );
+        assert_eq!(
+            v(Bson::Document(doc! {"$add": [i32::MAX, 1]})),
+            Bson::Int64(1 << 31)
+        );
+        assert_eq!(
+            v(Bson::Document(doc! {"$add": [(1i64 << 62) + 1, 0]})),
+            Bson::Int64((1 << 62) + 1),
+            "longs are added exactly, not through a double"
+        );
+        assert_eq!(
+            v(Bson::Document(doc! {"$subtract": [i64::MIN, 1]})),
+            Bson::Double(i64::MIN as f64 - 1.0)
+        );
+        assert_eq!(
+            v(Bson::Document(doc! {"$multiply": [i64::MAX, 2]})),
+            Bson::Double(i64::MAX as f64 * 2.0)
+        );
+        assert_eq!(
+            v(Bson::Document(doc! {"$abs": i32::MIN})),
+            Bson::Int64(1 << 31)
+        );
+        let e = eval(&Bson::Document(doc! {"$abs": i64::MIN}), &doc! {}).unwrap_err();
+        assert_eq!(e.code.0, 28680);
+        let e = eval(
+            &Bson::Document(doc! {"$add": [bson::DateTime::MAX, 1e19]}),
+            &doc! {},
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::Overflow);
+    }
+
+    #[test]
+    fn long_paths_and_deep_results_are_refused() {
+        let long = vec!["a"; 20_000].join(".");
+        let e = one(doc! {"$addFields": {long.clone(): 1}}).unwrap_err();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (ErrorCode::Overflow, "FieldPath is too long")
+        );
+        let e = one(doc! {"$project": {"x": format!("${long}")}}).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Overflow);
+        // 150 parts is a legal path, but the document it builds nests past the result limit
+        // once wrapped twice.
+        let p150 = vec!["a"; 150].join(".");
+        let e = run(
+            &[
+                Bson::Document(doc! {"$documents": [{"_id": 1}]}),
+                Bson::Document(doc! {"$set": {p150.clone(): 1}}),
+                Bson::Document(doc! {"$set": {p150: "$$ROOT"}}),
+            ],
+            Vec::new(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::Overflow);
+    }
+
+    #[test]
+    fn stages_are_bounded_in_memory() {
+        let big = "x".repeat(4 * 1024 * 1024);
+        let arr: Vec<i32> = (0..3000).collect();
+        let e = run(
+            &[
+                Bson::Document(doc! {"$documents": [{"big": big.clone(), "arr": arr}]}),
+                Bson::Document(doc! {"$unwind": "$arr"}),
+            ],
+            Vec::new(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed);
+        // One expression copying the document many times is stopped by its budget.
+        let copies: Vec<&str> = vec!["$$ROOT"; 10];
+        let e = run(
+            &[
+                Bson::Document(doc! {"$documents": [{"big": big}]}),
+                Bson::Document(doc! {"$set": {"copies": copies}}),
+            ],
+            Vec::new(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::BSONObjectTooLarge);
+        // A blocking stage over the limit without allowDiskUse.
+        let docs: Vec<Document> = (0..40)
+            .map(|i| doc! {"i": i, "pad": "y".repeat(1024)})
+            .collect();
+        let small = AggregateOptions {
+            stage_memory: 8 * 1024,
+            allow_disk_use: false,
+        };
+        let sort = [Bson::Document(doc! {"$sort": {"i": -1}})];
+        let e = run_with(&sort, docs.clone(), &small).unwrap_err();
+        assert_eq!(e.code.0, 292);
+        assert!(
+            e.message
+                .starts_with("Sort exceeded memory limit of 8192 bytes"),
+            "{}",
+            e.message
+        );
+        let allowed = AggregateOptions {
+            allow_disk_use: true,
+            ..small
+        };
+        assert_eq!(run_with(&sort, docs.clone(), &allowed).unwrap().len(), 40);
+        let group = [Bson::Document(
+            doc! {"$group": {"_id": "$i", "all": {"$push": "$$ROOT"}}},
+        )];
+        let e = run_with(&group, docs, &small).unwrap_err();
+        assert_eq!(e.code.0, 292);
+        assert!(e.message.contains("$group"), "{}", e.message);
+    }
+}

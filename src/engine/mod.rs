@@ -1,0 +1,76 @@
+//! The document engine: what MongoDB does to documents, with no server, socket or shard in it.
+//! The embedded shard stores and serves documents with it; the router uses the same code to
+//! merge and finish what shards return (sort, projection, the router's part of a split
+//! pipeline) and to predict what an upsert will insert.
+//!
+//! - [`path`]: dotted paths (`a.b.0.c`) through documents and arrays.
+//! - [`matcher`]: the query language, a filter parsed once into a `Matcher`.
+//! - [`query`]: sort specifications and projections.
+//! - [`update`]: update operators and replacements, parsed once and applied; the document an
+//!   upsert inserts.
+//! - [`aggregate`]: aggregation stages and expressions.
+//!
+//! Every failure is an [`EngineError`]: a MongoDB code and message, with the extra fields
+//! mongod puts beside them.
+
+pub mod aggregate;
+pub mod matcher;
+pub mod path;
+pub mod query;
+pub mod update;
+
+use bson::{doc, Document};
+
+use crate::value::error_codes::ErrorCode;
+
+/// An error of the document engine, with the extra fields mongod puts beside `code` and
+/// `errmsg` (`keyPattern`/`keyValue` for a duplicate key, the versions of a StaleConfig).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct EngineError {
+    /// The MongoDB code.
+    pub code: ErrorCode,
+    /// The `errmsg`.
+    pub message: String,
+    /// Extra fields.
+    pub extra: Option<Document>,
+}
+
+impl EngineError {
+    /// An error with this code and message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        EngineError {
+            code,
+            message: message.into(),
+            extra: None,
+        }
+    }
+
+    /// Adds extra fields.
+    pub fn with_extra(mut self, extra: Document) -> Self {
+        self.extra = Some(extra);
+        self
+    }
+
+    /// The `writeErrors` entry for statement `index`.
+    pub fn write_error(&self, index: usize) -> Document {
+        let mut d = doc! {"index": index as i32, "code": self.code.0, "errmsg": &self.message};
+        if let Some(extra) = &self.extra {
+            for (k, v) in extra {
+                d.insert(k.clone(), v.clone());
+            }
+        }
+        d
+    }
+
+    /// The `{ok: 0, errmsg, code, codeName, …}` reply.
+    pub fn to_reply(&self) -> Document {
+        let mut d = self.code.error_reply(&self.message);
+        if let Some(extra) = &self.extra {
+            for (k, v) in extra {
+                d.insert(k.clone(), v.clone());
+            }
+        }
+        d
+    }
+}

@@ -1,0 +1,327 @@
+//! The router's service: one dispatch for every command a client sends to the router, the
+//! commands it answers itself (through [`crate::command`]'s shared handlers), forwarding through
+//! the read and write paths ([`route`]), sharding administration and the `config` database
+//! ([`sharding`]), and start-up ([`start_router`], [`bootstrap`]).
+//!
+//! It sits above everything it composes: the frontend serves it, the cluster gives it shards,
+//! the read and write paths run its data commands.
+
+pub mod route;
+pub mod sharding;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bson::{doc, Document};
+
+use crate::backend::PoolOptions;
+use crate::cluster::Cluster;
+use crate::command::{
+    append_cluster_time, hello, max_time, server_info, session_id, ClientState, CommandError,
+    CommandRequest, ServerState,
+};
+use crate::config::Config;
+use crate::frontend::RouterHandle;
+use crate::routing::{ConfigStore, ShardInfo};
+use crate::value::error_codes::ErrorCode;
+
+/// The router's command handler, served by the frontend.
+#[derive(Debug)]
+pub struct Router {
+    state: Arc<ServerState>,
+    cluster: Option<Arc<Cluster>>,
+}
+
+impl Router {
+    /// A router over this shared state and, when it has shards, its cluster.
+    pub fn new(state: Arc<ServerState>, cluster: Option<Arc<Cluster>>) -> Self {
+        Router { state, cluster }
+    }
+}
+
+impl crate::frontend::Service for Router {
+    fn state(&self) -> &Arc<ServerState> {
+        &self.state
+    }
+
+    fn handle<'a>(
+        &'a self,
+        client: &'a mut ClientState,
+        req: &'a CommandRequest,
+    ) -> crate::frontend::BoxFuture<'a, crate::frontend::Response> {
+        Box::pin(async move {
+            crate::frontend::Response::Reply(
+                dispatch(&self.state, self.cluster.as_ref(), client, req).await,
+            )
+        })
+    }
+
+    fn connection_closed<'a>(
+        &'a self,
+        client: &'a ClientState,
+    ) -> crate::frontend::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some(cluster) = &self.cluster {
+                // Only the connection that opened a cursor may use it: its cursors go with it.
+                cluster.cursors.close_owner(cluster, client.id).await;
+            }
+        })
+    }
+}
+
+/// Commands mongos registers that the router forwards (to the database's primary shard, or
+/// through the read and write paths) when it does not answer them itself. Anything else that
+/// the router does not answer is unknown (CommandNotFound, 59): a client cannot reach a
+/// shard's internal commands (`_shardsvr*`, `_configsvr*`, Sluice's own `sluice*`) or its
+/// test-only ones (`configureFailPoint`) through the router.
+pub const FORWARDED_COMMANDS: &[&str] = &[
+    "abortTransaction",
+    "aggregate",
+    "analyze",
+    "collMod",
+    "collStats",
+    "collstats",
+    "commitTransaction",
+    "compact",
+    "convertToCapped",
+    "count",
+    "create",
+    "createIndexes",
+    "dataSize",
+    "datasize",
+    "dbStats",
+    "dbstats",
+    "delete",
+    "deleteIndexes",
+    "distinct",
+    "drop",
+    "dropDatabase",
+    "dropIndexes",
+    "explain",
+    "filemd5",
+    "find",
+    "findAndModify",
+    "findandmodify",
+    "getMore",
+    "insert",
+    "killCursors",
+    "listCollections",
+    "listDatabases",
+    "listIndexes",
+    "mapReduce",
+    "planCacheClear",
+    "planCacheClearFilters",
+    "planCacheListFilters",
+    "planCacheSetFilter",
+    "update",
+    "validate",
+    "validateDBMetadata",
+];
+
+/// Whether `name` is a command only shards, config servers or tests accept: never forwarded
+/// from a client, whatever the allow-list says.
+pub fn is_internal_command(name: &str) -> bool {
+    name.starts_with("_shardsvr")
+        || name.starts_with("_configsvr")
+        || name.starts_with("sluice")
+        || name == "configureFailPoint"
+}
+
+fn no_such_command(name: &str) -> CommandError {
+    CommandError::new(
+        ErrorCode::CommandNotFound,
+        format!("no such command: '{name}'"),
+    )
+}
+
+/// Checks what mongos checks of every request before running it: the database name, the
+/// `local` database (not usable through mongos), `lsid`.
+fn check_envelope(req: &CommandRequest) -> Result<(), CommandError> {
+    if let Err(message) = crate::limits::check_database_name(&req.db) {
+        return Err(CommandError::new(ErrorCode::InvalidNamespace, message));
+    }
+    if req.db == "local" {
+        return Err(CommandError::new(
+            ErrorCode::IllegalOperation,
+            "Can't use 'local' database through mongos",
+        ));
+    }
+    match req.body.raw().get("lsid") {
+        Ok(None) => {}
+        Ok(Some(bson::RawBsonRef::Document(lsid))) => {
+            let lsid = Document::try_from(lsid)
+                .map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?;
+            session_id(&lsid)?;
+        }
+        Ok(Some(_)) | Err(_) => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                "BSON field 'OperationSessionInfo.lsid' is the wrong type, expected type 'object'",
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Runs one command and returns its reply, `$clusterTime` and `operationTime` included, as
+/// mongos appends them to every reply. A request with `maxTimeMS` gets MaxTimeMSExpired (50)
+/// when that time passes before its reply is ready, however long its shards take.
+pub async fn dispatch(
+    state: &Arc<ServerState>,
+    cluster: Option<&Arc<crate::cluster::Cluster>>,
+    client: &mut ClientState,
+    req: &CommandRequest,
+) -> Document {
+    state.counters.op_command.fetch_add(1, Ordering::Relaxed);
+    let result = match check_envelope(req).and_then(|_| {
+        if matches!(req.name.as_str(), "hello" | "isMaster" | "ismaster") {
+            Ok(None)
+        } else {
+            max_time(req.body.raw())
+        }
+    }) {
+        Err(e) => Err(e),
+        Ok(None) => run_command(state, cluster, client, req).await,
+        Ok(Some(limit)) => {
+            match tokio::time::timeout(limit, run_command(state, cluster, client, req)).await {
+                Ok(r) => r,
+                Err(_) => Err(CommandError::new(
+                    ErrorCode::MaxTimeMSExpired,
+                    "operation exceeded time limit",
+                )),
+            }
+        }
+    };
+    let mut reply = match result {
+        Ok(mut d) => {
+            // Forwarded replies carry the shard's `ok` (0 or 1); the router's own lack one.
+            if !d.contains_key("ok") {
+                d.insert("ok", 1.0);
+            }
+            d
+        }
+        Err(e) => e.to_reply(),
+    };
+    append_cluster_time(state, &mut reply);
+    reply
+}
+
+/// Runs one command: the router's own, or forwarded. A forwarded reply keeps its `ok`.
+async fn run_command(
+    state: &Arc<ServerState>,
+    cluster: Option<&Arc<crate::cluster::Cluster>>,
+    client: &mut ClientState,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    if req.db == "config"
+        && !matches!(
+            req.name.as_str(),
+            "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo"
+        )
+    {
+        let name = format!(
+            "{}:{}",
+            server_info::hostname(),
+            state.config.listen.rsplit(':').next().unwrap_or("")
+        );
+        return sharding::config_read(
+            cluster,
+            client,
+            req,
+            &name,
+            state.started.elapsed().as_secs() as i64,
+        )
+        .await;
+    }
+    match req.name.as_str() {
+        "hello" | "isMaster" | "ismaster" => hello::hello(state, client, req).await,
+        "ping" => Ok(doc! {}),
+        "buildInfo" | "buildinfo" => Ok(server_info::build_info()),
+        "getParameter" => {
+            server_info::get_parameter(req, &server_info::Parameters::of(&state.config))
+        }
+        "getLog" => server_info::get_log(req),
+        "whatsmyuri" => Ok(doc! {"you": client.peer.to_string()}),
+        "connectionStatus" => Ok(server_info::connection_status(req)),
+        "endSessions" => server_info::end_sessions(req),
+        "getCmdLineOpts" => Ok(server_info::get_cmd_line_opts(state)),
+        "serverStatus" => Ok(server_info::server_status(state)),
+        "enableSharding" | "enablesharding" => sharding::enable_sharding(cluster, req),
+        "shardCollection" | "shardcollection" => sharding::shard_collection(cluster, req).await,
+        "listShards" | "listshards" => sharding::list_shards(cluster),
+        "flushRouterConfig" | "flushrouterconfig" => sharding::flush_router_config(cluster),
+        "balancerStatus" => Ok(sharding::balancer_status()),
+        "aggregate" if req.body.raw().get_str("aggregate").is_err() => {
+            match sharding::local_documents_aggregate(req, state.config.stage_memory_bytes) {
+                Some(r) => r,
+                None => Err(CommandError::new(
+                    ErrorCode::InvalidNamespace,
+                    "collection-less aggregations are only supported with $documents",
+                )),
+            }
+        }
+        other if is_internal_command(other) || !FORWARDED_COMMANDS.contains(&other) => {
+            Err(no_such_command(other))
+        }
+        other => match cluster {
+            Some(cluster) => {
+                let coll = req.body.raw().get_str(other).unwrap_or("");
+                let policy = state.config.rewrite_policy(&format!("{}.{coll}", req.db));
+                route::route(cluster, &state.writes, policy, req, client.id).await
+            }
+            None => Err(no_such_command(other)),
+        },
+    }
+}
+
+/// Binds the configured address and starts serving clients as a router without shards.
+pub async fn start(config: Config, argv: Vec<String>) -> std::io::Result<RouterHandle> {
+    start_router(config, argv, None).await
+}
+
+/// Binds the configured address and starts serving clients as the router of `cluster`.
+pub async fn start_router(
+    config: Config,
+    argv: Vec<String>,
+    cluster: Option<Arc<Cluster>>,
+) -> std::io::Result<RouterHandle> {
+    if let Some(c) = &cluster {
+        c.set_stage_memory(config.stage_memory_bytes);
+    }
+    crate::frontend::start_service(config, argv, |state| Arc::new(Router::new(state, cluster)))
+        .await
+}
+
+/// Opens the metadata, registers the shards (refusing a list that contradicts persisted
+/// metadata), connects pools and shards the configured collections.
+pub async fn bootstrap(
+    metadata_path: Option<std::path::PathBuf>,
+    shards: &[ShardInfo],
+    collections: &[crate::config::CollectionConfig],
+    pool: PoolOptions,
+    batching: &crate::config::BatchingConfig,
+) -> Result<Arc<Cluster>, String> {
+    let store = Arc::new(ConfigStore::open(metadata_path).map_err(|e| e.message)?);
+    store.set_shards(shards).map_err(|e| e.message)?;
+    let cluster = Arc::new(Cluster::with_batching(store, pool, batching));
+    cluster.warm_pools().await;
+    for c in collections {
+        let key = c.key_document().map_err(|e| e.to_string())?;
+        let mut body =
+            bson::doc! {"shardCollection": &c.ns, "key": key, "unique": c.unique, "$db": "admin"};
+        if let Some(n) = c.num_initial_chunks {
+            body.insert("numInitialChunks", n as i64);
+        }
+        let req = crate::command::CommandRequest {
+            db: "admin".into(),
+            name: "shardCollection".into(),
+            body: crate::wire::BsonDoc::from_encoded(body.to_vec().map_err(|e| e.to_string())?),
+            sequences: Vec::new(),
+            legacy: false,
+        };
+        sharding::shard_collection(Some(&cluster), &req)
+            .await
+            .map_err(|e| format!("cannot shard {}: {}", c.ns, e.message))?;
+    }
+    Ok(cluster)
+}

@@ -1,0 +1,659 @@
+//! Commands the router forwards to shards.
+//!
+//! Writes on sharded collections go through the write path ([`crate::write`]);
+//! `findAndModify` on a sharded collection goes to the one shard its query's shard key
+//! targets. Every command on an unsharded collection (and any database-level command) goes to
+//! the database's primary shard unchanged: the client's body and document sequences are
+//! forwarded as they are (a `w: 0` write concern raised to `w: 1`), and the shard's reply comes
+//! back with the shard-only fields removed. A database gets its `config.databases` entry (and
+//! primary shard) on its first write, as with mongos.
+
+use std::sync::Arc;
+
+use bson::{Bson, Document};
+
+use crate::cluster::Cluster;
+use crate::command::{CommandError, CommandRequest};
+use crate::routing::FilterKeys;
+use crate::value::error_codes::ErrorCode;
+use crate::wire::OpMsgBuilder;
+use crate::write::target::WriteKind;
+use crate::write::{plan::Policy, WriteStats};
+
+/// Commands that create data: they give a new database its primary shard.
+const CREATING: &[&str] = &[
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "findandmodify",
+    "create",
+    "createIndexes",
+];
+
+/// Fields a shard adds to replies that mongos does not pass on.
+const SHARD_ONLY_FIELDS: &[&str] = &[
+    "$clusterTime",
+    "operationTime",
+    "opTime",
+    "electionId",
+    "$configServerState",
+    "$gleStats",
+    "lastCommittedOpTime",
+    "$topologyTime",
+];
+
+/// The collection a command names, for commands that name one.
+fn collection_of(req: &CommandRequest, body: &Document) -> Option<String> {
+    match req.name.as_str() {
+        "getMore" => body.get_str("collection").ok().map(|s| s.to_string()),
+        _ => match body.get(&req.name) {
+            Some(Bson::String(s)) => Some(s.clone()),
+            _ => None,
+        },
+    }
+}
+
+/// Routes a command that is not answered by the router itself; returns the full reply
+/// (with `ok`).
+pub async fn route(
+    cluster: &Arc<Cluster>,
+    stats: &WriteStats,
+    policy: Policy,
+    req: &CommandRequest,
+    client_id: i64,
+) -> Result<Document, CommandError> {
+    if let Some(n) = req.statement_count() {
+        let max = crate::limits::MAX_WRITE_BATCH_SIZE;
+        if n == 0 || n > max {
+            return Err(CommandError::new(
+                ErrorCode::InvalidLength,
+                format!("Write batch sizes must be between 1 and {max}. Got {n} operations."),
+            ));
+        }
+    }
+    let body = req.options_document();
+    let coll = collection_of(req, &body);
+    if let Some(c) = &coll {
+        // Checked before anything is looked up, cached or recorded.
+        crate::limits::check_namespace(&req.db, c)
+            .map_err(|m| CommandError::new(ErrorCode::InvalidNamespace, m))?;
+    }
+    let snapshot = match &coll {
+        Some(c) => cluster.routing.get(&format!("{}.{c}", req.db))?,
+        None => None,
+    };
+    if in_transaction(&body)
+        || matches!(req.name.as_str(), "commitTransaction" | "abortTransaction")
+    {
+        return transaction(cluster, req, &body, snapshot.as_deref()).await;
+    }
+    if let Some(snap) = snapshot {
+        if let Some(kind) = WriteKind::from_command(&req.name) {
+            let mut reply =
+                crate::write::execute(cluster, stats, policy, req, &body, kind, snap).await?;
+            reply.insert("ok", 1.0);
+            return Ok(reply);
+        }
+        if matches!(req.name.as_str(), "findAndModify" | "findandmodify") {
+            return find_and_modify(cluster, req, &body, &snap).await;
+        }
+        let ok = |mut d: Document| {
+            d.insert("ok", 1.0);
+            d
+        };
+        match req.name.as_str() {
+            "getMore" => {
+                return cluster
+                    .cursors
+                    .get_more(cluster, req, client_id)
+                    .await
+                    .map(ok)
+            }
+            "killCursors" => return Ok(ok(cluster.cursors.kill(cluster, req, client_id).await)),
+            "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" => {
+                return broadcast_ddl(cluster, req, &snap).await;
+            }
+            "listIndexes" => {
+                let first = snap.chunks.shards().into_iter().next().unwrap_or_default();
+                return forward(cluster, &first, req, None).await;
+            }
+            "collStats" => return coll_stats(cluster, req, &snap).await,
+            _ => {}
+        }
+        if let Some(result) = crate::read::read(cluster, &snap, req, client_id).await {
+            return result.map(ok);
+        }
+        return Err(CommandError::new(
+            ErrorCode::CommandNotSupported,
+            format!(
+                "'{}' on the sharded collection {} is not supported by this version of Sluice yet",
+                req.name, snap.ns
+            ),
+        ));
+    }
+    match req.name.as_str() {
+        "explain" => {
+            if let Some(r) = explain(cluster, req, &body).await {
+                return r;
+            }
+        }
+        "listDatabases" => return list_databases(cluster, req).await,
+        "dropDatabase" => return drop_database(cluster, req).await,
+        "dbStats" => return db_stats(cluster, req).await,
+        _ => {}
+    }
+    if req.db == "admin" || req.db == "local" {
+        return Err(CommandError::new(
+            ErrorCode::CommandNotFound,
+            format!("no such command: '{}'", req.name),
+        ));
+    }
+    let primary = match cluster.store.database(&req.db) {
+        Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
+        None if CREATING.contains(&req.name.as_str()) => cluster
+            .store
+            .ensure_database(&req.db, None)?
+            .get_str("primary")
+            .unwrap_or_default()
+            .to_string(),
+        None => match cluster.shards().first() {
+            Some(s) => s.id.clone(),
+            None => {
+                return Err(CommandError::new(
+                    ErrorCode::ShardNotFound,
+                    "the cluster has no shards",
+                ))
+            }
+        },
+    };
+    forward(cluster, &primary, req, None).await
+}
+
+/// `explain` of a `find`, `aggregate`, `count` or `distinct` on a sharded collection, in
+/// mongos's shape: `queryPlanner.winningPlan.shards[]` names each shard the query goes to
+/// (which is how one checks where a shard key value lives). `None` for anything else.
+async fn explain(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    body: &Document,
+) -> Option<Result<Document, CommandError>> {
+    let inner = body.get_document("explain").ok()?;
+    let (name, coll) = inner
+        .iter()
+        .next()
+        .map(|(k, v)| (k.clone(), v.as_str().map(|s| s.to_string())))?;
+    let coll = coll?;
+    let ns = format!("{}.{coll}", req.db);
+    let snap = match cluster.routing.get(&ns) {
+        Ok(Some(s)) => s,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(e.into())),
+    };
+    let filter = match name.as_str() {
+        "find" => inner.get_document("filter").cloned().unwrap_or_default(),
+        "count" | "distinct" => inner.get_document("query").cloned().unwrap_or_default(),
+        "aggregate" => crate::read::leading_match(
+            inner
+                .get_array("pipeline")
+                .map(Vec::as_slice)
+                .unwrap_or_default(),
+        ),
+        _ => return None,
+    };
+    let shards = crate::read::target_shards(&snap, &filter);
+    let id_lookup = filter.len() == 1 && filter.contains_key("_id");
+    let shard_plans: Vec<Bson> = shards
+        .iter()
+        .map(|s| {
+            let addr = cluster.shards().iter().find(|x| &x.id == s).map(|x| x.addr.clone()).unwrap_or_default();
+            Bson::Document(bson::doc! {
+                "shardName": s,
+                "connectionString": format!("{s}/{addr}"),
+                "serverInfo": {"host": addr.clone(), "version": crate::command::server_info::MONGODB_VERSION},
+                "namespace": &ns,
+                "parsedQuery": filter.clone(),
+                "winningPlan": {"stage": if id_lookup { "IDHACK" } else { "COLLSCAN" }, "filter": filter.clone()},
+                "rejectedPlans": [],
+            })
+        })
+        .collect();
+    let stage = if shards.len() == 1 {
+        "SINGLE_SHARD"
+    } else {
+        "SHARD_MERGE"
+    };
+    Some(Ok(bson::doc! {
+        "queryPlanner": {
+            "mongosPlannerVersion": 1,
+            "winningPlan": {"stage": stage, "shards": shard_plans},
+        },
+        "serverInfo": {"version": crate::command::server_info::MONGODB_VERSION},
+        "command": inner.clone(),
+        "ok": 1.0,
+    }))
+}
+
+/// Sends `req` to every shard in turn: `Ok` with each shard's reply when all succeeded, `Err(reply)` with the
+/// first failed reply, which is passed to the client as mongos does.
+async fn on_every_shard(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+) -> Result<Result<Vec<(String, Document)>, Document>, CommandError> {
+    let mut replies = Vec::new();
+    for shard in cluster
+        .shards()
+        .iter()
+        .map(|s| s.id.clone())
+        .collect::<Vec<_>>()
+    {
+        let reply = forward(cluster, &shard, req, None).await?;
+        if reply.get_f64("ok").ok() != Some(1.0) {
+            return Ok(Err(reply));
+        }
+        replies.push((shard, reply));
+    }
+    Ok(Ok(replies))
+}
+
+/// `listDatabases`: every shard's list, merged by name (sizes summed).
+async fn list_databases(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    let mut by_name: std::collections::BTreeMap<String, (i64, bool)> =
+        std::collections::BTreeMap::new();
+    let name_only = req.body.raw().get_bool("nameOnly").unwrap_or(false);
+    let replies = match on_every_shard(cluster, req).await? {
+        Ok(replies) => replies,
+        Err(failed) => return Ok(failed),
+    };
+    for (_, reply) in &replies {
+        for d in reply
+            .get_array("databases")
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.as_document())
+        {
+            let Ok(name) = d.get_str("name") else {
+                continue;
+            };
+            let e = by_name.entry(name.to_string()).or_insert((0, true));
+            e.0 += crate::value::field::number_field(d, "sizeOnDisk").unwrap_or(0);
+            e.1 &= d.get_bool("empty").unwrap_or(false);
+        }
+    }
+    let total: i64 = by_name.values().map(|(s, _)| *s).sum();
+    let databases: Vec<Bson> = by_name
+        .into_iter()
+        .map(|(name, (size, empty))| {
+            Bson::Document(if name_only {
+                bson::doc! {"name": name}
+            } else {
+                bson::doc! {"name": name, "sizeOnDisk": size, "empty": empty}
+            })
+        })
+        .collect();
+    let mut out = bson::doc! {"databases": databases};
+    if !name_only {
+        out.insert("totalSize", total);
+        out.insert("totalSizeMb", total / (1024 * 1024));
+    }
+    out.insert("ok", 1.0);
+    Ok(out)
+}
+
+/// `dropDatabase`: on every shard, then the database leaves the metadata. `admin` (and
+/// `config`, served read-only) cannot be dropped, as mongos refuses them.
+async fn drop_database(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    if matches!(req.db.as_str(), "admin" | "config") {
+        return Err(CommandError::new(
+            ErrorCode::IllegalOperation,
+            format!("Cannot drop the {} database", req.db),
+        ));
+    }
+    if let Err(failed) = on_every_shard(cluster, req).await? {
+        return Ok(failed);
+    }
+    for ns in cluster.store.drop_database(&req.db)? {
+        cluster.routing.refresh(&ns)?;
+    }
+    Ok(bson::doc! {"dropped": &req.db, "ok": 1.0})
+}
+
+/// `collStats` of a sharded collection: every shard's statistics under `shards`, summed.
+async fn coll_stats(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    snap: &crate::routing::RoutingSnapshot,
+) -> Result<Document, CommandError> {
+    let mut shards = Document::new();
+    let (mut count, mut size, mut storage, mut nindexes) = (0i64, 0i64, 0i64, 0i64);
+    for shard in snap.chunks.shards() {
+        let reply = forward(cluster, &shard, req, None).await?;
+        if reply.get_f64("ok").ok() != Some(1.0) {
+            return Ok(reply);
+        }
+        count += crate::value::field::number_field(&reply, "count").unwrap_or(0);
+        size += crate::value::field::number_field(&reply, "size").unwrap_or(0);
+        storage += crate::value::field::number_field(&reply, "storageSize").unwrap_or(0);
+        nindexes = nindexes.max(crate::value::field::number_field(&reply, "nindexes").unwrap_or(0));
+        shards.insert(shard, reply);
+    }
+    Ok(bson::doc! {
+        "sharded": true,
+        "shards": shards,
+        "ns": &snap.ns,
+        "count": count,
+        "size": size,
+        "storageSize": storage,
+        "avgObjSize": if count > 0 { size / count } else { 0 },
+        "nindexes": nindexes,
+        "nchunks": snap.chunks.len() as i32,
+        "ok": 1.0,
+    })
+}
+
+/// `dbStats`: every shard's statistics summed, with each shard's reply under `raw`.
+async fn db_stats(cluster: &Arc<Cluster>, req: &CommandRequest) -> Result<Document, CommandError> {
+    let mut raw = Document::new();
+    let fields = [
+        "collections",
+        "views",
+        "objects",
+        "dataSize",
+        "storageSize",
+        "indexes",
+        "indexSize",
+        "totalSize",
+    ];
+    let mut sums = vec![0f64; fields.len()];
+    let replies = match on_every_shard(cluster, req).await? {
+        Ok(replies) => replies,
+        Err(failed) => return Ok(failed),
+    };
+    for (shard, reply) in replies {
+        for (i, f) in fields.iter().enumerate() {
+            sums[i] += match reply.get(*f) {
+                Some(Bson::Int32(v)) => *v as f64,
+                Some(Bson::Int64(v)) => *v as f64,
+                Some(Bson::Double(v)) => *v,
+                _ => 0.0,
+            };
+        }
+        raw.insert(shard, reply);
+    }
+    let mut out = bson::doc! {"raw": raw, "db": &req.db};
+    for (i, f) in fields.iter().enumerate() {
+        out.insert(*f, sums[i] as i64);
+    }
+    let objects = sums[2];
+    out.insert(
+        "avgObjSize",
+        if objects > 0.0 {
+            sums[3] / objects
+        } else {
+            0.0
+        },
+    );
+    out.insert("scaleFactor", 1i64);
+    out.insert("ok", 1.0);
+    Ok(out)
+}
+
+fn in_transaction(body: &Document) -> bool {
+    body.get("startTransaction")
+        .is_some_and(crate::value::field::truthy)
+        || matches!(body.get("autocommit"), Some(Bson::Boolean(false)))
+}
+
+/// A statement of a transaction, or its commit/abort. Transactions whose statements all target
+/// one shard pass through to it unchanged; a statement bound for another shard is refused with
+/// OperationNotSupportedInTransaction (263): distributed transactions are not implemented.
+async fn transaction(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    body: &Document,
+    snapshot: Option<&crate::routing::RoutingSnapshot>,
+) -> Result<Document, CommandError> {
+    let Ok(lsid) = body.get_document("lsid") else {
+        return Err(CommandError::new(
+            ErrorCode::InvalidOptions,
+            "Transaction statements require a session (lsid)",
+        ));
+    };
+    let session = crate::command::session_id(lsid)?;
+    let txn = crate::value::field::number_field(body, "txnNumber").unwrap_or(0);
+    if matches!(req.name.as_str(), "commitTransaction" | "abortTransaction") {
+        let shard = cluster.transactions.end(&session, txn);
+        let Some(shard) = shard else {
+            return Err(CommandError::new(
+                ErrorCode::NoSuchTransaction,
+                format!("Transaction with txnNumber {txn} has not been started on this router"),
+            ));
+        };
+        return forward(cluster, &shard, req, None).await;
+    }
+    let shard = match snapshot {
+        None => match cluster.store.database(&req.db) {
+            Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
+            None => cluster
+                .store
+                .ensure_database(&req.db, None)?
+                .get_str("primary")
+                .unwrap_or_default()
+                .to_string(),
+        },
+        Some(snap) => {
+            let shards = transaction_targets(snap, req, body);
+            match shards.as_slice() {
+                [one] => one.clone(),
+                _ => {
+                    return Err(CommandError::new(
+                        ErrorCode::OperationNotSupportedInTransaction,
+                        format!("'{}' on {} targets {} shards inside a transaction; Sluice runs transactions on a single shard only", req.name, snap.ns, shards.len()),
+                    ))
+                }
+            }
+        }
+    };
+    let (recorded, started) = cluster.transactions.begin(session, txn, &shard)?;
+    if recorded != shard {
+        return Err(CommandError::new(
+            ErrorCode::OperationNotSupportedInTransaction,
+            format!("this statement targets shard {shard} but the transaction runs on shard {recorded}; Sluice runs transactions on a single shard only"),
+        ));
+    }
+    let version = snapshot
+        .filter(|_| cluster.is_shard_server(&shard))
+        .map(|s| s.shard_version(&shard));
+    let reply = forward(cluster, &shard, req, version).await;
+    // A transaction whose first statement failed does not exist on its shard: its entry
+    // goes, so failed attempts leave nothing behind.
+    let failed = reply
+        .as_ref()
+        .map_or(true, |r| r.get_f64("ok").ok() != Some(1.0));
+    if started && failed {
+        cluster.transactions.end(&session, txn);
+    }
+    reply
+}
+
+/// The shards a transaction statement on a sharded collection touches.
+fn transaction_targets(
+    snap: &crate::routing::RoutingSnapshot,
+    req: &CommandRequest,
+    body: &Document,
+) -> Vec<String> {
+    let mut shards: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    let filter_shards = |f: &Document| crate::read::target_shards(snap, f);
+    let statements = |field: &str| req.statement_bytes(field).unwrap_or_default();
+    match req.name.as_str() {
+        "insert" => {
+            for raw in statements("documents") {
+                if let Ok(doc) = bson::RawDocument::from_bytes(&raw) {
+                    match snap.pattern.extract_from_document(doc) {
+                        Ok(k) => shards.extend(snap.shard_for(&k).map(|s| s.to_string())),
+                        Err(_) => shards.extend(snap.chunks.shards()),
+                    }
+                }
+            }
+        }
+        "update" | "delete" => {
+            let field = if req.name == "update" {
+                "updates"
+            } else {
+                "deletes"
+            };
+            for raw in statements(field) {
+                let stmt = Document::from_reader(&raw[..]).unwrap_or_default();
+                shards.extend(filter_shards(
+                    stmt.get_document("q").unwrap_or(&Document::new()),
+                ));
+            }
+        }
+        "find" | "count" | "distinct" => {
+            let f = body
+                .get_document("filter")
+                .or_else(|_| body.get_document("query"))
+                .cloned()
+                .unwrap_or_default();
+            shards.extend(filter_shards(&f));
+        }
+        "findAndModify" | "findandmodify" => shards.extend(filter_shards(
+            &body.get_document("query").cloned().unwrap_or_default(),
+        )),
+        _ => shards.extend(snap.chunks.shards()),
+    }
+    shards.into_iter().collect()
+}
+
+/// DDL on a sharded collection: sent to every shard; the first failure is reported. A dropped
+/// collection also leaves the sharding metadata.
+async fn broadcast_ddl(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    snap: &crate::routing::RoutingSnapshot,
+) -> Result<Document, CommandError> {
+    let mut first_ok: Option<Document> = None;
+    for shard in cluster
+        .shards()
+        .iter()
+        .map(|s| s.id.clone())
+        .collect::<Vec<_>>()
+    {
+        let reply = forward(cluster, &shard, req, None).await?;
+        let ok = reply.get_f64("ok").ok() == Some(1.0);
+        let missing = reply.get_i32("code").ok() == Some(ErrorCode::NamespaceNotFound.0);
+        if !ok && !missing {
+            return Ok(reply);
+        }
+        if ok && first_ok.is_none() {
+            first_ok = Some(reply);
+        }
+    }
+    if req.name == "drop" {
+        cluster.store.drop_collection(&snap.ns)?;
+        cluster.routing.refresh(&snap.ns)?;
+    }
+    Ok(first_ok.unwrap_or_else(|| bson::doc! {"ok": 1.0}))
+}
+
+/// Forwards the client's command to `shard` as it is (plus `shardVersion` when given) and
+/// returns the shard's reply without its shard-only fields.
+async fn forward(
+    cluster: &Arc<Cluster>,
+    shard: &str,
+    req: &CommandRequest,
+    shard_version: Option<Document>,
+) -> Result<Document, CommandError> {
+    let Some(pool) = cluster.pool(shard) else {
+        return Err(CommandError::new(
+            ErrorCode::ShardNotFound,
+            format!("Shard {shard} not found"),
+        ));
+    };
+    let raise_w0 = matches!(
+        req.body
+            .raw()
+            .get_document("writeConcern")
+            .ok()
+            .and_then(|wc| wc.get("w").ok().flatten()),
+        Some(bson::RawBsonRef::Int32(0) | bson::RawBsonRef::Int64(0))
+    );
+    let body_bytes: Vec<u8> = if raise_w0 || shard_version.is_some() {
+        let mut body = req.body_document();
+        if raise_w0 {
+            if let Ok(wc) = body.get_document_mut("writeConcern") {
+                wc.insert("w", 1);
+            }
+        }
+        if let Some(v) = shard_version {
+            body.insert("shardVersion", v);
+        }
+        body.to_vec()
+            .map_err(|e| CommandError::new(ErrorCode::InternalError, e.to_string()))?
+    } else {
+        req.body.bytes().to_vec()
+    };
+    let mut b = OpMsgBuilder::new(0, &body_bytes);
+    for seq in &req.sequences {
+        b.begin_sequence(&seq.identifier);
+        for d in &seq.documents {
+            b.push_document(d.bytes());
+        }
+    }
+    let id = crate::backend::PooledConnection::next_request_id();
+    let frame = b.finish(id, 0);
+    let reply = async {
+        let mut conn = pool.checkout().await?;
+        conn.request(&frame, id).await
+    }
+    .await
+    .map_err(|e| {
+        let mut err = CommandError::new(e.code(), format!("{e} (shard {shard})"));
+        if req.body.raw().get("txnNumber").ok().flatten().is_some() {
+            err.labels.push("RetryableWriteError".into());
+        }
+        err
+    })?;
+    let mut d = reply.to_document();
+    for f in SHARD_ONLY_FIELDS {
+        d.remove(*f);
+    }
+    Ok(d)
+}
+
+/// `findAndModify` on a sharded collection: the query must pin the full shard key; the
+/// command goes to the owning shard unchanged.
+async fn find_and_modify(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    body: &Document,
+    snap: &crate::routing::RoutingSnapshot,
+) -> Result<Document, CommandError> {
+    let query = body.get_document("query").cloned().unwrap_or_default();
+    let shard = match snap.pattern.extract_from_filter(&query) {
+        FilterKeys::Keys(keys) if keys.len() == 1 => {
+            snap.shard_for(&keys[0]).map(|s| s.to_string())
+        }
+        _ => None,
+    };
+    let Some(shard) = shard else {
+        return Err(CommandError::new(
+            ErrorCode::ShardKeyNotFound,
+            format!(
+                "Query for sharded findAndModify must contain the shard key (pattern {}); got {}",
+                crate::value::render::render_doc(&snap.pattern.to_document()),
+                crate::value::render::render_doc(&query)
+            ),
+        ));
+    };
+    let version = cluster
+        .is_shard_server(&shard)
+        .then(|| snap.shard_version(&shard));
+    forward(cluster, &shard, req, version).await
+}

@@ -1,0 +1,352 @@
+//! Sharding administration through the router: `enableSharding`, `shardCollection`,
+//! `listShards`, `flushRouterConfig`, `balancerStatus`, and reads of the `config` database.
+//!
+//! Choices where mongos differs or Sluice is narrower: `shardCollection` only shards an empty
+//! collection (a non-empty one is refused with InvalidOptions, since moving existing data is
+//! not implemented); sharding an already-sharded collection with the same key succeeds (as
+//! mongos 5.0+ does) and with another key is AlreadyInitialized (23); the `config` database is
+//! served read-only; Sluice has no balancer, so `balancerStatus` reports mode `off`.
+
+use std::sync::Arc;
+
+use bson::{doc, Bson, Document};
+
+use crate::cluster::Cluster;
+use crate::command::{ClientState, CommandError, CommandRequest};
+use crate::frontend::{Response, Service};
+use crate::routing::chunks::initial_chunks;
+use crate::routing::{RoutingError, ShardKeyPattern};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{number_field, truthy};
+
+impl From<RoutingError> for CommandError {
+    fn from(e: RoutingError) -> Self {
+        CommandError::new(e.code, e.message)
+    }
+}
+
+fn no_cluster() -> CommandError {
+    CommandError::new(
+        ErrorCode::IllegalOperation,
+        "this router has no shards: start it with embedded shards (sluice demo) or a cluster configuration (sluice --config)",
+    )
+}
+
+/// Commands on the `config` database that are served (read-only).
+const CONFIG_READS: &[&str] = &[
+    "find",
+    "aggregate",
+    "count",
+    "distinct",
+    "getMore",
+    "killCursors",
+    "listCollections",
+    "listIndexes",
+    "collStats",
+    "dbStats",
+];
+
+/// Serves a command on the `config` database from the config store.
+pub async fn config_read(
+    cluster: Option<&Arc<Cluster>>,
+    client: &mut ClientState,
+    req: &CommandRequest,
+    router_name: &str,
+    uptime_secs: i64,
+) -> Result<Document, CommandError> {
+    let Some(cluster) = cluster else {
+        return Err(no_cluster());
+    };
+    if req.name == "dropDatabase" {
+        return Err(CommandError::new(
+            ErrorCode::IllegalOperation,
+            "Cannot drop the config database",
+        ));
+    }
+    if !CONFIG_READS.contains(&req.name.as_str()) {
+        return Err(CommandError::new(
+            ErrorCode::IllegalOperation,
+            format!(
+                "Sluice serves the config database read-only; '{}' is not allowed on it",
+                req.name
+            ),
+        ));
+    }
+    cluster.store.touch_mongos(router_name, uptime_secs);
+    match cluster.store.engine().handle(client, req).await {
+        Response::Reply(mut d) => {
+            // The engine appended its own cluster time; the router appends the router's.
+            d.remove("$clusterTime");
+            d.remove("operationTime");
+            if d.get_f64("ok").ok() == Some(1.0) {
+                d.remove("ok");
+                Ok(d)
+            } else {
+                let code = d.get_i32("code").unwrap_or(ErrorCode::InternalError.0);
+                Err(CommandError::new(
+                    ErrorCode(code),
+                    d.get_str("errmsg").unwrap_or("config read failed"),
+                ))
+            }
+        }
+        Response::CloseConnection => Err(CommandError::new(
+            ErrorCode::InternalError,
+            "config read failed",
+        )),
+    }
+}
+
+/// `enableSharding`: records the database (with a primary shard) if it is new.
+pub fn enable_sharding(
+    cluster: Option<&Arc<Cluster>>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    let cluster = cluster.ok_or_else(no_cluster)?;
+    let body = req.body_document();
+    let db = match body.get(&req.name) {
+        Some(Bson::String(s)) => s.clone(),
+        _ => return Err(CommandError::new(
+            ErrorCode::TypeMismatch,
+            "BSON field 'enableSharding.enableSharding' is the wrong type, expected type 'string'",
+        )),
+    };
+    check_db_name(&db)?;
+    let primary = body.get_str("primaryShard").ok();
+    cluster.store.ensure_database(&db, primary)?;
+    Ok(Document::new())
+}
+
+fn check_db_name(db: &str) -> Result<(), CommandError> {
+    crate::limits::check_namespace(db, "x")
+        .map_err(|message| CommandError::new(ErrorCode::InvalidNamespace, message))?;
+    if matches!(db, "admin" | "config" | "local") {
+        return Err(CommandError::new(
+            ErrorCode::IllegalOperation,
+            format!("can't shard {db} database"),
+        ));
+    }
+    Ok(())
+}
+
+/// `shardCollection`: pre-splits an empty collection with MongoDB's layout and records it.
+pub async fn shard_collection(
+    cluster: Option<&Arc<Cluster>>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    let cluster = cluster.ok_or_else(no_cluster)?;
+    let body = req.body_document();
+    let ns = match body.get(&req.name) {
+        Some(Bson::String(s)) => s.clone(),
+        _ => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                "BSON field 'shardCollection.shardCollection' is the wrong type, expected type 'string'",
+            ))
+        }
+    };
+    let Some((db, coll)) = ns
+        .split_once('.')
+        .filter(|(d, c)| !d.is_empty() && !c.is_empty())
+    else {
+        return Err(CommandError::new(
+            ErrorCode::InvalidNamespace,
+            format!("Invalid namespace specified '{ns}'"),
+        ));
+    };
+    check_db_name(db)?;
+    crate::limits::check_namespace(db, coll)
+        .map_err(|message| CommandError::new(ErrorCode::InvalidNamespace, message))?;
+    let key = match body.get("key") {
+        Some(Bson::Document(k)) => k.clone(),
+        Some(_) => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                "BSON field 'shardCollection.key' is the wrong type, expected type 'object'",
+            ))
+        }
+        None => {
+            return Err(CommandError::new(
+                ErrorCode(40414),
+                "BSON field 'shardCollection.key' is missing but a required field",
+            ))
+        }
+    };
+    let pattern = ShardKeyPattern::parse(&key)?;
+    let unique = body.get("unique").is_some_and(truthy);
+    if unique && pattern.has_hashed() {
+        return Err(CommandError::new(
+            ErrorCode::InvalidOptions,
+            "Hashed shard keys cannot be declared unique. It's possible to ensure uniqueness on the hashed field by declaring an additional (non-hashed) unique index on the field.",
+        ));
+    }
+    let shard_ids: Vec<String> = cluster.shards().iter().map(|s| s.id.clone()).collect();
+    let num_initial = match body.get("numInitialChunks") {
+        None => None,
+        Some(_) => match number_field(&body, "numInitialChunks") {
+            Some(n) if n > 0 && n <= 8192 * shard_ids.len().max(1) as i64 && n <= 1_000_000 => {
+                if !pattern.is_hashed_prefix() {
+                    return Err(CommandError::new(
+                        ErrorCode::InvalidOptions,
+                        "numInitialChunks is only supported when the collection is empty and has a hashed field as the shard key prefix",
+                    ));
+                }
+                Some(n as u32)
+            }
+            Some(_) => {
+                return Err(CommandError::new(
+                    ErrorCode::InvalidOptions,
+                    "numInitialChunks cannot be more than either: 8192 * number of shards; or 1,000,000, and must be positive",
+                ))
+            }
+            None => return Err(CommandError::new(ErrorCode::TypeMismatch, "numInitialChunks must be a number")),
+        },
+    };
+
+    if let Some(existing) = cluster.store.collection(&ns) {
+        let same_key = existing.get_document("key").ok() == Some(&pattern.to_document());
+        let same_unique = existing.get_bool("unique").unwrap_or(false) == unique;
+        if same_key && same_unique {
+            return Ok(doc! {"collectionsharded": &ns});
+        }
+        return Err(CommandError::new(
+            ErrorCode(23),
+            format!(
+                "sharding already enabled for collection {ns} with options {}",
+                crate::value::render::render_doc(
+                    &doc! {"key": existing.get("key").cloned().unwrap_or(Bson::Null), "unique": existing.get_bool("unique").unwrap_or(false)}
+                )
+            ),
+        ));
+    }
+
+    let database = cluster.store.ensure_database(db, None)?;
+    let primary = database.get_str("primary").unwrap_or_default().to_string();
+
+    // Only empty collections: ask every shard.
+    for (shard, result) in cluster.run_on_all(&doc! {"count": coll, "$db": db}).await {
+        let reply = result.map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
+        let n = number_field(&reply, "n").unwrap_or(0);
+        if n > 0 {
+            return Err(CommandError::new(
+                ErrorCode::InvalidOptions,
+                format!("Sluice only shards empty collections: {ns} already holds {n} documents on {shard}"),
+            ));
+        }
+    }
+
+    // Every shard gets the collection and the shard key index.
+    let index_name = pattern
+        .to_document()
+        .iter()
+        .map(|(k, v)| match v {
+            Bson::String(s) => format!("{k}_{s}"),
+            _ => format!("{k}_1"),
+        })
+        .collect::<Vec<_>>()
+        .join("_");
+    for shard in &shard_ids {
+        let r = cluster
+            .run_on(shard, &doc! {"create": coll, "$db": db})
+            .await
+            .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
+        if r.get_f64("ok").ok() != Some(1.0)
+            && r.get_i32("code").ok() != Some(ErrorCode::NamespaceExists.0)
+        {
+            return Err(CommandError::from_shard_reply(shard, &r));
+        }
+        if pattern.to_document() != doc! {"_id": 1} {
+            let r = cluster
+                .run_on(shard, &doc! {"createIndexes": coll, "indexes": [{"key": pattern.to_document(), "name": &index_name}], "$db": db})
+                .await
+                .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
+            if r.get_f64("ok").ok() != Some(1.0) {
+                return Err(CommandError::from_shard_reply(shard, &r));
+            }
+        }
+    }
+
+    let chunks = initial_chunks(&pattern, &shard_ids, &primary, num_initial);
+    let snapshot = cluster
+        .store
+        .add_sharded_collection(&ns, &pattern, unique, &chunks)?;
+    for shard in &shard_ids {
+        if cluster.is_shard_server(shard) {
+            let r = cluster
+                .run_on(shard, &doc! {"sluiceSetShardVersion": &ns, "shardVersion": snapshot.shard_version(shard), "$db": "admin"})
+                .await
+                .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
+            if r.get_f64("ok").ok() != Some(1.0) {
+                return Err(CommandError::from_shard_reply(shard, &r));
+            }
+        }
+    }
+    cluster.routing.refresh(&ns)?;
+    Ok(doc! {"collectionsharded": &ns})
+}
+
+/// `listShards`.
+pub fn list_shards(cluster: Option<&Arc<Cluster>>) -> Result<Document, CommandError> {
+    let cluster = cluster.ok_or_else(no_cluster)?;
+    let shards: Vec<Bson> = cluster
+        .store
+        .engine()
+        .documents("config", "shards")
+        .into_iter()
+        .map(Bson::Document)
+        .collect();
+    Ok(doc! {"shards": shards})
+}
+
+/// `flushRouterConfig`: forgets every cached routing snapshot.
+pub fn flush_router_config(cluster: Option<&Arc<Cluster>>) -> Result<Document, CommandError> {
+    if let Some(c) = cluster {
+        c.routing.flush();
+    }
+    Ok(doc! {"flushed": true})
+}
+
+/// `balancerStatus`: Sluice moves no chunks.
+pub fn balancer_status() -> Document {
+    doc! {"mode": "off", "inBalancerRound": false, "numBalancerRounds": 0i64}
+}
+
+/// A collection-less `aggregate` whose pipeline starts with `$documents` (what mongosh's
+/// `convertShardKeyToHashed` sends), evaluated by the router itself.
+pub fn local_documents_aggregate(
+    req: &CommandRequest,
+    stage_memory: usize,
+) -> Option<Result<Document, CommandError>> {
+    let body = req.body_document();
+    if !matches!(
+        body.get("aggregate"),
+        Some(Bson::Int32(1) | Bson::Int64(1) | Bson::Double(_))
+    ) {
+        return None;
+    }
+    let pipeline = body.get_array("pipeline").ok()?;
+    let first_is_documents = pipeline
+        .first()
+        .and_then(|s| s.as_document())
+        .is_some_and(|s| s.contains_key("$documents"));
+    if !first_is_documents {
+        return None;
+    }
+    let options = crate::engine::aggregate::AggregateOptions::for_request(stage_memory, &body);
+    let docs = match crate::engine::aggregate::run_with(pipeline, Vec::new(), &options) {
+        Ok(docs) => docs,
+        Err(e) => return Some(Err(e.into())),
+    };
+    // The whole result is one batch (the router keeps no cursor for it), so it must fit in
+    // one reply.
+    let bytes: usize = docs.iter().map(|d| crate::limits::measure(d).bytes).sum();
+    if bytes > crate::wire::MAX_BSON_OBJECT_SIZE {
+        return Some(Err(CommandError::new(
+            ErrorCode::BSONObjectTooLarge,
+            format!("the result of this collection-less aggregation ({bytes} bytes) does not fit in one reply of {} bytes", crate::wire::MAX_BSON_OBJECT_SIZE),
+        )));
+    }
+    let batch: Vec<Bson> = docs.into_iter().map(Bson::Document).collect();
+    Some(Ok(
+        doc! {"cursor": {"firstBatch": batch, "id": 0i64, "ns": format!("{}.$cmd.aggregate", req.db)}},
+    ))
+}

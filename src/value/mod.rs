@@ -1,0 +1,13 @@
+//! BSON helpers every layer shares, and nothing that knows about commands, shards or sockets.
+//!
+//! - [`compare`]: MongoDB's cross-type comparison order (`canonical_type`, `compare`,
+//!   `values_equal`, the `OrdBson` key for ordered sets and maps).
+//! - [`render`]: values written the way mongod writes them into error messages.
+//! - [`field`]: typed readers, one of each: `truthy`, `is_number`, `to_f64`, `number_field`,
+//!   `type_name`, and the cursor-id generator.
+//! - [`error_codes`]: the MongoDB error codes and their `codeName`s.
+
+pub mod compare;
+pub mod error_codes;
+pub mod field;
+pub mod render;
