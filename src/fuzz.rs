@@ -50,20 +50,50 @@ pub const TARGETS: &[(&str, Entry)] = &[
 
 /// Runs one input through `entry` on a thread with the server's stack
 /// ([`crate::limits::WORKER_STACK_BYTES`]), as the fuzz targets do: libFuzzer's own thread has
-/// a larger one, which would hide a recursion that overflows a server's worker. A panic on
-/// that thread is resumed here.
+/// a larger one, which would hide a recursion that overflows a server's worker. The thread is
+/// started once per calling thread and takes one input at a time; a panic on it is resumed
+/// here.
 pub fn run_on_worker_stack(entry: Entry, data: &[u8]) {
-    let outcome = std::thread::scope(|s| {
-        std::thread::Builder::new()
-            .stack_size(crate::limits::WORKER_STACK_BYTES)
-            .spawn_scoped(s, || entry(data))
-            .map(|h| h.join())
+    type Job = (Entry, Vec<u8>);
+    type Done = std::thread::Result<()>;
+    thread_local! {
+        static WORKER: RefCell<Option<(std::sync::mpsc::Sender<Job>, std::sync::mpsc::Receiver<Done>)>> =
+            const { RefCell::new(None) };
+    }
+    let outcome = WORKER.with(|w| {
+        let mut w = w.borrow_mut();
+        if w.is_none() {
+            let (job_tx, job_rx) = std::sync::mpsc::channel::<Job>();
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<Done>();
+            let started = std::thread::Builder::new()
+                .name("fuzz-worker".into())
+                .stack_size(crate::limits::WORKER_STACK_BYTES)
+                .spawn(move || {
+                    while let Ok((entry, data)) = job_rx.recv() {
+                        let done = std::panic::catch_unwind(|| entry(&data));
+                        if done_tx.send(done).is_err() {
+                            break;
+                        }
+                    }
+                });
+            if started.is_ok() {
+                *w = Some((job_tx, done_rx));
+            }
+        }
+        let (tx, rx) = w.as_ref()?;
+        tx.send((entry, data.to_vec())).ok()?;
+        let done = rx.recv().ok();
+        if done.as_ref().is_some_and(|d| d.is_err()) {
+            // A thread that panicked may hold broken state: the next input gets a new one.
+            *w = None;
+        }
+        done
     });
     match outcome {
-        Ok(Ok(())) => {}
-        Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        // No thread could be started: run here rather than skip the input.
-        Err(_) => entry(data),
+        Some(Ok(())) => {}
+        Some(Err(panic)) => std::panic::resume_unwind(panic),
+        // No worker could be started: run here rather than skip the input.
+        None => entry(data),
     }
 }
 
@@ -213,7 +243,7 @@ impl<'a> Gen<'a> {
         Gen {
             data,
             pos: 0,
-            budget: 2_000,
+            budget: 500,
         }
     }
 
@@ -221,6 +251,16 @@ impl<'a> Gen<'a> {
         let b = self.data.get(self.pos).copied().unwrap_or(0);
         self.pos += 1;
         b
+    }
+
+    /// A size below `large` one draw in eight, else below 16.
+    fn sized(&mut self, large: usize) -> usize {
+        let bound = if self.byte() < 32 {
+            large
+        } else {
+            16.min(large)
+        };
+        self.below(bound)
     }
 
     /// A number below `n` (0 when `n` is 0).
@@ -302,10 +342,12 @@ impl<'a> Gen<'a> {
             } else {
                 bson::DateTime::MIN
             }),
-            9 => Bson::String("x".repeat(self.below(70_000))),
+            // The large values cost time on every input that holds them, so only one draw in
+            // eight makes them large (libFuzzer finds the byte that does when it adds coverage).
+            9 => Bson::String("x".repeat(self.sized(70_000))),
             10 => {
                 // A chain nested up to past the wire's limit.
-                let levels = self.below(260);
+                let levels = self.sized(260);
                 let mut v = Bson::Int32(1);
                 for _ in 0..levels {
                     v = if self.byte() & 1 == 0 {
@@ -318,7 +360,7 @@ impl<'a> Gen<'a> {
             }
             11 => {
                 // A long array of one repeated value.
-                let n = self.below(3_000);
+                let n = self.sized(3_000);
                 let item = match self.below(4) {
                     0 => Bson::Int64(i64::MIN),
                     1 => Bson::String("$a".into()),
