@@ -2,7 +2,7 @@
 # tests, and every stock-client suite in wire-tests/ (it installs pymongo, mongosh and the
 # Node.js driver on first use).
 
-.PHONY: test lint build rust-test wire-test demo conformance fuzz fuzz-build mutation-run
+.PHONY: test lint build rust-test wire-test demo conformance soak fuzz fuzz-build mutation-run
 
 test: lint rust-test wire-test
 
@@ -29,6 +29,16 @@ demo:
 conformance:
 	cargo build --release
 	bash wire-tests/conformance/run.sh
+
+# A long run of the write path's differential test (tests/write_differential.rs): BULKS random
+# bulks per configuration (2, 3 and 5 shards under each ordered_rewrite policy) against the
+# one-shard oracle, from SEED (printed at the end; rerun with the same SEED to reproduce a
+# failure, which proptest shrinks to a minimal bulk). Release build, lowered priority.
+# `make test` runs 300 bulks per configuration from a fixed seed.
+SEED ?= $(shell date +%s)
+BULKS ?= 20000
+soak:
+	SLUICE_DIFF_SEED=$(SEED) SLUICE_DIFF_BULKS=$(BULKS) nice -n 10 cargo test --release --test write_differential -- --nocapture
 
 # Coverage-guided fuzzing (cargo-fuzz, libFuzzer) of every target in fuzz/fuzz_targets/, one
 # after the other: `make fuzz SECONDS=60` runs each for 60 s, `make fuzz RUNS=10000000` for that

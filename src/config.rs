@@ -81,7 +81,7 @@ impl Default for Config {
     }
 }
 
-/// The per-shard queue and adaptive execution limit (ADAPTIVE-LIMIT.md).
+/// The per-shard queue and adaptive execution limit (docs/design/adaptive-limit.md).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct BatchingConfig {

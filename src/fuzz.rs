@@ -255,7 +255,11 @@ impl<'a> Gen<'a> {
 
     /// A size below `large` one draw in eight, else below 16.
     fn sized(&mut self, large: usize) -> usize {
-        let bound = if self.byte() < 32 { large } else { 16.min(large) };
+        let bound = if self.byte() < 32 {
+            large
+        } else {
+            16.min(large)
+        };
         self.below(bound)
     }
 

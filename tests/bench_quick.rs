@@ -147,6 +147,35 @@ fn overload_compares_the_limits() {
 }
 
 #[test]
+fn undo_counts_the_compensation_and_nothing_without_an_error() {
+    let (_dir, v) = run("undo");
+    let cells = v["cells"].as_array().expect("cells");
+    assert_eq!(cells.len(), 8, "4 cases under 2 plans");
+    let n = v["n"].as_f64().expect("n");
+    for c in cells {
+        let extra = samples(&c["extra_commands"]);
+        let undone = samples(&c["undone"]);
+        let rewrite = c["policy"] == "proven rewrite";
+        match c["error_at"].as_f64() {
+            // Without an error, or with nothing after it, the router sends nothing more.
+            None => assert!(extra.iter().chain(&undone).all(|x| *x == 0.0), "{c}"),
+            Some(k) if k + 1.0 == n => {
+                assert!(extra.iter().chain(&undone).all(|x| *x == 0.0), "{c}")
+            }
+            // An error early in a rewritten bulk: the other shards' later inserts are undone
+            // with one delete per shard that applied any (the failing shard stopped at k).
+            Some(_) if rewrite => {
+                assert!(undone.iter().all(|x| *x > 0.0), "{c}");
+                assert!(extra.iter().all(|x| *x >= 1.0 && *x <= 2.0), "{c}");
+            }
+            // mongos rounds stop at the error: nothing to undo.
+            Some(_) => assert!(extra.iter().chain(&undone).all(|x| *x == 0.0), "{c}"),
+        }
+        assert!(c["vs_no_error"].as_f64().expect("ratio") > 0.0, "{c}");
+    }
+}
+
+#[test]
 fn an_unknown_scenario_is_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["bench", "nosuch", "--out"])

@@ -1,13 +1,13 @@
 //! The layering of `src/`, held by a test: every module imports only from its own layer or a
 //! lower one, and no two top-level modules import each other (directly or round a cycle).
 //!
-//! The layers are the table of `docs/design/layers.md` and of the module map at the top of
-//! `src/lib.rs`. The test reads every `.rs` file under `src/`, drops comments and string
+//! The layers are the table in `docs/design/README.md` (section Layers) and the module map at the
+//! top of `src/lib.rs`. The test reads every `.rs` file under `src/`, drops comments and string
 //! literals, and collects each path that starts at the crate root: `crate::name`, `use crate::{…}`
-//! groups (each item of the group), and `super::` chains that climb out of their top-level
-//! module. A name that goes up a layer fails the test, naming the file, the line and the name;
-//! so does a cycle between modules of one layer. A top-level module missing from [`LAYERS`] fails
-//! too: a new module takes a place in the table before it lands.
+//! groups (each item of the group), and `super::` chains that climb out of their top-level module.
+//! A name that goes up a layer fails the test, naming the file, the line and the name; so does a
+//! cycle between modules of one layer. A top-level module missing from [`LAYERS`] fails too: a new
+//! module takes a place in the table before it lands.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -143,6 +143,11 @@ impl Stmt {
         }
     }
 
+    /// Whether the statement writes the time (`$currentDate`).
+    fn uses_clock(&self) -> bool {
+        matches!(self, Stmt::Update { u: Bson::Document(u), .. } if u.contains_key("$currentDate"))
+    }
+
     /// The statement as it goes on the wire.
     fn wire(&self) -> Document {
         match self {
@@ -635,6 +640,11 @@ enum Reply {
         errors: Vec<WErr>,
         /// `errInfo.appliedAfterError` of the first error, when present.
         not_undone: Option<Vec<i32>>,
+        /// In an expectation: how far `nModified` may differ, the documents matched by
+        /// `$currentDate` statements (a second `$currentDate` within the same millisecond
+        /// changes nothing, and the router's shards run a command faster than the oracle runs
+        /// it statement by statement). Zero in a reply.
+        clock: i64,
     },
 }
 
@@ -691,11 +701,35 @@ fn reply_of(d: &Document) -> Reply {
         upserted,
         errors,
         not_undone,
+        clock: 0,
     }
 }
 
+/// A message with every ObjectId it quotes (`ObjectId('…')`) replaced by a marker: a generated
+/// `_id` differs between the router and the oracle.
+fn without_generated_ids(m: &str) -> String {
+    const OPEN: &str = "ObjectId('";
+    let mut out = String::with_capacity(m.len());
+    let mut rest = m;
+    while let Some(at) = rest.find(OPEN) {
+        let after = &rest[at + OPEN.len()..];
+        let hex = after.len() >= 25
+            && after.as_bytes()[..24].iter().all(u8::is_ascii_hexdigit)
+            && after.as_bytes()[24] == b'\'';
+        out.push_str(&rest[..at + OPEN.len()]);
+        if hex {
+            out.push_str("<generated>");
+            rest = &after[24..];
+        } else {
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Whether `actual` matches `expected`: messages only where the expectation knows them, and
-/// generated ObjectIds by type.
+/// generated ObjectIds by type (in messages too).
 fn replies_match(expected: &Reply, actual: &Reply) -> bool {
     match (expected, actual) {
         (Reply::Failed(a), Reply::Failed(b)) => a == b,
@@ -706,6 +740,7 @@ fn replies_match(expected: &Reply, actual: &Reply) -> bool {
                 upserted,
                 errors,
                 not_undone,
+                clock,
             },
             Reply::Ok {
                 n: an,
@@ -713,10 +748,14 @@ fn replies_match(expected: &Reply, actual: &Reply) -> bool {
                 upserted: au,
                 errors: ae,
                 not_undone: anu,
+                ..
             },
         ) => {
             n == an
-                && n_modified == am
+                && match (n_modified, am) {
+                    (Some(e), Some(a)) => (e - a).abs() <= *clock,
+                    (e, a) => e == a,
+                }
                 && not_undone == anu
                 && upserted.len() == au.len()
                 && upserted.iter().zip(au).all(|((i, a), (j, b))| {
@@ -730,7 +769,10 @@ fn replies_match(expected: &Reply, actual: &Reply) -> bool {
                 && errors.iter().zip(ae).all(|(e, a)| {
                     e.index == a.index
                         && e.code == a.code
-                        && e.msg.as_ref().is_none_or(|m| Some(m) == a.msg.as_ref())
+                        && e.msg.as_ref().is_none_or(|m| {
+                            a.msg.as_deref().map(without_generated_ids)
+                                == Some(without_generated_ids(m))
+                        })
                 })
         }
         _ => false,
@@ -802,6 +844,10 @@ struct Model<'a> {
     /// Where the router put the documents whose `_id` was generated (the oracle generates
     /// other ids): oracle `_id`, router `_id`, shard; matched by content.
     placed: std::cell::RefCell<Vec<(Bson, Bson, String)>>,
+    /// The `_id`s the router reported upserted by the command being modelled, by statement
+    /// index: they pair the oracle's generated `_id`s with the router's as each statement runs,
+    /// before later statements of the same command change the documents.
+    router_upserts: std::cell::RefCell<BTreeMap<usize, Bson>>,
 }
 
 impl Model<'_> {
@@ -868,6 +914,27 @@ impl Model<'_> {
             if let Some(id @ Bson::ObjectId(_)) = d.get("_id") {
                 self.placement(id, &d);
             }
+        }
+    }
+
+    /// Pairs the `_id` the oracle generated for statement `i`'s upsert with the router's.
+    fn note_upsert(&self, i: usize, e: &StmtExp) {
+        let (Coll::Cid, Some(oid @ Bson::ObjectId(_))) = (self.coll, &e.upserted) else {
+            return;
+        };
+        let Some(rid) = self.router_upserts.borrow().get(&i).cloned() else {
+            return;
+        };
+        if self
+            .placed
+            .borrow()
+            .iter()
+            .any(|(o, r, _)| o == oid || *r == rid)
+        {
+            return;
+        }
+        if let Some(shard) = self.owner(&doc! {"_id": rid.clone()}) {
+            self.placed.borrow_mut().push((oid.clone(), rid, shard));
         }
     }
 
@@ -1227,8 +1294,9 @@ impl Model<'_> {
             return Reply::Failed(command_code(&e));
         }
         let mut exps: Vec<StmtExp> = Vec::new();
-        for s in &cmd.stmts {
+        for (i, s) in cmd.stmts.iter().enumerate() {
             let e = self.statement(s, tally).await;
+            self.note_upsert(i, &e);
             let failed = e.error.is_some();
             exps.push(e);
             if failed && cmd.ordered {
@@ -1246,7 +1314,11 @@ impl Model<'_> {
         let mut n_modified = 0;
         let mut upserted = Vec::new();
         let mut errors = Vec::new();
+        let mut clock = 0;
         for (i, e) in exps.iter().enumerate() {
+            if cmd.stmts[i].uses_clock() {
+                clock += e.n;
+            }
             n += e.n;
             n_modified += e.n_modified;
             if let Some(id) = &e.upserted {
@@ -1266,6 +1338,7 @@ impl Model<'_> {
             upserted,
             errors,
             not_undone: None,
+            clock,
         }
     }
 
@@ -1577,6 +1650,7 @@ async fn run_on_target(t: &mut Target, bulk: &Bulk, tally: &mut Tally) -> Result
         odb: t.oracle_client.database(DB),
         router: &t.cluster,
         placed: Default::default(),
+        router_upserts: Default::default(),
     };
     for (ci, original) in bulk.commands.iter().enumerate() {
         let mut cmd = original.clone();
@@ -1595,6 +1669,13 @@ async fn run_on_target(t: &mut Target, bulk: &Bulk, tally: &mut Tally) -> Result
                     "plan: mongos rounds"
                 });
             }
+            *model.router_upserts.borrow_mut() = match &actual {
+                Reply::Ok { upserted, .. } => upserted
+                    .iter()
+                    .map(|(i, id)| (*i as usize, id.clone()))
+                    .collect(),
+                Reply::Failed(_) => BTreeMap::new(),
+            };
             let expected = model.command(&cmd, rewritten, tally).await;
             if !replies_match(&expected, &actual) {
                 return Err(format!(

@@ -1,7 +1,7 @@
-//! The property of WRITE-PATH.md section 5: random bulks over random chunk maps, executed once
-//! with the proven rewrite and once as mongos rounds against the same model store. With no
-//! failure both leave the same state and reply alike; with injected (transient) failures the
-//! replies are still identical, and after the application's usual recovery (resend from the
+//! The property of docs/design/write-path.md section 7: random bulks over random chunk maps,
+//! executed once with the proven rewrite and once as mongos rounds against the same model store.
+//! With no failure both leave the same state and reply alike; with injected (transient) failures
+//! the replies are still identical, and after the application's usual recovery (resend from the
 //! failed index onward; skip a statement that fails permanently) the final states are equal.
 //!
 //! The executor under test is the real one (`sluice::write::run_write`) with the real targeting,

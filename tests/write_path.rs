@@ -21,6 +21,13 @@ fn upserts(n: i32) -> Vec<Bson> {
         .collect()
 }
 
+/// A transaction number no earlier command used: the driver hands a pooled session out again,
+/// and a shard answers a repeated `lsid` + `txnNumber` from its record instead of writing.
+fn next_txn_number() -> i64 {
+    static TXN: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
+    TXN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// One `update` command as a retryable write (`lsid` + `txnNumber`), as drivers send a bulk of
 /// single-document updates.
 async fn run_update(
@@ -32,7 +39,7 @@ async fn run_update(
     let mut session = cl.start_session().await.unwrap();
     cl.database("demo")
         .run_command(
-            doc! {"update": coll, "updates": updates, "ordered": ordered, "txnNumber": 1i64},
+            doc! {"update": coll, "updates": updates, "ordered": ordered, "txnNumber": next_txn_number()},
         )
         .session(&mut session)
         .await

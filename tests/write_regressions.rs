@@ -67,16 +67,18 @@ async fn run(cl: &mongodb::Client, body: Document) -> Document {
         .unwrap_or_else(|e| panic!("{body}: {e}"))
 }
 
+/// A transaction number no earlier command used: the driver hands a pooled session out again,
+/// and a shard answers a repeated `lsid` + `txnNumber` from its record instead of writing.
+fn next_txn_number() -> i64 {
+    static TXN: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
+    TXN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Runs a command as a retryable write (a session and a `txnNumber`), as drivers send a bulk
 /// of single-document writes.
 async fn run_retryable(cl: &mongodb::Client, mut body: Document) -> Document {
-    // The driver hands out pooled sessions again: each command takes a new transaction number.
-    static TXN: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
     let mut session = cl.start_session().await.unwrap();
-    body.insert(
-        "txnNumber",
-        TXN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-    );
+    body.insert("txnNumber", next_txn_number());
     cl.database(DB)
         .run_command(body.clone())
         .session(&mut session)
@@ -490,11 +492,14 @@ async fn an_ordered_insert_error_leaves_nothing_after_it_and_the_resend_succeeds
         seed(&cl, "cid", vec![doc! {"_id": k, "seeded": true}]).await;
         let docs: Vec<Bson> = (0..40).map(|i| Bson::Document(doc! {"_id": i})).collect();
         let before = c.plans();
-        let r = run_retryable(
-            &cl,
-            doc! {"insert": "cid", "ordered": true, "documents": docs.clone()},
-        )
-        .await;
+        let mut session = cl.start_session().await.unwrap();
+        let txn = next_txn_number();
+        let r = cl
+            .database(DB)
+            .run_command(doc! {"insert": "cid", "ordered": true, "documents": docs.clone(), "txnNumber": txn})
+            .session(&mut session)
+            .await
+            .unwrap();
         let rewritten = c.plans().2 > before.2;
         assert_eq!(rewritten, policy != Policy::Off, "{at}: the plan");
         assert_eq!(write_errors(&r), vec![(k, 11000)], "{at}: {r}");
@@ -503,13 +508,30 @@ async fn an_ordered_insert_error_leaves_nothing_after_it_and_the_resend_succeeds
             .as_document()
             .unwrap();
         assert!(!e.contains_key("errInfo"), "{at}: everything undone: {r}");
-        let ids: Vec<i32> = contents(&c, "cid")
-            .iter()
-            .map(|d| d.get_i32("_id").unwrap())
-            .collect();
+        let ids = || -> Vec<i32> {
+            contents(&c, "cid")
+                .iter()
+                .map(|d| d.get_i32("_id").unwrap())
+                .collect()
+        };
         let mut expected: Vec<i32> = (0..=k).collect();
         expected.sort_by_key(|i| format!("{:?}", Bson::Int32(*i)));
-        assert_eq!(ids, expected, "{at}: the documents before k, and the seed");
+        assert_eq!(
+            ids(),
+            expected,
+            "{at}: the documents before k, and the seed"
+        );
+        // A driver resending the very same command (same session and transaction number, as
+        // after a lost reply) gets the same answer and leaves the same documents.
+        let same = cl
+            .database(DB)
+            .run_command(doc! {"insert": "cid", "ordered": true, "documents": docs.clone(), "txnNumber": txn})
+            .session(&mut session)
+            .await
+            .unwrap();
+        assert_eq!(write_errors(&same), vec![(k, 11000)], "{at}: {same}");
+        assert_eq!(n(&same), k, "{at}: {same}");
+        assert_eq!(ids(), expected, "{at}: after the resend");
         // The application's recovery: fix document k, resend k… in order.
         let mut rest = vec![Bson::Document(doc! {"_id": 1000 + k})];
         rest.extend(docs[k as usize + 1..].iter().cloned());

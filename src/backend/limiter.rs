@@ -1,18 +1,17 @@
-//! The adaptive execution limit of one shard (ADAPTIVE-LIMIT.md), as a sans-IO state machine:
-//! `on_start(now, batch)` admits a batch or says how long to wait, `on_finish(now, ticket,
+//! The adaptive execution limit of one shard (docs/design/adaptive-limit.md), as a sans-IO state
+//! machine: `on_start(now, batch)` admits a batch or says how long to wait, `on_finish(now, ticket,
 //! outcome)` feeds an execution time back, `next_deadline()` says when waiting work should ask
-//! again. The clock is an argument (wall-clock time since the Unix epoch, so that routers probe
-//! at the same instants), which makes every rule testable against a simulated shard.
+//! again. The clock is an argument (wall-clock time since the Unix epoch, so that routers probe at
+//! the same instants), which makes every rule testable against a simulated shard.
 //!
 //! Each operation kind (mutations, reads) has its own limit on batches that are not full; both
-//! together stay within `max_in_flight`. An execution is compared with the fastest recent
-//! execution of the same group and the same or a larger size class (its baseline, never less
-//! than [`MIN_BASELINE`], a floor that ADAPTIVE-LIMIT.md does not have); when a
-//! window's median exceeds 4× its baseline while batches ran together or one was held back, the
-//! limit halves; once settled, while executions stay under 4×, it grows by half a batch per
-//! window (by half its value below one). Below one, batches run one at a time with the shard
-//! idle in between. Full batches bypass the limit. Probes pause a busy shard at synchronized
-//! instants so baselines can be renewed.
+//! together stay within `max_in_flight`. An execution is compared with the fastest recent execution
+//! of the same group and the same or a larger size class (its baseline, never less than
+//! [`MIN_BASELINE`], a floor against scheduler jitter); when a window's median exceeds 4× its
+//! baseline while batches ran together or one was held back, the limit halves; once settled, while
+//! executions stay under 4×, it grows by half a batch per window (by half its value below one).
+//! Below one, batches run one at a time with the shard idle in between. Full batches bypass the
+//! limit. Probes pause a busy shard at synchronized instants so baselines can be renewed.
 
 use std::collections::HashMap;
 use std::time::Duration;

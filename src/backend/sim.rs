@@ -1,8 +1,8 @@
-//! A deterministic simulation of routers in front of one capacity-limited shard, to show what
-//! the adaptive limit is for (ADAPTIVE-LIMIT.md, "Why"): with a fixed `max_in_flight` the
-//! shard's queue and the latency grow with the number of routers; with the adaptive limit the
-//! routers back off together, send fewer, larger batches, and latency stays near the service
-//! time while throughput stays near capacity.
+//! A deterministic simulation of routers in front of one capacity-limited shard, to show what the
+//! adaptive limit is for (docs/design/adaptive-limit.md section 5): with a fixed `max_in_flight`
+//! the shard's queue and the latency grow with the number of routers; with the adaptive limit the
+//! routers back off together, send fewer, larger batches, and latency stays near the service time
+//! while throughput stays near capacity.
 //!
 //! Model: each router receives single-statement writes at a fixed rate and queues them; when
 //! its [`Limiter`] admits a batch it takes up to `max_operations` queued statements. The shard

@@ -243,8 +243,14 @@ pub struct Fleet {
     pub shard_clients: Vec<mongodb::Client>,
     /// The router process.
     pub router: Proc,
-    /// A stock-driver client of the router.
+    /// A stock-driver client of the router, for the driver's own operations (its retryable
+    /// writes number their transactions per session themselves).
     pub client: mongodb::Client,
+    /// A second client of the router, for [`timed_update`] alone: its commands carry explicit
+    /// transaction numbers, and a session they used must never be handed to a driver-managed
+    /// retryable write (the driver would number it from 1 again, and a shard would answer from
+    /// its record or refuse the older number).
+    pub writer: mongodb::Client,
     _scratch: Scratch,
 }
 
@@ -283,6 +289,7 @@ impl Fleet {
         for s in &shards {
             shard_clients.push(client(s.addr, true).await?);
         }
+        let writer = client(router.addr, false).await?;
         let client = client(router.addr, false).await?;
         let fleet = Fleet {
             shard_ids,
@@ -290,6 +297,7 @@ impl Fleet {
             shard_clients,
             router,
             client,
+            writer,
             _scratch: scratch,
         };
         fleet.warm_up().await?;
@@ -301,7 +309,11 @@ impl Fleet {
     /// to each, so that no measured bulk pays for connection set-up.
     async fn warm_up(&self) -> anyhow::Result<()> {
         let n = 50 * self.shards.len();
-        timed_update(&self.client, "bench", WARM_UP, upserts("warm-up", n), false).await?;
+        timed_update(&self.writer, "bench", WARM_UP, upserts("warm-up", n), false).await?;
+        self.client
+            .database("admin")
+            .run_command(doc! {"ping": 1})
+            .await?;
         for c in &self.shard_clients {
             c.database("admin").run_command(doc! {"ping": 1}).await?;
         }
@@ -370,6 +382,7 @@ impl Fleet {
     /// Stops the router and the shards.
     pub async fn stop(self) -> anyhow::Result<()> {
         self.client.shutdown().await;
+        self.writer.shutdown().await;
         for c in self.shard_clients {
             c.shutdown().await;
         }
@@ -442,9 +455,18 @@ pub fn upserts(tag: &str, n: usize) -> Vec<Bson> {
         .collect()
 }
 
+/// A transaction number no earlier command of this process used: the driver hands a pooled
+/// session out again, and a shard answers a repeated `lsid` + `txnNumber` from its
+/// retryable-write record instead of writing.
+pub fn next_txn_number() -> i64 {
+    static TXN: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
+    TXN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Runs one `update` command of `updates` on `db.coll` as a retryable write (`lsid` +
 /// `txnNumber`, what drivers send for a bulk of single-document updates by default) and checks
-/// that every statement upserted; returns its wall time.
+/// that every statement upserted; returns its wall time. `c` must not run driver-managed
+/// retryable writes (see [`Fleet::writer`]).
 pub async fn timed_update(
     c: &mongodb::Client,
     db: &str,
@@ -458,7 +480,7 @@ pub async fn timed_update(
     let reply = c
         .database(db)
         .run_command(
-            doc! {"update": coll, "updates": updates, "ordered": ordered, "txnNumber": 1i64},
+            doc! {"update": coll, "updates": updates, "ordered": ordered, "txnNumber": next_txn_number()},
         )
         .session(&mut session)
         .await?;

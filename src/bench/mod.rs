@@ -1,7 +1,7 @@
 //! `sluice bench <scenario>`: benchmarks that write a JSON result, a Markdown table and, where
 //! a picture helps, an SVG chart into an output directory (see `docs/benchmarks.md`).
 //!
-//! The load scenarios (`rounds`, `seed-table`, `overhead`) start what they need from this very
+//! The load scenarios (`rounds`, `seed-table`, `overhead`, `undo`) start what they need from this very
 //! binary: embedded shards as separate `sluice shard` processes and a router process, on
 //! loopback, stopped afterwards; the load goes through the stock Rust driver. `overload` runs
 //! the deterministic simulation of [`crate::backend::sim`]. The micro-benchmarks are criterion
@@ -15,11 +15,12 @@ pub mod overload;
 pub mod report;
 pub mod rounds;
 pub mod seed;
+pub mod undo;
 
 use std::path::Path;
 
 /// The scenarios `sluice bench` knows.
-pub const SCENARIOS: &[&str] = &["rounds", "seed-table", "overhead", "overload"];
+pub const SCENARIOS: &[&str] = &["rounds", "seed-table", "overhead", "overload", "undo"];
 
 /// Runs one scenario and writes its results into `out`; returns its Markdown table.
 pub async fn run(scenario: &str, quick: bool, out: &Path) -> anyhow::Result<String> {
@@ -28,6 +29,7 @@ pub async fn run(scenario: &str, quick: bool, out: &Path) -> anyhow::Result<Stri
         "seed-table" => seed::run(quick).await?,
         "overhead" => overhead::run(quick).await?,
         "overload" => overload::report(quick),
+        "undo" => undo::run(quick).await?,
         other => anyhow::bail!(
             "unknown benchmark scenario {other:?} (available: {})",
             SCENARIOS.join(", ")

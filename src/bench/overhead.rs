@@ -296,7 +296,7 @@ async fn callgrind_run(workload: Workload, bulk: usize, bulks: usize) -> anyhow:
                     })
                 })
                 .collect();
-            timed_update(cl, "bench", "cpu", updates, true).await?;
+            timed_update(&fleet.writer, "bench", "cpu", updates, true).await?;
         } else {
             let docs: Vec<Document> = (0..bulk)
                 .map(|i| doc! {"_id": (b * bulk + i) as i64, "v": i as i64, "pad": "0123456789abcdef"})

@@ -111,7 +111,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
                 let tag = format!("{shards}-{chunks:?}-{r}");
                 let before = fleet.shard_command_total("update").await?;
                 timed_update(
-                    &fleet.client,
+                    &fleet.writer,
                     "bench",
                     &format!("o{r}"),
                     upserts(&tag, s.n),
@@ -129,7 +129,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
                     .push(counts.iter().filter(|c| **c > 0).count() as f64);
                 let before = fleet.shard_command_total("update").await?;
                 timed_update(
-                    &fleet.client,
+                    &fleet.writer,
                     "bench",
                     &format!("u{r}"),
                     upserts(&tag, s.n),

@@ -88,7 +88,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
                 if policy == Policy::Off {
                     progress.step(&format!("{name}: mongos rounds, repetition {}", r + 1));
                     let t = timed_update(
-                        &fleet.client,
+                        &fleet.writer,
                         "bench",
                         &format!("o{r}"),
                         upserts(&tag, n),
@@ -103,10 +103,10 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
                     r + 1
                 ));
                 let coll = format!("o{r}");
-                let t = timed_update(&fleet.client, "bench", &coll, upserts(&tag, n), true).await?;
+                let t = timed_update(&fleet.writer, "bench", &coll, upserts(&tag, n), true).await?;
                 v.rewrite.push(ms(t));
                 let t = timed_update(
-                    &fleet.client,
+                    &fleet.writer,
                     "bench",
                     &format!("u{r}"),
                     upserts(&tag, n),

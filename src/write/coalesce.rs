@@ -1,10 +1,10 @@
-//! Write coalescing (ADAPTIVE-LIMIT.md): inserts from different client requests that need no
-//! session of their own (no `lsid`, no `txnNumber`) and agree on namespace, shard, write
-//! concern and options are merged into one unordered child batch, up to `max_operations` /
-//! `max_bytes`, waiting at most `max_wait` for companions. Each client still gets exactly its
-//! own reply: its statements' write errors (indexes remapped to its own batch) and its own
-//! `n`. Only inserts are merged: a shard reports per-statement results for inserts, but only
-//! totals for updates and deletes, which could not be split between clients. Retryable writes
+//! Write coalescing (docs/design/adaptive-limit.md section 7): inserts from different client
+//! requests that need no session of their own (no `lsid`, no `txnNumber`) and agree on namespace,
+//! shard, write concern and options are merged into one unordered child batch, up to
+//! `max_operations` / `max_bytes`, waiting at most `max_wait` for companions. Each client still
+//! gets exactly its own reply: its statements' write errors (indexes remapped to its own batch) and
+//! its own `n`. Only inserts are merged: a shard reports per-statement results for inserts, but
+//! only totals for updates and deletes, which could not be split between clients. Retryable writes
 //! are never merged (one child carries one `lsid`/`txnNumber`).
 
 use std::collections::HashMap;

@@ -1,4 +1,5 @@
-//! Reply merging: child replies in, the client's reply out, no I/O (WRITE-PATH.md section 4).
+//! Reply merging: child replies in, the client's reply out, no I/O (docs/design/write-path.md
+//! section 3).
 //!
 //! Each child reply is kept as an account: its totals (`n`, `nModified`), which of its
 //! statements ran, and the exact result of those whose result the reply tells apart (an insert

@@ -1,12 +1,12 @@
 //! The write path: `insert`, `update`, `delete` (and `findAndModify`) on sharded collections.
 //!
-//! [`target`] decides where each statement goes, [`plan`] turns the statements into rounds of
-//! child batches (mongos rounds, an unordered round, or the proven one-round rewrite), the
-//! executor here sends each round's child batches concurrently over the shard pools, and
-//! [`merge`] builds the client's reply. [`lookup`] decides the steps of a single-document write
-//! that must find its document first (mongos 8.0's write without shard key). Targeting,
-//! planning, lookups' decisions and merging are pure; only this file does I/O. The contract is
-//! WRITE-PATH.md; what Sluice chose where it is silent is docs/design/write-path.md.
+//! [`target`] decides where each statement goes, [`plan`] turns the statements into rounds of child
+//! batches (mongos rounds, an unordered round, or the proven one-round rewrite), the executor here
+//! sends each round's child batches concurrently over the shard pools, and [`merge`] builds the
+//! client's reply. [`lookup`] decides the steps of a single-document write that must find its
+//! document first (mongos 8.0's write without shard key). Targeting, planning, lookups' decisions
+//! and merging are pure; only this file does I/O. The contract, and what Sluice chose where mongos
+//! leaves room, is docs/design/write-path.md.
 
 pub mod coalesce;
 pub mod lookup;
@@ -275,8 +275,8 @@ pub struct WriteOutcome {
     pub rounds: u64,
 }
 
-/// Plans, sends and merges a write: the executor loop of WRITE-PATH.md (rounds, stale routing
-/// retries up to NoProgressMade, exact counts for rewritten bulks that hit an error).
+/// Plans, sends and merges a write: the executor loop of docs/design/write-path.md (rounds, stale
+/// routing retries up to NoProgressMade, exact counts for rewritten bulks that hit an error).
 pub async fn run_write(
     spec: &WriteSpec,
     sender: &dyn ChildSender,

@@ -1,4 +1,4 @@
-//! The planner: targeted statements in, a plan out, no I/O. Three plans (WRITE-PATH.md
+//! The planner: targeted statements in, a plan out, no I/O. Three plans (docs/design/write-path.md
 //! section 2):
 //!
 //! - **mongos rounds**: each round is a maximal contiguous run of statements bound for one
@@ -100,10 +100,10 @@ pub enum ProofFailure {
     PolicyOff,
 }
 
-/// Checks the proof of WRITE-PATH.md 2 for an ordered bulk. `exact_counts` says whether each
-/// statement's result can be told apart in a child batch's reply: inserts report one by one,
-/// and a retryable write's updates and deletes can be resent alone under their statement ids;
-/// without it a rewrite must not give a shard two statements (an error between them would cut
+/// Checks the proof (docs/design/write-path.md section 2) for an ordered bulk. `exact_counts` says
+/// whether each statement's result can be told apart in a child batch's reply: inserts report one
+/// by one, and a retryable write's updates and deletes can be resent alone under their statement
+/// ids; without it a rewrite must not give a shard two statements (an error between them would cut
 /// a total the router cannot split).
 pub fn prove(
     targeted: &[(usize, &Targeted)],

@@ -1,7 +1,7 @@
 //! Targeting one write statement: the shards it must go to, its *identity* (the `_id` of the
 //! one document it touches, when it pins one) and whether applying it twice leaves the same
 //! state (its retry-safety). Pure: a statement and a routing snapshot in, a [`Targeted`] out.
-//! The rules are WRITE-PATH.md section 1.
+//! The rules are docs/design/write-path.md section 1.
 
 use std::collections::BTreeSet;
 
@@ -78,7 +78,8 @@ pub enum Target {
 pub struct Targeted {
     /// Where it goes.
     pub target: Target,
-    /// The `_id` of the one document it touches, when it pins one (see WRITE-PATH.md 2.2).
+    /// The `_id` of the one document it touches, when it pins one (docs/design/write-path.md
+    /// section 2).
     pub identity: Option<Bson>,
     /// Whether applying it twice leaves the state applying it once does.
     pub retry_safe: bool,
@@ -331,10 +332,10 @@ fn key_shards(snap: &RoutingSnapshot, stmt: &Document, q: &Document) -> Option<V
     }
 }
 
-/// Where a single-document update or delete goes (WRITE-PATH.md section 1, as mongos 8.0):
-/// the one shard its filter pins; every targeted shard when it pins an `_id` (each shard holds
-/// at most one such document); otherwise a lookup (`direct` false: it may change the key, or an
-/// upsert's new document may belong elsewhere).
+/// Where a single-document update or delete goes (docs/design/write-path.md section 1, as mongos
+/// 8.0): the one shard its filter pins; every targeted shard when it pins an `_id` (each shard
+/// holds at most one such document); otherwise a lookup (`direct` false: it may change the key, or
+/// an upsert's new document may belong elsewhere).
 fn single_target(
     snap: &RoutingSnapshot,
     shards: Option<Vec<String>>,

@@ -17,11 +17,18 @@
 //! - [`write_concern`]: `writeConcernError`s of several child batches merged into one.
 //! - [`error`]: the error type and the value printer the caller lends.
 //!
-//! It imports nothing from the crate but the error-code table.
+//! The core imports nothing from the crate but the error-code table. One module is the I/O
+//! around it:
+//!
+//! - [`monitor`]: [`ShardMonitor`], a tokio task per member that connects, runs `hello`
+//!   (awaitable where the member offers it), feeds the replies and failures into the
+//!   [`ShardTopology`] and publishes its version on a `watch` channel; members discovered get
+//!   a monitor, members removed lose theirs. It uses the backend's shard connection.
 
 pub mod address;
 pub mod error;
 pub mod hello;
+pub mod monitor;
 pub mod read_preference;
 pub mod retry;
 pub mod select;
@@ -35,6 +42,7 @@ mod tests;
 pub use address::{HostAddr, SeedList};
 pub use error::{Printer, TopologyError};
 pub use hello::{Hello, ServerType, TopologyVersion};
+pub use monitor::{MonitorCounts, MonitorOptions, ShardMonitor};
 pub use read_preference::{ReadPreference, ReadPreferenceMode};
 pub use state::{
     ApplicationError, CheckKind, CheckPlan, ElectionIdSetVersion, Member, MonitorError, Now,
