@@ -30,7 +30,7 @@ use crate::config::Config;
 use crate::embedded::{ShardOptions, ShardService};
 use crate::engine::aggregate::{self, AggregateOptions};
 use crate::engine::matcher::Matcher;
-use crate::engine::update::Update;
+use crate::engine::update::{self, Update};
 use crate::frontend::Service;
 use crate::wire::{self, Compressor, OpMsgBuilder};
 
@@ -683,23 +683,12 @@ pub fn update(data: &[u8]) {
         let mut g = Gen::new(rest);
         let mut u = Document::new();
         for _ in 0..1 + g.below(3) {
-            let op = g.pick(&[
-                "$set",
-                "$unset",
-                "$inc",
-                "$mul",
-                "$min",
-                "$max",
-                "$rename",
-                "$setOnInsert",
-                "$push",
-                "$addToSet",
-                "$pull",
-                "$pullAll",
-                "$pop",
-                "$currentDate",
-                "$bogus",
-            ]);
+            let ops: Vec<&str> = update::OPERATORS
+                .iter()
+                .copied()
+                .chain(["$bogus"])
+                .collect();
+            let op = g.pick(&ops);
             u.insert(op, g.doc(3));
         }
         if g.byte() < 32 {

@@ -24,7 +24,8 @@ pub enum Update {
     Operators(Vec<(String, Document)>),
 }
 
-const OPERATORS: &[&str] = &[
+/// The update operators the engine applies, in the order the fuzz generator draws them.
+pub const OPERATORS: &[&str] = &[
     "$set",
     "$unset",
     "$inc",
