@@ -1,27 +1,23 @@
 //! The embedded shard's data commands: CRUD, cursors, aggregation and DDL, with mongod 8.0's
 //! reply shapes.
 
-use std::collections::VecDeque;
-
 use bson::{doc, Bson, Document};
 
-use super::service::{
-    lock, Cursor, RetryCtx, ShardService, StmtOutcome, CURSOR_IDLE_TIMEOUT, MAX_OPEN_CURSORS,
-};
+use super::service::{lock, RetryCtx, ShardService, StmtOutcome};
 use super::store::{check_namespace, Catalog, Collection};
 use crate::command::CommandRequest;
 use crate::engine::aggregate;
 use crate::engine::matcher::Matcher;
 use crate::engine::query::{Projection, SortSpec};
+use crate::engine::reads::{
+    count_value, document_argument, AggregateSpec, CountSpec, DistinctSpec, FindSpec,
+};
 use crate::engine::update::{prepare_insert, upsert_document, Update};
-use crate::engine::{path, EngineError};
+use crate::engine::EngineError;
 use crate::limits::{measure, MAX_STORED_DEPTH, MAX_WRITE_BATCH_SIZE};
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{number_field, truthy};
 use crate::wire::MAX_BSON_OBJECT_SIZE;
-
-/// Default size of a first batch, as mongod.
-const DEFAULT_BATCH: usize = 101;
 
 fn err(code: ErrorCode, msg: impl Into<String>) -> EngineError {
     EngineError::new(code, msg)
@@ -322,10 +318,6 @@ fn update(
     Ok(out.finish(reply))
 }
 
-fn count_value(n: i64) -> Bson {
-    i32::try_from(n).map(Bson::Int32).unwrap_or(Bson::Int64(n))
-}
-
 fn update_one_statement(
     cat: &mut Catalog,
     db: &str,
@@ -557,114 +549,33 @@ fn find_and_modify(
     Ok(reply)
 }
 
-/// Splits `docs` into a first batch of at most `batch` documents (and 16 MiB) and the rest; the
-/// rest becomes a cursor unless `single_batch`.
+/// The reply to a read whose result is `docs`: the first batch, the rest kept as a cursor.
 fn cursor_reply(
     svc: &ShardService,
     ns: String,
     docs: Vec<Document>,
     batch: usize,
     single_batch: bool,
-    first: &str,
 ) -> Document {
-    let mut remaining: VecDeque<Document> = docs.into();
-    let out = take_batch(&mut remaining, batch);
-    let id = if remaining.is_empty() || single_batch {
-        0i64
-    } else {
-        let mut cursors = lock(&svc.cursors);
-        let id = crate::value::field::new_cursor_id(|id| cursors.contains_key(&id));
-        if cursors.len() >= MAX_OPEN_CURSORS {
-            cursors.retain(|_, c| c.last_used.elapsed() < CURSOR_IDLE_TIMEOUT);
-        }
-        if cursors.len() >= MAX_OPEN_CURSORS {
-            let oldest = cursors
-                .iter()
-                .min_by_key(|(_, c)| c.last_used)
-                .map(|(id, _)| *id);
-            if let Some(oldest) = oldest {
-                cursors.remove(&oldest);
-            }
-        }
-        cursors.insert(
-            id,
-            Cursor {
-                ns: ns.clone(),
-                remaining,
-                last_used: std::time::Instant::now(),
-            },
-        );
-        id
-    };
-    doc! {"cursor": {first: out, "id": id, "ns": ns}}
+    svc.cursors.first_batch(ns, docs, batch, single_batch)
 }
 
-fn take_batch(remaining: &mut VecDeque<Document>, batch: usize) -> Vec<Bson> {
-    let mut out = Vec::new();
-    let mut bytes = 0usize;
-    while out.len() < batch {
-        let Some(d) = remaining.front() else { break };
-        let size = d.to_vec().map(|v| v.len()).unwrap_or(0);
-        if !out.is_empty() && bytes + size > MAX_BSON_OBJECT_SIZE {
-            break;
-        }
-        bytes += size;
-        if let Some(d) = remaining.pop_front() {
-            out.push(Bson::Document(d));
-        }
-    }
-    out
-}
-
-fn batch_size(body: &Document, field: &str) -> Result<Option<usize>, EngineError> {
-    match body.get(field) {
-        None => Ok(None),
-        Some(v) => match number_field(body, field) {
-            Some(n) if n >= 0 => Ok(Some(n as usize)),
-            Some(_) => Err(err(
-                ErrorCode(51024),
-                format!(
-                    "BSON field '{field}' value must be >= 0, actual value '{}'",
-                    crate::value::render::render_value(v)
-                ),
-            )),
-            None => Err(err(
-                ErrorCode::TypeMismatch,
-                format!("BSON field '{field}' is the wrong type"),
-            )),
-        },
-    }
-}
-
+/// The documents of `db.coll` that match (by the `_id` index when the filter pins an `_id`).
 fn matching_documents(
     svc: &ShardService,
     db: &str,
     coll: &str,
     filter: &Document,
-) -> Result<Vec<Document>, EngineError> {
-    let matcher = Matcher::parse(filter)?;
+    matcher: &Matcher,
+) -> Vec<Document> {
     let cat = lock(&svc.catalog);
-    Ok(match cat.collection(db, coll) {
+    match cat.collection(db, coll) {
         Some(c) => c
-            .find(filter, &matcher)
+            .find(filter, matcher)
             .into_iter()
             .filter_map(|rid| c.get(rid).cloned())
             .collect(),
         None => Vec::new(),
-    })
-}
-
-fn doc_arg(body: &Document, field: &str, cmd: &str) -> Result<Document, EngineError> {
-    match body.get(field) {
-        None | Some(Bson::Null) => Ok(Document::new()),
-        Some(Bson::Document(d)) => Ok(d.clone()),
-        Some(other) => Err(err(
-            ErrorCode::TypeMismatch,
-            format!(
-                "BSON field '{cmd}.{field}' is the wrong type '{}', expected type 'object'",
-                crate::value::field::type_name(other)
-            ),
-        )),
     }
 }
 
@@ -676,40 +587,16 @@ fn find(
     let coll = collection_name(req, body)?;
     let ns = format!("{}.{coll}", req.db);
     svc.check_version(&ns, body)?;
-    let filter = doc_arg(body, "filter", "find")?;
-    let sort = SortSpec::parse(&doc_arg(body, "sort", "find")?)?;
-    let projection = Projection::parse(&doc_arg(body, "projection", "find")?)?;
-    let skip = batch_size(body, "skip")?.unwrap_or(0);
-    let mut single_batch = body.get("singleBatch").is_some_and(truthy);
-    let limit = match number_field(body, "limit") {
-        Some(l) if l < 0 => {
-            single_batch = true;
-            Some(l.unsigned_abs() as usize)
-        }
-        Some(0) | None => None,
-        Some(l) => Some(l as usize),
-    };
-    let mut docs = matching_documents(svc, &req.db, &coll, &filter)?;
-    sort.sort(&mut docs);
-    let docs: Vec<Document> = docs
-        .into_iter()
-        .skip(skip)
-        .take(limit.unwrap_or(usize::MAX))
-        .map(|d| match &projection {
-            Some(p) => p.apply(&d),
-            None => d,
-        })
-        .collect();
+    let spec = FindSpec::parse(body)?;
+    let docs = matching_documents(svc, &req.db, &coll, &spec.filter, &spec.matcher);
+    let docs = spec.finish(docs);
     svc.bump_opcounter("query", 1);
-    let batch = batch_size(body, "batchSize")?.unwrap_or(DEFAULT_BATCH);
-    let batch = if single_batch { usize::MAX } else { batch };
     Ok(cursor_reply(
         svc,
         ns,
         docs,
-        batch,
-        single_batch,
-        "firstBatch",
+        spec.batch_size,
+        spec.single_batch,
     ))
 }
 
@@ -718,47 +605,9 @@ fn get_more(
     req: &CommandRequest,
     body: &Document,
 ) -> Result<Document, EngineError> {
-    let id = match body.get("getMore") {
-        Some(Bson::Int64(i)) => *i,
-        _ => {
-            return Err(err(
-                ErrorCode::TypeMismatch,
-                "BSON field 'getMore.getMore' is the wrong type, expected type 'long'",
-            ))
-        }
-    };
-    let coll = body.get_str("collection").map_err(|_| {
-        err(
-            ErrorCode(40414),
-            "BSON field 'getMore.collection' is missing but a required field",
-        )
-    })?;
-    let ns = format!("{}.{coll}", req.db);
-    let batch = batch_size(body, "batchSize")?.unwrap_or(usize::MAX);
-    let mut cursors = lock(&svc.cursors);
-    let Some(cursor) = cursors.get_mut(&id) else {
-        return Err(err(
-            ErrorCode::CursorNotFound,
-            format!("cursor id {id} not found"),
-        ));
-    };
-    if cursor.ns != ns {
-        return Err(err(
-            ErrorCode::Unauthorized,
-            format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", cursor.ns),
-        ));
-    }
-    let out = take_batch(&mut cursor.remaining, batch.max(1));
-    cursor.last_used = std::time::Instant::now();
-    let next_id = if cursor.remaining.is_empty() {
-        cursors.remove(&id);
-        0i64
-    } else {
-        id
-    };
-    drop(cursors);
+    let reply = svc.cursors.get_more(&req.db, body)?;
     svc.bump_opcounter("getmore", 1);
-    Ok(doc! {"cursor": {"nextBatch": out, "id": next_id, "ns": ns}})
+    Ok(reply)
 }
 
 fn kill_cursors(
@@ -767,31 +616,7 @@ fn kill_cursors(
     body: &Document,
 ) -> Result<Document, EngineError> {
     collection_name(req, body)?;
-    let Ok(ids) = body.get_array("cursors") else {
-        return Err(err(
-            ErrorCode(40414),
-            "BSON field 'killCursors.cursors' is missing but a required field",
-        ));
-    };
-    let mut killed = Vec::new();
-    let mut not_found = Vec::new();
-    let mut cursors = lock(&svc.cursors);
-    for id in ids {
-        let Bson::Int64(id) = id else {
-            return Err(err(
-                ErrorCode::TypeMismatch,
-                "BSON field 'killCursors.cursors' must hold longs",
-            ));
-        };
-        if cursors.remove(id).is_some() {
-            killed.push(*id);
-        } else {
-            not_found.push(*id);
-        }
-    }
-    Ok(
-        doc! {"cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [], "cursorsUnknown": []},
-    )
+    Ok(svc.cursors.kill(body)?)
 }
 
 fn count(
@@ -800,16 +625,9 @@ fn count(
     body: &Document,
 ) -> Result<Document, EngineError> {
     let coll = collection_name(req, body)?;
-    let query = doc_arg(body, "query", "count")?;
-    let docs = matching_documents(svc, &req.db, &coll, &query)?;
-    let skip = batch_size(body, "skip")?.unwrap_or(0);
-    let mut n = docs.len().saturating_sub(skip);
-    if let Some(l) = number_field(body, "limit") {
-        if l != 0 {
-            n = n.min(l.unsigned_abs() as usize);
-        }
-    }
-    Ok(doc! {"n": count_value(n as i64)})
+    let spec = CountSpec::parse(body)?;
+    let docs = matching_documents(svc, &req.db, &coll, &spec.query, &spec.matcher);
+    Ok(doc! {"n": spec.reply_count(docs.len())})
 }
 
 fn distinct(
@@ -818,23 +636,9 @@ fn distinct(
     body: &Document,
 ) -> Result<Document, EngineError> {
     let coll = collection_name(req, body)?;
-    let key = body.get_str("key").map_err(|_| {
-        err(
-            ErrorCode(40414),
-            "BSON field 'distinct.key' is missing but a required field",
-        )
-    })?;
-    path::check_field_path(key)?;
-    let query = doc_arg(body, "query", "distinct")?;
-    let docs = matching_documents(svc, &req.db, &coll, &query)?;
-    let mut values: std::collections::BTreeSet<crate::value::compare::OrdBson> = Default::default();
-    for d in &docs {
-        for v in path::lookup(d, key).expanded() {
-            values.insert(crate::value::compare::OrdBson(v.clone()));
-        }
-    }
-    let values: Vec<Bson> = values.into_iter().map(|v| v.0).collect();
-    Ok(doc! {"values": values})
+    let spec = DistinctSpec::parse(body)?;
+    let docs = matching_documents(svc, &req.db, &coll, &spec.query, &spec.matcher);
+    Ok(doc! {"values": spec.values(&docs)})
 }
 
 fn aggregate_cmd(
@@ -858,29 +662,14 @@ fn aggregate_cmd(
             ))
         }
     };
-    let Ok(pipeline) = body.get_array("pipeline") else {
-        return Err(err(
-            ErrorCode::TypeMismatch,
-            "'pipeline' option must be specified as an array",
-        ));
-    };
-    let cursor_opts =
-        match body.get("cursor") {
-            Some(Bson::Document(c)) => c.clone(),
-            _ if body.get("explain").is_some_and(truthy) => Document::new(),
-            _ => return Err(err(
-                ErrorCode::FailedToParse,
-                "The 'cursor' option is required, except for aggregate with the explain argument",
-            )),
-        };
+    let spec = AggregateSpec::parse(body)?;
     let ns = format!("{}.{coll}", req.db);
     svc.check_version(&ns, body)?;
-    let docs = matching_documents(svc, &req.db, &coll, &Document::new())?;
+    let docs = matching_documents(svc, &req.db, &coll, &Document::new(), &Matcher::all());
     let options = aggregate::AggregateOptions::for_request(svc.stage_memory(), body);
-    let out = aggregate::run_with(pipeline, docs, &options)?;
-    let batch = batch_size(&cursor_opts, "batchSize")?.unwrap_or(DEFAULT_BATCH);
+    let out = aggregate::run_with(spec.pipeline, docs, &options)?;
     svc.bump_opcounter("command", 1);
-    Ok(cursor_reply(svc, ns, out, batch, false, "firstBatch"))
+    Ok(cursor_reply(svc, ns, out, spec.batch_size, false))
 }
 
 fn create(
@@ -932,7 +721,7 @@ fn drop_collection(
 }
 
 fn drop_cursors(svc: &ShardService, ns: &str) {
-    lock(&svc.cursors).retain(|_, c| c.ns != ns);
+    svc.cursors.drop_namespace(ns);
 }
 
 fn list_collections(
@@ -940,7 +729,7 @@ fn list_collections(
     req: &CommandRequest,
     body: &Document,
 ) -> Result<Document, EngineError> {
-    let filter = doc_arg(body, "filter", "listCollections")?;
+    let filter = document_argument(body, "filter", "listCollections")?;
     let matcher = Matcher::parse(&filter)?;
     let name_only = body.get("nameOnly").is_some_and(truthy);
     let cat = lock(&svc.catalog);
@@ -970,12 +759,11 @@ fn list_collections(
         out,
         usize::MAX,
         true,
-        "firstBatch",
     ))
 }
 
 fn list_databases(svc: &ShardService, body: &Document) -> Result<Document, EngineError> {
-    let filter = doc_arg(body, "filter", "listDatabases")?;
+    let filter = document_argument(body, "filter", "listDatabases")?;
     let matcher = Matcher::parse(&filter)?;
     let name_only = body.get("nameOnly").is_some_and(truthy);
     let cat = lock(&svc.catalog);
@@ -1063,7 +851,7 @@ fn list_indexes(
         };
         c.indexes().iter().map(|i| i.spec.clone()).collect()
     };
-    Ok(cursor_reply(svc, ns, specs, usize::MAX, true, "firstBatch"))
+    Ok(cursor_reply(svc, ns, specs, usize::MAX, true))
 }
 
 fn drop_indexes(

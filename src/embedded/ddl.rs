@@ -272,6 +272,6 @@ pub fn rename_collection(
     }
     cat.dbs.entry(tdb).or_default().insert(tcoll, moved);
     drop(cat);
-    lock(&svc.cursors).retain(|_, c| c.ns != *from);
+    svc.cursors.drop_namespace(from);
     Ok(Document::new())
 }

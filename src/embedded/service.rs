@@ -1,6 +1,6 @@
 //! The embedded shard's command handler: dispatch, the `failCommand` failpoint, injected
 //! latency and the concurrency cap, `hello` as a replica-set primary, `serverStatus` with
-//! per-command counters, shard versions, retryable-write records and cursors. The data
+//! per-command counters, shard versions and retryable-write records. The data
 //! commands themselves are in [`super::commands`].
 
 use std::collections::{BTreeMap, HashMap};
@@ -112,25 +112,6 @@ struct FailPoint {
     app_name: Option<String>,
 }
 
-/// A cursor the shard keeps open between `find`/`aggregate` and `getMore`.
-#[derive(Debug)]
-pub struct Cursor {
-    /// `db.coll` it reads.
-    pub ns: String,
-    /// Documents not yet returned.
-    pub remaining: std::collections::VecDeque<Document>,
-    /// When it was opened or last read (idle cursors are reaped).
-    pub last_used: std::time::Instant,
-}
-
-/// How long a cursor may sit unread before the shard drops it (mongod's
-/// `cursorTimeoutMillis` default, 10 minutes).
-pub const CURSOR_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// Most cursors one shard keeps open; opening one more first reaps idle cursors, then drops
-/// the least recently used one.
-pub const MAX_OPEN_CURSORS: usize = 10_000;
-
 /// Most sessions with retryable-write records one shard keeps; beyond it a new session is
 /// refused with TooManyLogicalSessions (261) once sessions idle for longer than
 /// [`SESSION_IDLE_TIMEOUT`] are reaped.
@@ -162,7 +143,7 @@ pub struct ShardService {
     address: Mutex<String>,
     election_id: ObjectId,
     pub(super) catalog: Mutex<Catalog>,
-    pub(super) cursors: Mutex<HashMap<i64, Cursor>>,
+    pub(super) cursors: command::cursors::DocumentCursors,
     sessions: Mutex<HashMap<String, SessionRecord>>,
     failpoint: Mutex<Option<FailPoint>>,
     pub(super) versions: Mutex<HashMap<String, Document>>,
@@ -183,7 +164,7 @@ impl ShardService {
             address: Mutex::new(String::new()),
             election_id: ObjectId::new(),
             catalog: Mutex::new(Catalog::default()),
-            cursors: Mutex::new(HashMap::new()),
+            cursors: Default::default(),
             sessions: Mutex::new(HashMap::new()),
             failpoint: Mutex::new(None),
             versions: Mutex::new(HashMap::new()),
@@ -216,7 +197,7 @@ impl ShardService {
 
     /// Cursors open on this shard.
     pub fn open_cursors(&self) -> usize {
-        lock(&self.cursors).len()
+        self.cursors.len()
     }
 
     /// Documents currently in `db.coll`.

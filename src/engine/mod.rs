@@ -17,6 +17,7 @@ pub mod aggregate;
 pub mod matcher;
 pub mod path;
 pub mod query;
+pub mod reads;
 pub mod update;
 
 use bson::{doc, Document};

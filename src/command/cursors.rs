@@ -1,0 +1,240 @@
+//! Cursors over results a server computed whole: the first batch goes out with the reply, the
+//! rest waits here for `getMore` until it is read, killed, reaped when idle, or evicted when
+//! too many are open. The embedded shard serves its `find` and `aggregate` cursors from it, the
+//! router's static metadata store its `config` reads; both answer `getMore` and `killCursors`
+//! alike through it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bson::{doc, Bson, Document};
+
+use super::CommandError;
+use crate::sync::lock;
+use crate::value::error_codes::ErrorCode;
+use crate::wire::MAX_BSON_OBJECT_SIZE;
+
+/// How long a cursor may sit unread before it is dropped (mongod's `cursorTimeoutMillis`
+/// default, 10 minutes).
+pub const CURSOR_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Most cursors one server keeps open; opening one more first reaps idle cursors, then drops
+/// the least recently used one.
+pub const MAX_OPEN_CURSORS: usize = 10_000;
+
+/// One open cursor.
+#[derive(Debug)]
+struct Cursor {
+    /// `db.coll` it reads.
+    ns: String,
+    /// Documents not yet returned.
+    remaining: VecDeque<Document>,
+    /// When it was opened or last read.
+    last_used: Instant,
+}
+
+/// A server's open cursors over computed results.
+#[derive(Debug, Default)]
+pub struct DocumentCursors {
+    cursors: Mutex<HashMap<i64, Cursor>>,
+}
+
+impl DocumentCursors {
+    /// The reply to a command whose result is `docs`: a first batch of at most `batch`
+    /// documents (and 16 MiB), the rest kept as a cursor unless `single_batch`.
+    pub fn first_batch(
+        &self,
+        ns: String,
+        docs: Vec<Document>,
+        batch: usize,
+        single_batch: bool,
+    ) -> Document {
+        let mut remaining: VecDeque<Document> = docs.into();
+        let out = take_batch(&mut remaining, batch);
+        let id = if remaining.is_empty() || single_batch {
+            0i64
+        } else {
+            let mut cursors = lock(&self.cursors);
+            let id = crate::value::field::new_cursor_id(|id| cursors.contains_key(&id));
+            if cursors.len() >= MAX_OPEN_CURSORS {
+                cursors.retain(|_, c| c.last_used.elapsed() < CURSOR_IDLE_TIMEOUT);
+            }
+            if cursors.len() >= MAX_OPEN_CURSORS {
+                let oldest = cursors
+                    .iter()
+                    .min_by_key(|(_, c)| c.last_used)
+                    .map(|(id, _)| *id);
+                if let Some(oldest) = oldest {
+                    cursors.remove(&oldest);
+                }
+            }
+            cursors.insert(
+                id,
+                Cursor {
+                    ns: ns.clone(),
+                    remaining,
+                    last_used: Instant::now(),
+                },
+            );
+            id
+        };
+        doc! {"cursor": {"firstBatch": out, "id": id, "ns": ns}}
+    }
+
+    /// `getMore` on database `db`.
+    pub fn get_more(&self, db: &str, body: &Document) -> Result<Document, CommandError> {
+        let id = match body.get("getMore") {
+            Some(Bson::Int64(i)) => *i,
+            _ => {
+                return Err(CommandError::new(
+                    ErrorCode::TypeMismatch,
+                    "BSON field 'getMore.getMore' is the wrong type, expected type 'long'",
+                ))
+            }
+        };
+        let coll = body.get_str("collection").map_err(|_| {
+            CommandError::new(
+                ErrorCode(40414),
+                "BSON field 'getMore.collection' is missing but a required field",
+            )
+        })?;
+        let ns = format!("{db}.{coll}");
+        let batch = crate::engine::reads::count_argument(body, "batchSize")?.unwrap_or(usize::MAX);
+        let mut cursors = lock(&self.cursors);
+        let Some(cursor) = cursors.get_mut(&id) else {
+            return Err(CommandError::new(
+                ErrorCode::CursorNotFound,
+                format!("cursor id {id} not found"),
+            ));
+        };
+        if cursor.ns != ns {
+            return Err(CommandError::new(
+                ErrorCode::Unauthorized,
+                format!("Requested getMore on namespace '{ns}', but cursor belongs to a different namespace {}", cursor.ns),
+            ));
+        }
+        let out = take_batch(&mut cursor.remaining, batch.max(1));
+        cursor.last_used = Instant::now();
+        let next_id = if cursor.remaining.is_empty() {
+            cursors.remove(&id);
+            0i64
+        } else {
+            id
+        };
+        Ok(doc! {"cursor": {"nextBatch": out, "id": next_id, "ns": ns}})
+    }
+
+    /// `killCursors` (its collection already checked by the caller).
+    pub fn kill(&self, body: &Document) -> Result<Document, CommandError> {
+        let Ok(ids) = body.get_array("cursors") else {
+            return Err(CommandError::new(
+                ErrorCode(40414),
+                "BSON field 'killCursors.cursors' is missing but a required field",
+            ));
+        };
+        let mut killed = Vec::new();
+        let mut not_found = Vec::new();
+        let mut cursors = lock(&self.cursors);
+        for id in ids {
+            let Bson::Int64(id) = id else {
+                return Err(CommandError::new(
+                    ErrorCode::TypeMismatch,
+                    "BSON field 'killCursors.cursors' must hold longs",
+                ));
+            };
+            if cursors.remove(id).is_some() {
+                killed.push(*id);
+            } else {
+                not_found.push(*id);
+            }
+        }
+        Ok(
+            doc! {"cursorsKilled": killed, "cursorsNotFound": not_found, "cursorsAlive": [], "cursorsUnknown": []},
+        )
+    }
+
+    /// Drops every cursor on `ns` (its collection was dropped).
+    pub fn drop_namespace(&self, ns: &str) {
+        lock(&self.cursors).retain(|_, c| c.ns != ns);
+    }
+
+    /// Cursors open.
+    pub fn len(&self) -> usize {
+        lock(&self.cursors).len()
+    }
+
+    /// Whether none is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Takes the next batch: at most `batch` documents, and no more than fit in one reply (at
+/// least one).
+fn take_batch(remaining: &mut VecDeque<Document>, batch: usize) -> Vec<Bson> {
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    while out.len() < batch {
+        let Some(d) = remaining.front() else { break };
+        let size = d.to_vec().map(|v| v.len()).unwrap_or(0);
+        if !out.is_empty() && bytes + size > MAX_BSON_OBJECT_SIZE {
+            break;
+        }
+        bytes += size;
+        if let Some(d) = remaining.pop_front() {
+            out.push(Bson::Document(d));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_then_exhausts_then_forgets() {
+        let cursors = DocumentCursors::default();
+        let docs: Vec<Document> = (0..5).map(|i| doc! {"_id": i}).collect();
+        let first = cursors.first_batch("d.c".into(), docs, 2, false);
+        let c = first.get_document("cursor").unwrap();
+        assert_eq!(c.get_array("firstBatch").unwrap().len(), 2);
+        let id = c.get_i64("id").unwrap();
+        assert_ne!(id, 0);
+        let wrong = cursors
+            .get_more("d", &doc! {"getMore": id, "collection": "x"})
+            .unwrap_err();
+        assert_eq!(wrong.code, ErrorCode::Unauthorized);
+        let next = cursors
+            .get_more("d", &doc! {"getMore": id, "collection": "c"})
+            .unwrap();
+        let c = next.get_document("cursor").unwrap();
+        assert_eq!(c.get_array("nextBatch").unwrap().len(), 3);
+        assert_eq!(c.get_i64("id").unwrap(), 0);
+        assert!(cursors.is_empty());
+        let gone = cursors
+            .get_more("d", &doc! {"getMore": id, "collection": "c"})
+            .unwrap_err();
+        assert_eq!(gone.code, ErrorCode::CursorNotFound);
+    }
+
+    #[test]
+    fn single_batch_keeps_no_cursor_and_kill_reports() {
+        let cursors = DocumentCursors::default();
+        let docs: Vec<Document> = (0..5).map(|i| doc! {"_id": i}).collect();
+        let r = cursors.first_batch("d.c".into(), docs.clone(), 2, true);
+        assert_eq!(r.get_document("cursor").unwrap().get_i64("id").unwrap(), 0);
+        let r = cursors.first_batch("d.c".into(), docs, 2, false);
+        let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+        let k = cursors.kill(&doc! {"cursors": [id, 7i64]}).unwrap();
+        assert_eq!(
+            k.get_array("cursorsKilled").unwrap(),
+            &vec![Bson::Int64(id)]
+        );
+        assert_eq!(
+            k.get_array("cursorsNotFound").unwrap(),
+            &vec![Bson::Int64(7)]
+        );
+    }
+}
