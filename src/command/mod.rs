@@ -109,6 +109,29 @@ impl CommandRequest {
         self.body.to_document()
     }
 
+    /// The collection the command names in its first field (`body` is its body), checked as
+    /// mongod checks a namespace.
+    pub fn collection_name(&self, body: &Document) -> Result<String, CommandError> {
+        match body.get(&self.name) {
+            Some(Bson::String(s)) => {
+                crate::limits::check_namespace(&self.db, s)
+                    .map_err(|m| CommandError::new(ErrorCode::InvalidNamespace, m))?;
+                Ok(s.clone())
+            }
+            Some(other) => Err(CommandError::new(
+                ErrorCode::InvalidNamespace,
+                format!(
+                    "collection name has invalid type {}",
+                    crate::value::field::type_name(other)
+                ),
+            )),
+            None => Err(CommandError::new(
+                ErrorCode::InvalidNamespace,
+                "missing collection name",
+            )),
+        }
+    }
+
     /// The body as an owned document without a write command's statements array
     /// (`documents`, `updates`, `deletes`): the command's options. Converting a 1,000-statement
     /// body costs more than routing its statements, and the options are all the write path

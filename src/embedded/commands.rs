@@ -41,20 +41,7 @@ pub fn statement_count(req: &CommandRequest) -> usize {
 
 /// The collection a command names in its first field.
 fn collection_name(req: &CommandRequest, body: &Document) -> Result<String, EngineError> {
-    match body.get(&req.name) {
-        Some(Bson::String(s)) => {
-            check_namespace(&req.db, s)?;
-            Ok(s.clone())
-        }
-        Some(other) => Err(err(
-            ErrorCode::InvalidNamespace,
-            format!(
-                "collection name has invalid type {}",
-                crate::value::field::type_name(other)
-            ),
-        )),
-        None => Err(err(ErrorCode::InvalidNamespace, "missing collection name")),
-    }
+    Ok(req.collection_name(body)?)
 }
 
 /// Runs one data or DDL command.

@@ -11,7 +11,8 @@ use bson::{doc, Bson, Document};
 use super::route::{broadcast_ddl, forward};
 use crate::cluster::Cluster;
 use crate::command::{CommandError, CommandRequest};
-use crate::routing::{ConfigStore, RoutingSnapshot};
+use crate::metadata::StaticStore;
+use crate::routing::RoutingSnapshot;
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::number_field;
 
@@ -60,7 +61,7 @@ pub async fn validate(
 /// the primary shard's answer for an unsharded one.
 pub async fn data_size(
     cluster: &Arc<Cluster>,
-    store: &ConfigStore,
+    store: &StaticStore,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
     let ns = req
@@ -97,7 +98,7 @@ pub async fn data_size(
 /// The primary shard of `db` (the first shard when the database is not known yet).
 fn primary_of(
     cluster: &Arc<Cluster>,
-    store: &ConfigStore,
+    store: &StaticStore,
     db: &str,
 ) -> Result<String, CommandError> {
     if let Some(d) = store.database(db) {
@@ -115,7 +116,7 @@ fn primary_of(
 /// must stay in its database, and an existing target needs `dropTarget`, as mongos requires.
 pub async fn rename_collection(
     cluster: &Arc<Cluster>,
-    store: &ConfigStore,
+    store: &StaticStore,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
     if req.db != "admin" {

@@ -26,7 +26,8 @@ use crate::command::{
 };
 use crate::config::Config;
 use crate::frontend::RouterHandle;
-use crate::routing::{ConfigStore, RoutingTable, ShardInfo};
+use crate::metadata::StaticStore;
+use crate::routing::{RoutingTable, ShardInfo};
 use crate::value::error_codes::ErrorCode;
 
 /// The router's command handler, served by the frontend.
@@ -234,12 +235,10 @@ async fn run_command(
         );
         return sharding::config_read(
             cluster,
-            client,
             req,
             &name,
             state.started.elapsed().as_secs() as i64,
-        )
-        .await;
+        );
     }
     match req.name.as_str() {
         "hello" | "isMaster" | "ismaster" => hello::hello(state, client, req).await,
@@ -323,9 +322,10 @@ pub async fn bootstrap(
     pool: PoolOptions,
     batching: &crate::config::BatchingConfig,
 ) -> Result<Arc<ShardedCluster>, String> {
-    let store = Arc::new(ConfigStore::open(metadata_path).map_err(|e| e.message)?);
+    let store = Arc::new(StaticStore::open(metadata_path).map_err(|e| e.message)?);
     store.set_shards(shards).map_err(|e| e.message)?;
-    let routing = RoutingTable::new(store.clone());
+    let source = store.clone();
+    let routing = RoutingTable::new(Arc::new(move |ns: &str| source.load_collection(ns)));
     let cluster = Arc::new(Cluster::new(store.shards(), routing, pool, batching));
     cluster.warm_pools().await;
     let cluster = Arc::new(ShardedCluster::new(cluster, store, batching));

@@ -14,7 +14,7 @@ use bson::{Bson, Document};
 
 use crate::cluster::Cluster;
 use crate::command::{CommandError, CommandRequest};
-use crate::routing::ConfigStore;
+use crate::metadata::StaticStore;
 use crate::routing::FilterKeys;
 use crate::value::error_codes::ErrorCode;
 use crate::wire::OpMsgBuilder;
@@ -329,7 +329,7 @@ async fn list_databases(
 /// `config`, served read-only) cannot be dropped, as mongos refuses them.
 async fn drop_database(
     cluster: &Arc<Cluster>,
-    store: &ConfigStore,
+    store: &StaticStore,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
     if matches!(req.db.as_str(), "admin" | "config") {
@@ -438,7 +438,7 @@ fn in_transaction(body: &Document) -> bool {
 /// OperationNotSupportedInTransaction (263): distributed transactions are not implemented.
 async fn transaction(
     cluster: &Arc<Cluster>,
-    store: &ConfigStore,
+    store: &StaticStore,
     req: &CommandRequest,
     body: &Document,
     snapshot: Option<&crate::routing::RoutingSnapshot>,
@@ -558,7 +558,7 @@ fn transaction_targets(
 /// collection also leaves the sharding metadata.
 pub(super) async fn broadcast_ddl(
     cluster: &Arc<Cluster>,
-    store: &ConfigStore,
+    store: &StaticStore,
     req: &CommandRequest,
     snap: &crate::routing::RoutingSnapshot,
 ) -> Result<Document, CommandError> {

@@ -11,8 +11,7 @@ use std::sync::Arc;
 
 use bson::{doc, Bson, Document};
 
-use crate::command::{ClientState, CommandError, CommandRequest};
-use crate::frontend::{Response, Service};
+use crate::command::{CommandError, CommandRequest};
 use crate::routing::chunks::initial_chunks;
 use crate::routing::{RoutingError, ShardKeyPattern};
 use crate::value::error_codes::ErrorCode;
@@ -33,24 +32,9 @@ fn no_cluster() -> CommandError {
     )
 }
 
-/// Commands on the `config` database that are served (read-only).
-const CONFIG_READS: &[&str] = &[
-    "find",
-    "aggregate",
-    "count",
-    "distinct",
-    "getMore",
-    "killCursors",
-    "listCollections",
-    "listIndexes",
-    "collStats",
-    "dbStats",
-];
-
-/// Serves a command on the `config` database from the config store.
-pub async fn config_read(
+/// Serves a command on the `config` database from the metadata store.
+pub fn config_read(
     cluster: Option<&Arc<ShardedCluster>>,
-    client: &mut ClientState,
     req: &CommandRequest,
     router_name: &str,
     uptime_secs: i64,
@@ -64,7 +48,7 @@ pub async fn config_read(
             "Cannot drop the config database",
         ));
     }
-    if !CONFIG_READS.contains(&req.name.as_str()) {
+    if !crate::metadata::static_store::CONFIG_READS.contains(&req.name.as_str()) {
         return Err(CommandError::new(
             ErrorCode::IllegalOperation,
             format!(
@@ -74,27 +58,7 @@ pub async fn config_read(
         ));
     }
     cluster.metadata.touch_mongos(router_name, uptime_secs);
-    match cluster.metadata.engine().handle(client, req).await {
-        Response::Reply(mut d) => {
-            // The engine appended its own cluster time; the router appends the router's.
-            d.remove("$clusterTime");
-            d.remove("operationTime");
-            if d.get_f64("ok").ok() == Some(1.0) {
-                d.remove("ok");
-                Ok(d)
-            } else {
-                let code = d.get_i32("code").unwrap_or(ErrorCode::InternalError.0);
-                Err(CommandError::new(
-                    ErrorCode(code),
-                    d.get_str("errmsg").unwrap_or("config read failed"),
-                ))
-            }
-        }
-        Response::CloseConnection => Err(CommandError::new(
-            ErrorCode::InternalError,
-            "config read failed",
-        )),
-    }
+    cluster.metadata.config_read(req)
 }
 
 /// `enableSharding`: records the database (with a primary shard) if it is new.
@@ -302,8 +266,7 @@ pub fn list_shards(cluster: Option<&Arc<ShardedCluster>>) -> Result<Document, Co
     let cluster = cluster.ok_or_else(no_cluster)?;
     let shards: Vec<Bson> = cluster
         .metadata
-        .engine()
-        .documents("config", "shards")
+        .documents("shards")
         .into_iter()
         .map(Bson::Document)
         .collect();

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use crate::cluster::Cluster;
 use crate::config::BatchingConfig;
+use crate::metadata::StaticStore;
 use crate::read::RouterCursors;
-use crate::routing::ConfigStore;
 use crate::write::coalesce::{CoalesceSettings, Coalescer};
 use crate::write::WriteStats;
 
@@ -19,7 +19,7 @@ pub struct ShardedCluster {
     /// Shards, pools, queues and the routing table.
     pub cluster: Arc<Cluster>,
     /// Where the routing metadata comes from (and where sharding administration records it).
-    pub metadata: Arc<ConfigStore>,
+    pub metadata: Arc<StaticStore>,
     /// The router's own cursors over gathered results of sharded reads.
     pub cursors: RouterCursors,
     /// Write-path counters, reported under `serverStatus().sluice.writes`.
@@ -32,7 +32,7 @@ impl ShardedCluster {
     /// `batching` says.
     pub fn new(
         cluster: Arc<Cluster>,
-        metadata: Arc<ConfigStore>,
+        metadata: Arc<StaticStore>,
         batching: &BatchingConfig,
     ) -> ShardedCluster {
         ShardedCluster {

@@ -4,22 +4,33 @@
 //! - [`hash`]: `hash64`, bit-exact with MongoDB's hashed indexes.
 //! - [`shard_key`]: key patterns and the extraction of key values from documents and filters.
 //! - [`chunks`]: the chunk map (lookup by upper bound), chunk versions, the initial pre-split.
-//! - [`table`]: routing snapshots, the loader trait and the routing table cache.
-//! - [`config_store`]: the embedded config store (MongoDB's `config.*` documents), persisted.
+//! - [`table`]: routing snapshots and the routing table cache.
+//!
+//! Where the metadata comes from is `crate::metadata`'s business.
 
 pub mod chunks;
-pub mod config_store;
 pub mod hash;
 pub mod shard_key;
 pub mod table;
 
 pub use chunks::{Chunk, ChunkMap, ChunkVersion};
-pub use config_store::{ConfigStore, ShardInfo};
 pub use hash::hash64;
 pub use shard_key::{FilterKeys, ShardKey, ShardKeyPattern};
-pub use table::{MetadataLoader, RoutingSnapshot, RoutingTable};
+pub use table::{RoutingSnapshot, RoutingTable, SnapshotLoader};
 
 use crate::value::error_codes::ErrorCode;
+
+/// A shard as the router knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardInfo {
+    /// The shard id (`config.shards._id`).
+    pub id: String,
+    /// `host:port` to connect to.
+    pub addr: String,
+    /// Whether it understands `shardVersion` (embedded shards and mongod started as shard
+    /// servers); a plain mongod rejects the field.
+    pub shard_server: bool,
+}
 
 /// A routing error, reported to clients with its MongoDB code.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -79,12 +79,11 @@ impl RoutingSnapshot {
     }
 }
 
-/// Where routing metadata comes from. The embedded config store is the first implementation;
-/// a real config server is the second.
-pub trait MetadataLoader: Send + Sync {
-    /// The routing state of `ns`, or `None` if it is not sharded.
-    fn load_collection(&self, ns: &str) -> Result<Option<RoutingSnapshot>, RoutingError>;
-}
+/// How the routing table fills a miss: the routing state of a namespace, or `None` when it is
+/// not sharded. The router builds it over its metadata source (`crate::metadata`); the table
+/// does not know where the metadata lives.
+pub type SnapshotLoader =
+    Arc<dyn Fn(&str) -> Result<Option<RoutingSnapshot>, RoutingError> + Send + Sync>;
 
 /// Most namespaces the cache remembers as unsharded; past it those entries are dropped (and
 /// reloaded on use), so names a client makes up cannot grow the cache without bound.
@@ -94,7 +93,7 @@ pub const MAX_UNSHARDED_ENTRIES: usize = 10_000;
 /// The router's cache of routing snapshots.
 pub struct RoutingTable {
     entries: DashMap<String, Option<Arc<RoutingSnapshot>>>,
-    loader: Arc<dyn MetadataLoader>,
+    loader: SnapshotLoader,
 }
 
 impl std::fmt::Debug for RoutingTable {
@@ -107,7 +106,7 @@ impl std::fmt::Debug for RoutingTable {
 
 impl RoutingTable {
     /// An empty cache over `loader`.
-    pub fn new(loader: Arc<dyn MetadataLoader>) -> Self {
+    pub fn new(loader: SnapshotLoader) -> Self {
         RoutingTable {
             entries: DashMap::new(),
             loader,
@@ -125,7 +124,7 @@ impl RoutingTable {
     /// Reloads `ns` and replaces its snapshot whole.
     pub fn refresh(&self, ns: &str) -> Result<Option<Arc<RoutingSnapshot>>, RoutingError> {
         metrics::counter!("sluice_routing_refreshes_total").increment(1);
-        let snap = self.loader.load_collection(ns)?.map(Arc::new);
+        let snap = (self.loader)(ns)?.map(Arc::new);
         if snap.is_none() && self.entries.len() >= MAX_UNSHARDED_ENTRIES {
             self.entries.retain(|_, v| v.is_some());
         }

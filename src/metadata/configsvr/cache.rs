@@ -20,8 +20,6 @@
 //! `ConflictingOperationInProgress`) or a transient failure is retried, the retries as full reads.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,7 +28,6 @@ use bson::Document;
 use tokio::sync::watch;
 
 use crate::backend::topology::Printer;
-use crate::routing::ChunkVersion;
 use crate::sync::lock;
 use crate::value::error_codes::ErrorCode;
 
@@ -39,53 +36,8 @@ use super::documents::{ChunkEntry, CollectionEntry, DatabaseEntry, ShardEntry};
 use super::error::MetadataError;
 use super::request::{DatabaseRouting, RoutingInfo};
 use super::stale::{collection_needs_refresh, database_needs_refresh, RefreshAction};
-use super::version::{CollectionGeneration, DatabaseVersion, ShardVersion};
-
-/// A boxed future, so [`ConfigSource`] can be used as a trait object.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// The cached collection version a refresh reads from: chunks with `lastmod ≥ version`, if the
-/// collection still has this generation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Since {
-    /// The cached generation.
-    pub generation: CollectionGeneration,
-    /// The cached collection version.
-    pub version: ChunkVersion,
-}
-
-/// One read of a tracked collection.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CollectionRead {
-    /// Its `config.collections` document.
-    pub collection: Document,
-    /// Its `config.chunks` documents, sorted by `lastmod`.
-    pub chunks: Vec<Document>,
-    /// Whether `chunks` holds only those with `lastmod ≥` the version asked for (the entry kept
-    /// the generation asked for); otherwise it holds all of them.
-    pub incremental: bool,
-}
-
-/// The loading functions the cache needs: raw documents, parsed by the cache. The config
-/// server loader implements it through the `mongodb` crate; the tests implement it in memory.
-pub trait ConfigSource: Send + Sync + 'static {
-    /// Every `config.shards` document.
-    fn shards(&self) -> BoxFuture<'_, Result<Vec<Document>, MetadataError>>;
-
-    /// The `config.databases` document of `db`, if it exists.
-    fn database<'a>(
-        &'a self,
-        db: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Document>, MetadataError>>;
-
-    /// The `config.collections` document of `ns` and its chunks (all of them, or those since
-    /// `since` when the entry still has `since.generation`); `None` when `ns` is not tracked.
-    fn collection<'a>(
-        &'a self,
-        ns: &'a str,
-        since: Option<Since>,
-    ) -> BoxFuture<'a, Result<Option<CollectionRead>, MetadataError>>;
-}
+use super::version::{DatabaseVersion, ShardVersion};
+pub use crate::metadata::source::{BoxFuture, CollectionRead, MetadataSource, Since};
 
 /// How hard a refresh tries.
 #[derive(Debug, Clone, Copy)]
@@ -411,7 +363,7 @@ fn never(_: &Arc<ShardRegistry>, _: &()) -> bool {
 }
 
 struct Inner {
-    source: Arc<dyn ConfigSource>,
+    source: Arc<dyn MetadataSource>,
     printer: Printer,
     policy: RefreshPolicy,
     counters: Counters,
@@ -436,13 +388,13 @@ impl std::fmt::Debug for CatalogCache {
 
 impl CatalogCache {
     /// An empty cache over `source`; `printer` renders values in error messages.
-    pub fn new(source: Arc<dyn ConfigSource>, printer: Printer) -> Self {
+    pub fn new(source: Arc<dyn MetadataSource>, printer: Printer) -> Self {
         Self::with_policy(source, printer, RefreshPolicy::default())
     }
 
     /// An empty cache with an explicit refresh policy.
     pub fn with_policy(
-        source: Arc<dyn ConfigSource>,
+        source: Arc<dyn MetadataSource>,
         printer: Printer,
         policy: RefreshPolicy,
     ) -> Self {

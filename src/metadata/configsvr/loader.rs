@@ -1,4 +1,4 @@
-//! The [`ConfigSource`] that reads a config server replica set through the `mongodb` crate.
+//! The [`MetadataSource`] that reads a config server replica set through the `mongodb` crate.
 //!
 //! Every read is a `find` on the `config` database with **majority** read concern, from the
 //! **primary**, inside a causally consistent session that starts from the highest operation
@@ -22,7 +22,7 @@ use mongodb::{Client, ClientSession, Database};
 use crate::sync::lock;
 use crate::value::error_codes::ErrorCode;
 
-use super::cache::{BoxFuture, CollectionRead, ConfigSource, Since};
+use super::cache::{BoxFuture, CollectionRead, MetadataSource, Since};
 use super::configdb::ConfigDb;
 use super::error::MetadataError;
 use super::version::compare_timestamps;
@@ -206,7 +206,7 @@ impl ConfigServerSource {
     }
 }
 
-impl ConfigSource for ConfigServerSource {
+impl MetadataSource for ConfigServerSource {
     fn shards(&self) -> BoxFuture<'_, Result<Vec<Document>, MetadataError>> {
         Box::pin(async move {
             let mut session = self.session().await?;

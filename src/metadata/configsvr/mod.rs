@@ -10,9 +10,9 @@
 //! - [`collection`]: one collection's routing; full builds and incremental refreshes, validated.
 //! - [`request`]: the `shardVersion` / `databaseVersion` a request carries.
 //! - [`stale`]: StaleConfig / StaleEpoch / StaleDbVersion read into refresh actions.
-//! - [`cache`]: the catalog cache with single-flight refreshes, over a [`ConfigSource`].
+//! - [`cache`]: the catalog cache with single-flight refreshes, over a [`MetadataSource`].
 //! - [`configdb`]: `--configdb "<rs>/host:port,…"` and its driver URI.
-//! - [`loader`]: the [`ConfigSource`] that reads a config server through the `mongodb` crate.
+//! - [`loader`]: the [`MetadataSource`] that reads a config server through the `mongodb` crate.
 //!
 //! Everything but the loader is sans-IO or in-memory and tested without sockets.
 
@@ -20,7 +20,7 @@ pub mod cache;
 pub mod collection;
 pub mod configdb;
 pub mod documents;
-pub mod error;
+pub use super::error;
 mod fields;
 pub mod loader;
 pub mod request;
@@ -31,7 +31,7 @@ pub mod version;
 pub(crate) mod test_support;
 
 pub use cache::{
-    CacheStats, CatalogCache, CollectionRead, ConfigSource, RefreshPolicy, ShardRegistry, Since,
+    CacheStats, CatalogCache, CollectionRead, MetadataSource, RefreshPolicy, ShardRegistry, Since,
 };
 pub use collection::{CollectionRouting, RefreshOutcome};
 pub use configdb::{ConfigDb, CONFIG_SERVER_PORT};

@@ -1,6 +1,8 @@
 use super::*;
 use crate::metadata::configsvr::test_support::*;
+use crate::metadata::configsvr::version::CollectionGeneration;
 use crate::metadata::configsvr::RequestVersions;
+use crate::routing::ChunkVersion;
 use bson::{doc, oid::ObjectId, Bson, Timestamp, Uuid};
 use std::collections::VecDeque;
 use tokio::sync::RwLock;
@@ -31,7 +33,7 @@ impl Memory {
     }
 }
 
-impl ConfigSource for Memory {
+impl MetadataSource for Memory {
     fn shards(&self) -> BoxFuture<'_, Result<Vec<Document>, MetadataError>> {
         Box::pin(async move {
             self.pass().await?;

@@ -1,56 +1,65 @@
-//! The embedded config store: the cluster's metadata kept as the documents MongoDB 5.0+ keeps
-//! in its config database (`config.version`, `config.shards`, `config.databases`,
-//! `config.collections`, `config.chunks`, `config.mongos`), stored in an in-process embedded
-//! engine so that clients' reads of the `config` database (mongosh's `sh.status()`,
-//! `db.getSiblingDB("config").chunks.find()`) run through the same query code as any
-//! collection.
+//! The static metadata store: the cluster's metadata held by the router itself, filled from
+//! `--config` or by `sluice demo` and changed by the router's own sharding administration. It
+//! keeps the documents MongoDB 5.0+ keeps in its config database (`config.version`,
+//! `config.shards`, `config.databases`, `config.collections`, `config.chunks`, `config.mongos`)
+//! and answers clients' reads of the `config` database (mongosh's `sh.status()`,
+//! `db.getSiblingDB("config").chunks.find()`) with the document engine's query code
+//! ([`reads`]), as any collection is queried.
 //!
 //! With a `metadata_path`, every change is persisted atomically (temporary file, fsync,
 //! rename, fsync of the directory) as one BSON document, so a restarted router routes exactly
 //! as before.
+//!
+//! It is one [`MetadataSource`]; the config server is the other.
 
-use std::collections::BTreeSet;
+mod reads;
+
+pub use reads::CONFIG_READS;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Mutex, RwLock};
 
 use bson::{doc, oid::ObjectId, Bson, Document, Timestamp};
-use tokio::sync::watch;
 
-use super::chunks::{Chunk, ChunkMap, ChunkVersion};
-use super::table::{MetadataLoader, RoutingSnapshot};
-use super::{RoutingError, ShardKeyPattern};
-use crate::command::ServerState;
-use crate::config::Config;
-use crate::embedded::{ShardOptions, ShardService};
+use super::error::MetadataError;
+use super::source::{BoxFuture, CollectionRead, MetadataSource, Since};
+use crate::command::cursors::DocumentCursors;
+use crate::routing::chunks::{Chunk, ChunkMap, ChunkVersion};
+use crate::routing::{RoutingError, RoutingSnapshot, ShardInfo, ShardKeyPattern};
 use crate::value::error_codes::ErrorCode;
 
 /// The config collections persisted and served.
 const COLLECTIONS: &[&str] = &["version", "shards", "databases", "collections", "chunks"];
 
-/// A shard as the router knows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardInfo {
-    /// The shard id (`config.shards._id`).
-    pub id: String,
-    /// `host:port` to connect to.
-    pub addr: String,
-    /// Whether it understands `shardVersion` (embedded shards and mongod started as shard
-    /// servers); a plain mongod rejects the field.
-    pub shard_server: bool,
+/// One collection of the config database.
+#[derive(Debug)]
+struct ConfigCollection {
+    /// Its UUID (`listCollections`' `info.uuid`).
+    uuid: bson::Uuid,
+    /// Its documents, in insertion order.
+    docs: Vec<Document>,
 }
 
-/// The config store.
-pub struct ConfigStore {
-    engine: Arc<ShardService>,
+/// The config database: collection name → collection (present once written, even if empty).
+type ConfigDatabase = BTreeMap<String, ConfigCollection>;
+
+/// The static metadata store.
+pub struct StaticStore {
     path: Option<PathBuf>,
+    /// The documents; readers share it, every change replaces whole collections.
+    config: RwLock<ConfigDatabase>,
+    /// The shards that understand `shardVersion`.
     shard_servers: Mutex<BTreeSet<String>>,
+    /// Serialises read-modify-write changes (and their persisting).
     write: Mutex<()>,
-    _shutdown: watch::Sender<bool>,
+    /// Cursors of clients' reads of the config database.
+    cursors: DocumentCursors,
 }
 
-impl std::fmt::Debug for ConfigStore {
+impl std::fmt::Debug for StaticStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConfigStore")
+        f.debug_struct("StaticStore")
             .field("path", &self.path)
             .finish()
     }
@@ -60,24 +69,15 @@ fn internal(e: impl std::fmt::Display) -> RoutingError {
     RoutingError::new(ErrorCode::InternalError, e.to_string())
 }
 
-impl ConfigStore {
+impl StaticStore {
     /// A store, loaded from `path` when that file exists.
-    pub fn open(path: Option<PathBuf>) -> Result<ConfigStore, RoutingError> {
-        let (tx, rx) = watch::channel(false);
-        let state = Arc::new(ServerState::new(Config::default(), Vec::new(), rx));
-        let engine = Arc::new(ShardService::new(
-            state,
-            ShardOptions {
-                set_name: "config".into(),
-                ..ShardOptions::default()
-            },
-        ));
-        let store = ConfigStore {
-            engine,
+    pub fn open(path: Option<PathBuf>) -> Result<StaticStore, RoutingError> {
+        let store = StaticStore {
             path,
+            config: RwLock::new(BTreeMap::new()),
             shard_servers: Mutex::new(BTreeSet::new()),
             write: Mutex::new(()),
-            _shutdown: tx,
+            cursors: DocumentCursors::default(),
         };
         let loaded = match &store.path {
             Some(p) if p.exists() => {
@@ -95,19 +95,43 @@ impl ConfigStore {
         Ok(store)
     }
 
-    /// The in-process engine holding the config database (reads are served by it).
-    pub fn engine(&self) -> &Arc<ShardService> {
-        &self.engine
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, ConfigDatabase> {
+        self.config.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every document of `config.<coll>`, in insertion order.
+    pub fn documents(&self, coll: &str) -> Vec<Document> {
+        self.read()
+            .get(coll)
+            .map(|c| c.docs.clone())
+            .unwrap_or_default()
     }
 
     fn docs(&self, coll: &str) -> Vec<Document> {
-        self.engine.documents("config", coll)
+        self.documents(coll)
     }
 
+    /// The first document of `config.<coll>` whose `_id` is `id`.
+    fn by_id(&self, coll: &str, id: &str) -> Option<Document> {
+        self.read()
+            .get(coll)?
+            .docs
+            .iter()
+            .find(|d| d.get_str("_id").ok() == Some(id))
+            .cloned()
+    }
+
+    /// Replaces the documents of `config.<coll>` (creating the collection).
     fn put(&self, coll: &str, docs: Vec<Document>) -> Result<(), RoutingError> {
-        self.engine
-            .set_documents("config", coll, docs)
-            .map_err(internal)
+        let mut config = self.config.write().unwrap_or_else(|p| p.into_inner());
+        config
+            .entry(coll.to_string())
+            .or_insert_with(|| ConfigCollection {
+                uuid: bson::Uuid::new(),
+                docs: Vec::new(),
+            })
+            .docs = docs;
+        Ok(())
     }
 
     fn load(&self, path: &Path) -> Result<(), RoutingError> {
@@ -238,9 +262,7 @@ impl ConfigStore {
 
     /// `config.databases` entry of `db`.
     pub fn database(&self, db: &str) -> Option<Document> {
-        self.docs("databases")
-            .into_iter()
-            .find(|d| d.get_str("_id").ok() == Some(db))
+        self.by_id("databases", db)
     }
 
     /// The database's entry, created with `primary` (or the first shard) when missing.
@@ -298,9 +320,7 @@ impl ConfigStore {
 
     /// `config.collections` entry of `ns`.
     pub fn collection(&self, ns: &str) -> Option<Document> {
-        self.docs("collections")
-            .into_iter()
-            .find(|d| d.get_str("_id").ok() == Some(ns))
+        self.by_id("collections", ns)
     }
 
     /// Records a newly sharded collection and its chunks.
@@ -431,12 +451,14 @@ impl ConfigStore {
             "up": up_secs,
             "waiting": true,
         };
-        let _ = self.engine.set_documents("config", "mongos", vec![d]);
+        let _ = self.put("mongos", vec![d]);
     }
 }
 
-impl MetadataLoader for ConfigStore {
-    fn load_collection(&self, ns: &str) -> Result<Option<RoutingSnapshot>, RoutingError> {
+impl StaticStore {
+    /// The routing state of `ns`, or `None` if it is not sharded (what the routing table
+    /// loads).
+    pub fn load_collection(&self, ns: &str) -> Result<Option<RoutingSnapshot>, RoutingError> {
         let Some(c) = self.collection(ns) else {
             return Ok(None);
         };
@@ -496,6 +518,48 @@ impl MetadataLoader for ConfigStore {
     }
 }
 
+impl MetadataSource for StaticStore {
+    fn shards(&self) -> BoxFuture<'_, Result<Vec<Document>, MetadataError>> {
+        Box::pin(async move { Ok(self.documents("shards")) })
+    }
+
+    fn database<'a>(
+        &'a self,
+        db: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Document>, MetadataError>> {
+        Box::pin(async move { Ok(StaticStore::database(self, db)) })
+    }
+
+    /// Always every chunk (`incremental: false`): the store holds them all in memory.
+    fn collection<'a>(
+        &'a self,
+        ns: &'a str,
+        _since: Option<Since>,
+    ) -> BoxFuture<'a, Result<Option<CollectionRead>, MetadataError>> {
+        Box::pin(async move {
+            let Some(collection) = StaticStore::collection(self, ns) else {
+                return Ok(None);
+            };
+            let uuid = collection.get("uuid").cloned();
+            let mut chunks: Vec<Document> = self
+                .documents("chunks")
+                .into_iter()
+                .filter(|d| d.get("uuid") == uuid.as_ref())
+                .collect();
+            chunks.sort_by_key(|d| {
+                d.get_timestamp("lastmod")
+                    .map(|t| (t.time, t.increment))
+                    .unwrap_or_default()
+            });
+            Ok(Some(CollectionRead {
+                collection,
+                chunks,
+                incremental: false,
+            }))
+        })
+    }
+}
+
 fn now_secs() -> u32 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -544,7 +608,7 @@ mod tests {
     fn persists_and_reloads_the_same_routing() {
         let dir = std::env::temp_dir().join(format!("sluice-meta-{}", ObjectId::new()));
         let path = dir.join("metadata.bson");
-        let store = ConfigStore::open(Some(path.clone())).unwrap();
+        let store = StaticStore::open(Some(path.clone())).unwrap();
         store.set_shards(&shards()).unwrap();
         store.ensure_database("demo", None).unwrap();
         let pattern = ShardKeyPattern::parse(&doc! {"_id": "hashed"}).unwrap();
@@ -558,7 +622,7 @@ mod tests {
             .add_sharded_collection("demo.c", &pattern, false, &chunks)
             .is_err());
 
-        let again = ConfigStore::open(Some(path.clone())).unwrap();
+        let again = StaticStore::open(Some(path.clone())).unwrap();
         assert_eq!(again.shards(), shards());
         let reloaded = again.load_collection("demo.c").unwrap().unwrap();
         assert_eq!(reloaded, snap);
@@ -577,7 +641,7 @@ mod tests {
 
     #[test]
     fn unsharded_collections_have_no_snapshot() {
-        let store = ConfigStore::open(None).unwrap();
+        let store = StaticStore::open(None).unwrap();
         assert_eq!(store.load_collection("a.b").unwrap(), None);
         assert!(store.ensure_database("x", None).is_err(), "no shards yet");
     }
