@@ -17,18 +17,22 @@
 //!    [`backend`]: shard connections, pools, the per-shard queue and its adaptive limit, and the
 //!    replica-set topology core.
 //! 4. [`config`]: the TOML configuration, its defaults and the write policy.
-//! 5. [`command`]: what every server shares — the request envelope, the error type, server
-//!    state and information, `hello`; [`cluster`]: the router's view of its shards (pools,
-//!    queues, the routing table); [`auth`]: the security core (SCRAM, X.509, roles, TLS
-//!    configuration), not wired yet.
+//! 5. [`command`]: what every server shares — the request envelope and the write kinds, the
+//!    error type, server state and information, `hello`, cursors over computed results;
+//!    [`cluster`]: the router's view of its shards (pools, queues, the routing table, open
+//!    transactions); [`auth`]: the security core (SCRAM, X.509, roles, TLS configuration), not
+//!    wired yet.
 //! 6. [`read`]: targeted and scatter-gather reads, the merge and the router's cursors;
 //!    [`write`]: targeting, the pure planner, child batches, reply merging; [`frontend`]: the
 //!    listener and one task per client connection.
 //! 7. [`embedded`]: the embedded shard, an in-memory mongod-compatible server for the demo, the
-//!    tests and the benchmarks (memory only, not for production); [`metadata`]: where routing metadata
-//!    comes from (the config server as a routing source).
+//!    tests and the benchmarks (memory only, not for production); [`metadata`]: where routing
+//!    metadata comes from, behind one trait (`MetadataSource`): the static store the router
+//!    holds itself (`--config`, `sluice demo`), which serves the `config` database on the
+//!    engine, and the config server.
 //! 8. [`router`]: the router's service — one dispatch, forwarding, sharding administration,
-//!    start-up.
+//!    start-up, and the router-only state (its cursors, the write coalescer, write statistics,
+//!    the metadata store handle: `router::ShardedCluster`).
 //! 9. [`bench`]: the `sluice bench` scenarios; [`fuzz`]: the fuzz targets' entry points (replayed
 //!    by `cargo test`); `main.rs`: the command line.
 

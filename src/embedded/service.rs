@@ -209,7 +209,7 @@ impl ShardService {
     }
 
     /// Every document of `db.coll`, in natural order (for in-process readers such as the
-    /// router's config store).
+    /// tests).
     pub fn documents(&self, db: &str, coll: &str) -> Vec<Document> {
         lock(&self.catalog)
             .collection(db, coll)
