@@ -268,6 +268,15 @@ impl Security {
         }
     }
 
+    /// mongod's localhost exception: while no user exists, a client on the loopback interface
+    /// may create the first user in `admin` (and nothing else without authenticating).
+    fn localhost_exception(&self, peer: &std::net::SocketAddr, req: &CommandRequest) -> bool {
+        req.name == "createUser"
+            && req.db == "admin"
+            && peer.ip().is_loopback()
+            && lock(&self.users).users().is_empty()
+    }
+
     /// Runs before the service: the authorization check, then the commands answered here.
     /// `Some(reply)` is the whole answer; `None` passes the request on.
     pub fn before(
@@ -278,7 +287,7 @@ impl Security {
         req: &CommandRequest,
     ) -> Option<Document> {
         self.refresh(auth);
-        if self.authorization {
+        if self.authorization && !self.localhost_exception(conn.1, req) {
             if let Err(e) = authorize(auth.session.principal(), &View(req)) {
                 tracing::debug!(conn = conn.0, command = %req.name, error = %e.message, "unauthorized");
                 return Some(error_reply(state, &e));
