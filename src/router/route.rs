@@ -72,6 +72,11 @@ pub async fn route(
             ));
         }
     }
+    match req.name.as_str() {
+        "dataSize" | "datasize" => return super::maintenance::data_size(cluster, req).await,
+        "renameCollection" => return super::maintenance::rename_collection(cluster, req).await,
+        _ => {}
+    }
     let body = req.options_document();
     let coll = collection_of(req, &body);
     if let Some(c) = &coll {
@@ -111,9 +116,11 @@ pub async fn route(
                     .map(ok)
             }
             "killCursors" => return Ok(ok(cluster.cursors.kill(cluster, req, client_id).await)),
-            "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" => {
+            "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" | "collMod" => {
                 return broadcast_ddl(cluster, req, &snap).await;
             }
+            "create" => return Err(super::maintenance::create_existing(&snap)),
+            "validate" => return super::maintenance::validate(cluster, req, &snap).await,
             "listIndexes" => {
                 let first = snap.chunks.shards().into_iter().next().unwrap_or_default();
                 return forward(cluster, &first, req, None).await;
@@ -533,7 +540,7 @@ fn transaction_targets(
 
 /// DDL on a sharded collection: sent to every shard; the first failure is reported. A dropped
 /// collection also leaves the sharding metadata.
-async fn broadcast_ddl(
+pub(super) async fn broadcast_ddl(
     cluster: &Arc<Cluster>,
     req: &CommandRequest,
     snap: &crate::routing::RoutingSnapshot,
@@ -564,7 +571,7 @@ async fn broadcast_ddl(
 
 /// Forwards the client's command to `shard` as it is (plus `shardVersion` when given) and
 /// returns the shard's reply without its shard-only fields.
-async fn forward(
+pub(super) async fn forward(
     cluster: &Arc<Cluster>,
     shard: &str,
     req: &CommandRequest,
