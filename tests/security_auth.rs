@@ -23,8 +23,20 @@ fn users_file(name: &str) -> PathBuf {
     let mut users = UsersFile::new();
     for (user, pw, mechs, role, db) in [
         ("alice", "secret", &ScramMechanism::ALL[..], "root", "admin"),
-        ("bob", "bobpw", &[ScramMechanism::Sha256][..], "read", "test"),
-        ("carol", "carolpw", &[ScramMechanism::Sha1][..], "readWrite", "test"),
+        (
+            "bob",
+            "bobpw",
+            &[ScramMechanism::Sha256][..],
+            "read",
+            "test",
+        ),
+        (
+            "carol",
+            "carolpw",
+            &[ScramMechanism::Sha1][..],
+            "readWrite",
+            "test",
+        ),
     ] {
         users
             .insert(
@@ -51,7 +63,8 @@ async fn cluster(users: &PathBuf, authorization: Authorization) -> TestCluster {
 }
 
 async fn client(addr: std::net::SocketAddr, cred: &str, extra: &str) -> mongodb::Client {
-    let uri = format!("mongodb://{cred}@{addr}/?authSource=admin&serverSelectionTimeoutMS=5000{extra}");
+    let uri =
+        format!("mongodb://{cred}@{addr}/?authSource=admin&serverSelectionTimeoutMS=5000{extra}");
     mongodb::Client::with_uri_str(uri).await.expect("client")
 }
 
@@ -113,7 +126,11 @@ async fn wrong_password_unknown_user_and_mechanism_fail_like_mongod() {
     }
     // A user without SCRAM-SHA-1 credentials cannot use it.
     let bob = client(c.addr(), "bob:bobpw", "&authMechanism=SCRAM-SHA-1").await;
-    assert!(bob.database("admin").run_command(doc! {"ping": 1}).await.is_err());
+    assert!(bob
+        .database("admin")
+        .run_command(doc! {"ping": 1})
+        .await
+        .is_err());
 
     // The same conversation by hand: code 18 and mongod's message, the reason not revealed.
     let anon = common::driver(c.addr(), "").await;
@@ -154,10 +171,13 @@ async fn wrong_password_unknown_user_and_mechanism_fail_like_mongod() {
     );
     let e = admin
         .run_command(doc! {"saslContinue": 1, "conversationId": 1,
-            "payload": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![] }})
+        "payload": bson::Binary { subtype: bson::spec::BinarySubtype::Generic, bytes: vec![] }})
         .await
         .unwrap_err();
-    assert_eq!(command_error(&e), (17, "No SASL session state found".into()));
+    assert_eq!(
+        command_error(&e),
+        (17, "No SASL session state found".into())
+    );
     c.stop().await;
 }
 
@@ -173,7 +193,10 @@ async fn user_management_through_the_router_keeps_credentials_in_the_file() {
         .unwrap();
     let text = std::fs::read_to_string(&users).unwrap();
     assert!(text.contains("\"admin.dave\""));
-    assert!(!text.contains("davepw-Secret"), "the password is never stored");
+    assert!(
+        !text.contains("davepw-Secret"),
+        "the password is never stored"
+    );
     let e = admin
         .run_command(doc! {"createUser": "dave", "pwd": "x", "roles": []})
         .await
@@ -182,10 +205,7 @@ async fn user_management_through_the_router_keeps_credentials_in_the_file() {
         command_error(&e),
         (51003, "User \"dave@admin\" already exists".into())
     );
-    let info = admin
-        .run_command(doc! {"usersInfo": "dave"})
-        .await
-        .unwrap();
+    let info = admin.run_command(doc! {"usersInfo": "dave"}).await.unwrap();
     let u = info.get_array("users").unwrap()[0].as_document().unwrap();
     assert_eq!(u.get_str("user").unwrap(), "dave");
     assert!(!u.contains_key("credentials"));
@@ -210,8 +230,14 @@ async fn user_management_through_the_router_keeps_credentials_in_the_file() {
         (13, "Command aggregate requires authentication".into())
     );
     let again = client(c.addr(), "dave:davepw-Secret", "").await;
-    assert!(again.database("admin").run_command(doc! {"ping": 1}).await.is_err());
-    assert!(!std::fs::read_to_string(&users).unwrap().contains("admin.dave"));
+    assert!(again
+        .database("admin")
+        .run_command(doc! {"ping": 1})
+        .await
+        .is_err());
+    assert!(!std::fs::read_to_string(&users)
+        .unwrap()
+        .contains("admin.dave"));
     c.stop().await;
 }
 
@@ -221,8 +247,14 @@ async fn authorization_refuses_what_the_roles_do_not_grant() {
     let c = cluster(&users, Authorization::Enabled).await;
     let anon = common::driver(c.addr(), "").await;
     // The handshake and ping need no user.
-    anon.database("admin").run_command(doc! {"ping": 1}).await.unwrap();
-    anon.database("admin").run_command(doc! {"hello": 1}).await.unwrap();
+    anon.database("admin")
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap();
+    anon.database("admin")
+        .run_command(doc! {"hello": 1})
+        .await
+        .unwrap();
     let e = anon
         .database("test")
         .collection::<Document>("c")
@@ -273,6 +305,9 @@ async fn without_authorization_users_authenticate_and_nothing_is_checked() {
         info.get_array("authenticatedUserRoles").unwrap(),
         &vec![Bson::Document(doc! {"role": "read", "db": "test"})]
     );
-    assert!(!info.get_array("authenticatedUserPrivileges").unwrap().is_empty());
+    assert!(!info
+        .get_array("authenticatedUserPrivileges")
+        .unwrap()
+        .is_empty());
     c.stop().await;
 }

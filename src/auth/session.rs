@@ -224,7 +224,12 @@ impl AuthSession {
             }
         } else {
             match users.user(&name) {
-                Some(u) => u.credentials.scram(mechanism).cloned().into_iter().collect(),
+                Some(u) => u
+                    .credentials
+                    .scram(mechanism)
+                    .cloned()
+                    .into_iter()
+                    .collect(),
                 None => {
                     let e = ScramError::UserNotFound {
                         user: name.user.clone(),
@@ -273,9 +278,7 @@ impl AuthSession {
         let mechanism = pending.conversation.mechanism().mechanism();
         let name = UserName::new(pending.conversation.user(), pending.db.clone());
         let id_ok = match body.get("conversationId") {
-            Some(v) => {
-                crate::value::field::is_number(v) && crate::value::field::to_f64(v) == 1.0
-            }
+            Some(v) => crate::value::field::is_number(v) && crate::value::field::to_f64(v) == 1.0,
             None => false,
         };
         if !id_ok {
@@ -313,7 +316,11 @@ impl AuthSession {
         }
     }
 
-    fn principal_for(&self, name: &UserName, users: &dyn UserLookup) -> Result<Principal, AuthError> {
+    fn principal_for(
+        &self,
+        name: &UserName,
+        users: &dyn UserLookup,
+    ) -> Result<Principal, AuthError> {
         if name.is_internal() {
             return Ok(Principal::internal());
         }
@@ -365,9 +372,7 @@ impl AuthSession {
             if claimed != subject {
                 let e = AuthError::new(
                     ErrorCode::AuthenticationFailed,
-                    format!(
-                        "There is no x.509 client certificate matching the user {claimed}"
-                    ),
+                    format!("There is no x.509 client certificate matching the user {claimed}"),
                 );
                 return failed(x509, Some(UserName::new(claimed, EXTERNAL_DB)), e);
             }
@@ -448,7 +453,9 @@ impl AuthSession {
     pub fn auth_info(&self, show_privileges: bool) -> Document {
         let (users, roles) = match &self.principal {
             Some(p) => (
-                vec![Bson::Document(doc! {"user": &p.user.user, "db": &p.user.db})],
+                vec![Bson::Document(
+                    doc! {"user": &p.user.user, "db": &p.user.db},
+                )],
                 p.roles
                     .iter()
                     .map(|r| Bson::Document(r.to_document()))

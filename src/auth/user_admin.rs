@@ -72,7 +72,11 @@ fn roles_arg(command: &str, value: &Bson, db: &str) -> Result<Vec<RoleName>, Aut
     Ok(roles)
 }
 
-fn password_arg(command: &str, body: &Document, name: &UserName) -> Result<Option<String>, AuthError> {
+fn password_arg(
+    command: &str,
+    body: &Document,
+    name: &UserName,
+) -> Result<Option<String>, AuthError> {
     let Some(pwd) = body.get("pwd") else {
         return Ok(None);
     };
@@ -90,7 +94,10 @@ fn password_arg(command: &str, body: &Document, name: &UserName) -> Result<Optio
     if pwd.is_empty() {
         return Err(bad("User passwords must not be empty"));
     }
-    if body.get("digestPassword").is_some_and(|d| d.as_bool() == Some(false)) {
+    if body
+        .get("digestPassword")
+        .is_some_and(|d| d.as_bool() == Some(false))
+    {
         return Err(bad("Use of SCRAM-SHA-256 requires undigested passwords"));
     }
     Ok(Some(pwd.clone()))
@@ -203,7 +210,9 @@ fn update_user(users: &mut UsersFile, db: &str, body: &Document) -> Result<Admin
         && restrictions.is_none()
         && !body.contains_key("mechanisms")
     {
-        return Err(bad("Must specify at least one field to update in updateUser"));
+        return Err(bad(
+            "Must specify at least one field to update in updateUser",
+        ));
     }
     let Some(existing) = users.find(&name) else {
         return Err(AuthError::new(
@@ -288,11 +297,15 @@ fn users_info(users: &UsersFile, db: &str, body: &Document) -> Result<AdminResul
     let docs: Vec<Bson> = found
         .into_iter()
         .map(|u| {
-            let mut d = u.users_info_document(show_credentials, show_custom_data, show_restrictions);
+            let mut d =
+                u.users_info_document(show_credentials, show_custom_data, show_restrictions);
             if show_privileges {
                 let (roles, privileges) = match u.principal() {
                     Ok(p) => (
-                        p.roles.iter().map(|r| Bson::Document(r.to_document())).collect(),
+                        p.roles
+                            .iter()
+                            .map(|r| Bson::Document(r.to_document()))
+                            .collect(),
                         p.privileges.to_documents(),
                     ),
                     Err(_) => (Vec::new(), Vec::new()),
@@ -342,7 +355,9 @@ mod tests {
             doc! {"createUser": "alice", "pwd": "pw", "roles": ["root", {"role": "read", "db": "test"}]},
         );
         let stored = users.find(&UserName::new("alice", "admin")).unwrap();
-        assert!(stored.credentials.scram_sha1.is_some() && stored.credentials.scram_sha256.is_some());
+        assert!(
+            stored.credentials.scram_sha1.is_some() && stored.credentials.scram_sha256.is_some()
+        );
         assert!(!users.to_text().contains("\"pw\""));
         let e = run(
             &mut users,
@@ -354,7 +369,10 @@ mod tests {
         assert_eq!(e.code, ErrorCode::UserAlreadyExists);
         assert_eq!(e.message, "User \"alice@admin\" already exists");
         let info = run_ok(&mut users, "admin", doc! {"usersInfo": "alice"});
-        let u = info.get_array("users").unwrap()[0].as_document().unwrap().clone();
+        let u = info.get_array("users").unwrap()[0]
+            .as_document()
+            .unwrap()
+            .clone();
         assert_eq!(u.get_str("_id").unwrap(), "admin.alice");
         assert!(!u.contains_key("credentials"));
         assert_eq!(
@@ -386,7 +404,10 @@ mod tests {
         };
         let e = err(&mut users, doc! {"createUser": "a", "roles": []});
         assert!(e.message.starts_with("Must provide a 'pwd' field"));
-        let e = err(&mut users, doc! {"createUser": "a", "pwd": "x", "roles": ["nosuch"]});
+        let e = err(
+            &mut users,
+            doc! {"createUser": "a", "pwd": "x", "roles": ["nosuch"]},
+        );
         assert_eq!(
             (e.code, e.message.as_str()),
             (ErrorCode::RoleNotFound, "Could not find role: nosuch@test")
@@ -394,7 +415,10 @@ mod tests {
         let e = err(&mut users, doc! {"createUser": "a", "pwd": "x"});
         assert_eq!(e.code, ErrorCode(40414));
         let e = err(&mut users, doc! {"updateUser": "a"});
-        assert_eq!(e.message, "Must specify at least one field to update in updateUser");
+        assert_eq!(
+            e.message,
+            "Must specify at least one field to update in updateUser"
+        );
         let e = err(&mut users, doc! {"updateUser": "a", "roles": []});
         assert_eq!(
             (e.code, e.message.as_str()),
@@ -406,7 +430,11 @@ mod tests {
     fn users_info_forms() {
         let mut users = UsersFile::new();
         for (u, db) in [("b", "test"), ("a", "test"), ("c", "other")] {
-            run_ok(&mut users, db, doc! {"createUser": u, "pwd": "x", "roles": []});
+            run_ok(
+                &mut users,
+                db,
+                doc! {"createUser": u, "pwd": "x", "roles": []},
+            );
         }
         let names = |d: Document| -> Vec<String> {
             d.get_array("users")
@@ -415,17 +443,38 @@ mod tests {
                 .map(|u| u.as_document().unwrap().get_str("_id").unwrap().to_string())
                 .collect()
         };
-        assert_eq!(names(run_ok(&mut users, "test", doc! {"usersInfo": 1})), ["test.a", "test.b"]);
         assert_eq!(
-            names(run_ok(&mut users, "test", doc! {"usersInfo": {"forAllDBs": true}})),
+            names(run_ok(&mut users, "test", doc! {"usersInfo": 1})),
+            ["test.a", "test.b"]
+        );
+        assert_eq!(
+            names(run_ok(
+                &mut users,
+                "test",
+                doc! {"usersInfo": {"forAllDBs": true}}
+            )),
             ["test.a", "test.b", "other.c"]
         );
         assert_eq!(
-            names(run_ok(&mut users, "test", doc! {"usersInfo": [{"user": "c", "db": "other"}, "a"]})),
+            names(run_ok(
+                &mut users,
+                "test",
+                doc! {"usersInfo": [{"user": "c", "db": "other"}, "a"]}
+            )),
             ["test.a", "other.c"]
         );
-        let with_creds = run_ok(&mut users, "test", doc! {"usersInfo": "a", "showCredentials": true});
-        let u = with_creds.get_array("users").unwrap()[0].as_document().unwrap().clone();
-        assert!(u.get_document("credentials").unwrap().contains_key("SCRAM-SHA-256"));
+        let with_creds = run_ok(
+            &mut users,
+            "test",
+            doc! {"usersInfo": "a", "showCredentials": true},
+        );
+        let u = with_creds.get_array("users").unwrap()[0]
+            .as_document()
+            .unwrap()
+            .clone();
+        assert!(u
+            .get_document("credentials")
+            .unwrap()
+            .contains_key("SCRAM-SHA-256"));
     }
 }

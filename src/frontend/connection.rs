@@ -158,7 +158,9 @@ impl AsyncWrite for ClientStream {
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Peeks the first bytes of a connection (without consuming them) to tell TLS from plain.
-async fn peek_first(socket: &TcpStream) -> std::io::Result<Option<[u8; crate::auth::tls::PEEK_LEN]>> {
+async fn peek_first(
+    socket: &TcpStream,
+) -> std::io::Result<Option<[u8; crate::auth::tls::PEEK_LEN]>> {
     let mut first = [0u8; crate::auth::tls::PEEK_LEN];
     loop {
         let n = socket.peek(&mut first).await?;
@@ -322,7 +324,10 @@ pub async fn serve(
 
 /// Reads one whole frame into `buf` and splits it off. `Ok(None)` on a clean EOF between
 /// messages. Cancel-safe: partial data stays in `buf`.
-async fn read_frame(socket: &mut ClientStream, buf: &mut BytesMut) -> Result<Option<Bytes>, String> {
+async fn read_frame(
+    socket: &mut ClientStream,
+    buf: &mut BytesMut,
+) -> Result<Option<Bytes>, String> {
     loop {
         match wire::frame_length(buf) {
             Ok(Some(len)) if buf.len() >= len => return Ok(Some(buf.split_to(len).freeze())),

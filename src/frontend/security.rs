@@ -296,7 +296,9 @@ impl Security {
         let step = match req.name.as_str() {
             "saslStart" => auth.session.sasl_start(&req.db, &req.body_document(), self),
             "saslContinue" => auth.session.sasl_continue(&req.body_document(), self),
-            "authenticate" => auth.session.authenticate(&req.db, &req.body_document(), self),
+            "authenticate" => auth
+                .session
+                .authenticate(&req.db, &req.body_document(), self),
             "logout" => return Some(ok_reply(state, auth.session.logout())),
             name if user_admin::USER_ADMIN_COMMANDS.contains(&name) => {
                 let reply = match self.user_admin(req, &req.body_document()) {

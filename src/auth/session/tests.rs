@@ -76,7 +76,8 @@ fn converse(
     skip: bool,
 ) -> Result<Outcome, AuthError> {
     let mut client = ClientConversation::new(m, user, password, "clientnonce123456").unwrap();
-    let mut start = doc! {"saslStart": 1, "mechanism": m.name(), "payload": bin(client.client_first())};
+    let mut start =
+        doc! {"saslStart": 1, "mechanism": m.name(), "payload": bin(client.client_first())};
     if skip {
         start.insert("options", doc! {"skipEmptyExchange": true});
     }
@@ -142,10 +143,28 @@ fn wrong_password_unknown_user_and_wrong_db_look_alike() {
 fn a_user_without_sha1_credentials_cannot_use_sha1() {
     let u = users();
     let mut s = AuthSession::new();
-    let e = converse(&mut s, &u, ScramMechanism::Sha1, "admin", "only256", "pw", true).unwrap_err();
+    let e = converse(
+        &mut s,
+        &u,
+        ScramMechanism::Sha1,
+        "admin",
+        "only256",
+        "pw",
+        true,
+    )
+    .unwrap_err();
     assert_eq!(e.code, ErrorCode::AuthenticationFailed);
     assert!(e.for_log().contains("without any SCRAM-SHA-1 credentials"));
-    converse(&mut s, &u, ScramMechanism::Sha256, "admin", "only256", "pw", true).unwrap();
+    converse(
+        &mut s,
+        &u,
+        ScramMechanism::Sha256,
+        "admin",
+        "only256",
+        "pw",
+        true,
+    )
+    .unwrap();
 }
 
 #[test]
@@ -203,7 +222,7 @@ fn a_failed_or_finished_conversation_cannot_be_replayed() {
     let (r, _) = s.sasl_start(
         "admin",
         &doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(client.client_first()),
-               "options": {"skipEmptyExchange": true}},
+        "options": {"skipEmptyExchange": true}},
         &u,
     );
     let fin = client.client_final(&payload(&r.unwrap())).unwrap();
@@ -281,7 +300,9 @@ fn internal_user_authenticates_with_the_keyfile_key() {
 #[test]
 fn sasl_supported_mechs_lists_a_users_mechanisms() {
     let u = users();
-    let ask = |s: &str| AuthSession::sasl_supported_mechs(&doc! {"hello": 1, "saslSupportedMechs": s}, &u);
+    let ask = |s: &str| {
+        AuthSession::sasl_supported_mechs(&doc! {"hello": 1, "saslSupportedMechs": s}, &u)
+    };
     assert_eq!(
         ask("admin.alice").unwrap(),
         Some(vec!["SCRAM-SHA-1", "SCRAM-SHA-256"])
@@ -302,8 +323,8 @@ fn speculative_sasl_start_then_continue() {
     let mut client =
         ClientConversation::new(ScramMechanism::Sha256, "alice", "secret", "abcdefghijkl").unwrap();
     let hello = doc! {"hello": 1, "speculativeAuthenticate": {
-        "saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(client.client_first()),
-        "options": {"skipEmptyExchange": true}, "db": "admin"}};
+    "saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(client.client_first()),
+    "options": {"skipEmptyExchange": true}, "db": "admin"}};
     let (reply, outcome) = s.speculative(&hello, &u).unwrap();
     assert_eq!(outcome, Outcome::Continued);
     let reply = reply.unwrap();
@@ -316,7 +337,7 @@ fn speculative_sasl_start_then_continue() {
     assert_eq!(s.principal().unwrap().user, UserName::new("alice", "admin"));
     // A failing speculative start leaves the field out.
     let bad = doc! {"hello": 1, "speculativeAuthenticate": {
-        "saslStart": 1, "mechanism": "PLAIN", "payload": bin(vec![1]), "db": "admin"}};
+    "saslStart": 1, "mechanism": "PLAIN", "payload": bin(vec![1]), "db": "admin"}};
     let (reply, outcome) = AuthSession::new().speculative(&bad, &u).unwrap();
     assert!(reply.is_none());
     assert!(matches!(outcome, Outcome::Failed { .. }));
@@ -346,12 +367,12 @@ fn x509_authenticates_the_certificate_subject_only() {
     assert_eq!(
         s.auth_info(false),
         doc! {"authenticatedUsers": [{"user": "CN=client,O=Sluice", "db": "$external"}],
-              "authenticatedUserRoles": [{"role": "read", "db": "test"}]}
+        "authenticatedUserRoles": [{"role": "read", "db": "test"}]}
     );
     s.logout();
     assert_eq!(
         s.auth_info(true),
         doc! {"authenticatedUsers": [], "authenticatedUserRoles": [],
-              "authenticatedUserPrivileges": []}
+        "authenticatedUserPrivileges": []}
     );
 }
