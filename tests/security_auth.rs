@@ -55,7 +55,7 @@ fn users_file(name: &str) -> PathBuf {
     path
 }
 
-async fn cluster(users: &PathBuf, authorization: Authorization) -> TestCluster {
+async fn cluster(users: &std::path::Path, authorization: Authorization) -> TestCluster {
     let mut config = Config::default();
     config.security.users_file = Some(users.display().to_string());
     config.security.authorization = authorization;
