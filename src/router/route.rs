@@ -148,6 +148,7 @@ pub async fn route(
         "listDatabases" => return list_databases(cluster, req).await,
         "dropDatabase" => return drop_database(cluster, req).await,
         "dbStats" => return db_stats(cluster, req).await,
+        "aggregate" => super::maintenance::check_output_target(cluster, req, &body)?,
         _ => {}
     }
     if req.db == "admin" || req.db == "local" {
