@@ -714,6 +714,7 @@ fn doc_field(body: &Document, field: &str, cmd: &str) -> Result<Document, Comman
 /// handles.
 pub async fn read(
     cluster: &Cluster,
+    cursors: &RouterCursors,
     snap: &RoutingSnapshot,
     req: &CommandRequest,
     owner: i64,
@@ -722,7 +723,7 @@ pub async fn read(
     let coll = body.get_str(&req.name).unwrap_or("").to_string();
     let db = req.db.clone();
     let ns = format!("{db}.{coll}");
-    cluster.cursors.reap(cluster).await;
+    cursors.reap(cluster).await;
     Some(match req.name.as_str() {
         "find" => async {
             let filter = doc_field(&body, "filter", "find")?;
@@ -778,8 +779,7 @@ pub async fn read(
                 served: 0,
                 projection: if push_projection { None } else { projection },
             };
-            let mut reply = cluster
-                .cursors
+            let mut reply = cursors
                 .open(cluster, ns.clone(), Source::Streams(Box::new(merge)), first, single, owner)
                 .await?;
             if skipped {
@@ -838,8 +838,7 @@ pub async fn read(
                 .and_then(|c| number_field(c, "batchSize"))
                 .map(|b| b.max(0) as usize)
                 .unwrap_or(DEFAULT_BATCH);
-            cluster
-                .cursors
+            cursors
                 .open(cluster, ns.clone(), Source::Buffered(out.into()), batch, false, owner)
                 .await
         }

@@ -11,7 +11,7 @@ use bson::{doc, Bson, Document};
 use super::route::{broadcast_ddl, forward};
 use crate::cluster::Cluster;
 use crate::command::{CommandError, CommandRequest};
-use crate::routing::RoutingSnapshot;
+use crate::routing::{ConfigStore, RoutingSnapshot};
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::number_field;
 
@@ -60,6 +60,7 @@ pub async fn validate(
 /// the primary shard's answer for an unsharded one.
 pub async fn data_size(
     cluster: &Arc<Cluster>,
+    store: &ConfigStore,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
     let ns = req
@@ -78,7 +79,7 @@ pub async fn data_size(
         .to_string();
     let Some(snap) = cluster.routing.get(&ns)? else {
         let db = ns.split('.').next().unwrap_or_default();
-        return forward(cluster, &primary_of(cluster, db)?, req, None).await;
+        return forward(cluster, &primary_of(cluster, store, db)?, req, None).await;
     };
     let (mut size, mut n, mut millis) = (0i64, 0i64, 0i64);
     for shard in snap.chunks.shards() {
@@ -94,8 +95,12 @@ pub async fn data_size(
 }
 
 /// The primary shard of `db` (the first shard when the database is not known yet).
-fn primary_of(cluster: &Arc<Cluster>, db: &str) -> Result<String, CommandError> {
-    if let Some(d) = cluster.store.database(db) {
+fn primary_of(
+    cluster: &Arc<Cluster>,
+    store: &ConfigStore,
+    db: &str,
+) -> Result<String, CommandError> {
+    if let Some(d) = store.database(db) {
         return Ok(d.get_str("primary").unwrap_or_default().to_string());
     }
     cluster
@@ -110,6 +115,7 @@ fn primary_of(cluster: &Arc<Cluster>, db: &str) -> Result<String, CommandError> 
 /// must stay in its database, and an existing target needs `dropTarget`, as mongos requires.
 pub async fn rename_collection(
     cluster: &Arc<Cluster>,
+    store: &ConfigStore,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
     if req.db != "admin" {
@@ -154,7 +160,7 @@ pub async fn rename_collection(
                 "target namespace exists",
             ));
         }
-        return forward(cluster, &primary_of(cluster, from_db)?, req, None).await;
+        return forward(cluster, &primary_of(cluster, store, from_db)?, req, None).await;
     };
     if from_db != to_db {
         return Err(CommandError::new(
@@ -172,13 +178,13 @@ pub async fn rename_collection(
                 "target namespace exists",
             ));
         }
-        cluster.store.drop_collection(&target.ns)?;
+        store.drop_collection(&target.ns)?;
     }
-    let reply = broadcast_ddl(cluster, req, &snap).await?;
+    let reply = broadcast_ddl(cluster, store, req, &snap).await?;
     if !ok(&reply) {
         return Ok(reply);
     }
-    cluster.store.rename_collection(from, to)?;
+    store.rename_collection(from, to)?;
     cluster.routing.refresh(from)?;
     cluster.routing.refresh(to)?;
     Ok(doc! {"ok": 1.0})
