@@ -82,21 +82,17 @@ impl Namespaces for Prefetched {
     }
 }
 
-/// The primary shard of `db` (the first shard for a database not created yet).
-fn primary_of(cluster: &Cluster, db: &str) -> Result<String, CommandError> {
-    if let Some(d) = cluster.store.database(db) {
-        return Ok(d.get_str("primary").unwrap_or_default().to_string());
-    }
-    cluster
-        .shards()
-        .first()
-        .map(|s| s.id.clone())
-        .ok_or_else(|| CommandError::new(ErrorCode::ShardNotFound, "the cluster has no shards"))
+/// Where a database's unsharded collections live: the router answers from its metadata.
+pub trait Primaries: Sync {
+    /// The primary shard of `db`; with `create`, a database not known yet is created (and
+    /// given its primary) as a write to it would.
+    fn primary(&self, db: &str, create: bool) -> Result<String, CommandError>;
 }
 
 /// Every document of `db.coll`, read through the router: at most `limit` bytes.
 pub async fn fetch(
     cluster: &Cluster,
+    primaries: &dyn Primaries,
     db: &str,
     coll: &str,
     limit: usize,
@@ -118,7 +114,7 @@ pub async fn fetch(
             .0
         }
         None => {
-            let shard = primary_of(cluster, db)?;
+            let shard = primaries.primary(db, false)?;
             let mut c = cmd.clone();
             c.insert("$db", db);
             let reply = read_on(cluster, &shard, &ns, &c)
@@ -150,6 +146,7 @@ pub async fn fetch(
 /// sharded collection is not supported yet.
 pub async fn write_output(
     cluster: &Cluster,
+    primaries: &dyn Primaries,
     target_db: &str,
     target_coll: &str,
     is_merge: bool,
@@ -167,15 +164,7 @@ pub async fn write_output(
             CommandError::new(ErrorCode(28769), format!("{ns} cannot be sharded"))
         });
     }
-    let shard = match cluster.store.database(target_db) {
-        Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
-        None => cluster
-            .store
-            .ensure_database(target_db, None)?
-            .get_str("primary")
-            .unwrap_or_default()
-            .to_string(),
-    };
+    let shard = primaries.primary(target_db, true)?;
     let docs: Vec<Bson> = results.into_iter().map(Bson::Document).collect();
     let cmd = doc! {
         "aggregate": 1,

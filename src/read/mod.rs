@@ -715,6 +715,7 @@ fn doc_field(body: &Document, field: &str, cmd: &str) -> Result<Document, Comman
 pub async fn read(
     cluster: &Cluster,
     cursors: &RouterCursors,
+    primaries: &dyn foreign::Primaries,
     snap: &RoutingSnapshot,
     req: &CommandRequest,
     owner: i64,
@@ -814,7 +815,7 @@ pub async fn read(
             let options = crate::engine::aggregate::AggregateOptions::for_request(stage_memory, &body);
             let mut prefetched = foreign::Prefetched::default();
             for c in foreign::foreign_collections(&split.router_part) {
-                let docs = foreign::fetch(cluster, &db, &c, stage_memory).await?;
+                let docs = foreign::fetch(cluster, primaries, &db, &c, stage_memory).await?;
                 prefetched.0.insert((db.clone(), c), docs);
             }
             let vars = match body.get_document("let") {
@@ -827,7 +828,7 @@ pub async fn read(
                 (Some(o), Some(stage)) => {
                     let (tdb, tcoll) = o.target();
                     let is_merge = matches!(o, crate::engine::output::OutputStage::Merge(_));
-                    foreign::write_output(cluster, tdb, tcoll, is_merge, stage, out).await?;
+                    foreign::write_output(cluster, primaries, tdb, tcoll, is_merge, stage, out).await?;
                     Vec::new()
                 }
                 _ => out,

@@ -219,3 +219,25 @@ pub fn check_output_target(
         ),
     })
 }
+
+/// The read path's view of database primaries, from the router's metadata.
+pub struct StorePrimaries<'a> {
+    /// The shards.
+    pub cluster: &'a Arc<Cluster>,
+    /// The metadata.
+    pub store: &'a ConfigStore,
+}
+
+impl crate::read::foreign::Primaries for StorePrimaries<'_> {
+    fn primary(&self, db: &str, create: bool) -> Result<String, CommandError> {
+        if create && self.store.database(db).is_none() {
+            return Ok(self
+                .store
+                .ensure_database(db, None)?
+                .get_str("primary")
+                .unwrap_or_default()
+                .to_string());
+        }
+        primary_of(self.cluster, self.store, db)
+    }
+}

@@ -142,8 +142,15 @@ pub async fn route(
             "collStats" => return coll_stats(cluster, req, &snap).await,
             _ => {}
         }
-        if let Some(result) =
-            crate::read::read(cluster, &sharded.cursors, &snap, req, client_id).await
+        if let Some(result) = crate::read::read(
+            cluster,
+            &sharded.cursors,
+            &super::maintenance::StorePrimaries { cluster, store },
+            &snap,
+            req,
+            client_id,
+        )
+        .await
         {
             return result.map(ok);
         }
