@@ -10,7 +10,8 @@ use crate::engine::aggregate;
 use crate::engine::matcher::Matcher;
 use crate::engine::query::{Projection, SortSpec};
 use crate::engine::reads::{
-    count_value, document_argument, AggregateSpec, CountSpec, DistinctSpec, FindSpec,
+    count_argument, count_value, document_argument, request_variables, starts_with_documents,
+    CountSpec, DistinctSpec, FindSpec, DEFAULT_BATCH,
 };
 use crate::engine::update::{prepare_insert, upsert_document, Update};
 use crate::engine::EngineError;
@@ -411,10 +412,11 @@ fn delete(
             Ok((q, number_field(stmt, "limit").unwrap_or(0)))
         })
         .collect::<Result<_, _>>()?;
+    let vars = request_variables(body)?;
     let mut cat = lock(&svc.catalog);
     let out = run_statements(svc, retry, parsed.len(), batch.ordered, |i| {
         let (q, limit) = parsed[i];
-        let matcher = Matcher::parse(q)?;
+        let matcher = Matcher::parse_with(q, &vars)?;
         let Some(c) = cat.existing_mut(&req.db, &batch.coll) else {
             return Ok(StmtOutcome::Deleted { n: 0 });
         };
@@ -473,7 +475,7 @@ fn find_and_modify(
         Some(p) => Bson::Document(p.apply(d)),
         None => Bson::Document(d.clone()),
     };
-    let matcher = Matcher::parse(&query)?;
+    let matcher = Matcher::parse_with(&query, &request_variables(body)?)?;
     let mut cat = lock(&svc.catalog);
     let mut candidates: Vec<(u64, Document)> = match cat.collection(&req.db, &coll) {
         Some(c) => c
@@ -638,9 +640,14 @@ fn aggregate_cmd(
             check_namespace(&req.db, s)?;
             s.clone()
         }
+        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(_))
+            if starts_with_documents(body) =>
+        {
+            "$cmd.aggregate".to_string()
+        }
         Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(_)) => return Err(err(
             ErrorCode::InvalidNamespace,
-            "collection-less aggregations ({aggregate: 1}) are not supported by the embedded shard",
+            "collection-less aggregations ({aggregate: 1}) are supported by the embedded shard only with $documents",
         )),
         _ => {
             return Err(err(
@@ -649,14 +656,46 @@ fn aggregate_cmd(
             ))
         }
     };
-    let spec = AggregateSpec::parse(body)?;
+    let Ok(pipeline) = body.get_array("pipeline") else {
+        return Err(err(
+            ErrorCode::TypeMismatch,
+            "'pipeline' option must be specified as an array",
+        ));
+    };
+    let cursor_opts =
+        match body.get("cursor") {
+            Some(Bson::Document(c)) => c.clone(),
+            _ if body.get("explain").is_some_and(truthy) => Document::new(),
+            _ => return Err(err(
+                ErrorCode::FailedToParse,
+                "The 'cursor' option is required, except for aggregate with the explain argument",
+            )),
+        };
     let ns = format!("{}.{coll}", req.db);
     svc.check_version(&ns, body)?;
-    let docs = matching_documents(svc, &req.db, &coll, &Document::new(), &Matcher::all());
+    let vars = request_variables(body)?;
+    let coll_less = coll == "$cmd.aggregate";
+    let (stages, output) = crate::engine::output::split_output(pipeline, &req.db)?;
+    let docs = if coll_less {
+        Vec::new()
+    } else {
+        matching_documents(svc, &req.db, &coll, &Document::new(), &Matcher::all())
+    };
     let options = aggregate::AggregateOptions::for_request(svc.stage_memory(), body);
-    let out = aggregate::run_with(spec.pipeline, docs, &options)?;
+    let reader = super::pipeline_output::CatalogReader(svc);
+    let env = aggregate::Env {
+        db: req.db.clone(),
+        vars,
+        namespaces: Some(&reader),
+    };
+    let out = aggregate::run_in(stages, docs, &options, &env)?;
     svc.bump_opcounter("command", 1);
-    Ok(cursor_reply(svc, ns, out, spec.batch_size, false))
+    if let Some(stage) = output {
+        super::pipeline_output::write(svc, &stage, out, &env.vars)?;
+        return Ok(cursor_reply(svc, ns, Vec::new(), 0, false));
+    }
+    let batch = count_argument(&cursor_opts, "batchSize")?.unwrap_or(DEFAULT_BATCH);
+    Ok(cursor_reply(svc, ns, out, batch, false))
 }
 
 fn create(

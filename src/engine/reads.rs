@@ -6,6 +6,7 @@
 
 use bson::{Bson, Document};
 
+use super::aggregate::Variables;
 use super::matcher::Matcher;
 use super::query::{Projection, SortSpec};
 use super::{path, EngineError};
@@ -15,6 +16,32 @@ use crate::value::field::{number_field, truthy, type_name};
 
 /// Documents in a first batch when the client names no `batchSize`, as mongod.
 pub const DEFAULT_BATCH: usize = 101;
+
+/// The variables a request's expressions see: `$$NOW` fixed for the request and its `let`.
+pub fn request_variables(body: &Document) -> Result<Variables, EngineError> {
+    let vars = Variables::new();
+    match body.get("let") {
+        None => Ok(vars),
+        Some(Bson::Document(l)) => vars.with_let(l, &Document::new()),
+        Some(other) => Err(EngineError::new(
+            ErrorCode::TypeMismatch,
+            format!(
+                "BSON field 'let' is the wrong type '{}', expected type 'object'",
+                type_name(other)
+            ),
+        )),
+    }
+}
+
+/// Whether an aggregation's pipeline starts with `$documents` (the collection-less aggregation
+/// a server runs by itself).
+pub fn starts_with_documents(body: &Document) -> bool {
+    body.get_array("pipeline")
+        .ok()
+        .and_then(|p| p.first())
+        .and_then(|s| s.as_document())
+        .is_some_and(|d| d.contains_key("$documents"))
+}
 
 /// An optional document argument (`filter`, `sort`, `query`, …): absent or null is empty.
 pub fn document_argument(body: &Document, field: &str, cmd: &str) -> Result<Document, EngineError> {
@@ -89,7 +116,7 @@ impl FindSpec {
             Some(0) | None => None,
             Some(l) => Some(l as usize),
         };
-        let matcher = Matcher::parse(&filter)?;
+        let matcher = Matcher::parse_with(&filter, &request_variables(body)?)?;
         let batch_size = count_argument(body, "batchSize")?.unwrap_or(DEFAULT_BATCH);
         Ok(FindSpec {
             filter,
@@ -132,7 +159,7 @@ impl CountSpec {
     /// Reads a `count` body.
     pub fn parse(body: &Document) -> Result<CountSpec, EngineError> {
         let query = document_argument(body, "query", "count")?;
-        let matcher = Matcher::parse(&query)?;
+        let matcher = Matcher::parse_with(&query, &request_variables(body)?)?;
         let skip = count_argument(body, "skip")?.unwrap_or(0);
         Ok(CountSpec {
             query,
@@ -178,7 +205,7 @@ impl DistinctSpec {
         })?;
         path::check_field_path(key)?;
         let query = document_argument(body, "query", "distinct")?;
-        let matcher = Matcher::parse(&query)?;
+        let matcher = Matcher::parse_with(&query, &request_variables(body)?)?;
         Ok(DistinctSpec {
             key: key.to_string(),
             query,

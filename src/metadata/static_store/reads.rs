@@ -6,9 +6,13 @@ use bson::{doc, Bson, Document};
 
 use super::StaticStore;
 use crate::command::{CommandError, CommandRequest};
-use crate::engine::aggregate::{self, AggregateOptions};
+use crate::engine::aggregate::{self, AggregateOptions, Env, Namespaces};
 use crate::engine::matcher::Matcher;
-use crate::engine::reads::{document_argument, AggregateSpec, CountSpec, DistinctSpec, FindSpec};
+use crate::engine::reads::{
+    document_argument, request_variables, starts_with_documents, AggregateSpec, CountSpec,
+    DistinctSpec, FindSpec,
+};
+use crate::engine::EngineError;
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::truthy;
 
@@ -34,6 +38,17 @@ fn id_index() -> Document {
 /// Bytes of a document as stored.
 fn stored_size(d: &Document) -> i64 {
     d.to_vec().map(|v| v.len() as i64).unwrap_or(0)
+}
+
+/// `$lookup` and `$unionWith` in a config read see the other config collections.
+impl Namespaces for StaticStore {
+    fn documents(&self, db: &str, coll: &str) -> Result<Vec<Document>, EngineError> {
+        Ok(if db == "config" {
+            StaticStore::documents(self, coll)
+        } else {
+            Vec::new()
+        })
+    }
 }
 
 impl StaticStore {
@@ -155,10 +170,15 @@ impl StaticStore {
     fn aggregate(&self, req: &CommandRequest, body: &Document) -> Result<Document, CommandError> {
         let coll = match body.get("aggregate") {
             Some(Bson::String(_)) => req.collection_name(body)?,
+            Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(_))
+                if starts_with_documents(body) =>
+            {
+                "$cmd.aggregate".to_string()
+            }
             Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(_)) => {
                 return Err(CommandError::new(
                     ErrorCode::InvalidNamespace,
-                    "collection-less aggregations ({aggregate: 1}) are not supported on the config database",
+                    "collection-less aggregations ({aggregate: 1}) are supported on the config database only with $documents",
                 ))
             }
             _ => {
@@ -169,10 +189,26 @@ impl StaticStore {
             }
         };
         let spec = AggregateSpec::parse(body)?;
-        let docs = self.matching(&coll, &Matcher::all());
+        let (stages, output) = crate::engine::output::split_output(spec.pipeline, &req.db)?;
+        if output.is_some() {
+            return Err(CommandError::new(
+                ErrorCode::IllegalOperation,
+                "Sluice serves the config database read-only; $out and $merge are not allowed on it",
+            ));
+        }
+        let env = Env {
+            db: req.db.clone(),
+            vars: request_variables(body)?,
+            namespaces: Some(self),
+        };
+        let docs = if coll == "$cmd.aggregate" {
+            Vec::new()
+        } else {
+            self.matching(&coll, &Matcher::all())
+        };
         let options =
             AggregateOptions::for_request(crate::limits::DEFAULT_STAGE_MEMORY_BYTES, body);
-        let out = aggregate::run_with(spec.pipeline, docs, &options)?;
+        let out = aggregate::run_in(stages, docs, &options, &env)?;
         Ok(self
             .cursors
             .first_batch(format!("{}.{coll}", req.db), out, spec.batch_size, false))
@@ -293,6 +329,22 @@ mod tests {
             .get_array("firstBatch")
             .unwrap();
         assert_eq!(first, &vec![Bson::Document(doc! {"n": 3})]);
+        let joined = store
+            .config_read(&req(doc! {
+                "aggregate": "version",
+                "pipeline": [
+                    {"$lookup": {"from": "shards", "pipeline": [{"$count": "n"}], "as": "s"}},
+                    {"$project": {"_id": 0, "s": 1}},
+                ],
+                "cursor": {},
+            }))
+            .unwrap();
+        let first = joined
+            .get_document("cursor")
+            .unwrap()
+            .get_array("firstBatch")
+            .unwrap();
+        assert_eq!(first, &vec![Bson::Document(doc! {"s": [{"n": 3}]})]);
         let l = store
             .config_read(&req(doc! {"listCollections": 1, "nameOnly": true}))
             .unwrap();
