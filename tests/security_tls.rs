@@ -1,13 +1,12 @@
 //! TLS on the listener with the stock Rust driver (`tls=true`), certificates made by the test
 //! with `rcgen`: each `tls.mode`, MONGODB-X509 authentication from the client certificate's
-//! subject, a TLS client on a plain port and a plain client on a TLS-only port.
-
-mod common;
+//! subject, a TLS client on a plain port and a plain client on a TLS-only port; and Sluice
+//! towards its shards: a keyfile-protected embedded cluster joined as `__system` (refused with
+//! a wrong key), and TLS to shards that require it.
 
 use std::path::{Path, PathBuf};
 
 use bson::{doc, Bson};
-use common::TestCluster;
 use rcgen::{
     BasicConstraints, Certificate, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair,
     KeyUsagePurpose,
@@ -94,6 +93,36 @@ fn tls_config(p: &Pki, mode: TlsMode) -> Config {
     config
 }
 
+/// A router with `config` over two embedded shards that speak TLS when the router does
+/// towards them (`prefer`, `require`), as a mongod cluster with one TLS mode would.
+struct Running {
+    handle: sluice::frontend::RouterHandle,
+    shards: Vec<sluice::embedded::EmbeddedShard>,
+}
+
+impl Running {
+    async fn start(p: &Pki, config: Config) -> Running {
+        let shard_tls = if config.tls.mode.outgoing_tls() {
+            tls_config(p, TlsMode::Require).tls
+        } else {
+            Default::default()
+        };
+        let (handle, shards) = protected_cluster(None, shard_tls, config).await.unwrap();
+        Running { handle, shards }
+    }
+
+    fn addr(&self) -> std::net::SocketAddr {
+        self.handle.local_addr()
+    }
+
+    async fn stop(self) {
+        self.handle.shutdown().await;
+        for s in self.shards {
+            s.shutdown().await;
+        }
+    }
+}
+
 fn tls_uri(port: u16, dir: &Path, extra: &str) -> String {
     format!(
         "mongodb://localhost:{port}/?tls=true&tlsCAFile={}&serverSelectionTimeoutMS=3000{extra}",
@@ -109,7 +138,7 @@ async fn ping(uri: &str) -> Result<bson::Document, mongodb::error::Error> {
 #[tokio::test]
 async fn require_mode_serves_tls_clients_and_closes_plain_ones() {
     let p = pki("require");
-    let c = TestCluster::start_with(1, &[], tls_config(&p, TlsMode::Require)).await;
+    let c = Running::start(&p, tls_config(&p, TlsMode::Require)).await;
     let port = c.addr().port();
     ping(&tls_uri(port, &p.dir, "")).await.unwrap();
     // With a client certificate too.
@@ -137,7 +166,7 @@ async fn require_mode_serves_tls_clients_and_closes_plain_ones() {
 async fn allow_and_prefer_serve_both_and_disabled_closes_tls_clients() {
     let p = pki("modes");
     for mode in [TlsMode::Allow, TlsMode::Prefer] {
-        let c = TestCluster::start_with(1, &[], tls_config(&p, mode)).await;
+        let c = Running::start(&p, tls_config(&p, mode)).await;
         let port = c.addr().port();
         ping(&tls_uri(port, &p.dir, "")).await.unwrap();
         ping(&format!(
@@ -147,7 +176,7 @@ async fn allow_and_prefer_serve_both_and_disabled_closes_tls_clients() {
         .unwrap();
         c.stop().await;
     }
-    let c = TestCluster::start(1, &[]).await;
+    let c = Running::start(&p, Config::default()).await;
     let port = c.addr().port();
     let quick = "&serverSelectionTimeoutMS=1000";
     assert!(ping(&tls_uri(port, &p.dir, quick)).await.is_err());
@@ -170,7 +199,7 @@ async fn x509_authenticates_the_client_certificate_subject() {
     let mut config = tls_config(&p, TlsMode::Require);
     config.security.users_file = Some(users_path.display().to_string());
     config.security.authorization = Authorization::Enabled;
-    let c = TestCluster::start_with(1, &[], config).await;
+    let c = Running::start(&p, config).await;
     let port = c.addr().port();
     let cert = format!(
         "&tlsCertificateKeyFile={}&authMechanism=MONGODB-X509",
@@ -210,4 +239,171 @@ async fn x509_authenticates_the_client_certificate_subject() {
         .await
         .is_err());
     c.stop().await;
+}
+
+fn keyfile(dir: &Path, name: &str, key: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{key}\n")).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    path.display().to_string()
+}
+
+/// Embedded shards started with `shard_tls` and the keyfile, and a router with `router`.
+async fn protected_cluster(
+    key_file: Option<&str>,
+    shard_tls: sluice::config::TlsConfig,
+    router: Config,
+) -> Result<
+    (
+        sluice::frontend::RouterHandle,
+        Vec<sluice::embedded::EmbeddedShard>,
+    ),
+    String,
+> {
+    let options = sluice::embedded::ShardOptions {
+        key_file: key_file.map(str::to_string),
+        tls: shard_tls,
+        ..sluice::embedded::ShardOptions::for_tests()
+    };
+    let shards = sluice::embedded::EmbeddedShard::start_many(2, options)
+        .await
+        .map_err(|e| e.to_string())?;
+    let infos: Vec<sluice::routing::ShardInfo> = shards
+        .iter()
+        .map(|s| sluice::routing::ShardInfo {
+            id: s.service().name().to_string(),
+            addr: format!("localhost:{}", s.local_addr().port()),
+            shard_server: true,
+        })
+        .collect();
+    let pool = router.pool_options().map_err(|e| e.to_string())?;
+    let cluster = sluice::router::bootstrap(None, &infos, &[], pool, &router.batching).await?;
+    let config = Config {
+        listen: "127.0.0.1:0".into(),
+        ..router
+    };
+    let handle = sluice::router::start_router(config, vec!["sluice".into()], Some(cluster))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((handle, shards))
+}
+
+#[tokio::test]
+async fn the_router_joins_a_keyfile_cluster_and_is_refused_with_a_wrong_key() {
+    let p = pki("keyfile");
+    let key = keyfile(&p.dir, "key", "c2x1aWNlLWNsdXN0ZXIta2V5");
+    let wrong = keyfile(&p.dir, "wrong", "bm90LXRoZS1jbHVzdGVyLWtleQ");
+    let mut router = Config::default();
+    router.security.key_file = Some(key.clone());
+    let (handle, shards) = protected_cluster(Some(&key), Default::default(), router)
+        .await
+        .unwrap();
+    // The shard itself refuses an unauthenticated client, as mongod with a keyfile does.
+    let direct = mongodb::Client::with_uri_str(format!(
+        "mongodb://{}/?directConnection=true&serverSelectionTimeoutMS=3000",
+        shards[0].local_addr()
+    ))
+    .await
+    .unwrap();
+    let e = direct
+        .database("test")
+        .collection::<bson::Document>("t")
+        .insert_one(doc! {"_id": 1})
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("Command insert requires authentication"),
+        "{e}"
+    );
+    // Through the router, which authenticates as __system.
+    let client = mongodb::Client::with_uri_str(format!(
+        "mongodb://{}/?serverSelectionTimeoutMS=3000",
+        handle.local_addr()
+    ))
+    .await
+    .unwrap();
+    let coll = client.database("test").collection::<bson::Document>("t");
+    coll.insert_one(doc! {"_id": 1}).await.unwrap();
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 1);
+    handle.shutdown().await;
+    for s in shards {
+        s.shutdown().await;
+    }
+
+    let mut router = Config::default();
+    router.security.key_file = Some(wrong);
+    let (handle, shards) = protected_cluster(Some(&key), Default::default(), router)
+        .await
+        .unwrap();
+    let client = mongodb::Client::with_uri_str(format!(
+        "mongodb://{}/?serverSelectionTimeoutMS=3000",
+        handle.local_addr()
+    ))
+    .await
+    .unwrap();
+    let e = client
+        .database("test")
+        .collection::<bson::Document>("t")
+        .insert_one(doc! {"_id": 1})
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("authentication as __system failed")
+            && text.contains("Authentication failed."),
+        "{text}"
+    );
+    handle.shutdown().await;
+    for s in shards {
+        s.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn the_router_speaks_tls_to_shards_that_require_it() {
+    let p = pki("toshards");
+    let key = keyfile(&p.dir, "key", "c2x1aWNlLWNsdXN0ZXIta2V5");
+    let shard_tls = tls_config(&p, TlsMode::Require).tls;
+    let mut router = tls_config(&p, TlsMode::Require);
+    router.security.key_file = Some(key.clone());
+    let (handle, shards) = protected_cluster(Some(&key), shard_tls.clone(), router)
+        .await
+        .unwrap();
+    let client = mongodb::Client::with_uri_str(tls_uri(handle.local_addr().port(), &p.dir, ""))
+        .await
+        .unwrap();
+    let coll = client.database("test").collection::<bson::Document>("t");
+    coll.insert_one(doc! {"_id": 1}).await.unwrap();
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 1);
+    handle.shutdown().await;
+    for s in shards {
+        s.shutdown().await;
+    }
+    // A router without TLS towards the shards cannot reach them.
+    let mut plain = Config::default();
+    plain.security.key_file = Some(key.clone());
+    let (handle, shards) = protected_cluster(Some(&key), shard_tls, plain)
+        .await
+        .unwrap();
+    let client = mongodb::Client::with_uri_str(format!(
+        "mongodb://{}/?serverSelectionTimeoutMS=3000",
+        handle.local_addr()
+    ))
+    .await
+    .unwrap();
+    assert!(client
+        .database("test")
+        .collection::<bson::Document>("t")
+        .insert_one(doc! {"_id": 1})
+        .await
+        .is_err());
+    handle.shutdown().await;
+    for s in shards {
+        s.shutdown().await;
+    }
 }
