@@ -142,8 +142,15 @@ pub async fn route(
             "collStats" => return coll_stats(cluster, req, &snap).await,
             _ => {}
         }
-        if let Some(result) =
-            crate::read::read(cluster, &sharded.cursors, &snap, req, client_id).await
+        if let Some(result) = crate::read::read(
+            cluster,
+            &sharded.cursors,
+            &super::maintenance::StorePrimaries { cluster, store },
+            &snap,
+            req,
+            client_id,
+        )
+        .await
         {
             return result.map(ok);
         }
@@ -164,6 +171,7 @@ pub async fn route(
         "listDatabases" => return list_databases(cluster, req).await,
         "dropDatabase" => return drop_database(cluster, store, req).await,
         "dbStats" => return db_stats(cluster, req).await,
+        "aggregate" => super::maintenance::check_output_target(cluster, req, &body)?,
         _ => {}
     }
     if req.db == "admin" || req.db == "local" {
