@@ -137,7 +137,7 @@ impl FindSpec {
             .skip(self.skip)
             .take(self.limit.unwrap_or(usize::MAX))
             .map(|d| match &self.projection {
-                Some(p) => p.apply(&d),
+                Some(p) => p.apply_matched(&d, Some(&self.matcher)),
                 None => d,
             })
             .collect()
