@@ -16,7 +16,7 @@ use crate::cluster::Cluster;
 use crate::command::{CommandError, CommandRequest};
 use crate::routing::FilterKeys;
 use crate::value::error_codes::ErrorCode;
-use crate::wire::OpMsgBuilder;
+use crate::wire::{OpMsgBuilder, Reply};
 use crate::write::target::WriteKind;
 use crate::write::{plan::Policy, WriteStats};
 
@@ -62,7 +62,7 @@ pub async fn route(
     policy: Policy,
     req: &CommandRequest,
     client_id: i64,
-) -> Result<Document, CommandError> {
+) -> Result<Reply, CommandError> {
     if let Some(n) = req.statement_count() {
         let max = crate::limits::MAX_WRITE_BATCH_SIZE;
         if n == 0 || n > max {
@@ -86,42 +86,52 @@ pub async fn route(
     if in_transaction(&body)
         || matches!(req.name.as_str(), "commitTransaction" | "abortTransaction")
     {
-        return transaction(cluster, req, &body, snapshot.as_deref()).await;
+        return transaction(cluster, req, &body, snapshot.as_deref())
+            .await
+            .map(Reply::from);
     }
     if let Some(snap) = snapshot {
         if let Some(kind) = WriteKind::from_command(&req.name) {
             let mut reply =
                 crate::write::execute(cluster, stats, policy, req, &body, kind, snap).await?;
             reply.insert("ok", 1.0);
-            return Ok(reply);
+            return Ok(reply.into());
         }
         if matches!(req.name.as_str(), "findAndModify" | "findandmodify") {
-            return find_and_modify(cluster, req, &body, &snap).await;
+            return find_and_modify(cluster, req, &body, &snap)
+                .await
+                .map(Reply::from);
         }
-        let ok = |mut d: Document| {
-            d.insert("ok", 1.0);
-            d
+        let ok = |mut r: Reply| {
+            r.append(bson::raw::cstr!("ok"), Bson::Double(1.0));
+            r
         };
         match req.name.as_str() {
             "getMore" => {
                 return cluster
                     .cursors
-                    .get_more(cluster, req, client_id)
+                    .get_more(cluster, req, &body, client_id)
                     .await
                     .map(ok)
             }
-            "killCursors" => return Ok(ok(cluster.cursors.kill(cluster, req, client_id).await)),
+            "killCursors" => {
+                return Ok(ok(cluster
+                    .cursors
+                    .kill(cluster, req, client_id)
+                    .await
+                    .into()))
+            }
             "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" => {
-                return broadcast_ddl(cluster, req, &snap).await;
+                return broadcast_ddl(cluster, req, &snap).await.map(Reply::from);
             }
             "listIndexes" => {
                 let first = snap.chunks.shards().into_iter().next().unwrap_or_default();
-                return forward(cluster, &first, req, None).await;
+                return forward(cluster, &first, req, None).await.map(Reply::from);
             }
-            "collStats" => return coll_stats(cluster, req, &snap).await,
+            "collStats" => return coll_stats(cluster, req, &snap).await.map(Reply::from),
             _ => {}
         }
-        if let Some(result) = crate::read::read(cluster, &snap, req, client_id).await {
+        if let Some(result) = crate::read::read(cluster, &snap, req, &body, client_id).await {
             return result.map(ok);
         }
         return Err(CommandError::new(
@@ -135,12 +145,12 @@ pub async fn route(
     match req.name.as_str() {
         "explain" => {
             if let Some(r) = explain(cluster, req, &body).await {
-                return r;
+                return r.map(Reply::from);
             }
         }
-        "listDatabases" => return list_databases(cluster, req).await,
-        "dropDatabase" => return drop_database(cluster, req).await,
-        "dbStats" => return db_stats(cluster, req).await,
+        "listDatabases" => return list_databases(cluster, req).await.map(Reply::from),
+        "dropDatabase" => return drop_database(cluster, req).await.map(Reply::from),
+        "dbStats" => return db_stats(cluster, req).await.map(Reply::from),
         _ => {}
     }
     if req.db == "admin" || req.db == "local" {
@@ -167,7 +177,7 @@ pub async fn route(
             }
         },
     };
-    forward(cluster, &primary, req, None).await
+    forward(cluster, &primary, req, None).await.map(Reply::from)
 }
 
 /// `explain` of a `find`, `aggregate`, `count` or `distinct` on a sharded collection, in
