@@ -1,5 +1,6 @@
-//! The router's view of its cluster: the config store, the routing table cache and a
-//! connection pool per shard.
+//! The router's view of its cluster: the shards, the routing table cache, a connection pool and
+//! a queue per shard, and the open transactions. What only the router keeps besides (its
+//! cursors, the write coalescer, write statistics, the metadata store) is in `crate::router`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use bson::Document;
 use crate::backend::limiter::{BatchInfo, OpKind};
 use crate::backend::queue::{LimitPermit, QueueTimeout, ShardQueue};
 use crate::backend::{BackendError, PoolOptions, ShardPool};
-use crate::routing::{ConfigStore, RoutingTable, ShardInfo};
+use crate::routing::{RoutingTable, ShardInfo};
 
 /// A batch asking for an execution slot.
 #[derive(Debug, Clone, Copy)]
@@ -26,42 +27,29 @@ pub struct SlotRequest<'a> {
     pub bytes: usize,
 }
 
-/// Shards, metadata and pools of one router.
+/// Shards, routing and pools of one router.
 #[derive(Debug)]
 pub struct Cluster {
-    /// The metadata.
-    pub store: Arc<ConfigStore>,
     /// Cached routing snapshots.
     pub routing: RoutingTable,
-    /// The router's own cursors over gathered results of sharded reads.
-    pub cursors: crate::read::RouterCursors,
     /// Open transactions and the one shard each runs on.
     pub transactions: TransactionTable,
     pools: BTreeMap<String, Arc<ShardPool>>,
     queues: BTreeMap<String, Arc<ShardQueue>>,
     queue_timeout: std::time::Duration,
-    coalescer: Option<crate::write::coalesce::Coalescer>,
     shards: Vec<ShardInfo>,
     stage_memory: std::sync::atomic::AtomicUsize,
 }
 
 impl Cluster {
-    /// A cluster over the shards the store knows.
-    pub fn new(store: Arc<ConfigStore>, pool_options: PoolOptions) -> Cluster {
-        Cluster::with_batching(
-            store,
-            pool_options,
-            &crate::config::BatchingConfig::default(),
-        )
-    }
-
-    /// A cluster whose shards are guarded by queues with these batching settings.
-    pub fn with_batching(
-        store: Arc<ConfigStore>,
+    /// A cluster over `shards`, routed by `routing`, whose shards are guarded by queues with
+    /// these batching settings.
+    pub fn new(
+        shards: Vec<ShardInfo>,
+        routing: RoutingTable,
         pool_options: PoolOptions,
         batching: &crate::config::BatchingConfig,
     ) -> Cluster {
-        let shards = store.shards();
         let queues = shards
             .iter()
             .map(|s| {
@@ -80,22 +68,12 @@ impl Cluster {
                 )
             })
             .collect();
-        let routing = RoutingTable::new(store.clone());
         Cluster {
-            store,
             routing,
-            cursors: Default::default(),
             transactions: Default::default(),
             pools,
             queues,
             queue_timeout: std::time::Duration::from_millis(batching.queue_timeout_ms),
-            coalescer: crate::write::coalesce::Coalescer::new(
-                crate::write::coalesce::CoalesceSettings {
-                    max_operations: batching.max_operations.max(1),
-                    max_bytes: batching.max_bytes.max(1),
-                    max_wait: std::time::Duration::from_micros(batching.max_wait_us),
-                },
-            ),
             shards,
             stage_memory: crate::limits::DEFAULT_STAGE_MEMORY_BYTES.into(),
         }
@@ -128,11 +106,6 @@ impl Cluster {
     /// The pool of one shard.
     pub fn pool(&self, shard: &str) -> Option<&Arc<ShardPool>> {
         self.pools.get(shard)
-    }
-
-    /// The write coalescer (`None` when `batching.max_wait_us` is 0).
-    pub fn coalescer(&self) -> Option<&crate::write::coalesce::Coalescer> {
-        self.coalescer.as_ref()
     }
 
     /// The queue of one shard.

@@ -319,6 +319,7 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
     );
     if let (Some(cluster), Some(_)) = (&cluster, demo_shards) {
         let shards: Vec<String> = cluster
+            .cluster
             .shards()
             .iter()
             .map(|s| format!("{} at {}", s.id, s.addr))

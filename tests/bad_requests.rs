@@ -537,7 +537,7 @@ async fn row11_invalid_and_huge_names_are_refused_before_anything_is_recorded() 
             r.get_str("errmsg").unwrap(),
             format!("Invalid database name: '{db}'")
         );
-        assert!(c.cluster.store.database(db).is_none());
+        assert!(c.sharded.metadata.database(db).is_none());
     }
     for coll in ["$x", ".x", ""] {
         let r = raw
@@ -545,7 +545,7 @@ async fn row11_invalid_and_huge_names_are_refused_before_anything_is_recorded() 
             .await;
         assert_eq!(r.get_i32("code").unwrap(), 73, "{coll:?}: {r}");
     }
-    assert!(c.cluster.store.database("fresh").is_none());
+    assert!(c.sharded.metadata.database("fresh").is_none());
     // Names differing only in case.
     let r = raw
         .command(&doc! {"insert": "c", "documents": [{"_id": 1}], "$db": "Config"})
@@ -561,8 +561,8 @@ async fn row11_invalid_and_huge_names_are_refused_before_anything_is_recorded() 
         .command(&doc! {"insert": "c", "documents": [{"_id": 1}], "$db": "shop"})
         .await;
     assert_eq!(r.get_i32("code").unwrap(), 13297, "{r}");
-    assert!(c.cluster.store.database("Config").is_none());
-    assert!(c.cluster.store.database("shop").is_none());
+    assert!(c.sharded.metadata.database("Config").is_none());
+    assert!(c.sharded.metadata.database("shop").is_none());
     assert_eq!(c.count_on_shards("shop", "c"), 0);
     assert_cluster_serves(&c).await;
     c.stop().await;

@@ -55,7 +55,7 @@ async fn inserts_without_sessions_share_child_batches() {
         batches < 20,
         "20 requests reached the shard in {batches} child batches"
     );
-    assert!(c.cluster.coalescer().unwrap().merged_statements() > 0);
+    assert!(c.sharded.coalescer().unwrap().merged_statements() > 0);
     for (i, r) in replies.iter().enumerate() {
         if i == 7 {
             assert_eq!(r.get_i32("n").unwrap(), 1, "{r}");
@@ -99,6 +99,6 @@ async fn retryable_writes_are_never_merged() {
         10,
         "one child batch per request"
     );
-    assert_eq!(c.cluster.coalescer().unwrap().merged_statements(), 0);
+    assert_eq!(c.sharded.coalescer().unwrap().merged_statements(), 0);
     c.stop().await;
 }

@@ -49,12 +49,6 @@ const LAYERS: &[(&str, u8)] = &[
 /// removed one by one; each entry is `(importing module, imported module)`. The list only shrinks: an entry that no longer
 /// occurs fails the test too, so it is taken out when its import goes.
 const KNOWN_VIOLATIONS: &[(&str, &str)] = &[
-    // The cluster holds the router-only state (cursors, the coalescer) that belongs in router/.
-    ("cluster", "read"),
-    ("cluster", "write"),
-    // command/ still holds the router's write statistics (`ServerState::writes`) and reads a
-    // write command's statements field through the write path's `WriteKind`.
-    ("command", "write"),
     // The static-file metadata store runs its `config.*` queries on an embedded shard service.
     ("routing", "command"),
     ("routing", "config"),

@@ -237,7 +237,7 @@ async fn cursors_belong_to_their_connection_and_expire() {
         .await;
     assert_eq!(gone.get_i32("code").unwrap(), 43);
 
-    c.cluster
+    c.sharded
         .cursors
         .set_idle_timeout(Duration::from_millis(100));
     let r = a
@@ -253,7 +253,7 @@ async fn cursors_belong_to_their_connection_and_expire() {
         43,
         "idle cursors are reaped"
     );
-    assert!(c.cluster.cursors.is_empty());
+    assert!(c.sharded.cursors.is_empty());
     c.stop().await;
 }
 
@@ -347,7 +347,7 @@ async fn ddl_on_sharded_collections_reaches_every_shard() {
     assert!(dbs.contains(&"shop".to_string()));
     cl.database("shop").drop().await.unwrap();
     assert!(
-        c.cluster.store.collection("shop.items").is_none(),
+        c.sharded.metadata.collection("shop.items").is_none(),
         "metadata dropped"
     );
     assert_eq!(c.count_on_shards("shop", "items"), 0);

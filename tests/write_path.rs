@@ -301,8 +301,8 @@ async fn unsharded_collections_pass_through_to_the_primary() {
         30
     );
     let primary = c
-        .cluster
-        .store
+        .sharded
+        .metadata
         .database("plain")
         .unwrap()
         .get_str("primary")

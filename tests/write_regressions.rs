@@ -543,7 +543,7 @@ async fn an_ordered_insert_error_leaves_nothing_after_it_and_the_resend_succeeds
         assert!(write_errors(&r).is_empty(), "{at}: the resend: {r}");
         assert_eq!(n(&r), 40 - k, "{at}: {r}");
         assert_eq!(contents(&c, "cid").len(), 41, "{at}");
-        let stats = &c.router.state().writes;
+        let stats = &c.sharded.writes;
         let undone = stats
             .undone_after_error
             .load(std::sync::atomic::Ordering::Relaxed);
@@ -621,7 +621,7 @@ async fn inserts_that_cannot_be_undone_are_reported() {
         let expected = *i <= k || late.contains(i);
         assert_eq!(present.contains(i), expected, "_id {i}: {present:?}");
     }
-    let stats = &c.router.state().writes;
+    let stats = &c.sharded.writes;
     assert_eq!(
         stats
             .applied_after_error

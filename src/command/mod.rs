@@ -9,6 +9,9 @@
 
 pub mod hello;
 pub mod server_info;
+pub mod write_kind;
+
+pub use write_kind::WriteKind;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
@@ -110,9 +113,7 @@ impl CommandRequest {
     /// body costs more than routing its statements, and the options are all the write path
     /// reads from it; the statements are read raw by [`CommandRequest::statement_bytes`].
     pub fn options_document(&self) -> Document {
-        let Some(skip) =
-            crate::write::target::WriteKind::from_command(&self.name).map(|k| k.statements_field())
-        else {
+        let Some(skip) = WriteKind::from_command(&self.name).map(|k| k.statements_field()) else {
             return self.body_document();
         };
         let mut d = Document::new();
@@ -131,7 +132,7 @@ impl CommandRequest {
     /// without reading them (`None` for any other command, or when the statements are
     /// missing).
     pub fn statement_count(&self) -> Option<usize> {
-        let field = crate::write::target::WriteKind::from_command(&self.name)?.statements_field();
+        let field = WriteKind::from_command(&self.name)?.statements_field();
         if let Some(seq) = self.sequences.iter().find(|s| s.identifier == field) {
             return Some(seq.documents.len());
         }
@@ -322,8 +323,6 @@ pub struct ServerState {
     next_connection_id: AtomicI64,
     /// Flips to `true` when the router begins shutting down.
     shutdown: watch::Receiver<bool>,
-    /// Write-path counters.
-    pub writes: crate::write::WriteStats,
 }
 
 impl ServerState {
@@ -340,7 +339,6 @@ impl ServerState {
             next_request_id: AtomicI32::new(1),
             next_connection_id: AtomicI64::new(1),
             shutdown,
-            writes: crate::write::WriteStats::default(),
         }
     }
 

@@ -246,7 +246,7 @@ pub fn server_status(state: &Arc<ServerState>) -> Document {
             "getmore": c.op_getmore.load(Ordering::Relaxed),
             "command": c.op_command.load(Ordering::Relaxed),
         },
-        "sluice": {"version": env!("CARGO_PKG_VERSION"), "writes": state.writes.to_document()},
+        "sluice": {"version": env!("CARGO_PKG_VERSION")},
     }
 }
 

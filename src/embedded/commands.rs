@@ -92,6 +92,10 @@ pub fn run(
         "dropIndexes" | "deleteIndexes" => drop_indexes(svc, req, body),
         "collStats" => coll_stats(svc, req, body),
         "dbStats" => db_stats(svc, req),
+        "collMod" => super::ddl::coll_mod(svc, req, body),
+        "validate" => super::ddl::validate(svc, req, body),
+        "dataSize" | "datasize" => super::ddl::data_size(svc, body),
+        "renameCollection" => super::ddl::rename_collection(svc, req, body),
         other => Err(err(
             ErrorCode::CommandNotFound,
             format!("no such command: '{other}'"),

@@ -7,7 +7,8 @@
 //! What it answers: `hello` as a replica-set primary (with `setName`), CRUD (`insert`,
 //! `update`, `delete`, `find`/`getMore`/`killCursors`, `count`, `distinct`, `findAndModify`,
 //! `aggregate`), DDL (`create`, `drop`, `dropDatabase`, `listCollections`, `listDatabases`,
-//! `createIndexes`, `listIndexes`, `dropIndexes`, `collStats`, `dbStats`), `serverStatus` with
+//! `createIndexes`, `listIndexes`, `dropIndexes`, `collStats`, `dbStats`, `collMod`, `validate`,
+//! `dataSize`, `renameCollection`), `serverStatus` with
 //! `metrics.commands.<name>.total`, retryable writes (`lsid` + `txnNumber` + `stmtIds`),
 //! shard versions (`shardVersion` checked against what `sluiceSetShardVersion` recorded),
 //! MongoDB's `failCommand` failpoint, and injected latency and a concurrency cap to model a
@@ -18,6 +19,7 @@
 //! [`path`] (dotted paths), [`render`] (values in error messages), [`service`] (commands).
 
 pub mod commands;
+pub mod ddl;
 pub mod service;
 pub mod store;
 

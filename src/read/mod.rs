@@ -92,6 +92,7 @@ fn doc_field(body: &Document, field: &str, cmd: &str) -> Result<Document, Comman
 /// if the command is not a read the router handles.
 pub async fn read(
     cluster: &Cluster,
+    cursors: &RouterCursors,
     snap: &RoutingSnapshot,
     req: &CommandRequest,
     body: &Document,
@@ -100,7 +101,7 @@ pub async fn read(
     let coll = body.get_str(&req.name).unwrap_or("").to_string();
     let db = req.db.clone();
     let ns = format!("{db}.{coll}");
-    cluster.cursors.reap(cluster).await;
+    cursors.reap(cluster).await;
     Some(match req.name.as_str() {
         "find" => async {
             let filter = doc_field(body, "filter", "find")?;
@@ -155,8 +156,7 @@ pub async fn read(
                 limit,
                 if push_projection { None } else { projection },
             );
-            cluster
-                .cursors
+            cursors
                 .open(cluster, ns.clone(), Source::Streams(Box::new(merge)), first, single, skipped, owner)
                 .await
         }
@@ -191,8 +191,7 @@ pub async fn read(
                 let bytes = d.to_vec().map_err(|e| CommandError::new(ErrorCode::InternalError, format!("cannot encode a result: {e}")))?;
                 encoded.push_back(bytes::Bytes::from(bytes));
             }
-            cluster
-                .cursors
+            cursors
                 .open(cluster, ns.clone(), Source::Buffered(encoded), batch, false, false, owner)
                 .await
         }

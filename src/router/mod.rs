@@ -6,8 +6,12 @@
 //! It sits above everything it composes: the frontend serves it, the cluster gives it shards,
 //! the read and write paths run its data commands.
 
+pub mod maintenance;
 pub mod route;
 pub mod sharding;
+pub mod state;
+
+pub use state::ShardedCluster;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -22,7 +26,7 @@ use crate::command::{
 };
 use crate::config::Config;
 use crate::frontend::RouterHandle;
-use crate::routing::{ConfigStore, ShardInfo};
+use crate::routing::{ConfigStore, RoutingTable, ShardInfo};
 use crate::value::error_codes::ErrorCode;
 use crate::wire::Reply;
 
@@ -30,12 +34,12 @@ use crate::wire::Reply;
 #[derive(Debug)]
 pub struct Router {
     state: Arc<ServerState>,
-    cluster: Option<Arc<Cluster>>,
+    cluster: Option<Arc<ShardedCluster>>,
 }
 
 impl Router {
     /// A router over this shared state and, when it has shards, its cluster.
-    pub fn new(state: Arc<ServerState>, cluster: Option<Arc<Cluster>>) -> Self {
+    pub fn new(state: Arc<ServerState>, cluster: Option<Arc<ShardedCluster>>) -> Self {
         Router { state, cluster }
     }
 }
@@ -63,9 +67,12 @@ impl crate::frontend::Service for Router {
         client: &'a ClientState,
     ) -> crate::frontend::BoxFuture<'a, ()> {
         Box::pin(async move {
-            if let Some(cluster) = &self.cluster {
+            if let Some(sharded) = &self.cluster {
                 // Only the connection that opened a cursor may use it: its cursors go with it.
-                cluster.cursors.close_owner(cluster, client.id).await;
+                sharded
+                    .cursors
+                    .close_owner(&sharded.cluster, client.id)
+                    .await;
             }
         })
     }
@@ -115,6 +122,7 @@ pub const FORWARDED_COMMANDS: &[&str] = &[
     "planCacheClearFilters",
     "planCacheListFilters",
     "planCacheSetFilter",
+    "renameCollection",
     "update",
     "validate",
     "validateDBMetadata",
@@ -170,7 +178,7 @@ fn check_envelope(req: &CommandRequest) -> Result<(), CommandError> {
 /// when that time passes before its reply is ready, however long its shards take.
 pub async fn dispatch(
     state: &Arc<ServerState>,
-    cluster: Option<&Arc<crate::cluster::Cluster>>,
+    cluster: Option<&Arc<ShardedCluster>>,
     client: &mut ClientState,
     req: &CommandRequest,
 ) -> Reply {
@@ -211,7 +219,7 @@ pub async fn dispatch(
 /// Runs one command: the router's own, or forwarded. A forwarded reply keeps its `ok`.
 async fn run_command(
     state: &Arc<ServerState>,
-    cluster: Option<&Arc<crate::cluster::Cluster>>,
+    cluster: Option<&Arc<ShardedCluster>>,
     client: &mut ClientState,
     req: &CommandRequest,
 ) -> Result<Reply, CommandError> {
@@ -248,7 +256,7 @@ async fn run_command(
         "connectionStatus" => Ok(server_info::connection_status(req)),
         "endSessions" => server_info::end_sessions(req),
         "getCmdLineOpts" => Ok(server_info::get_cmd_line_opts(state)),
-        "serverStatus" => Ok(server_info::server_status(state)),
+        "serverStatus" => Ok(server_status(state, cluster)),
         "enableSharding" | "enablesharding" => sharding::enable_sharding(cluster, req),
         "shardCollection" | "shardcollection" => sharding::shard_collection(cluster, req).await,
         "listShards" | "listshards" => sharding::list_shards(cluster),
@@ -270,12 +278,26 @@ async fn run_command(
             Some(cluster) => {
                 let coll = req.body.raw().get_str(other).unwrap_or("");
                 let policy = state.config.rewrite_policy(&format!("{}.{coll}", req.db));
-                return route::route(cluster, &state.writes, policy, req, client.id).await;
+                return route::route(cluster, policy, req, client.id).await;
             }
             None => Err(no_such_command(other)),
         },
     };
     own.map(Reply::from)
+}
+
+/// `serverStatus`: the shared report, with the router's write statistics under
+/// `sluice.writes` (all zero for a router without shards).
+fn server_status(state: &Arc<ServerState>, cluster: Option<&Arc<ShardedCluster>>) -> Document {
+    let mut d = server_info::server_status(state);
+    let writes = match cluster {
+        Some(c) => c.writes.to_document(),
+        None => crate::write::WriteStats::default().to_document(),
+    };
+    if let Ok(sluice) = d.get_document_mut("sluice") {
+        sluice.insert("writes", writes);
+    }
+    d
 }
 
 /// Binds the configured address and starts serving clients as a router without shards.
@@ -287,10 +309,10 @@ pub async fn start(config: Config, argv: Vec<String>) -> std::io::Result<RouterH
 pub async fn start_router(
     config: Config,
     argv: Vec<String>,
-    cluster: Option<Arc<Cluster>>,
+    cluster: Option<Arc<ShardedCluster>>,
 ) -> std::io::Result<RouterHandle> {
     if let Some(c) = &cluster {
-        c.set_stage_memory(config.stage_memory_bytes);
+        c.cluster.set_stage_memory(config.stage_memory_bytes);
     }
     crate::frontend::start_service(config, argv, |state| Arc::new(Router::new(state, cluster)))
         .await
@@ -304,11 +326,13 @@ pub async fn bootstrap(
     collections: &[crate::config::CollectionConfig],
     pool: PoolOptions,
     batching: &crate::config::BatchingConfig,
-) -> Result<Arc<Cluster>, String> {
+) -> Result<Arc<ShardedCluster>, String> {
     let store = Arc::new(ConfigStore::open(metadata_path).map_err(|e| e.message)?);
     store.set_shards(shards).map_err(|e| e.message)?;
-    let cluster = Arc::new(Cluster::with_batching(store, pool, batching));
+    let routing = RoutingTable::new(store.clone());
+    let cluster = Arc::new(Cluster::new(store.shards(), routing, pool, batching));
     cluster.warm_pools().await;
+    let cluster = Arc::new(ShardedCluster::new(cluster, store, batching));
     for c in collections {
         let key = c.key_document().map_err(|e| e.to_string())?;
         let mut body =

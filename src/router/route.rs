@@ -14,11 +14,14 @@ use bson::{Bson, Document};
 
 use crate::cluster::Cluster;
 use crate::command::{CommandError, CommandRequest};
+use crate::routing::ConfigStore;
 use crate::routing::FilterKeys;
 use crate::value::error_codes::ErrorCode;
 use crate::wire::{OpMsgBuilder, Reply};
+use crate::write::plan::Policy;
 use crate::write::target::WriteKind;
-use crate::write::{plan::Policy, WriteStats};
+
+use super::ShardedCluster;
 
 /// Commands that create data: they give a new database its primary shard.
 const CREATING: &[&str] = &[
@@ -57,12 +60,12 @@ fn collection_of(req: &CommandRequest, body: &Document) -> Option<String> {
 /// Routes a command that is not answered by the router itself; returns the full reply
 /// (with `ok`).
 pub async fn route(
-    cluster: &Arc<Cluster>,
-    stats: &WriteStats,
+    sharded: &ShardedCluster,
     policy: Policy,
     req: &CommandRequest,
     client_id: i64,
 ) -> Result<Reply, CommandError> {
+    let (cluster, store) = (&sharded.cluster, &*sharded.metadata);
     if let Some(n) = req.statement_count() {
         let max = crate::limits::MAX_WRITE_BATCH_SIZE;
         if n == 0 || n > max {
@@ -71,6 +74,19 @@ pub async fn route(
                 format!("Write batch sizes must be between 1 and {max}. Got {n} operations."),
             ));
         }
+    }
+    match req.name.as_str() {
+        "dataSize" | "datasize" => {
+            return super::maintenance::data_size(cluster, store, req)
+                .await
+                .map(Reply::from)
+        }
+        "renameCollection" => {
+            return super::maintenance::rename_collection(cluster, store, req)
+                .await
+                .map(Reply::from)
+        }
+        _ => {}
     }
     let body = req.options_document();
     let coll = collection_of(req, &body);
@@ -86,14 +102,23 @@ pub async fn route(
     if in_transaction(&body)
         || matches!(req.name.as_str(), "commitTransaction" | "abortTransaction")
     {
-        return transaction(cluster, req, &body, snapshot.as_deref())
+        return transaction(cluster, store, req, &body, snapshot.as_deref())
             .await
             .map(Reply::from);
     }
     if let Some(snap) = snapshot {
         if let Some(kind) = WriteKind::from_command(&req.name) {
-            let mut reply =
-                crate::write::execute(cluster, stats, policy, req, &body, kind, snap).await?;
+            let mut reply = crate::write::execute(
+                cluster,
+                sharded.coalescer(),
+                &sharded.writes,
+                policy,
+                req,
+                &body,
+                kind,
+                snap,
+            )
+            .await?;
             reply.insert("ok", 1.0);
             return Ok(reply.into());
         }
@@ -108,21 +133,29 @@ pub async fn route(
         };
         match req.name.as_str() {
             "getMore" => {
-                return cluster
+                return sharded
                     .cursors
                     .get_more(cluster, req, &body, client_id)
                     .await
                     .map(ok)
             }
             "killCursors" => {
-                return Ok(ok(cluster
+                return Ok(ok(sharded
                     .cursors
                     .kill(cluster, req, client_id)
                     .await
                     .into()))
             }
-            "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" => {
-                return broadcast_ddl(cluster, req, &snap).await.map(Reply::from);
+            "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" | "collMod" => {
+                return broadcast_ddl(cluster, store, req, &snap)
+                    .await
+                    .map(Reply::from);
+            }
+            "create" => return Err(super::maintenance::create_existing(&snap)),
+            "validate" => {
+                return super::maintenance::validate(cluster, req, &snap)
+                    .await
+                    .map(Reply::from)
             }
             "listIndexes" => {
                 let first = snap.chunks.shards().into_iter().next().unwrap_or_default();
@@ -131,7 +164,9 @@ pub async fn route(
             "collStats" => return coll_stats(cluster, req, &snap).await.map(Reply::from),
             _ => {}
         }
-        if let Some(result) = crate::read::read(cluster, &snap, req, &body, client_id).await {
+        if let Some(result) =
+            crate::read::read(cluster, &sharded.cursors, &snap, req, &body, client_id).await
+        {
             return result.map(ok);
         }
         return Err(CommandError::new(
@@ -149,7 +184,7 @@ pub async fn route(
             }
         }
         "listDatabases" => return list_databases(cluster, req).await.map(Reply::from),
-        "dropDatabase" => return drop_database(cluster, req).await.map(Reply::from),
+        "dropDatabase" => return drop_database(cluster, store, req).await.map(Reply::from),
         "dbStats" => return db_stats(cluster, req).await.map(Reply::from),
         _ => {}
     }
@@ -159,10 +194,9 @@ pub async fn route(
             format!("no such command: '{}'", req.name),
         ));
     }
-    let primary = match cluster.store.database(&req.db) {
+    let primary = match store.database(&req.db) {
         Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
-        None if CREATING.contains(&req.name.as_str()) => cluster
-            .store
+        None if CREATING.contains(&req.name.as_str()) => store
             .ensure_database(&req.db, None)?
             .get_str("primary")
             .unwrap_or_default()
@@ -317,6 +351,7 @@ async fn list_databases(
 /// `config`, served read-only) cannot be dropped, as mongos refuses them.
 async fn drop_database(
     cluster: &Arc<Cluster>,
+    store: &ConfigStore,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
     if matches!(req.db.as_str(), "admin" | "config") {
@@ -328,7 +363,7 @@ async fn drop_database(
     if let Err(failed) = on_every_shard(cluster, req).await? {
         return Ok(failed);
     }
-    for ns in cluster.store.drop_database(&req.db)? {
+    for ns in store.drop_database(&req.db)? {
         cluster.routing.refresh(&ns)?;
     }
     Ok(bson::doc! {"dropped": &req.db, "ok": 1.0})
@@ -425,6 +460,7 @@ fn in_transaction(body: &Document) -> bool {
 /// OperationNotSupportedInTransaction (263): distributed transactions are not implemented.
 async fn transaction(
     cluster: &Arc<Cluster>,
+    store: &ConfigStore,
     req: &CommandRequest,
     body: &Document,
     snapshot: Option<&crate::routing::RoutingSnapshot>,
@@ -448,10 +484,9 @@ async fn transaction(
         return forward(cluster, &shard, req, None).await;
     }
     let shard = match snapshot {
-        None => match cluster.store.database(&req.db) {
+        None => match store.database(&req.db) {
             Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
-            None => cluster
-                .store
+            None => store
                 .ensure_database(&req.db, None)?
                 .get_str("primary")
                 .unwrap_or_default()
@@ -543,8 +578,9 @@ fn transaction_targets(
 
 /// DDL on a sharded collection: sent to every shard; the first failure is reported. A dropped
 /// collection also leaves the sharding metadata.
-async fn broadcast_ddl(
+pub(super) async fn broadcast_ddl(
     cluster: &Arc<Cluster>,
+    store: &ConfigStore,
     req: &CommandRequest,
     snap: &crate::routing::RoutingSnapshot,
 ) -> Result<Document, CommandError> {
@@ -566,7 +602,7 @@ async fn broadcast_ddl(
         }
     }
     if req.name == "drop" {
-        cluster.store.drop_collection(&snap.ns)?;
+        store.drop_collection(&snap.ns)?;
         cluster.routing.refresh(&snap.ns)?;
     }
     Ok(first_ok.unwrap_or_else(|| bson::doc! {"ok": 1.0}))
@@ -574,7 +610,7 @@ async fn broadcast_ddl(
 
 /// Forwards the client's command to `shard` as it is (plus `shardVersion` when given) and
 /// returns the shard's reply without its shard-only fields.
-async fn forward(
+pub(super) async fn forward(
     cluster: &Arc<Cluster>,
     shard: &str,
     req: &CommandRequest,

@@ -11,13 +11,14 @@ use std::sync::Arc;
 
 use bson::{doc, Bson, Document};
 
-use crate::cluster::Cluster;
 use crate::command::{ClientState, CommandError, CommandRequest};
 use crate::frontend::{Response, Service};
 use crate::routing::chunks::initial_chunks;
 use crate::routing::{RoutingError, ShardKeyPattern};
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{number_field, truthy};
+
+use super::ShardedCluster;
 
 impl From<RoutingError> for CommandError {
     fn from(e: RoutingError) -> Self {
@@ -48,7 +49,7 @@ const CONFIG_READS: &[&str] = &[
 
 /// Serves a command on the `config` database from the config store.
 pub async fn config_read(
-    cluster: Option<&Arc<Cluster>>,
+    cluster: Option<&Arc<ShardedCluster>>,
     client: &mut ClientState,
     req: &CommandRequest,
     router_name: &str,
@@ -72,8 +73,8 @@ pub async fn config_read(
             ),
         ));
     }
-    cluster.store.touch_mongos(router_name, uptime_secs);
-    let mut d = match cluster.store.engine().handle(client, req).await {
+    cluster.metadata.touch_mongos(router_name, uptime_secs);
+    let mut d = match cluster.metadata.engine().handle(client, req).await {
         Response::Reply(d) => d,
         Response::Raw(r) => Document::try_from(r.as_ref()).unwrap_or_default(),
         Response::CloseConnection => {
@@ -100,7 +101,7 @@ pub async fn config_read(
 
 /// `enableSharding`: records the database (with a primary shard) if it is new.
 pub fn enable_sharding(
-    cluster: Option<&Arc<Cluster>>,
+    cluster: Option<&Arc<ShardedCluster>>,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
     let cluster = cluster.ok_or_else(no_cluster)?;
@@ -114,7 +115,7 @@ pub fn enable_sharding(
     };
     check_db_name(&db)?;
     let primary = body.get_str("primaryShard").ok();
-    cluster.store.ensure_database(&db, primary)?;
+    cluster.metadata.ensure_database(&db, primary)?;
     Ok(Document::new())
 }
 
@@ -132,7 +133,7 @@ fn check_db_name(db: &str) -> Result<(), CommandError> {
 
 /// `shardCollection`: pre-splits an empty collection with MongoDB's layout and records it.
 pub async fn shard_collection(
-    cluster: Option<&Arc<Cluster>>,
+    cluster: Option<&Arc<ShardedCluster>>,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
     let cluster = cluster.ok_or_else(no_cluster)?;
@@ -181,7 +182,12 @@ pub async fn shard_collection(
             "Hashed shard keys cannot be declared unique. It's possible to ensure uniqueness on the hashed field by declaring an additional (non-hashed) unique index on the field.",
         ));
     }
-    let shard_ids: Vec<String> = cluster.shards().iter().map(|s| s.id.clone()).collect();
+    let shard_ids: Vec<String> = cluster
+        .cluster
+        .shards()
+        .iter()
+        .map(|s| s.id.clone())
+        .collect();
     let num_initial = match body.get("numInitialChunks") {
         None => None,
         Some(_) => match number_field(&body, "numInitialChunks") {
@@ -204,7 +210,7 @@ pub async fn shard_collection(
         },
     };
 
-    if let Some(existing) = cluster.store.collection(&ns) {
+    if let Some(existing) = cluster.metadata.collection(&ns) {
         let same_key = existing.get_document("key").ok() == Some(&pattern.to_document());
         let same_unique = existing.get_bool("unique").unwrap_or(false) == unique;
         if same_key && same_unique {
@@ -221,11 +227,15 @@ pub async fn shard_collection(
         ));
     }
 
-    let database = cluster.store.ensure_database(db, None)?;
+    let database = cluster.metadata.ensure_database(db, None)?;
     let primary = database.get_str("primary").unwrap_or_default().to_string();
 
     // Only empty collections: ask every shard.
-    for (shard, result) in cluster.run_on_all(&doc! {"count": coll, "$db": db}).await {
+    for (shard, result) in cluster
+        .cluster
+        .run_on_all(&doc! {"count": coll, "$db": db})
+        .await
+    {
         let reply = result.map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
         let n = number_field(&reply, "n").unwrap_or(0);
         if n > 0 {
@@ -248,6 +258,7 @@ pub async fn shard_collection(
         .join("_");
     for shard in &shard_ids {
         let r = cluster
+            .cluster
             .run_on(shard, &doc! {"create": coll, "$db": db})
             .await
             .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
@@ -258,6 +269,7 @@ pub async fn shard_collection(
         }
         if pattern.to_document() != doc! {"_id": 1} {
             let r = cluster
+                .cluster
                 .run_on(shard, &doc! {"createIndexes": coll, "indexes": [{"key": pattern.to_document(), "name": &index_name}], "$db": db})
                 .await
                 .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
@@ -269,11 +281,12 @@ pub async fn shard_collection(
 
     let chunks = initial_chunks(&pattern, &shard_ids, &primary, num_initial);
     let snapshot = cluster
-        .store
+        .metadata
         .add_sharded_collection(&ns, &pattern, unique, &chunks)?;
     for shard in &shard_ids {
-        if cluster.is_shard_server(shard) {
+        if cluster.cluster.is_shard_server(shard) {
             let r = cluster
+                .cluster
                 .run_on(shard, &doc! {"sluiceSetShardVersion": &ns, "shardVersion": snapshot.shard_version(shard), "$db": "admin"})
                 .await
                 .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
@@ -282,15 +295,15 @@ pub async fn shard_collection(
             }
         }
     }
-    cluster.routing.refresh(&ns)?;
+    cluster.cluster.routing.refresh(&ns)?;
     Ok(doc! {"collectionsharded": &ns})
 }
 
 /// `listShards`.
-pub fn list_shards(cluster: Option<&Arc<Cluster>>) -> Result<Document, CommandError> {
+pub fn list_shards(cluster: Option<&Arc<ShardedCluster>>) -> Result<Document, CommandError> {
     let cluster = cluster.ok_or_else(no_cluster)?;
     let shards: Vec<Bson> = cluster
-        .store
+        .metadata
         .engine()
         .documents("config", "shards")
         .into_iter()
@@ -300,9 +313,11 @@ pub fn list_shards(cluster: Option<&Arc<Cluster>>) -> Result<Document, CommandEr
 }
 
 /// `flushRouterConfig`: forgets every cached routing snapshot.
-pub fn flush_router_config(cluster: Option<&Arc<Cluster>>) -> Result<Document, CommandError> {
+pub fn flush_router_config(
+    cluster: Option<&Arc<ShardedCluster>>,
+) -> Result<Document, CommandError> {
     if let Some(c) = cluster {
-        c.routing.flush();
+        c.cluster.routing.flush();
     }
     Ok(doc! {"flushed": true})
 }

@@ -378,6 +378,25 @@ impl ConfigStore {
         self.persist()
     }
 
+    /// Renames a sharded collection's `config.collections` entry (its chunks follow by UUID),
+    /// after every shard renamed it.
+    pub fn rename_collection(&self, from: &str, to: &str) -> Result<(), RoutingError> {
+        let _w = crate::sync::lock(&self.write);
+        let colls: Vec<Document> = self
+            .docs("collections")
+            .into_iter()
+            .map(|mut d| {
+                if d.get_str("_id").ok() == Some(from) {
+                    d.insert("_id", to);
+                    d.insert("lastmod", bson::DateTime::now());
+                }
+                d
+            })
+            .collect();
+        self.put("collections", colls)?;
+        self.persist()
+    }
+
     /// Forgets a database and its sharded collections (after `dropDatabase`); returns the
     /// namespaces that were sharded.
     pub fn drop_database(&self, db: &str) -> Result<Vec<String>, RoutingError> {

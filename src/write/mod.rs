@@ -570,6 +570,7 @@ pub async fn send_child(
 /// Sends child batches over the cluster's shard pools.
 struct ClusterSender<'a> {
     cluster: &'a Arc<Cluster>,
+    coalescer: Option<&'a coalesce::Coalescer>,
     ns: String,
     max_time: Option<std::time::Duration>,
     kind: WriteKind,
@@ -613,7 +614,7 @@ impl ClusterSender<'_> {
         let has_session =
             self.template.contains_key("lsid") || self.template.contains_key("txnNumber");
         if self.kind == WriteKind::Insert && !has_session && (!ordered || piece.len() == 1) {
-            if let Some(c) = self.cluster.coalescer() {
+            if let Some(c) = self.coalescer {
                 return c.submit(self.cluster, shard, child, raws).await;
             }
         }
@@ -1026,9 +1027,12 @@ fn target_statement(
 
 /// Executes a write command on a sharded collection and returns the client's reply (without
 /// `ok`), or a command-level error. `body` is the request's
-/// [`CommandRequest::options_document`].
+/// [`CommandRequest::options_document`]. Inserts without a session of their own may share child
+/// batches through `coalescer`, when the router has one.
+#[allow(clippy::too_many_arguments)]
 pub async fn execute(
     cluster: &Arc<Cluster>,
+    coalescer: Option<&coalesce::Coalescer>,
     stats: &WriteStats,
     policy: Policy,
     req: &CommandRequest,
@@ -1061,6 +1065,7 @@ pub async fn execute(
         .map(|m| std::time::Duration::from_millis(m as u64));
     let sender = ClusterSender {
         cluster,
+        coalescer,
         ns: snapshot.ns.clone(),
         max_time,
         kind,

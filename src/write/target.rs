@@ -10,46 +10,8 @@ use bson::{Bson, Document, RawDocument};
 use crate::routing::{FilterKeys, RoutingSnapshot, ShardKey};
 use crate::value::error_codes::ErrorCode;
 
-/// The kind of write command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteKind {
-    /// `insert` (`documents`).
-    Insert,
-    /// `update` (`updates`).
-    Update,
-    /// `delete` (`deletes`).
-    Delete,
-}
-
-impl WriteKind {
-    /// The kind of a command name.
-    pub fn from_command(name: &str) -> Option<WriteKind> {
-        match name {
-            "insert" => Some(WriteKind::Insert),
-            "update" => Some(WriteKind::Update),
-            "delete" => Some(WriteKind::Delete),
-            _ => None,
-        }
-    }
-
-    /// The command name.
-    pub fn command(self) -> &'static str {
-        match self {
-            WriteKind::Insert => "insert",
-            WriteKind::Update => "update",
-            WriteKind::Delete => "delete",
-        }
-    }
-
-    /// The field (and document sequence identifier) holding the statements.
-    pub fn statements_field(self) -> &'static str {
-        match self {
-            WriteKind::Insert => "documents",
-            WriteKind::Update => "updates",
-            WriteKind::Delete => "deletes",
-        }
-    }
-}
+/// The kind of write command, named where the request is parsed (`crate::command`).
+pub use crate::command::WriteKind;
 
 /// Where a statement goes.
 #[derive(Debug, Clone, PartialEq)]

@@ -138,7 +138,10 @@ pub fn op_code(n: i32) -> OpCode {
 pub struct TestCluster {
     pub router: RouterHandle,
     pub shards: Vec<sluice::embedded::EmbeddedShard>,
+    /// The shards' side of the cluster: pools, queues, the routing table.
     pub cluster: std::sync::Arc<sluice::cluster::Cluster>,
+    /// What only the router keeps: metadata, cursors, the coalescer, write statistics.
+    pub sharded: std::sync::Arc<sluice::router::ShardedCluster>,
 }
 
 impl TestCluster {
@@ -179,7 +182,7 @@ impl TestCluster {
                 num_initial_chunks: None,
             })
             .collect();
-        let cluster = sluice::router::bootstrap(
+        let sharded = sluice::router::bootstrap(
             None,
             &infos,
             &colls,
@@ -193,13 +196,14 @@ impl TestCluster {
             ..config
         };
         let router =
-            sluice::router::start_router(config, vec!["sluice".into()], Some(cluster.clone()))
+            sluice::router::start_router(config, vec!["sluice".into()], Some(sharded.clone()))
                 .await
                 .expect("router");
         TestCluster {
             router,
             shards,
-            cluster,
+            cluster: sharded.cluster.clone(),
+            sharded,
         }
     }
 
@@ -234,7 +238,7 @@ impl TestCluster {
 
     /// The router's `serverStatus().sluice.writes.plans`.
     pub fn plans(&self) -> (i64, i64, i64) {
-        let w = &self.router.state().writes;
+        let w = &self.sharded.writes;
         use std::sync::atomic::Ordering::Relaxed;
         (
             w.plans_mongos_rounds.load(Relaxed) as i64,

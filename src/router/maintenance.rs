@@ -1,0 +1,191 @@
+//! Collection-maintenance commands on the router, routed as mongos routes them: `create` of an
+//! existing sharded collection (NamespaceExists, 48, which ODMs expect and ignore), `collMod`
+//! (every shard), `validate` (every shard owning chunks, replies under `raw`), `dataSize`
+//! (the shards owning chunks, summed) and `renameCollection` (the primary shard for an
+//! unsharded collection; every shard and the sharding metadata for a sharded one).
+
+use std::sync::Arc;
+
+use bson::{doc, Bson, Document};
+
+use super::route::{broadcast_ddl, forward};
+use crate::cluster::Cluster;
+use crate::command::{CommandError, CommandRequest};
+use crate::routing::{ConfigStore, RoutingSnapshot};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::number_field;
+
+fn ok(reply: &Document) -> bool {
+    reply.get_f64("ok").ok() == Some(1.0)
+}
+
+/// `create` of a collection the router knows as sharded: it exists.
+pub fn create_existing(snap: &RoutingSnapshot) -> CommandError {
+    CommandError::new(
+        ErrorCode::NamespaceExists,
+        format!("Collection {} already exists.", snap.ns),
+    )
+}
+
+/// `validate` of a sharded collection: each owning shard's reply under `raw`, `valid` when
+/// every shard's is.
+pub async fn validate(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    snap: &RoutingSnapshot,
+) -> Result<Document, CommandError> {
+    let mut raw = Document::new();
+    let mut valid = true;
+    let mut errors: Vec<Bson> = Vec::new();
+    for shard in snap.chunks.shards() {
+        let reply = forward(cluster, &shard, req, None).await?;
+        if !ok(&reply) {
+            return Ok(reply);
+        }
+        valid &= reply.get_bool("valid").unwrap_or(false);
+        if let Ok(e) = reply.get_array("errors") {
+            errors.extend(e.iter().cloned());
+        }
+        raw.insert(shard, reply);
+    }
+    let mut out = doc! {"raw": raw, "valid": valid};
+    if !errors.is_empty() {
+        out.insert("errors", errors);
+    }
+    out.insert("ok", 1.0);
+    Ok(out)
+}
+
+/// `dataSize: "db.coll"`: the sum over the shards that own chunks of a sharded collection, or
+/// the primary shard's answer for an unsharded one.
+pub async fn data_size(
+    cluster: &Arc<Cluster>,
+    store: &ConfigStore,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    let ns = req
+        .body
+        .raw()
+        .get_str(&req.name)
+        .map_err(|_| {
+            CommandError::new(
+                ErrorCode::TypeMismatch,
+                format!(
+                    "BSON field '{0}.{0}' is the wrong type, expected type 'string'",
+                    req.name
+                ),
+            )
+        })?
+        .to_string();
+    let Some(snap) = cluster.routing.get(&ns)? else {
+        let db = ns.split('.').next().unwrap_or_default();
+        return forward(cluster, &primary_of(cluster, store, db)?, req, None).await;
+    };
+    let (mut size, mut n, mut millis) = (0i64, 0i64, 0i64);
+    for shard in snap.chunks.shards() {
+        let reply = forward(cluster, &shard, req, None).await?;
+        if !ok(&reply) {
+            return Ok(reply);
+        }
+        size += number_field(&reply, "size").unwrap_or(0);
+        n += number_field(&reply, "numObjects").unwrap_or(0);
+        millis += number_field(&reply, "millis").unwrap_or(0);
+    }
+    Ok(doc! {"size": size, "numObjects": n, "millis": millis, "ok": 1.0})
+}
+
+/// The primary shard of `db` (the first shard when the database is not known yet).
+fn primary_of(
+    cluster: &Arc<Cluster>,
+    store: &ConfigStore,
+    db: &str,
+) -> Result<String, CommandError> {
+    if let Some(d) = store.database(db) {
+        return Ok(d.get_str("primary").unwrap_or_default().to_string());
+    }
+    cluster
+        .shards()
+        .first()
+        .map(|s| s.id.clone())
+        .ok_or_else(|| CommandError::new(ErrorCode::ShardNotFound, "the cluster has no shards"))
+}
+
+/// `renameCollection` (on `admin`). An unsharded source is renamed by its database's primary
+/// shard. A sharded source is renamed on every shard and then in the sharding metadata; it
+/// must stay in its database, and an existing target needs `dropTarget`, as mongos requires.
+pub async fn rename_collection(
+    cluster: &Arc<Cluster>,
+    store: &ConfigStore,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    if req.db != "admin" {
+        return Err(CommandError::new(
+            ErrorCode::Unauthorized,
+            "renameCollection may only be run against the admin database.",
+        ));
+    }
+    let body = req.options_document();
+    let (Some(Bson::String(from)), Some(Bson::String(to))) =
+        (body.get("renameCollection"), body.get("to"))
+    else {
+        return Err(CommandError::new(
+            ErrorCode::TypeMismatch,
+            "BSON field 'renameCollection.to' is missing or not a string",
+        ));
+    };
+    for (ns, what) in [(from, "source"), (to, "target")] {
+        match ns.split_once('.') {
+            Some((db, coll)) if !db.is_empty() && !coll.is_empty() => {
+                crate::limits::check_namespace(db, coll)
+                    .map_err(|m| CommandError::new(ErrorCode::InvalidNamespace, m))?;
+            }
+            _ => {
+                return Err(CommandError::new(
+                    ErrorCode::InvalidNamespace,
+                    format!("Invalid {what} namespace: {ns}"),
+                ))
+            }
+        }
+    }
+    let from_db = from.split('.').next().unwrap_or_default();
+    let to_db = to.split('.').next().unwrap_or_default();
+    let Some(snap) = cluster.routing.get(from)? else {
+        if cluster.routing.get(to)?.is_some()
+            && !body
+                .get("dropTarget")
+                .is_some_and(crate::value::field::truthy)
+        {
+            return Err(CommandError::new(
+                ErrorCode::NamespaceExists,
+                "target namespace exists",
+            ));
+        }
+        return forward(cluster, &primary_of(cluster, store, from_db)?, req, None).await;
+    };
+    if from_db != to_db {
+        return Err(CommandError::new(
+            ErrorCode::CommandFailed,
+            "Source and destination collections must be on the same database.",
+        ));
+    }
+    if let Some(target) = cluster.routing.get(to)? {
+        if !body
+            .get("dropTarget")
+            .is_some_and(crate::value::field::truthy)
+        {
+            return Err(CommandError::new(
+                ErrorCode::NamespaceExists,
+                "target namespace exists",
+            ));
+        }
+        store.drop_collection(&target.ns)?;
+    }
+    let reply = broadcast_ddl(cluster, store, req, &snap).await?;
+    if !ok(&reply) {
+        return Ok(reply);
+    }
+    store.rename_collection(from, to)?;
+    cluster.routing.refresh(from)?;
+    cluster.routing.refresh(to)?;
+    Ok(doc! {"ok": 1.0})
+}

@@ -1,0 +1,55 @@
+//! What only a router keeps about the cluster it routes to: the metadata store its routing
+//! comes from, its own cursors over gathered results, the write coalescer and the write-path
+//! statistics (`serverStatus().sluice.writes`). The shards' side of the cluster (pools, queues,
+//! the routing table) is [`Cluster`], which the read and write paths are given; these pieces
+//! are handed to them one by one, so neither the cluster nor a shard ever holds router state.
+
+use std::sync::Arc;
+
+use crate::cluster::Cluster;
+use crate::config::BatchingConfig;
+use crate::read::RouterCursors;
+use crate::routing::ConfigStore;
+use crate::write::coalesce::{CoalesceSettings, Coalescer};
+use crate::write::WriteStats;
+
+/// A sharded cluster as its router holds it.
+#[derive(Debug)]
+pub struct ShardedCluster {
+    /// Shards, pools, queues and the routing table.
+    pub cluster: Arc<Cluster>,
+    /// Where the routing metadata comes from (and where sharding administration records it).
+    pub metadata: Arc<ConfigStore>,
+    /// The router's own cursors over gathered results of sharded reads.
+    pub cursors: RouterCursors,
+    /// Write-path counters, reported under `serverStatus().sluice.writes`.
+    pub writes: WriteStats,
+    coalescer: Option<Coalescer>,
+}
+
+impl ShardedCluster {
+    /// The router's state over `cluster`, routed from `metadata`, coalescing inserts as
+    /// `batching` says.
+    pub fn new(
+        cluster: Arc<Cluster>,
+        metadata: Arc<ConfigStore>,
+        batching: &BatchingConfig,
+    ) -> ShardedCluster {
+        ShardedCluster {
+            cluster,
+            metadata,
+            cursors: RouterCursors::default(),
+            writes: WriteStats::default(),
+            coalescer: Coalescer::new(CoalesceSettings {
+                max_operations: batching.max_operations.max(1),
+                max_bytes: batching.max_bytes.max(1),
+                max_wait: std::time::Duration::from_micros(batching.max_wait_us),
+            }),
+        }
+    }
+
+    /// The write coalescer (`None` when `batching.max_wait_us` is 0).
+    pub fn coalescer(&self) -> Option<&Coalescer> {
+        self.coalescer.as_ref()
+    }
+}
