@@ -146,6 +146,17 @@ pub(super) fn cursor_reply(
     RawDocumentBuf::from_bytes(out).unwrap_or_default()
 }
 
+/// How a cursor's first batch is served.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FirstBatch {
+    /// Most documents in it.
+    pub(super) size: usize,
+    /// No cursor is kept after it (`singleBatch`, a negative `limit`).
+    pub(super) single: bool,
+    /// Some shard could not be reached and was skipped (`partialResultsReturned`).
+    pub(super) partial: bool,
+}
+
 impl RouterCursors {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, RouterCursor>> {
         self.cursors.lock().unwrap_or_else(|p| p.into_inner())
@@ -236,19 +247,22 @@ impl RouterCursors {
         close_all(cluster, expired).await;
     }
 
-    /// Serves the first batch of `source` and keeps the rest as a cursor unless `single`;
-    /// `partial` marks the reply `partialResultsReturned`.
+    /// Serves the first batch of `source` and keeps the rest as a cursor unless
+    /// `first.single`.
     pub(super) async fn open(
         &self,
         cluster: &Cluster,
         ns: String,
         mut source: Source,
-        batch: usize,
-        single: bool,
-        partial: bool,
+        first: FirstBatch,
         owner: i64,
     ) -> Result<Reply, CommandError> {
-        let (first, exhausted) = source.next_batch(cluster, batch).await?;
+        let FirstBatch {
+            size,
+            single,
+            partial,
+        } = first;
+        let (first, exhausted) = source.next_batch(cluster, size).await?;
         let id = if exhausted || single {
             if let Source::Streams(m) = &source {
                 kill_streams(cluster, &m.db, &m.coll, &m.streams).await;

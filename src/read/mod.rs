@@ -38,7 +38,7 @@ use crate::value::error_codes::ErrorCode;
 use crate::value::field::{number_field, truthy};
 use crate::wire::Reply;
 
-use cursors::Source;
+use cursors::{FirstBatch, Source};
 pub use cursors::{RouterCursors, MAX_BUFFERED_CURSOR_BYTES, MAX_ROUTER_CURSORS};
 pub use shard_io::read_one;
 use shard_io::{drain, on_each, open_streams};
@@ -157,7 +157,7 @@ pub async fn read(
                 if push_projection { None } else { projection },
             );
             cursors
-                .open(cluster, ns.clone(), Source::Streams(Box::new(merge)), first, single, skipped, owner)
+                .open(cluster, ns.clone(), Source::Streams(Box::new(merge)), FirstBatch { size: first, single, partial: skipped }, owner)
                 .await
         }
         .await,
@@ -192,7 +192,7 @@ pub async fn read(
                 encoded.push_back(bytes::Bytes::from(bytes));
             }
             cursors
-                .open(cluster, ns.clone(), Source::Buffered(encoded), batch, false, false, owner)
+                .open(cluster, ns.clone(), Source::Buffered(encoded), FirstBatch { size: batch, single: false, partial: false }, owner)
                 .await
         }
         .await,
