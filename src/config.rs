@@ -57,6 +57,61 @@ pub struct Config {
     /// shards' results) may hold without `allowDiskUse`; beyond it the aggregation fails with
     /// 292, as mongod's 100 MiB limit does.
     pub stage_memory_bytes: usize,
+    /// Client authentication, authorization and the cluster keyfile (docs/design/security.md).
+    pub security: SecurityConfig,
+    /// TLS on the listener and towards shards (docs/design/security.md).
+    pub tls: TlsConfig,
+}
+
+/// `[security]`: who may connect and what they may do.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecurityConfig {
+    /// `"enabled"`: every command is checked against the authenticated user's built-in roles,
+    /// and only the handshake and authentication commands run before authentication;
+    /// `"disabled"` (the default, also for `sluice demo`): users may authenticate, nothing is
+    /// checked.
+    pub authorization: Authorization,
+    /// A JSON array of `admin.system.users` documents (Extended JSON, as `mongoexport
+    /// --jsonArray` writes them): the users clients authenticate as. `createUser`,
+    /// `updateUser`, `dropUser` and `dropAllUsersFromDatabase` rewrite it (atomically, mode
+    /// 0600). Unset: users live in memory only, starting with none.
+    pub users_file: Option<String>,
+    /// The cluster keyfile (mongod's `security.keyFile`): Sluice authenticates to its shards
+    /// as `__system` with it, and accepts `__system` clients that prove it.
+    pub key_file: Option<String>,
+}
+
+/// `security.authorization`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Authorization {
+    /// Nothing is checked (the default).
+    #[default]
+    Disabled,
+    /// Every command is checked.
+    Enabled,
+}
+
+/// `[tls]`: the listener's TLS and Sluice's TLS towards shards.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// `"disabled"` (the default), `"allow"` (TLS and plain clients), `"prefer"` (both, and
+    /// TLS to shards) or `"require"` (TLS clients only, TLS to shards), as mongod's
+    /// `net.tls.mode`.
+    pub mode: crate::auth::tls::TlsMode,
+    /// PEM holding the server's certificate chain and private key (needed unless disabled).
+    pub certificate_key_file: Option<String>,
+    /// PEM of the CA that client certificates (MONGODB-X509) and shard certificates must chain
+    /// to. With it, clients are asked for a certificate.
+    pub ca_file: Option<String>,
+    /// With `ca_file`: accept clients that present no certificate.
+    pub allow_connections_without_certificates: bool,
+    /// Towards shards: accept any shard certificate (tests only).
+    pub allow_invalid_certificates: bool,
+    /// Towards shards: accept a valid certificate issued for another host name.
+    pub allow_invalid_hostnames: bool,
 }
 
 impl Default for Config {
@@ -77,6 +132,8 @@ impl Default for Config {
             ordered_rewrite_overrides: Default::default(),
             enable_test_commands: false,
             stage_memory_bytes: crate::limits::DEFAULT_STAGE_MEMORY_BYTES,
+            security: SecurityConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -304,6 +361,12 @@ impl Config {
 
     /// Checks values that the types alone do not constrain.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.tls.mode.accepts_tls() && self.tls.certificate_key_file.is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "tls.mode = \"{}\" needs tls.certificate_key_file",
+                self.tls.mode
+            )));
+        }
         if self.max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "max_connections must be at least 1".into(),

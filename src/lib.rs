@@ -11,7 +11,9 @@
 //!    and the iterative measurements that check them; [`sync`]: the lock a panic cannot poison.
 //! 2. [`wire`]: bytes to messages and back (OP_MSG, the legacy OP_QUERY handshake,
 //!    OP_COMPRESSED), zero-copy views over `bytes::Bytes`; [`routing`]: shard key patterns,
-//!    MongoDB's hashed key, chunk maps and routing snapshots.
+//!    MongoDB's hashed key, chunk maps and routing snapshots; [`auth`]: the security core
+//!    (SCRAM, X.509 subjects, users, built-in roles and per-command checks, TLS settings),
+//!    sans-IO, served by the frontend and used by the backend towards shards.
 //! 3. [`engine`]: the document engine (paths, the query matcher, sort, projection, update
 //!    operators, aggregation) that the embedded shard stores with and the router merges with;
 //!    [`backend`]: shard connections, pools, the per-shard queue and its adaptive limit, and the
@@ -19,8 +21,7 @@
 //! 4. [`config`]: the TOML configuration, its defaults and the write policy.
 //! 5. [`command`]: what every server shares — the request envelope, the error type, server
 //!    state and information, `hello`; [`cluster`]: the router's view of its shards (pools,
-//!    queues, the routing table); [`auth`]: the security core (SCRAM, X.509, roles, TLS
-//!    configuration), not wired yet.
+//!    queues, the routing table).
 //! 6. [`read`]: targeted and scatter-gather reads, the merge and the router's cursors;
 //!    [`write`]: targeting, the pure planner, child batches, reply merging; [`frontend`]: the
 //!    listener and one task per client connection.

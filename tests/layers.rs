@@ -21,14 +21,15 @@ const LAYERS: &[(&str, u8)] = &[
     // 2: bytes to messages; shard keys, hashing, chunk maps and routing snapshots.
     ("wire", 2),
     ("routing", 2),
+    // 2: the security core (SCRAM, roles, TLS settings): it reads nothing above value/.
+    ("auth", 2),
     // 3: the document engine; shard connections, pools, the queue and the limiter.
     ("engine", 3),
     ("backend", 3),
     // 4: the configuration.
     ("config", 4),
-    // 5: what every server shares; the security core; the router's view of its shards.
+    // 5: what every server shares; the router's view of its shards.
     ("command", 5),
-    ("auth", 5),
     ("cluster", 5),
     // 6: the read and write paths, the listener and connection tasks.
     ("read", 6),

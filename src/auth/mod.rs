@@ -16,6 +16,7 @@
 //! | [`roles`] | actions, resource patterns, privileges and MongoDB's built-in roles |
 //! | [`authorize`] | the per-command authorization checks and mongod's `Unauthorized` messages |
 //! | [`render`] | BSON rendered the way mongod prints it in error messages |
+//! | [`user_admin`] | `createUser`, `updateUser`, `dropUser`, `dropAllUsersFromDatabase`, `usersInfo` on the users of static and demo mode |
 //! | [`tls`] | rustls server and client configurations, the `tls_mode` values, telling TLS from plain on one port |
 //! | [`x509`] | the subject name of a certificate in mongod's RFC 2253 form, cluster membership |
 
@@ -25,8 +26,9 @@ pub mod keyfile;
 pub mod render;
 pub mod roles;
 pub mod scram;
-// pub mod session;
+pub mod session;
 pub mod tls;
+pub mod user_admin;
 pub mod x509;
 
 use crate::value::error_codes::ErrorCode;

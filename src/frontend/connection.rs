@@ -13,10 +13,11 @@ use std::sync::Arc;
 
 use bson::{doc, Document};
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use super::security::{ConnectionAuth, Security};
 use super::{Response, Service};
 use crate::command::{self, hello, ClientState, CommandError, CommandRequest, ServerState};
 use crate::value::error_codes::ErrorCode;
@@ -101,14 +102,164 @@ impl Drop for OpenConnection<'_> {
     }
 }
 
+/// A client's byte stream: plain TCP, or TLS over it.
+enum ClientStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for ClientStream {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            ClientStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ClientStream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            ClientStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
+            ClientStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientStream::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            ClientStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// How long a new connection has to send its first bytes and finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Peeks the first bytes of a connection (without consuming them) to tell TLS from plain.
+async fn peek_first(
+    socket: &TcpStream,
+) -> std::io::Result<Option<[u8; crate::auth::tls::PEEK_LEN]>> {
+    let mut first = [0u8; crate::auth::tls::PEEK_LEN];
+    loop {
+        let n = socket.peek(&mut first).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        if n == first.len() {
+            return Ok(Some(first));
+        }
+        // Fewer bytes than a header so far: wait for the rest of the segment.
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
+/// Admits a new connection on a TLS-enabled listener: TLS (handshake done, the client
+/// certificate's subject recorded) or plain, as the mode allows; `None` closes it (logged).
+async fn admit(
+    socket: TcpStream,
+    peer: SocketAddr,
+    security: &Security,
+    auth: &mut ConnectionAuth,
+) -> Option<ClientStream> {
+    let Some((mode, acceptor)) = security.tls() else {
+        return Some(ClientStream::Plain(socket));
+    };
+    let first = match tokio::time::timeout(HANDSHAKE_TIMEOUT, peek_first(&socket)).await {
+        Ok(Ok(Some(first))) => first,
+        Ok(Ok(None)) => return None,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "connection failed before its first message");
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!(%peer, "closing connection: nothing received within the handshake timeout");
+            return None;
+        }
+    };
+    let admission = crate::auth::tls::admit(*mode, crate::auth::tls::classify(&first));
+    match admission {
+        Err(e) => {
+            metrics::counter!("sluice_tls_handshakes_total", "outcome" => "refused").increment(1);
+            tracing::warn!(%peer, error = %e.message, "closing connection");
+            None
+        }
+        Ok(crate::auth::tls::Admission::Plain { note }) => {
+            if let Some(note) = note {
+                tracing::debug!(%peer, "{note}");
+            }
+            Some(ClientStream::Plain(socket))
+        }
+        Ok(crate::auth::tls::Admission::Tls) => {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
+                Ok(Ok(stream)) => {
+                    metrics::counter!("sluice_tls_handshakes_total", "outcome" => "success")
+                        .increment(1);
+                    let certs = stream.get_ref().1.peer_certificates();
+                    match crate::auth::tls::peer_subject(certs) {
+                        Some(Ok(name)) => auth.set_peer_subject(Some(name.to_string())),
+                        Some(Err(e)) => {
+                            tracing::warn!(%peer, error = %e, "cannot read the client certificate's subject")
+                        }
+                        None => {}
+                    }
+                    Some(ClientStream::Tls(Box::new(stream)))
+                }
+                Ok(Err(e)) => {
+                    metrics::counter!("sluice_tls_handshakes_total", "outcome" => "failure")
+                        .increment(1);
+                    tracing::warn!(%peer, error = %e, "TLS handshake failed");
+                    None
+                }
+                Err(_) => {
+                    metrics::counter!("sluice_tls_handshakes_total", "outcome" => "failure")
+                        .increment(1);
+                    tracing::warn!(%peer, "TLS handshake timed out");
+                    None
+                }
+            }
+        }
+    }
+}
+
 /// Serves one client until it disconnects, sends something unrecoverable, or the router shuts
 /// down (after the request in flight is answered).
 pub async fn serve(
-    mut socket: TcpStream,
+    socket: TcpStream,
     peer: SocketAddr,
     service: Arc<dyn Service>,
+    security: Arc<Security>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut auth = ConnectionAuth::default();
+    let mut socket = tokio::select! {
+        s = admit(socket, peer, &security, &mut auth) => match s {
+            Some(s) => s,
+            None => return,
+        },
+        _ = shutdown.changed() => return,
+    };
     let state = service.state().clone();
     state
         .counters
@@ -148,6 +299,8 @@ pub async fn serve(
             state: &state,
             service: &service,
             client: &mut client,
+            security: &security,
+            auth: &mut auth,
         };
         let flow = session.handle_frame(frame).await;
         // A large message leaves its allocation behind the buffer: give it back rather than
@@ -171,7 +324,10 @@ pub async fn serve(
 
 /// Reads one whole frame into `buf` and splits it off. `Ok(None)` on a clean EOF between
 /// messages. Cancel-safe: partial data stays in `buf`.
-async fn read_frame(socket: &mut TcpStream, buf: &mut BytesMut) -> Result<Option<Bytes>, String> {
+async fn read_frame(
+    socket: &mut ClientStream,
+    buf: &mut BytesMut,
+) -> Result<Option<Bytes>, String> {
     loop {
         match wire::frame_length(buf) {
             Ok(Some(len)) if buf.len() >= len => return Ok(Some(buf.split_to(len).freeze())),
@@ -194,11 +350,13 @@ async fn read_frame(socket: &mut TcpStream, buf: &mut BytesMut) -> Result<Option
 }
 
 struct Session<'a> {
-    socket: &'a mut TcpStream,
+    socket: &'a mut ClientStream,
     buf: &'a mut BytesMut,
     state: &'a Arc<ServerState>,
     service: &'a Arc<dyn Service>,
     client: &'a mut ClientState,
+    security: &'a Security,
+    auth: &'a mut ConnectionAuth,
 }
 
 impl Session<'_> {
@@ -365,7 +523,7 @@ impl Session<'_> {
                 req = next;
             }
             let next = tokio::select! {
-                r = serve_request(self.service, self.state, self.client, &req, None) => match r {
+                r = serve_request(self.service, self.state, self.client, (self.security, &mut *self.auth), &req, None) => match r {
                     Response::Reply(reply) => Some(reply),
                     Response::Raw(reply) => Some(Reply::Raw(reply).into_document()),
                     Response::CloseConnection => return Ok(Flow::Close),
@@ -390,7 +548,15 @@ impl Session<'_> {
         req: &CommandRequest,
         span: Option<tracing::Span>,
     ) -> Response {
-        serve_request(self.service, self.state, self.client, req, span).await
+        serve_request(
+            self.service,
+            self.state,
+            self.client,
+            (self.security, &mut *self.auth),
+            req,
+            span,
+        )
+        .await
     }
 
     async fn handle_query(
@@ -549,16 +715,26 @@ async fn serve_request(
     service: &Arc<dyn Service>,
     state: &ServerState,
     client: &mut ClientState,
+    (security, auth): (&Security, &mut ConnectionAuth),
     req: &CommandRequest,
     span: Option<tracing::Span>,
 ) -> Response {
     let conn = client.id;
+    let peer = client.peer;
+    // Authorization and the authentication and user commands: answered before the service.
+    if let Some(reply) = security.before(auth, state, (conn, &peer), req) {
+        return Response::Reply(reply);
+    }
     let fut = service.handle(client, req);
     let outcome = match span {
         Some(span) => CatchUnwind(tracing::Instrument::instrument(fut, span)).await,
         None => CatchUnwind(fut).await,
     };
     match outcome {
+        Ok(Response::Reply(mut reply)) => {
+            security.after(auth, (conn, &peer), req, &mut reply);
+            Response::Reply(reply)
+        }
         Ok(response) => response,
         Err(panic) => {
             let what = panic_message(panic.as_ref());

@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
+use super::security::Security;
 use super::{connection, Service};
 
 /// Binds a listening socket with address reuse and the given backlog.
@@ -28,6 +29,7 @@ pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
 pub async fn accept_loop(
     listener: TcpListener,
     service: Arc<dyn Service>,
+    security: Arc<Security>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let state = service.state().clone();
@@ -66,9 +68,10 @@ pub async fn accept_loop(
                     tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
                 }
                 let service = service.clone();
+                let security = security.clone();
                 let shutdown = shutdown.clone();
                 connections.spawn(async move {
-                    connection::serve(socket, peer, service, shutdown).await;
+                    connection::serve(socket, peer, service, security, shutdown).await;
                     drop(permit);
                 });
             }

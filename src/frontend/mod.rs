@@ -3,9 +3,12 @@
 //! [`start`] binds the configured address and returns a [`RouterHandle`]; the binary waits for
 //! SIGINT/SIGTERM and calls [`RouterHandle::shutdown`], tests call it directly. Shutdown stops
 //! accepting, lets every connection finish the request it is serving, then closes them.
+//! [`security`] holds what the connections share about users, authorization and TLS, and the
+//! one hook each request passes through.
 
 mod connection;
 mod listener;
+pub mod security;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -108,12 +111,16 @@ pub async fn start_service(
             format!("invalid listen address {:?}", config.listen),
         )
     })?;
+    let security = Arc::new(
+        security::Security::from_config(&config)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
+    );
     let listener = bind(addr, config.backlog)?;
     let addr = listener.local_addr()?;
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ServerState::new(config, argv, rx.clone()));
     let service = make(state.clone());
-    let task = tokio::spawn(listener::accept_loop(listener, service, rx));
+    let task = tokio::spawn(listener::accept_loop(listener, service, security, rx));
     Ok(RouterHandle {
         addr,
         state,

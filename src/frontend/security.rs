@@ -1,0 +1,372 @@
+//! The connection's side of security: the process-wide [`Security`] (users, the keyfile's
+//! `__system` credentials, whether authorization is on, the listener's TLS) and the one hook
+//! every request passes through before and after the service answers it ([`Security::before`],
+//! [`Security::after`]).
+//!
+//! Before: with authorization enabled the command is checked against the connection's user
+//! (13 Unauthorized with mongod's message); then the authentication commands (`saslStart`,
+//! `saslContinue`, `authenticate`, `logout`) and the user-management commands (`createUser`,
+//! `updateUser`, `dropUser`, `dropAllUsersFromDatabase`, `usersInfo`) are answered here, since
+//! they concern the connection and the users file, not the service. After: the `hello` family
+//! gets `saslSupportedMechs` and `speculativeAuthenticate`, `connectionStatus` the connection's
+//! `authInfo`. With no `[security]` configured nothing is checked and no user exists, so a
+//! client without credentials sees exactly what it saw before.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bson::{Bson, Document, RawDocument};
+
+use crate::auth::authorize::{authorize, CommandView};
+use crate::auth::credentials::{UserDocument, UsersFile};
+use crate::auth::keyfile::{InternalCredentials, KeyFile};
+use crate::auth::session::{AuthSession, Outcome, UserLookup};
+use crate::auth::{tls, user_admin, AuthError, UserName};
+use crate::command::{self, CommandError, CommandRequest, ServerState};
+use crate::config::{Authorization, Config};
+use crate::sync::lock;
+
+/// The security of one listener, built once from the configuration.
+pub struct Security {
+    authorization: bool,
+    users: Mutex<UsersFile>,
+    users_path: Option<PathBuf>,
+    /// Bumped on every change of the users, so connections re-read their user.
+    generation: AtomicU64,
+    internal: Option<InternalCredentials>,
+    tls: Option<(tls::TlsMode, tokio_rustls::TlsAcceptor)>,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Security")
+            .field("authorization", &self.authorization)
+            .field("users_path", &self.users_path)
+            .field("keyfile", &self.internal.is_some())
+            .field("tls", &self.tls.as_ref().map(|(m, _)| *m))
+            .finish()
+    }
+}
+
+fn read_file(path: &str, what: &str) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {what} {path}: {e}"))
+}
+
+impl Security {
+    /// Reads the users file, the keyfile and the TLS files the configuration names.
+    pub fn from_config(config: &Config) -> Result<Security, String> {
+        let sec = &config.security;
+        let users = match &sec.users_file {
+            Some(path) if std::path::Path::new(path).exists() => {
+                let text = String::from_utf8(read_file(path, "the users file")?)
+                    .map_err(|_| format!("the users file {path} is not UTF-8"))?;
+                UsersFile::parse(&text).map_err(|e| format!("the users file {path}: {e}"))?
+            }
+            _ => UsersFile::new(),
+        };
+        let internal = match &sec.key_file {
+            Some(path) => Some(
+                KeyFile::load(std::path::Path::new(path))
+                    .and_then(|k| k.internal_credentials())
+                    .map_err(|e| e.message)?,
+            ),
+            None => None,
+        };
+        let tls = if config.tls.mode.accepts_tls() {
+            let Some(cert) = &config.tls.certificate_key_file else {
+                return Err("tls.mode needs tls.certificate_key_file".into());
+            };
+            let cert = read_file(cert, "the certificate key file")?;
+            let ca = match &config.tls.ca_file {
+                Some(p) => Some(read_file(p, "the CA file")?),
+                None => None,
+            };
+            let server = tls::server_config(&tls::ServerTlsSettings {
+                certificate_key_pem: &cert,
+                ca_pem: ca.as_deref(),
+                allow_connections_without_certificates: config
+                    .tls
+                    .allow_connections_without_certificates,
+            })
+            .map_err(|e| e.message)?;
+            Some((config.tls.mode, tokio_rustls::TlsAcceptor::from(server)))
+        } else {
+            None
+        };
+        Ok(Security {
+            authorization: sec.authorization == Authorization::Enabled,
+            users: Mutex::new(users),
+            users_path: sec.users_file.as_ref().map(PathBuf::from),
+            generation: AtomicU64::new(0),
+            internal,
+            tls,
+        })
+    }
+
+    /// The listener's TLS mode and acceptor (`None`: plain only).
+    pub fn tls(&self) -> Option<&(tls::TlsMode, tokio_rustls::TlsAcceptor)> {
+        self.tls.as_ref()
+    }
+
+    /// Whether every command is checked.
+    pub fn authorization_enabled(&self) -> bool {
+        self.authorization
+    }
+
+    fn save(&self, users: &UsersFile) -> Result<(), AuthError> {
+        let Some(path) = &self.users_path else {
+            return Ok(());
+        };
+        let write = || -> std::io::Result<()> {
+            let tmp = path.with_extension("tmp");
+            {
+                use std::io::Write;
+                let mut options = std::fs::OpenOptions::new();
+                options.write(true).create(true).truncate(true);
+                #[cfg(unix)]
+                std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+                let mut f = options.open(&tmp)?;
+                f.write_all(users.to_text().as_bytes())?;
+                f.sync_all()?;
+            }
+            std::fs::rename(&tmp, path)
+        };
+        write().map_err(|e| {
+            AuthError::new(
+                crate::value::error_codes::ErrorCode::InternalError,
+                format!("cannot write the users file {}: {e}", path.display()),
+            )
+        })
+    }
+
+    /// Runs a user-management command; the file is rewritten before the reply when it changed.
+    fn user_admin(&self, req: &CommandRequest, body: &Document) -> Result<Document, AuthError> {
+        let mut users = lock(&self.users);
+        let before = users.clone();
+        let result = user_admin::run(&mut users, &req.name, &req.db, body)?;
+        if user_admin::is_write(&req.name) {
+            if let Err(e) = self.save(&users) {
+                *users = before;
+                return Err(e);
+            }
+            self.generation.fetch_add(1, Ordering::Release);
+            for (name, _) in &result.changed {
+                tracing::info!(user = %name, command = %req.name, "user changed");
+            }
+        }
+        Ok(result.reply)
+    }
+}
+
+impl UserLookup for Security {
+    fn user(&self, name: &UserName) -> Option<UserDocument> {
+        lock(&self.users).find(name).cloned()
+    }
+    fn internal_credentials(&self) -> Option<&InternalCredentials> {
+        self.internal.as_ref()
+    }
+}
+
+/// A connection's authentication state: the session and the users generation it last saw.
+#[derive(Debug, Default)]
+pub struct ConnectionAuth {
+    session: AuthSession,
+    generation: u64,
+}
+
+impl ConnectionAuth {
+    /// Records the verified client certificate's subject.
+    pub fn set_peer_subject(&mut self, subject: Option<String>) {
+        self.session.set_peer_subject(subject);
+    }
+}
+
+/// The request as the authorization checks read it.
+struct View<'a>(&'a CommandRequest);
+
+impl CommandView for View<'_> {
+    fn db(&self) -> &str {
+        &self.0.db
+    }
+    fn body(&self) -> &RawDocument {
+        self.0.body.raw()
+    }
+    fn sequence(&self, identifier: &str) -> Option<Vec<&RawDocument>> {
+        self.0
+            .sequences
+            .iter()
+            .find(|s| s.identifier == identifier)
+            .map(|s| s.documents.iter().map(|d| d.raw()).collect())
+    }
+}
+
+fn is_hello(name: &str) -> bool {
+    matches!(name, "hello" | "isMaster" | "ismaster")
+}
+
+fn error_reply(state: &ServerState, e: &AuthError) -> Document {
+    let mut reply = CommandError::new(e.code, e.message.clone()).to_reply();
+    command::append_cluster_time(state, &mut reply);
+    reply
+}
+
+fn ok_reply(state: &ServerState, mut reply: Document) -> Document {
+    reply.insert("ok", 1.0);
+    command::append_cluster_time(state, &mut reply);
+    reply
+}
+
+/// Logs and counts one authentication step's outcome (never a password, proof or payload).
+fn record(conn: i64, peer: &std::net::SocketAddr, speculative: bool, outcome: &Outcome) {
+    match outcome {
+        Outcome::Continued => {}
+        Outcome::Succeeded { user, mechanism } => {
+            metrics::counter!("sluice_authentications_total",
+                "mechanism" => mechanism.name(), "outcome" => "success")
+            .increment(1);
+            tracing::info!(conn, %peer, %user, %mechanism, speculative, "authentication succeeded");
+        }
+        Outcome::Failed {
+            mechanism,
+            user,
+            error,
+        } => {
+            let m = mechanism.map(|m| m.name()).unwrap_or("unknown");
+            metrics::counter!("sluice_authentications_total",
+                "mechanism" => m, "outcome" => "failure")
+            .increment(1);
+            tracing::warn!(
+                conn,
+                %peer,
+                user = user.as_ref().map(|u| u.to_string()).unwrap_or_default(),
+                mechanism = m,
+                speculative,
+                error = error.for_log(),
+                code = error.code.0,
+                "authentication failed"
+            );
+        }
+    }
+}
+
+impl Security {
+    /// Brings the connection's user up to date after `createUser`/`updateUser`/`dropUser` on
+    /// any connection: a dropped user is no longer authenticated, a changed one has its new
+    /// roles.
+    fn refresh(&self, auth: &mut ConnectionAuth) {
+        let now = self.generation.load(Ordering::Acquire);
+        if auth.generation == now {
+            return;
+        }
+        auth.generation = now;
+        if let Some(name) = auth.session.principal().map(|p| p.user.clone()) {
+            if !name.is_internal() {
+                let user = self.user(&name);
+                auth.session.refresh_user(&name, user.as_ref());
+            }
+        }
+    }
+
+    /// mongod's localhost exception: while no user exists, a client on the loopback interface
+    /// may create the first user in `admin` (and nothing else without authenticating).
+    fn localhost_exception(&self, peer: &std::net::SocketAddr, req: &CommandRequest) -> bool {
+        req.name == "createUser"
+            && req.db == "admin"
+            && peer.ip().is_loopback()
+            && lock(&self.users).users().is_empty()
+    }
+
+    /// Runs before the service: the authorization check, then the commands answered here.
+    /// `Some(reply)` is the whole answer; `None` passes the request on.
+    pub fn before(
+        &self,
+        auth: &mut ConnectionAuth,
+        state: &ServerState,
+        conn: (i64, &std::net::SocketAddr),
+        req: &CommandRequest,
+    ) -> Option<Document> {
+        self.refresh(auth);
+        if self.authorization && !self.localhost_exception(conn.1, req) {
+            if let Err(e) = authorize(auth.session.principal(), &View(req)) {
+                tracing::debug!(conn = conn.0, command = %req.name, error = %e.message, "unauthorized");
+                return Some(error_reply(state, &e));
+            }
+        }
+        let step = match req.name.as_str() {
+            "saslStart" => auth.session.sasl_start(&req.db, &req.body_document(), self),
+            "saslContinue" => auth.session.sasl_continue(&req.body_document(), self),
+            "authenticate" => auth
+                .session
+                .authenticate(&req.db, &req.body_document(), self),
+            "logout" => return Some(ok_reply(state, auth.session.logout())),
+            name if user_admin::USER_ADMIN_COMMANDS.contains(&name) => {
+                let reply = match self.user_admin(req, &req.body_document()) {
+                    Ok(reply) => ok_reply(state, reply),
+                    Err(e) => error_reply(state, &e),
+                };
+                self.refresh(auth);
+                return Some(reply);
+            }
+            _ => return None,
+        };
+        let (result, outcome) = step;
+        record(conn.0, conn.1, false, &outcome);
+        if matches!(outcome, Outcome::Succeeded { .. }) {
+            auth.generation = self.generation.load(Ordering::Acquire);
+        }
+        Some(match result {
+            Ok(reply) => ok_reply(state, reply),
+            Err(e) => error_reply(state, &e),
+        })
+    }
+
+    /// Runs after the service answered: the `hello` family's authentication fields and
+    /// `connectionStatus`'s `authInfo`.
+    pub fn after(
+        &self,
+        auth: &mut ConnectionAuth,
+        conn: (i64, &std::net::SocketAddr),
+        req: &CommandRequest,
+        reply: &mut Document,
+    ) {
+        if reply.get_f64("ok").ok() != Some(1.0) {
+            return;
+        }
+        if is_hello(&req.name) {
+            let body = req.body_document();
+            match AuthSession::sasl_supported_mechs(&body, self) {
+                Ok(Some(mechs)) => {
+                    reply.insert("saslSupportedMechs", mechs);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    *reply = CommandError::new(e.code, e.message).to_reply();
+                    return;
+                }
+            }
+            if let Some((spec, outcome)) = auth.session.speculative(&body, self) {
+                record(conn.0, conn.1, true, &outcome);
+                if matches!(outcome, Outcome::Succeeded { .. }) {
+                    auth.generation = self.generation.load(Ordering::Acquire);
+                }
+                if let Some(spec) = spec {
+                    reply.insert("speculativeAuthenticate", spec);
+                }
+            }
+        } else if req.name == "connectionStatus" {
+            let show = req
+                .body
+                .raw()
+                .get("showPrivileges")
+                .ok()
+                .flatten()
+                .and_then(|v| Bson::try_from(v).ok())
+                .is_some_and(|v| crate::value::field::truthy(&v));
+            reply.insert("authInfo", auth.session.auth_info(show));
+        }
+    }
+}
+
+/// The listener's security, shared by its connections.
+pub type SharedSecurity = Arc<Security>;
