@@ -432,10 +432,11 @@ fn delete(
             Ok((q, number_field(stmt, "limit").unwrap_or(0)))
         })
         .collect::<Result<_, _>>()?;
+    let vars = request_vars(body)?;
     let mut cat = lock(&svc.catalog);
     let out = run_statements(svc, retry, parsed.len(), batch.ordered, |i| {
         let (q, limit) = parsed[i];
-        let matcher = Matcher::parse(q)?;
+        let matcher = Matcher::parse_with(q, &vars)?;
         let Some(c) = cat.existing_mut(&req.db, &batch.coll) else {
             return Ok(StmtOutcome::Deleted { n: 0 });
         };
@@ -494,7 +495,7 @@ fn find_and_modify(
         Some(p) => Bson::Document(p.apply(d)),
         None => Bson::Document(d.clone()),
     };
-    let matcher = Matcher::parse(&query)?;
+    let matcher = Matcher::parse_with(&query, &request_vars(body)?)?;
     let mut cat = lock(&svc.catalog);
     let mut candidates: Vec<(u64, Document)> = match cat.collection(&req.db, &coll) {
         Some(c) => c
@@ -641,8 +642,9 @@ fn matching_documents(
     db: &str,
     coll: &str,
     filter: &Document,
+    vars: &aggregate::Variables,
 ) -> Result<Vec<Document>, EngineError> {
-    let matcher = Matcher::parse(filter)?;
+    let matcher = Matcher::parse_with(filter, vars)?;
     let cat = lock(&svc.catalog);
     Ok(match cat.collection(db, coll) {
         Some(c) => c
@@ -652,6 +654,32 @@ fn matching_documents(
             .collect(),
         None => Vec::new(),
     })
+}
+
+/// Whether an aggregation's pipeline starts with `$documents` (the only collection-less
+/// aggregation the embedded shard runs).
+fn starts_with_documents(body: &Document) -> bool {
+    body.get_array("pipeline")
+        .ok()
+        .and_then(|p| p.first())
+        .and_then(|s| s.as_document())
+        .is_some_and(|d| d.contains_key("$documents"))
+}
+
+/// The variables a request's expressions see: `$$NOW` fixed for the request and its `let`.
+fn request_vars(body: &Document) -> Result<aggregate::Variables, EngineError> {
+    let vars = aggregate::Variables::new();
+    match body.get("let") {
+        None => Ok(vars),
+        Some(Bson::Document(l)) => vars.with_let(l, &Document::new()),
+        Some(other) => Err(err(
+            ErrorCode::TypeMismatch,
+            format!(
+                "BSON field 'let' is the wrong type '{}', expected type 'object'",
+                crate::value::field::type_name(other)
+            ),
+        )),
+    }
 }
 
 fn doc_arg(body: &Document, field: &str, cmd: &str) -> Result<Document, EngineError> {
@@ -689,7 +717,7 @@ fn find(
         Some(0) | None => None,
         Some(l) => Some(l as usize),
     };
-    let mut docs = matching_documents(svc, &req.db, &coll, &filter)?;
+    let mut docs = matching_documents(svc, &req.db, &coll, &filter, &request_vars(body)?)?;
     sort.sort(&mut docs);
     let docs: Vec<Document> = docs
         .into_iter()
@@ -801,7 +829,7 @@ fn count(
 ) -> Result<Document, EngineError> {
     let coll = collection_name(req, body)?;
     let query = doc_arg(body, "query", "count")?;
-    let docs = matching_documents(svc, &req.db, &coll, &query)?;
+    let docs = matching_documents(svc, &req.db, &coll, &query, &request_vars(body)?)?;
     let skip = batch_size(body, "skip")?.unwrap_or(0);
     let mut n = docs.len().saturating_sub(skip);
     if let Some(l) = number_field(body, "limit") {
@@ -826,7 +854,7 @@ fn distinct(
     })?;
     path::check_field_path(key)?;
     let query = doc_arg(body, "query", "distinct")?;
-    let docs = matching_documents(svc, &req.db, &coll, &query)?;
+    let docs = matching_documents(svc, &req.db, &coll, &query, &request_vars(body)?)?;
     let mut values: std::collections::BTreeSet<crate::value::compare::OrdBson> = Default::default();
     for d in &docs {
         for v in path::lookup(d, key).expanded() {
@@ -847,9 +875,14 @@ fn aggregate_cmd(
             check_namespace(&req.db, s)?;
             s.clone()
         }
+        Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(_))
+            if starts_with_documents(body) =>
+        {
+            "$cmd.aggregate".to_string()
+        }
         Some(Bson::Int32(1)) | Some(Bson::Int64(1)) | Some(Bson::Double(_)) => return Err(err(
             ErrorCode::InvalidNamespace,
-            "collection-less aggregations ({aggregate: 1}) are not supported by the embedded shard",
+            "collection-less aggregations ({aggregate: 1}) are supported by the embedded shard only with $documents",
         )),
         _ => {
             return Err(err(
@@ -875,11 +908,28 @@ fn aggregate_cmd(
         };
     let ns = format!("{}.{coll}", req.db);
     svc.check_version(&ns, body)?;
-    let docs = matching_documents(svc, &req.db, &coll, &Document::new())?;
+    let vars = request_vars(body)?;
+    let coll_less = coll == "$cmd.aggregate";
+    let (stages, output) = crate::engine::output::split_output(pipeline, &req.db)?;
+    let docs = if coll_less {
+        Vec::new()
+    } else {
+        matching_documents(svc, &req.db, &coll, &Document::new(), &vars)?
+    };
     let options = aggregate::AggregateOptions::for_request(svc.stage_memory(), body);
-    let out = aggregate::run_with(pipeline, docs, &options)?;
-    let batch = batch_size(&cursor_opts, "batchSize")?.unwrap_or(DEFAULT_BATCH);
+    let reader = super::pipeline_output::CatalogReader(svc);
+    let env = aggregate::Env {
+        db: req.db.clone(),
+        vars,
+        namespaces: Some(&reader),
+    };
+    let out = aggregate::run_in(stages, docs, &options, &env)?;
     svc.bump_opcounter("command", 1);
+    if let Some(stage) = output {
+        super::pipeline_output::write(svc, &stage, out, &env.vars)?;
+        return Ok(cursor_reply(svc, ns, Vec::new(), 0, false, "firstBatch"));
+    }
+    let batch = batch_size(&cursor_opts, "batchSize")?.unwrap_or(DEFAULT_BATCH);
     Ok(cursor_reply(svc, ns, out, batch, false, "firstBatch"))
 }
 

@@ -20,6 +20,7 @@
 
 pub mod commands;
 pub mod ddl;
+pub mod pipeline_output;
 pub mod service;
 pub mod store;
 

@@ -1,6 +1,11 @@
-//! Aggregation pipelines on the embedded shard: `$match $project $addFields/$set $unset $sort
-//! $skip $limit $group $count $unwind $documents`, with the expression operators they commonly
-//! use. Unknown stages and expressions are errors naming them.
+//! Aggregation pipelines, shared by the embedded shard and the router's merge: the runner
+//! ([`run_in`], with its [`Env`]: database, [`Variables`], the other collections `$lookup`
+//! and `$unionWith` read), the stages `$match $project $addFields/$set $unset $sort $skip
+//! $limit $group $count $unwind $documents` (the others are in [`super::stages`]; `$out` and
+//! `$merge` in [`super::output`]), and the expression evaluator with the system variables
+//! (`$$ROOT`, `$$CURRENT`, `$$NOW`, `$$CLUSTER_TIME`, `$$REMOVE`) and the core operators (the
+//! other families are in [`super::expressions`]). Unknown stages and expressions are errors
+//! naming them.
 //!
 //! The engine holds each stage's output in memory, so every stage is bounded: each document it
 //! produces must encode within 16 MiB plus mongod's internal margin (BSONObjectTooLarge, 10334)
@@ -29,7 +34,7 @@ use crate::value::compare::{compare, values_equal, OrdBson};
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{arithmetic, as_int, int_result, is_number, to_decimal, to_f64, truthy};
 
-fn err(code: i32, msg: impl Into<String>) -> EngineError {
+pub(super) fn err(code: i32, msg: impl Into<String>) -> EngineError {
     EngineError::new(ErrorCode(code), msg)
 }
 
@@ -73,8 +78,9 @@ fn too_large(size: usize) -> EngineError {
 }
 
 /// Collects one stage's output, checking each document and the stage's total.
-struct Sink {
-    docs: Vec<Document>,
+pub(super) struct Sink {
+    /// The documents collected.
+    pub(super) docs: Vec<Document>,
     bytes: usize,
     /// Bytes the stage may produce at most.
     cap: usize,
@@ -82,7 +88,7 @@ struct Sink {
 }
 
 impl Sink {
-    fn new(stage: &'static str, cap: usize) -> Sink {
+    pub(super) fn new(stage: &'static str, cap: usize) -> Sink {
         Sink {
             docs: Vec::new(),
             bytes: 0,
@@ -91,7 +97,7 @@ impl Sink {
         }
     }
 
-    fn push(&mut self, d: Document) -> Result<(), EngineError> {
+    pub(super) fn push(&mut self, d: Document) -> Result<(), EngineError> {
         let m = measure(&d);
         if m.depth > MAX_RESULT_DEPTH {
             return Err(err(
@@ -130,9 +136,51 @@ pub fn run(pipeline: &[Bson], docs: Vec<Document>) -> Result<Vec<Document>, Engi
 /// Runs `pipeline` over `docs` within `options`' memory limits.
 pub fn run_with(
     pipeline: &[Bson],
-    mut docs: Vec<Document>,
+    docs: Vec<Document>,
     options: &AggregateOptions,
 ) -> Result<Vec<Document>, EngineError> {
+    run_in(pipeline, docs, options, &Env::default())
+}
+
+/// Where a pipeline reads other collections (`$lookup`, `$unionWith`): the embedded shard
+/// from its catalog, the router from what it fetched through itself beforehand.
+pub trait Namespaces: Sync {
+    /// Every document of `db.coll` (none when it does not exist).
+    fn documents(&self, db: &str, coll: &str) -> Result<Vec<Document>, EngineError>;
+}
+
+/// What a pipeline runs in: its database, its variables (`$$NOW`, the request's `let`) and
+/// the collections `$lookup` and `$unionWith` may read.
+#[derive(Default)]
+pub struct Env<'a> {
+    /// The database of the aggregated collection.
+    pub db: String,
+    /// Variables.
+    pub vars: Variables,
+    /// Other collections; `None` refuses `$lookup`/`$unionWith` of a collection.
+    pub namespaces: Option<&'a dyn Namespaces>,
+}
+
+impl Env<'_> {
+    /// The same environment with other variables (a `$lookup` sub-pipeline's `let`).
+    pub(super) fn with_vars(&self, vars: Variables) -> Env<'_> {
+        Env {
+            db: self.db.clone(),
+            vars,
+            namespaces: self.namespaces,
+        }
+    }
+}
+
+/// Runs `pipeline` over `docs` in `env`, within `options`' memory limits. `$out` and `$merge`
+/// are refused here: the server that owns the target runs them ([`super::output`]).
+pub fn run_in(
+    pipeline: &[Bson],
+    mut docs: Vec<Document>,
+    options: &AggregateOptions,
+    env: &Env,
+) -> Result<Vec<Document>, EngineError> {
+    let vars = &env.vars;
     // No stage may produce more than the pipeline's input or the stage limit, whichever is
     // larger: that bounds what one request can make the engine hold.
     let mut input_bytes = total_bytes(&docs);
@@ -161,10 +209,10 @@ pub fn run_with(
                         "the match filter must be an expression in an object",
                     ));
                 };
-                let m = Matcher::parse(f)?;
+                let m = Matcher::parse_with(f, vars)?;
                 docs.into_iter().filter(|d| m.matches(d)).collect()
             }
-            "$project" => project(spec, docs, cap)?,
+            "$project" => project(spec, docs, cap, vars)?,
             "$addFields" | "$set" => {
                 let Bson::Document(fields) = spec else {
                     return Err(err(
@@ -179,7 +227,7 @@ pub fn run_with(
                 let mut out = Sink::new("$addFields", cap);
                 for mut d in docs {
                     for (k, e) in fields {
-                        match eval(e, &d)? {
+                        match eval_with(e, &d, vars)? {
                             Some(v) => path::set(&mut d, k, v)?,
                             None => {
                                 path::unset(&mut d, k);
@@ -263,7 +311,7 @@ pub fn run_with(
                     vec![d]
                 }
             }
-            "$group" => group(spec, docs, options, cap)?,
+            "$group" => group(spec, docs, options, cap, vars)?,
             "$documents" => {
                 let Bson::Array(items) = spec else {
                     return Err(err(5858203, "an array is expected for $documents"));
@@ -283,6 +331,23 @@ pub fn run_with(
                 out.docs
             }
             "$unwind" => unwind(spec, docs, cap)?,
+            "$replaceRoot" | "$replaceWith" => {
+                super::stages::replace_root(name, spec, docs, cap, vars)?
+            }
+            "$sortByCount" => super::stages::sort_by_count(spec, docs, options, cap, vars)?,
+            "$bucket" => super::stages::bucket(spec, docs, options, cap, vars)?,
+            "$facet" => super::stages::facet(spec, docs, options, env)?,
+            "$sample" => super::stages::sample(spec, docs)?,
+            "$lookup" => super::stages::lookup(spec, docs, options, env, cap)?,
+            "$unionWith" => super::stages::union_with(spec, docs, options, env, cap)?,
+            "$setWindowFields" => super::stages::set_window_fields(spec, docs, cap, vars)?,
+            "$redact" => super::stages::redact(spec, docs, vars)?,
+            "$out" | "$merge" => {
+                return Err(err(
+                    40601,
+                    format!("{name} can only be the final stage in the pipeline"),
+                ))
+            }
             other => {
                 return Err(err(
                     40324,
@@ -295,7 +360,7 @@ pub fn run_with(
     Ok(docs)
 }
 
-fn non_negative(v: &Bson, stage: &str) -> Result<usize, EngineError> {
+pub(super) fn non_negative(v: &Bson, stage: &str) -> Result<usize, EngineError> {
     match v {
         Bson::Int32(i) if *i >= 0 => Ok(*i as usize),
         Bson::Int64(i) if *i >= 0 => Ok(*i as usize),
@@ -310,7 +375,7 @@ fn non_negative(v: &Bson, stage: &str) -> Result<usize, EngineError> {
 /// Checks the field paths an expression names (`"$a.b"`) before it is evaluated, as mongod
 /// parses expressions before running them. Recursion follows the expression, whose nesting
 /// the wire codec has bounded.
-fn check_expression(e: &Bson) -> Result<(), EngineError> {
+pub(super) fn check_expression(e: &Bson) -> Result<(), EngineError> {
     match e {
         Bson::String(s) if s.starts_with('$') && !s.starts_with("$$") => {
             path::check_field_path(&s[1..])
@@ -326,7 +391,12 @@ fn check_expression(e: &Bson) -> Result<(), EngineError> {
     }
 }
 
-fn project(spec: &Bson, docs: Vec<Document>, cap: usize) -> Result<Vec<Document>, EngineError> {
+fn project(
+    spec: &Bson,
+    docs: Vec<Document>,
+    cap: usize,
+    vars: &Variables,
+) -> Result<Vec<Document>, EngineError> {
     let Bson::Document(spec) = spec else {
         return Err(err(15969, "$project specification must be an object"));
     };
@@ -376,7 +446,7 @@ fn project(spec: &Bson, docs: Vec<Document>, cap: usize) -> Result<Vec<Document>
                     }
                 }
                 e => {
-                    if let Some(val) = eval(e, d)? {
+                    if let Some(val) = eval_with(e, d, vars)? {
                         path::set(&mut out, k, val)?;
                     }
                 }
@@ -457,11 +527,12 @@ enum Acc {
     AddToSet(BTreeSet<OrdBson>),
 }
 
-fn group(
+pub(super) fn group(
     spec: &Bson,
     docs: Vec<Document>,
     options: &AggregateOptions,
     cap: usize,
+    vars: &Variables,
 ) -> Result<Vec<Document>, EngineError> {
     let Bson::Document(spec) = spec else {
         return Err(err(
@@ -529,7 +600,7 @@ fn group(
     let mut groups: HashMap<usize, Vec<Acc>> = HashMap::new();
     let mut index: BTreeMap<OrdBson, usize> = BTreeMap::new();
     for d in &docs {
-        let key = OrdBson(eval(id_expr, d)?.unwrap_or(Bson::Null));
+        let key = OrdBson(eval_with(id_expr, d, vars)?.unwrap_or(Bson::Null));
         let gi = match index.get(&key) {
             Some(i) => *i,
             None => {
@@ -562,7 +633,7 @@ fn group(
             let v = if op == "$count" {
                 Some(Bson::Int32(1))
             } else {
-                eval(arg, d)?
+                eval_with(arg, d, vars)?
             };
             match slot {
                 Acc::Sum(total) => {
@@ -646,15 +717,21 @@ fn add_numbers(a: &Bson, b: &Bson) -> Bson {
 
 /// Evaluates an aggregation expression against `root`; `None` is "missing".
 pub fn eval(e: &Bson, root: &Document) -> Result<Option<Bson>, EngineError> {
+    eval_with(e, root, &Variables::new())
+}
+
+/// Evaluates an aggregation expression against `root` with these variables (`$$NOW` and
+/// the request's `let`).
+pub fn eval_with(e: &Bson, root: &Document, vars: &Variables) -> Result<Option<Bson>, EngineError> {
     let mut budget = Budget {
         left: MAX_INTERNAL_DOCUMENT_SIZE,
     };
-    eval_in(e, root, &mut budget)
+    eval_in(e, root, vars, &mut budget)
 }
 
 /// Bytes an evaluation may still copy: every value taken from the document or the expression
 /// is charged, so the result of one evaluation stays within a document's size.
-struct Budget {
+pub(super) struct Budget {
     left: usize,
 }
 
@@ -671,27 +748,172 @@ impl Budget {
     }
 }
 
-fn eval_in(e: &Bson, root: &Document, budget: &mut Budget) -> Result<Option<Bson>, EngineError> {
-    match e {
-        Bson::String(s) if s == "$$ROOT" || s == "$$CURRENT" => {
-            Ok(Some(budget.take(Bson::Document(root.clone()))?))
+/// The value of a field path (`a.b.c`) in an expression: arrays on the way are mapped
+/// element by element (nested arrays stay nested), numeric parts are field names, and a
+/// missing field is `None`.
+fn path_value(v: &Bson, parts: &[&str]) -> Option<Bson> {
+    let Some((first, rest)) = parts.split_first() else {
+        return Some(v.clone());
+    };
+    match v {
+        Bson::Document(d) => path_value(d.get(*first)?, rest),
+        Bson::Array(items) => Some(Bson::Array(array_path(items, parts))),
+        _ => None,
+    }
+}
+
+fn array_path(items: &[Bson], parts: &[&str]) -> Vec<Bson> {
+    let mut out = Vec::new();
+    for i in items {
+        match i {
+            Bson::Document(_) => {
+                if let Some(v) = path_value(i, parts) {
+                    out.push(v);
+                }
+            }
+            Bson::Array(inner) => out.push(Bson::Array(array_path(inner, parts))),
+            _ => {}
         }
-        Bson::String(s) if s.starts_with("$$") => Err(err(
-            17276,
-            format!("Use of undefined variable: {}", &s[2..]),
-        )),
+    }
+    out
+}
+
+/// [`path_value`] from a document, without copying it first.
+fn path_value_in(root: &Document, parts: &[&str]) -> Option<Bson> {
+    let (first, rest) = parts.split_first()?;
+    path_value(root.get(*first)?, rest)
+}
+
+/// The value of `$$name` or `$$name.path`.
+fn variable(s: &str, root: &Document, vars: &Variables) -> Result<Option<Bson>, EngineError> {
+    let (name, rest) = match s.split_once('.') {
+        Some((n, r)) => (n, Some(r)),
+        None => (s, None),
+    };
+    let base: Bson = match name {
+        "ROOT" | "CURRENT" => match vars.get("CURRENT") {
+            Some(v) if name == "CURRENT" => v.clone(),
+            _ => Bson::Document(root.clone()),
+        },
+        "REMOVE" => return Ok(None),
+        "NOW" => Bson::DateTime(vars.now),
+        "CLUSTER_TIME" => Bson::Timestamp(bson::Timestamp {
+            time: (vars.now.timestamp_millis() / 1000) as u32,
+            increment: 1,
+        }),
+        "SEARCH_META" | "USER_ROLES" => Bson::Null,
+        _ => match vars.get(name) {
+            Some(v) => v.clone(),
+            None => return Err(err(17276, format!("Use of undefined variable: {name}"))),
+        },
+    };
+    match rest {
+        None => Ok(Some(base)),
+        Some(r) => {
+            path::check_field_path(r)?;
+            let parts: Vec<&str> = r.split('.').collect();
+            Ok(path_value(&base, &parts))
+        }
+    }
+}
+
+/// The variables an expression may name: `$$NOW` (one instant per request, as mongod fixes
+/// it), `$$CLUSTER_TIME`, the request's `let` and those bound by `$let`, `$map`, `$filter`,
+/// `$reduce` and `$lookup`'s `let`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Variables {
+    now: bson::DateTime,
+    bound: Vec<(String, Bson)>,
+}
+
+impl Default for Variables {
+    fn default() -> Self {
+        Variables::new()
+    }
+}
+
+impl Variables {
+    /// The system variables, with `$$NOW` fixed at this instant.
+    pub fn new() -> Variables {
+        Variables {
+            now: bson::DateTime::now(),
+            bound: Vec::new(),
+        }
+    }
+
+    /// A request's `let`: each value is an expression evaluated without a document (it may
+    /// use `$$NOW` and earlier variables). Names must start with a lowercase letter (or a
+    /// non-ASCII character) and be letters, digits and `_` (mongod's 16866/16867/16868/16870).
+    pub fn with_let(&self, let_doc: &Document, root: &Document) -> Result<Variables, EngineError> {
+        let mut out = self.clone();
+        let mut values = Vec::new();
+        for (name, e) in let_doc {
+            check_variable_name(name)?;
+            values.push((
+                name.clone(),
+                eval_with(e, root, self)?.unwrap_or(Bson::Null),
+            ));
+        }
+        for (n, v) in values {
+            out.bind(n, v);
+        }
+        Ok(out)
+    }
+
+    /// Binds `name` to `value`, hiding an outer binding of the same name.
+    pub fn bind(&mut self, name: String, value: Bson) {
+        self.bound.push((name, value));
+    }
+
+    fn get(&self, name: &str) -> Option<&Bson> {
+        self.bound
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+    }
+}
+
+/// mongod's rules for a user variable's name.
+fn check_variable_name(name: &str) -> Result<(), EngineError> {
+    let Some(first) = name.chars().next() else {
+        return Err(err(16866, "empty variable names are not allowed"));
+    };
+    if !first.is_ascii_lowercase() && first.is_ascii() {
+        return Err(err(
+            16867,
+            format!("'{name}' starts with an invalid character for a user variable name"),
+        ));
+    }
+    if name
+        .chars()
+        .any(|c| c.is_ascii() && !(c.is_ascii_alphanumeric() || c == '_'))
+    {
+        return Err(err(
+            16868,
+            format!("'{name}' contains an invalid character for a variable name"),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn eval_in(
+    e: &Bson,
+    root: &Document,
+    vars: &Variables,
+    budget: &mut Budget,
+) -> Result<Option<Bson>, EngineError> {
+    match e {
+        Bson::String(s) if s.starts_with("$$") => variable(&s[2..], root, vars)?
+            .map(|v| budget.take(v))
+            .transpose(),
         Bson::String(s) if s.starts_with('$') => {
             let p = &s[1..];
             path::check_field_path(p)?;
-            let l = path::lookup(root, p);
-            let through_array = p.contains('.') && {
-                let first = p.split('.').next().unwrap_or("");
-                matches!(root.get(first), Some(Bson::Array(_)))
-            };
-            let v = if through_array {
-                Some(Bson::Array(l.values.into_iter().cloned().collect()))
-            } else {
-                l.values.first().map(|v| (*v).clone())
+            let parts: Vec<&str> = p.split('.').collect();
+            let v = match vars.get("CURRENT") {
+                Some(current) => path_value(current, &parts),
+                None => path_value_in(root, &parts),
             };
             v.map(|v| budget.take(v)).transpose()
         }
@@ -705,12 +927,12 @@ fn eval_in(e: &Bson, root: &Document, budget: &mut Budget) -> Result<Option<Bson
             let Some((op, args)) = d.iter().next() else {
                 return Ok(None);
             };
-            operator(op, args, root, budget)
+            operator(op, args, root, vars, budget)
         }
         Bson::Document(d) => {
             let mut out = Document::new();
             for (k, v) in d {
-                if let Some(v) = eval_in(v, root, budget)? {
+                if let Some(v) = eval_in(v, root, vars, budget)? {
                     out.insert(k.clone(), v);
                 }
             }
@@ -719,20 +941,27 @@ fn eval_in(e: &Bson, root: &Document, budget: &mut Budget) -> Result<Option<Bson
         Bson::Array(items) => Ok(Some(Bson::Array(
             items
                 .iter()
-                .map(|i| eval_in(i, root, budget).map(|v| v.unwrap_or(Bson::Null)))
+                .map(|i| eval_in(i, root, vars, budget).map(|v| v.unwrap_or(Bson::Null)))
                 .collect::<Result<_, _>>()?,
         ))),
         other => Ok(Some(budget.take(other.clone())?)),
     }
 }
 
-fn args_list(args: &Bson, root: &Document, budget: &mut Budget) -> Result<Vec<Bson>, EngineError> {
+fn args_list(
+    args: &Bson,
+    root: &Document,
+    vars: &Variables,
+    budget: &mut Budget,
+) -> Result<Vec<Bson>, EngineError> {
     match args {
         Bson::Array(items) => items
             .iter()
-            .map(|i| eval_in(i, root, budget).map(|v| v.unwrap_or(Bson::Null)))
+            .map(|i| eval_in(i, root, vars, budget).map(|v| v.unwrap_or(Bson::Null)))
             .collect(),
-        other => Ok(vec![eval_in(other, root, budget)?.unwrap_or(Bson::Null)]),
+        other => Ok(vec![
+            eval_in(other, root, vars, budget)?.unwrap_or(Bson::Null)
+        ]),
     }
 }
 
@@ -802,12 +1031,19 @@ fn operator(
     op: &str,
     args: &Bson,
     root: &Document,
+    vars: &Variables,
     budget: &mut Budget,
 ) -> Result<Option<Bson>, EngineError> {
     if op == "$literal" {
         return Ok(Some(budget.take(args.clone())?));
     }
-    let a = args_list(args, root, budget)?;
+    if let Some(v) = super::expressions::lazy(op, args, root, vars, budget)? {
+        return Ok(v);
+    }
+    if let Some(v) = super::expressions::named(op, args, root, vars, budget)? {
+        return Ok(v);
+    }
+    let a = args_list(args, root, vars, budget)?;
     let nullish = |v: &Bson| matches!(v, Bson::Null | Bson::Undefined);
     Ok(Some(match op {
         "$add" | "$multiply" => {
@@ -921,7 +1157,7 @@ fn operator(
         "$cond" => {
             let (c, t, f) = match args {
                 Bson::Document(d) => (
-                    eval_in(d.get("if").unwrap_or(&Bson::Null), root, budget)?
+                    eval_in(d.get("if").unwrap_or(&Bson::Null), root, vars, budget)?
                         .unwrap_or(Bson::Null),
                     d.get("then").cloned().unwrap_or(Bson::Null),
                     d.get("else").cloned().unwrap_or(Bson::Null),
@@ -931,7 +1167,7 @@ fn operator(
                 }
                 _ => return Err(err(16020, "Expression $cond takes exactly 3 arguments.")),
             };
-            return eval_in(if truthy(&c) { &t } else { &f }, root, budget);
+            return eval_in(if truthy(&c) { &t } else { &f }, root, vars, budget);
         }
         "$ifNull" => {
             for v in &a {
@@ -1009,7 +1245,7 @@ fn operator(
         }),
         "$isNumber" => Bson::Boolean(a.first().is_some_and(is_number)),
         "$toHashedIndexKey" => Bson::Int64(crate::routing::hash64(
-            &eval_in(args, root, budget)?.unwrap_or(Bson::Null),
+            &eval_in(args, root, vars, budget)?.unwrap_or(Bson::Null),
         )),
         "$toString" => match a.first() {
             Some(Bson::String(s)) => Bson::String(s.clone()),
@@ -1018,12 +1254,15 @@ fn operator(
             Some(v) => Bson::String(v.to_string()),
             None => Bson::Null,
         },
-        other => {
-            return Err(err(
-                ErrorCode::InvalidPipelineOperator.0,
-                format!("Unrecognized expression '{other}'"),
-            ))
-        }
+        other => match super::expressions::eager(other, &a, args)? {
+            Some(v) => return Ok(v),
+            None => {
+                return Err(err(
+                    ErrorCode::InvalidPipelineOperator.0,
+                    format!("Unrecognized expression '{other}'"),
+                ))
+            }
+        },
     }))
 }
 

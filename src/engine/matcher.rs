@@ -21,6 +21,8 @@ use crate::value::error_codes::ErrorCode;
 #[derive(Debug, Clone)]
 pub struct Matcher {
     root: Expr,
+    /// The variables `$expr` sees (`$$NOW`, the request's `let`).
+    vars: super::aggregate::Variables,
 }
 
 #[derive(Debug, Clone)]
@@ -88,8 +90,17 @@ fn bad(msg: impl Into<String>) -> EngineError {
 impl Matcher {
     /// Parses a filter document.
     pub fn parse(filter: &Document) -> Result<Matcher, EngineError> {
+        Self::parse_with(filter, &super::aggregate::Variables::new())
+    }
+
+    /// Parses a filter whose `$expr` sees these variables (a request's `let`, `$lookup`'s).
+    pub fn parse_with(
+        filter: &Document,
+        vars: &super::aggregate::Variables,
+    ) -> Result<Matcher, EngineError> {
         Ok(Matcher {
             root: parse_doc(filter)?,
+            vars: vars.clone(),
         })
     }
 
@@ -97,12 +108,13 @@ impl Matcher {
     pub fn all() -> Matcher {
         Matcher {
             root: Expr::And(Vec::new()),
+            vars: super::aggregate::Variables::new(),
         }
     }
 
     /// Whether `doc` matches.
     pub fn matches(&self, doc: &Document) -> bool {
-        eval(&self.root, doc)
+        eval(&self.root, doc, &self.vars)
     }
 }
 
@@ -391,16 +403,16 @@ fn parse_ops(d: &Document) -> Result<Vec<Op>, EngineError> {
     Ok(ops)
 }
 
-fn eval(e: &Expr, doc: &Document) -> bool {
+fn eval(e: &Expr, doc: &Document, vars: &super::aggregate::Variables) -> bool {
     match e {
-        Expr::And(items) => items.iter().all(|i| eval(i, doc)),
-        Expr::Or(items) => items.iter().any(|i| eval(i, doc)),
-        Expr::Nor(items) => !items.iter().any(|i| eval(i, doc)),
+        Expr::And(items) => items.iter().all(|i| eval(i, doc, vars)),
+        Expr::Or(items) => items.iter().any(|i| eval(i, doc, vars)),
+        Expr::Nor(items) => !items.iter().any(|i| eval(i, doc, vars)),
         Expr::Field(path, ops) => {
             let l = lookup(doc, path);
             ops.iter().all(|op| eval_op(op, &l))
         }
-        Expr::Aggregate(e) => super::aggregate::eval(e, doc)
+        Expr::Aggregate(e) => super::aggregate::eval_with(e, doc, vars)
             .ok()
             .flatten()
             .is_some_and(|v| crate::value::field::truthy(&v)),

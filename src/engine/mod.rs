@@ -8,15 +8,21 @@
 //! - [`query`]: sort specifications and projections.
 //! - [`update`]: update operators and replacements, parsed once and applied; the document an
 //!   upsert inserts.
-//! - [`aggregate`]: aggregation stages and expressions.
+//! - [`aggregate`]: the pipeline runner, the basic stages and expressions.
+//! - [`output`]: `$out` and `$merge`, parsed, and `$merge`'s decision per document.
+//! - [`expressions`]: the expression operator families beyond the core.
+//! - [`stages`]: the joining, reshaping, bucketing and window stages.
 //!
 //! Every failure is an [`EngineError`]: a MongoDB code and message, with the extra fields
 //! mongod puts beside them.
 
 pub mod aggregate;
+pub mod expressions;
 pub mod matcher;
+pub mod output;
 pub mod path;
 pub mod query;
+pub mod stages;
 pub mod update;
 
 use bson::{doc, Document};

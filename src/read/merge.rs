@@ -99,7 +99,23 @@ pub fn split_pipeline(pipeline: &[Bson]) -> SplitPipeline {
     let blocking = pipeline.iter().position(|s| {
         matches!(
             stage_name(s),
-            Some("$group" | "$sort" | "$count" | "$skip" | "$limit")
+            Some(
+                "$group"
+                    | "$sort"
+                    | "$count"
+                    | "$skip"
+                    | "$limit"
+                    // Stages that read other collections or need every document at once run
+                    // at the router, over everything the shards return.
+                    | "$lookup"
+                    | "$unionWith"
+                    | "$facet"
+                    | "$sample"
+                    | "$bucket"
+                    | "$bucketAuto"
+                    | "$sortByCount"
+                    | "$setWindowFields"
+            )
         )
     });
     let Some(b) = blocking else {

@@ -24,6 +24,7 @@
 //! aggregations); this file serves the commands.
 
 pub mod cursors;
+pub mod foreign;
 pub mod merge;
 mod shard_io;
 mod stream_merge;
@@ -93,6 +94,7 @@ fn doc_field(body: &Document, field: &str, cmd: &str) -> Result<Document, Comman
 pub async fn read(
     cluster: &Cluster,
     cursors: &RouterCursors,
+    primaries: &dyn foreign::Primaries,
     snap: &RoutingSnapshot,
     req: &CommandRequest,
     body: &Document,
@@ -141,7 +143,7 @@ pub async fn read(
             if push_projection {
                 shard_cmd.insert("projection", projection_doc.clone());
             }
-            for k in ["collation", "hint", "maxTimeMS", "comment", "readConcern"] {
+            for k in ["collation", "hint", "maxTimeMS", "comment", "readConcern", "let"] {
                 if let Some(v) = body.get(k) {
                     shard_cmd.insert(k, v.clone());
                 }
@@ -168,9 +170,13 @@ pub async fn read(
             if body.get("cursor").is_none() && !body.get("explain").is_some_and(truthy) {
                 return Err(CommandError::new(ErrorCode::FailedToParse, "The 'cursor' option is required, except for aggregate with the explain argument"));
             }
-            let split = merge::split_pipeline(&pipeline);
-            let filter = leading_match(&pipeline);
-            let shard_cmd = doc! {"aggregate": &coll, "pipeline": split.shard_part.clone(), "cursor": {"batchSize": 10_000}};
+            let (stages, output) = crate::engine::output::split_output(&pipeline, &db).map_err(engine_err)?;
+            let split = merge::split_pipeline(stages);
+            let filter = leading_match(stages);
+            let mut shard_cmd = doc! {"aggregate": &coll, "pipeline": split.shard_part.clone(), "cursor": {"batchSize": 10_000}};
+            if let Some(l) = body.get("let") {
+                shard_cmd.insert("let", l.clone());
+            }
             let (streams, _) = open_streams(cluster, snap, target_shards(snap, &filter), &db, &coll, &shard_cmd, false).await?;
             let stage_memory = cluster.stage_memory();
             let streams = drain(cluster, &db, &coll, streams, stage_memory).await?;
@@ -179,7 +185,26 @@ pub async fn read(
                 None => streams.into_iter().flatten().collect(),
             };
             let options = crate::engine::aggregate::AggregateOptions::for_request(stage_memory, body);
-            let out = crate::engine::aggregate::run_with(&split.router_part, merged, &options).map_err(engine_err)?;
+            let mut prefetched = foreign::Prefetched::default();
+            for c in foreign::foreign_collections(&split.router_part) {
+                let docs = foreign::fetch(cluster, primaries, &db, &c, stage_memory).await?;
+                prefetched.0.insert((db.clone(), c), docs);
+            }
+            let vars = match body.get_document("let") {
+                Ok(l) => crate::engine::aggregate::Variables::new().with_let(l, &Document::new()).map_err(engine_err)?,
+                Err(_) => crate::engine::aggregate::Variables::new(),
+            };
+            let env = crate::engine::aggregate::Env { db: db.clone(), vars, namespaces: Some(&prefetched) };
+            let out = crate::engine::aggregate::run_in(&split.router_part, merged, &options, &env).map_err(engine_err)?;
+            let out = match (&output, pipeline.last()) {
+                (Some(o), Some(stage)) => {
+                    let (tdb, tcoll) = o.target();
+                    let is_merge = matches!(o, crate::engine::output::OutputStage::Merge(_));
+                    foreign::write_output(cluster, primaries, tdb, tcoll, is_merge, stage, out).await?;
+                    Vec::new()
+                }
+                _ => out,
+            };
             let batch = body
                 .get_document("cursor")
                 .ok()

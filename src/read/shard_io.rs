@@ -129,7 +129,7 @@ pub(super) struct ShardStream {
 
 /// The documents of a cursor reply's `cursor.<batch>` and its cursor id, without decoding
 /// them: each is the slice of `reply` that holds it.
-fn batch_of(reply: &BsonDoc, batch: &str) -> (VecDeque<Bytes>, i64) {
+pub(super) fn batch_of(reply: &BsonDoc, batch: &str) -> (VecDeque<Bytes>, i64) {
     let Ok(Some(RawBsonRef::Document(cursor))) = reply.raw().get("cursor") else {
         return (VecDeque::new(), 0);
     };

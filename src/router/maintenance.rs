@@ -189,3 +189,55 @@ pub async fn rename_collection(
     cluster.routing.refresh(to)?;
     Ok(doc! {"ok": 1.0})
 }
+
+/// An aggregation the primary shard runs whole (on an unsharded collection) may not write a
+/// sharded collection with `$out` (28769, as mongos refuses it) or `$merge` (not supported
+/// yet: the primary shard would write only its own part).
+pub fn check_output_target(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<(), CommandError> {
+    let Ok(pipeline) = body.get_array("pipeline") else {
+        return Ok(());
+    };
+    let Ok((_, Some(stage))) = crate::engine::output::split_output(pipeline, &req.db) else {
+        return Ok(());
+    };
+    let (db, coll) = stage.target();
+    let ns = format!("{db}.{coll}");
+    if cluster.routing.get(&ns)?.is_none() {
+        return Ok(());
+    }
+    Err(match stage {
+        crate::engine::output::OutputStage::Out { .. } => {
+            CommandError::new(ErrorCode(28769), format!("{ns} cannot be sharded"))
+        }
+        crate::engine::output::OutputStage::Merge(_) => CommandError::new(
+            ErrorCode::CommandNotSupported,
+            format!("$merge into the sharded collection {ns} is not supported by this version of Sluice yet"),
+        ),
+    })
+}
+
+/// The read path's view of database primaries, from the router's metadata.
+pub struct StorePrimaries<'a> {
+    /// The shards.
+    pub cluster: &'a Arc<Cluster>,
+    /// The metadata.
+    pub store: &'a ConfigStore,
+}
+
+impl crate::read::foreign::Primaries for StorePrimaries<'_> {
+    fn primary(&self, db: &str, create: bool) -> Result<String, CommandError> {
+        if create && self.store.database(db).is_none() {
+            return Ok(self
+                .store
+                .ensure_database(db, None)?
+                .get_str("primary")
+                .unwrap_or_default()
+                .to_string());
+        }
+        primary_of(self.cluster, self.store, db)
+    }
+}

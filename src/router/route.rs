@@ -164,8 +164,16 @@ pub async fn route(
             "collStats" => return coll_stats(cluster, req, &snap).await.map(Reply::from),
             _ => {}
         }
-        if let Some(result) =
-            crate::read::read(cluster, &sharded.cursors, &snap, req, &body, client_id).await
+        if let Some(result) = crate::read::read(
+            cluster,
+            &sharded.cursors,
+            &super::maintenance::StorePrimaries { cluster, store },
+            &snap,
+            req,
+            &body,
+            client_id,
+        )
+        .await
         {
             return result.map(ok);
         }
@@ -186,6 +194,7 @@ pub async fn route(
         "listDatabases" => return list_databases(cluster, req).await.map(Reply::from),
         "dropDatabase" => return drop_database(cluster, store, req).await.map(Reply::from),
         "dbStats" => return db_stats(cluster, req).await.map(Reply::from),
+        "aggregate" => super::maintenance::check_output_target(cluster, req, &body)?,
         _ => {}
     }
     if req.db == "admin" || req.db == "local" {

@@ -141,6 +141,7 @@ named {
     ExceededMemoryLimit = 146,
     TooManyLogicalSessions = 261,
     QueryExceededMemoryLimitNoDiskUseAllowed = 292,
+    ConversionFailure = 241,
     DatabaseDifferCase = 13297,
 }
 location {

@@ -1,0 +1,1531 @@
+//! Aggregation expression operators beyond the arithmetic and comparison core of
+//! [`super::aggregate`]: variables (`$let`), array iteration (`$map`, `$filter`, `$reduce`),
+//! `$switch`, and the documented array, set, string, math, date, type-conversion and object
+//! families, with mongod's codes for bad arguments.
+
+use bson::{Bson, Document};
+
+use super::aggregate::{err, eval_in, Budget, Variables};
+use super::EngineError;
+use crate::value::compare::{compare, values_equal, OrdBson};
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{is_number, to_f64, truthy, type_name};
+
+fn nullish(v: &Bson) -> bool {
+    matches!(v, Bson::Null | Bson::Undefined)
+}
+
+fn arg_doc<'a>(op: &str, args: &'a Bson) -> Result<&'a Document, EngineError> {
+    match args {
+        Bson::Document(d) => Ok(d),
+        other => Err(err(
+            ErrorCode::FailedToParse.0,
+            format!(
+                "{op} only supports an object as its argument, not {}",
+                type_name(other)
+            ),
+        )),
+    }
+}
+
+/// Operators whose arguments are evaluated lazily or under new variables. `None` when `op`
+/// is not one of them.
+pub(super) fn lazy(
+    op: &str,
+    args: &Bson,
+    root: &Document,
+    vars: &Variables,
+    budget: &mut Budget,
+) -> Result<Option<Option<Bson>>, EngineError> {
+    let ev = |e: &Bson, vars: &Variables, budget: &mut Budget| eval_in(e, root, vars, budget);
+    Ok(Some(match op {
+        "$let" => {
+            let d = arg_doc(op, args)?;
+            let (Some(Bson::Document(defs)), Some(inner)) = (d.get("vars"), d.get("in")) else {
+                return Err(err(16712, "Missing 'vars' or 'in' parameter to $let"));
+            };
+            let mut scoped = vars.clone();
+            for (name, e) in defs {
+                let v = ev(e, vars, budget)?.unwrap_or(Bson::Null);
+                scoped.bind(name.clone(), v);
+            }
+            ev(inner, &scoped, budget)?
+        }
+        "$map" | "$filter" => {
+            let d = arg_doc(op, args)?;
+            let Some(input) = d.get("input") else {
+                return Err(err(
+                    if op == "$map" { 16880 } else { 28648 },
+                    format!("Missing 'input' parameter to {op}"),
+                ));
+            };
+            let body_key = if op == "$map" { "in" } else { "cond" };
+            let Some(body) = d.get(body_key) else {
+                return Err(err(
+                    if op == "$map" { 16882 } else { 28650 },
+                    format!("Missing '{body_key}' parameter to {op}"),
+                ));
+            };
+            let name = d.get_str("as").unwrap_or("this").to_string();
+            let limit = match d.get("limit") {
+                Some(l) => match ev(l, vars, budget)? {
+                    Some(v) if is_number(&v) && to_f64(&v) >= 1.0 => Some(to_f64(&v) as usize),
+                    Some(v) if nullish(&v) => None,
+                    None => None,
+                    Some(v) => {
+                        return Err(err(
+                            327391,
+                            format!(
+                                "$filter: limit must be represented as a 32-bit integral value: {}",
+                                crate::value::render::render_value(&v)
+                            ),
+                        ))
+                    }
+                },
+                None => None,
+            };
+            let items = match ev(input, vars, budget)? {
+                Some(Bson::Array(items)) => items,
+                None => return Ok(Some(Some(Bson::Null))),
+                Some(v) if nullish(&v) => return Ok(Some(Some(Bson::Null))),
+                Some(other) => {
+                    return Err(err(
+                        if op == "$map" { 16883 } else { 28651 },
+                        format!("input to {op} must be an array not {}", type_name(&other)),
+                    ))
+                }
+            };
+            let mut out = Vec::new();
+            for item in items {
+                let mut scoped = vars.clone();
+                scoped.bind(name.clone(), item.clone());
+                let v = ev(body, &scoped, budget)?;
+                if op == "$map" {
+                    out.push(v.unwrap_or(Bson::Null));
+                } else if v.as_ref().is_some_and(truthy) {
+                    out.push(item);
+                    if limit.is_some_and(|l| out.len() >= l) {
+                        break;
+                    }
+                }
+            }
+            Some(Bson::Array(out))
+        }
+        "$reduce" => {
+            let d = arg_doc(op, args)?;
+            let (Some(input), Some(initial), Some(body)) =
+                (d.get("input"), d.get("initialValue"), d.get("in"))
+            else {
+                return Err(err(
+                    40076,
+                    "$reduce requires 'input', 'initialValue' and 'in' to be specified",
+                ));
+            };
+            let items = match ev(input, vars, budget)? {
+                Some(Bson::Array(items)) => items,
+                None => return Ok(Some(Some(Bson::Null))),
+                Some(v) if nullish(&v) => return Ok(Some(Some(Bson::Null))),
+                Some(other) => {
+                    return Err(err(
+                        40080,
+                        format!(
+                            "$reduce requires an array as the 'input' argument, found: {}",
+                            type_name(&other)
+                        ),
+                    ))
+                }
+            };
+            let mut acc = ev(initial, vars, budget)?.unwrap_or(Bson::Null);
+            for item in items {
+                let mut scoped = vars.clone();
+                scoped.bind("value".into(), acc);
+                scoped.bind("this".into(), item);
+                acc = ev(body, &scoped, budget)?.unwrap_or(Bson::Null);
+            }
+            Some(acc)
+        }
+        "$switch" => {
+            let d = arg_doc(op, args)?;
+            let Some(Bson::Array(branches)) = d.get("branches") else {
+                return Err(err(40061, "$switch requires at least one branch."));
+            };
+            for b in branches {
+                let Bson::Document(b) = b else {
+                    return Err(err(40061, "$switch expected each branch to be an object"));
+                };
+                let (Some(case), Some(then)) = (b.get("case"), b.get("then")) else {
+                    return Err(err(
+                        40064,
+                        "$switch requires each branch have a 'case' expression and a 'then' expression",
+                    ));
+                };
+                if ev(case, vars, budget)?.as_ref().is_some_and(truthy) {
+                    return Ok(Some(ev(then, vars, budget)?));
+                }
+            }
+            match d.get("default") {
+                Some(e) => ev(e, vars, budget)?,
+                None => {
+                    return Err(err(
+                        40066,
+                        "$switch could not find a matching branch for an input, and no default was specified.",
+                    ))
+                }
+            }
+        }
+        "$getField" => {
+            let (field, input) = match args {
+                Bson::String(f) => (Bson::String(f.clone()), Bson::String("$$CURRENT".into())),
+                Bson::Document(d) => (
+                    d.get("field").cloned().unwrap_or(Bson::Null),
+                    d.get("input")
+                        .cloned()
+                        .unwrap_or(Bson::String("$$CURRENT".into())),
+                ),
+                _ => return Err(err(3041704, "$getField requires 'field' to be specified")),
+            };
+            let Some(Bson::String(field)) = ev(&field, vars, budget)? else {
+                return Err(err(
+                    5654602,
+                    "$getField requires 'field' to evaluate to type String",
+                ));
+            };
+            match ev(&input, vars, budget)? {
+                Some(Bson::Document(d)) => d.get(&field).cloned(),
+                Some(v) if nullish(&v) => Some(Bson::Null),
+                None => Some(Bson::Null),
+                Some(other) => {
+                    return Err(err(
+                        3041705,
+                        format!(
+                            "$getField requires 'input' to evaluate to type Object, but got {}",
+                            type_name(&other)
+                        ),
+                    ))
+                }
+            }
+        }
+        _ => return Ok(None),
+    }))
+}
+
+fn int_or_long(n: i64) -> Bson {
+    i32::try_from(n).map(Bson::Int32).unwrap_or(Bson::Int64(n))
+}
+
+fn expect_array<'a>(
+    op: &str,
+    v: &'a Bson,
+    code: i32,
+) -> Result<Option<&'a Vec<Bson>>, EngineError> {
+    match v {
+        Bson::Array(a) => Ok(Some(a)),
+        v if nullish(v) => Ok(None),
+        other => Err(err(
+            code,
+            format!(
+                "{op}'s argument must be an array, but is {}",
+                type_name(other)
+            ),
+        )),
+    }
+}
+
+fn expect_string<'a>(op: &str, v: &'a Bson) -> Result<Option<&'a str>, EngineError> {
+    match v {
+        Bson::String(s) => Ok(Some(s)),
+        v if nullish(v) => Ok(None),
+        other => Err(err(
+            34471,
+            format!(
+                "{op} requires its input to be a string, not {}",
+                type_name(other)
+            ),
+        )),
+    }
+}
+
+fn date_of(_op: &str, v: &Bson) -> Result<Option<i64>, EngineError> {
+    match v {
+        Bson::DateTime(d) => Ok(Some(d.timestamp_millis())),
+        Bson::Timestamp(t) => Ok(Some(t.time as i64 * 1000)),
+        Bson::ObjectId(o) => Ok(Some(o.timestamp().timestamp_millis())),
+        v if nullish(v) => Ok(None),
+        other => Err(err(
+            16006,
+            format!("can't convert from BSON type {} to Date", type_name(other)),
+        )),
+    }
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = m as i64;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The parts of a UTC date.
+struct DateParts {
+    year: i64,
+    month: u32,
+    day: u32,
+    hour: i64,
+    minute: i64,
+    second: i64,
+    millis: i64,
+    day_of_year: i64,
+    /// 1 (Sunday) to 7.
+    day_of_week: i64,
+}
+
+fn parts(ms: i64) -> DateParts {
+    let days = ms.div_euclid(86_400_000);
+    let in_day = ms.rem_euclid(86_400_000);
+    let (year, month, day) = civil(days);
+    DateParts {
+        year,
+        month,
+        day,
+        hour: in_day / 3_600_000,
+        minute: in_day / 60_000 % 60,
+        second: in_day / 1000 % 60,
+        millis: in_day % 1000,
+        day_of_year: days - days_from_civil(year, 1, 1) + 1,
+        day_of_week: (days + 4).rem_euclid(7) + 1,
+    }
+}
+
+fn date_to_string(ms: i64, format: &str) -> Result<String, EngineError> {
+    let p = parts(ms);
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&format!("{:04}", p.year)),
+            Some('m') => out.push_str(&format!("{:02}", p.month)),
+            Some('d') => out.push_str(&format!("{:02}", p.day)),
+            Some('H') => out.push_str(&format!("{:02}", p.hour)),
+            Some('M') => out.push_str(&format!("{:02}", p.minute)),
+            Some('S') => out.push_str(&format!("{:02}", p.second)),
+            Some('L') => out.push_str(&format!("{:03}", p.millis)),
+            Some('j') => out.push_str(&format!("{:03}", p.day_of_year)),
+            Some('w') => out.push_str(&p.day_of_week.to_string()),
+            Some('z') => out.push_str("+0000"),
+            Some('Z') => out.push('0'),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                return Err(err(
+                    18536,
+                    format!("Invalid format character '%{other}' in format string"),
+                ))
+            }
+            None => return Err(err(18535, "Unmatched '%' at end of format string")),
+        }
+    }
+    Ok(out)
+}
+
+/// Parses `YYYY-MM-DD[THH:MM[:SS[.mmm]]][Z]`, the forms `$dateFromString` and `$toDate` see
+/// most.
+fn parse_date(s: &str) -> Option<i64> {
+    let s = s.trim().trim_end_matches('Z');
+    let (date, time) = match s.split_once(['T', ' ']) {
+        Some((d, t)) => (d, Some(t)),
+        None => (s, None),
+    };
+    let mut dp = date.split('-');
+    let y: i64 = dp.next()?.parse().ok()?;
+    let m: u32 = dp.next()?.parse().ok()?;
+    let d: u32 = dp.next()?.parse().ok()?;
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || dp.next().is_some() {
+        return None;
+    }
+    let mut ms = days_from_civil(y, m, d) * 86_400_000;
+    if let Some(t) = time {
+        let (hms, frac) = match t.split_once('.') {
+            Some((a, b)) => (a, Some(b)),
+            None => (t, None),
+        };
+        let mut tp = hms.split(':');
+        let h: i64 = tp.next()?.parse().ok()?;
+        let mi: i64 = tp.next().unwrap_or("0").parse().ok()?;
+        let sec: i64 = tp.next().unwrap_or("0").parse().ok()?;
+        ms += h * 3_600_000 + mi * 60_000 + sec * 1000;
+        if let Some(f) = frac {
+            let f: String = f.chars().take(3).collect();
+            let pad = format!("{f:0<3}");
+            ms += pad.parse::<i64>().ok()?;
+        }
+    }
+    Some(ms)
+}
+
+fn conversion_failed(from: &Bson, to: &str) -> EngineError {
+    err(
+        ErrorCode::ConversionFailure.0,
+        format!(
+            "Unsupported conversion from {} to {to} in $convert with no onError value",
+            type_name(from)
+        ),
+    )
+}
+
+/// `$convert` to `to` (a type name or number); `Ok(None)` for a null input.
+fn convert(v: &Bson, to: &str) -> Result<Bson, EngineError> {
+    let fail = || conversion_failed(v, to);
+    Ok(match to {
+        "double" => match v {
+            Bson::String(s) => Bson::Double(s.trim().parse().map_err(|_| {
+                err(
+                    ErrorCode::ConversionFailure.0,
+                    format!("Failed to parse number '{s}' in $convert with no onError value: Did not consume whole string."),
+                )
+            })?),
+            Bson::Boolean(b) => Bson::Double(if *b { 1.0 } else { 0.0 }),
+            Bson::DateTime(d) => Bson::Double(d.timestamp_millis() as f64),
+            v if is_number(v) => Bson::Double(to_f64(v)),
+            _ => return Err(fail()),
+        },
+        "int" | "long" => {
+            let n: i64 = match v {
+                Bson::Int32(i) => *i as i64,
+                Bson::Int64(i) => *i,
+                Bson::Double(d) if d.is_finite() => d.trunc() as i64,
+                Bson::Decimal128(_) => to_f64(v).trunc() as i64,
+                Bson::Boolean(b) => *b as i64,
+                Bson::DateTime(d) if to == "long" => d.timestamp_millis(),
+                Bson::String(s) => s.trim().parse().map_err(|_| {
+                    err(
+                        ErrorCode::ConversionFailure.0,
+                        format!("Failed to parse number '{s}' in $convert with no onError value: Did not consume whole string."),
+                    )
+                })?,
+                _ => return Err(fail()),
+            };
+            if to == "int" {
+                Bson::Int32(i32::try_from(n).map_err(|_| {
+                    err(
+                        ErrorCode::ConversionFailure.0,
+                        format!("Conversion would overflow target type in $convert with no onError value: {n}"),
+                    )
+                })?)
+            } else {
+                Bson::Int64(n)
+            }
+        }
+        "decimal" => match v {
+            Bson::String(s) => s
+                .trim()
+                .parse::<bson::Decimal128>()
+                .map(Bson::Decimal128)
+                .map_err(|_| fail())?,
+            Bson::Boolean(b) => crate::value::field::to_decimal(*b as i64 as f64),
+            v if is_number(v) => crate::value::field::to_decimal(to_f64(v)),
+            _ => return Err(fail()),
+        },
+        "bool" => match v {
+            Bson::Boolean(b) => Bson::Boolean(*b),
+            v if is_number(v) => Bson::Boolean(to_f64(v) != 0.0),
+            _ => Bson::Boolean(true),
+        },
+        "string" => match v {
+            Bson::String(s) => Bson::String(s.clone()),
+            Bson::ObjectId(o) => Bson::String(o.to_hex()),
+            Bson::Int32(i) => Bson::String(i.to_string()),
+            Bson::Int64(i) => Bson::String(i.to_string()),
+            Bson::Double(d) => Bson::String(if d.fract() == 0.0 && d.abs() < 1e15 {
+                format!("{d:.0}")
+            } else {
+                d.to_string()
+            }),
+            Bson::Decimal128(d) => Bson::String(d.to_string()),
+            Bson::Boolean(b) => Bson::String(b.to_string()),
+            Bson::DateTime(d) => Bson::String(date_to_string(d.timestamp_millis(), "%Y-%m-%dT%H:%M:%S.%LZ")?),
+            _ => return Err(fail()),
+        },
+        "objectId" => match v {
+            Bson::ObjectId(o) => Bson::ObjectId(*o),
+            Bson::String(s) => Bson::ObjectId(bson::oid::ObjectId::parse_str(s).map_err(|_| {
+                err(
+                    ErrorCode::ConversionFailure.0,
+                    format!("Failed to parse objectId '{s}' in $convert with no onError value: Invalid string length for parsing to OID, expected 24 but found {}", s.len()),
+                )
+            })?),
+            _ => return Err(fail()),
+        },
+        "date" => match v {
+            Bson::DateTime(d) => Bson::DateTime(*d),
+            Bson::String(s) => Bson::DateTime(bson::DateTime::from_millis(parse_date(s).ok_or_else(|| {
+                err(
+                    ErrorCode::ConversionFailure.0,
+                    format!("Error parsing date string '{s}'"),
+                )
+            })?)),
+            Bson::Int64(i) => Bson::DateTime(bson::DateTime::from_millis(*i)),
+            Bson::Double(d) => Bson::DateTime(bson::DateTime::from_millis(*d as i64)),
+            Bson::ObjectId(o) => Bson::DateTime(o.timestamp()),
+            Bson::Timestamp(t) => Bson::DateTime(bson::DateTime::from_millis(t.time as i64 * 1000)),
+            _ => return Err(fail()),
+        },
+        _ => {
+            return Err(err(
+                ErrorCode::BadValue.0,
+                format!("Unknown type name: {to}"),
+            ))
+        }
+    })
+}
+
+fn type_alias(v: &Bson) -> Option<&'static str> {
+    Some(match v {
+        Bson::String(s) => match s.as_str() {
+            "double" => "double",
+            "string" => "string",
+            "objectId" => "objectId",
+            "bool" => "bool",
+            "date" => "date",
+            "int" => "int",
+            "long" => "long",
+            "decimal" => "decimal",
+            _ => return None,
+        },
+        v if is_number(v) => match to_f64(v) as i64 {
+            1 => "double",
+            2 => "string",
+            7 => "objectId",
+            8 => "bool",
+            9 => "date",
+            16 => "int",
+            18 => "long",
+            19 => "decimal",
+            _ => return None,
+        },
+        _ => return None,
+    })
+}
+
+fn round_to(v: &Bson, places: i64, trunc: bool) -> Bson {
+    let f = to_f64(v);
+    let scale = 10f64.powi(places as i32);
+    let r = if trunc {
+        (f * scale).trunc() / scale
+    } else {
+        // Half to even, as mongod rounds.
+        let x = f * scale;
+        let r = x.round();
+        let r = if (x - x.trunc()).abs() == 0.5 && r % 2.0 != 0.0 {
+            r - x.signum()
+        } else {
+            r
+        };
+        r / scale
+    };
+    match v {
+        Bson::Int32(i) if places >= 0 => Bson::Int32(*i),
+        Bson::Int64(i) if places >= 0 => Bson::Int64(*i),
+        Bson::Int32(_) => Bson::Int32(r as i32),
+        Bson::Int64(_) => Bson::Int64(r as i64),
+        Bson::Decimal128(_) => crate::value::field::to_decimal(r),
+        _ => Bson::Double(r),
+    }
+}
+
+/// Operators over evaluated arguments `a`. `None` when `op` is not one of them.
+pub(super) fn eager(
+    op: &str,
+    a: &[Bson],
+    args: &Bson,
+) -> Result<Option<Option<Bson>>, EngineError> {
+    let first = a.first().unwrap_or(&Bson::Null);
+    let null_in = a.iter().any(nullish);
+    Ok(Some(Some(match op {
+        // Arrays.
+        "$isArray" => Bson::Boolean(matches!(first, Bson::Array(_))),
+        "$concatArrays" => {
+            let mut out = Vec::new();
+            for v in a {
+                match expect_array(op, v, 28664)? {
+                    Some(items) => out.extend(items.iter().cloned()),
+                    None => return Ok(Some(Some(Bson::Null))),
+                }
+            }
+            Bson::Array(out)
+        }
+        "$reverseArray" => match expect_array(op, first, 34435)? {
+            Some(items) => Bson::Array(items.iter().rev().cloned().collect()),
+            None => Bson::Null,
+        },
+        "$first" | "$last" => match expect_array(op, first, 28689)? {
+            Some(items) => {
+                let v = if op == "$first" {
+                    items.first()
+                } else {
+                    items.last()
+                };
+                return Ok(Some(v.cloned()));
+            }
+            None => Bson::Null,
+        },
+        "$slice" => {
+            let Some(items) = expect_array(op, first, 28724)? else {
+                return Ok(Some(Some(Bson::Null)));
+            };
+            let n = items.len() as i64;
+            let num = |v: &Bson| -> Result<i64, EngineError> {
+                if !is_number(v) {
+                    return Err(err(28725, format!("Second argument to $slice must be a numeric value, but was of type: {}", type_name(v))));
+                }
+                Ok(to_f64(v) as i64)
+            };
+            let (start, len) = match a.len() {
+                2 => {
+                    let k = num(&a[1])?;
+                    if k >= 0 {
+                        (0, k)
+                    } else {
+                        ((n + k).max(0), -k)
+                    }
+                }
+                3 => {
+                    let s = num(&a[1])?;
+                    let k = num(&a[2])?;
+                    if k <= 0 {
+                        return Err(err(28729, format!("Third argument to $slice must be positive: {k}")));
+                    }
+                    (if s < 0 { (n + s).max(0) } else { s.min(n) }, k)
+                }
+                _ => return Err(err(28667, format!("Expression $slice takes at least 2 arguments, and at most 3, but {} were passed in.", a.len()))),
+            };
+            let end = (start + len).min(n);
+            Bson::Array(items[start as usize..end.max(start) as usize].to_vec())
+        }
+        "$indexOfArray" => {
+            let Some(items) = expect_array(op, first, 40090)? else {
+                return Ok(Some(Some(Bson::Null)));
+            };
+            let target = a.get(1).unwrap_or(&Bson::Null);
+            let start = a.get(2).map(to_f64).unwrap_or(0.0) as usize;
+            let end = a
+                .get(3)
+                .map(to_f64)
+                .map(|e| e as usize)
+                .unwrap_or(items.len())
+                .min(items.len());
+            let pos = (start..end).find(|&i| values_equal(&items[i], target));
+            int_or_long(pos.map(|p| p as i64).unwrap_or(-1))
+        }
+        "$range" => {
+            let (s, e) = (
+                a.first().unwrap_or(&Bson::Null),
+                a.get(1).unwrap_or(&Bson::Null),
+            );
+            let step = a.get(2).map(to_f64).unwrap_or(1.0) as i64;
+            if !is_number(s) || !is_number(e) {
+                return Err(err(34443, "$range requires a numeric starting value"));
+            }
+            if step == 0 {
+                return Err(err(34449, "$range requires a non-zero step value"));
+            }
+            let (mut i, end) = (to_f64(s) as i64, to_f64(e) as i64);
+            let mut out = Vec::new();
+            while (step > 0 && i < end) || (step < 0 && i > end) {
+                out.push(Bson::Int32(i as i32));
+                i += step;
+                if out.len() > 10_000_000 {
+                    return Err(err(
+                        ErrorCode::ExceededMemoryLimit.0,
+                        "$range would use too much memory",
+                    ));
+                }
+            }
+            Bson::Array(out)
+        }
+        "$arrayToObject" => {
+            let Some(items) = expect_array(op, first, 40386)? else {
+                return Ok(Some(Some(Bson::Null)));
+            };
+            let mut out = Document::new();
+            for i in items {
+                match i {
+                    Bson::Array(kv) if kv.len() == 2 => {
+                        let Bson::String(k) = &kv[0] else {
+                            return Err(err(40395, format!("$arrayToObject requires an array of key-value pairs, where the key must be of type string. Found key type: {}", type_name(&kv[0]))));
+                        };
+                        out.insert(k.clone(), kv[1].clone());
+                    }
+                    Bson::Document(d)
+                        if d.len() == 2 && d.contains_key("k") && d.contains_key("v") =>
+                    {
+                        let Ok(k) = d.get_str("k") else {
+                            return Err(err(40394, "$arrayToObject requires an object with keys 'k' and 'v', where the value of 'k' must be of type string."));
+                        };
+                        out.insert(k.to_string(), d.get("v").cloned().unwrap_or(Bson::Null));
+                    }
+                    _ => {
+                        return Err(err(
+                            40398,
+                            "Unrecognised input type format for $arrayToObject",
+                        ))
+                    }
+                }
+            }
+            Bson::Document(out)
+        }
+        "$objectToArray" => match first {
+            Bson::Document(d) => Bson::Array(
+                d.iter()
+                    .map(|(k, v)| Bson::Document(bson::doc! {"k": k, "v": v.clone()}))
+                    .collect(),
+            ),
+            v if nullish(v) => Bson::Null,
+            other => {
+                return Err(err(
+                    40390,
+                    format!(
+                        "$objectToArray requires a document input, found: {}",
+                        type_name(other)
+                    ),
+                ))
+            }
+        },
+        "$mergeObjects" => {
+            let mut out = Document::new();
+            for v in a {
+                match v {
+                    Bson::Document(d) => {
+                        for (k, v) in d {
+                            out.insert(k.clone(), v.clone());
+                        }
+                    }
+                    v if nullish(v) => {}
+                    other => {
+                        return Err(err(
+                            40400,
+                            format!(
+                                "$mergeObjects requires object inputs, but input {} is of type {}",
+                                crate::value::render::render_value(other),
+                                type_name(other)
+                            ),
+                        ))
+                    }
+                }
+            }
+            Bson::Document(out)
+        }
+        "$zip" => {
+            let Bson::Document(d) = args else {
+                return Err(err(34460, "$zip only supports an object as an argument"));
+            };
+            let _ = d;
+            return Ok(None);
+        }
+        // Sets.
+        "$setUnion" | "$setIntersection" | "$setDifference" | "$setEquals" | "$setIsSubset" => {
+            let mut sets = Vec::new();
+            for v in a {
+                match v {
+                    Bson::Array(items) => sets.push(
+                        items
+                            .iter()
+                            .cloned()
+                            .map(OrdBson)
+                            .collect::<std::collections::BTreeSet<_>>(),
+                    ),
+                    v if nullish(v)
+                        && matches!(op, "$setUnion" | "$setIntersection" | "$setDifference") =>
+                    {
+                        return Ok(Some(Some(Bson::Null)))
+                    }
+                    other => {
+                        return Err(err(
+                            17044,
+                            format!(
+                                "All operands of {op} must be arrays. One argument is of type: {}",
+                                type_name(other)
+                            ),
+                        ))
+                    }
+                }
+            }
+            let to_arr = |s: std::collections::BTreeSet<OrdBson>| {
+                Bson::Array(s.into_iter().map(|v| v.0).collect())
+            };
+            match op {
+                "$setUnion" => to_arr(sets.into_iter().flatten().collect()),
+                "$setIntersection" => {
+                    let mut it = sets.into_iter();
+                    let first = it.next().unwrap_or_default();
+                    to_arr(it.fold(first, |acc, s| acc.intersection(&s).cloned().collect()))
+                }
+                "$setDifference" => {
+                    if sets.len() != 2 {
+                        return Err(err(16020, format!("Expression $setDifference takes exactly 2 arguments. {} were passed in.", sets.len())));
+                    }
+                    to_arr(sets[0].difference(&sets[1]).cloned().collect())
+                }
+                "$setEquals" => Bson::Boolean(sets.windows(2).all(|w| w[0] == w[1])),
+                _ => {
+                    if sets.len() != 2 {
+                        return Err(err(16020, format!("Expression $setIsSubset takes exactly 2 arguments. {} were passed in.", sets.len())));
+                    }
+                    Bson::Boolean(sets[0].is_subset(&sets[1]))
+                }
+            }
+        }
+        "$anyElementTrue" | "$allElementsTrue" => match first {
+            Bson::Array(items) => Bson::Boolean(if op == "$anyElementTrue" {
+                items.iter().any(truthy)
+            } else {
+                items.iter().all(truthy)
+            }),
+            other => {
+                return Err(err(
+                    17041,
+                    format!(
+                        "{op}'s argument must be an array, but is {}",
+                        type_name(other)
+                    ),
+                ))
+            }
+        },
+        // Strings.
+        "$strLenCP" | "$strLenBytes" => match first {
+            Bson::String(s) => int_or_long(if op == "$strLenCP" {
+                s.chars().count()
+            } else {
+                s.len()
+            } as i64),
+            other => {
+                return Err(err(
+                    if op == "$strLenCP" { 34471 } else { 34473 },
+                    format!(
+                        "{op} requires a string argument, found: {}",
+                        if nullish(other) {
+                            "null"
+                        } else {
+                            type_name(other)
+                        }
+                    ),
+                ))
+            }
+        },
+        "$substr" | "$substrBytes" | "$substrCP" => {
+            let s = match first {
+                Bson::String(s) => s.clone(),
+                v if nullish(v) => String::new(),
+                v => crate::value::render::render_value(v),
+            };
+            let start = a.get(1).map(to_f64).unwrap_or(0.0).max(0.0) as usize;
+            let len = a.get(2).map(to_f64).unwrap_or(-1.0);
+            if op == "$substrCP" {
+                let chars: Vec<char> = s.chars().collect();
+                let end = if len < 0.0 {
+                    chars.len()
+                } else {
+                    (start + len as usize).min(chars.len())
+                };
+                Bson::String(
+                    chars[start.min(chars.len())..end.max(start.min(chars.len()))]
+                        .iter()
+                        .collect(),
+                )
+            } else {
+                let b = s.as_bytes();
+                let st = start.min(b.len());
+                let end = if len < 0.0 {
+                    b.len()
+                } else {
+                    (st + len as usize).min(b.len())
+                };
+                match std::str::from_utf8(&b[st..end]) {
+                    Ok(x) => Bson::String(x.to_string()),
+                    Err(_) => {
+                        return Err(err(
+                            28656,
+                            format!(
+                            "{op}:  Invalid range, starting index is a UTF-8 continuation byte."
+                        ),
+                        ))
+                    }
+                }
+            }
+        }
+        "$split" => {
+            let (Some(s), Some(sep)) = (expect_string(op, first)?, a.get(1)) else {
+                return Ok(Some(Some(Bson::Null)));
+            };
+            let Bson::String(sep) = sep else {
+                return Err(err(40086, format!("$split requires an expression that evaluates to a string as a second argument, found: {}", type_name(sep))));
+            };
+            if sep.is_empty() {
+                return Err(err(40087, "$split requires a non-empty separator"));
+            }
+            Bson::Array(
+                s.split(sep.as_str())
+                    .map(|p| Bson::String(p.to_string()))
+                    .collect(),
+            )
+        }
+        "$trim" | "$ltrim" | "$rtrim" => {
+            let Bson::Document(d) = args else {
+                return Err(err(
+                    50696,
+                    format!(
+                        "{op} only supports an object as an argument, found: {}",
+                        type_name(args)
+                    ),
+                ));
+            };
+            let _ = d;
+            return Ok(None);
+        }
+        "$indexOfCP" | "$indexOfBytes" => {
+            let Some(s) = expect_string(op, first)? else {
+                return Ok(Some(Some(Bson::Null)));
+            };
+            let Some(Bson::String(sub)) = a.get(1) else {
+                return Err(err(
+                    40092,
+                    format!("{op} requires a string as the second argument"),
+                ));
+            };
+            let found = s.find(sub.as_str());
+            int_or_long(match found {
+                Some(byte) if op == "$indexOfCP" => s[..byte].chars().count() as i64,
+                Some(byte) => byte as i64,
+                None => -1,
+            })
+        }
+        "$strcasecmp" => {
+            let x = first.as_str().unwrap_or("").to_lowercase();
+            let y = a
+                .get(1)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_lowercase();
+            Bson::Int32(x.cmp(&y) as i32)
+        }
+        "$replaceOne" | "$replaceAll" => return Ok(None),
+        "$regexMatch" => return Ok(None),
+        // Math.
+        "$ceil" | "$floor" | "$sqrt" | "$exp" | "$ln" | "$log10" => {
+            if null_in {
+                return Ok(Some(Some(Bson::Null)));
+            }
+            if !is_number(first) {
+                return Err(err(
+                    28765,
+                    format!("{op} only supports numeric types, not {}", type_name(first)),
+                ));
+            }
+            let f = to_f64(first);
+            match op {
+                "$ceil" | "$floor" => match first {
+                    Bson::Int32(_) | Bson::Int64(_) => first.clone(),
+                    Bson::Decimal128(_) => crate::value::field::to_decimal(if op == "$ceil" {
+                        f.ceil()
+                    } else {
+                        f.floor()
+                    }),
+                    _ => Bson::Double(if op == "$ceil" { f.ceil() } else { f.floor() }),
+                },
+                "$sqrt" => {
+                    if f < 0.0 {
+                        return Err(err(
+                            28714,
+                            "$sqrt's argument must be greater than or equal to 0",
+                        ));
+                    }
+                    Bson::Double(f.sqrt())
+                }
+                "$exp" => Bson::Double(f.exp()),
+                "$ln" => {
+                    if f <= 0.0 {
+                        return Err(err(
+                            28766,
+                            format!("$ln's argument must be a positive number, but is {f}"),
+                        ));
+                    }
+                    Bson::Double(f.ln())
+                }
+                _ => {
+                    if f <= 0.0 {
+                        return Err(err(
+                            28761,
+                            format!("$log10's argument must be a positive number, but is {f}"),
+                        ));
+                    }
+                    Bson::Double(f.log10())
+                }
+            }
+        }
+        "$pow" | "$log" => {
+            if null_in {
+                return Ok(Some(Some(Bson::Null)));
+            }
+            let (x, y) = (first, a.get(1).unwrap_or(&Bson::Null));
+            if !is_number(x) || !is_number(y) {
+                return Err(err(
+                    if op == "$pow" { 28762 } else { 28756 },
+                    format!(
+                        "{op}'s {} must be numeric, not {}",
+                        if is_number(x) { "exponent" } else { "base" },
+                        type_name(if is_number(x) { y } else { x })
+                    ),
+                ));
+            }
+            if op == "$log" {
+                Bson::Double(to_f64(x).ln() / to_f64(y).ln())
+            } else {
+                if to_f64(x) == 0.0 && to_f64(y) < 0.0 {
+                    return Err(err(
+                        28764,
+                        "$pow cannot take a base of 0 and a negative exponent",
+                    ));
+                }
+                match (
+                    crate::value::field::as_int(x),
+                    crate::value::field::as_int(y),
+                ) {
+                    (Some(b), Some(e))
+                        if e >= 0
+                            && !matches!(x, Bson::Double(_))
+                            && !matches!(y, Bson::Double(_)) =>
+                    {
+                        match b.checked_pow(e.min(u32::MAX as i64) as u32) {
+                            Some(r) => crate::value::field::int_result(
+                                r,
+                                matches!((x, y), (Bson::Int32(_), Bson::Int32(_))),
+                            ),
+                            None => Bson::Double(to_f64(x).powf(to_f64(y))),
+                        }
+                    }
+                    _ => Bson::Double(to_f64(x).powf(to_f64(y))),
+                }
+            }
+        }
+        "$round" | "$trunc" => {
+            if null_in {
+                return Ok(Some(Some(Bson::Null)));
+            }
+            if !is_number(first) {
+                return Err(err(
+                    51081,
+                    format!("{op} only supports numeric types, not {}", type_name(first)),
+                ));
+            }
+            let places = a.get(1).map(to_f64).unwrap_or(0.0) as i64;
+            if !(-20..=100).contains(&places) {
+                return Err(err(51083, format!("cannot apply {op} with precision value {places} value must be in [-20, 100]")));
+            }
+            round_to(first, places, op == "$trunc")
+        }
+        "$max" | "$min" | "$sum" | "$avg" => {
+            let items: Vec<Bson> = match (a.len(), first) {
+                (1, Bson::Array(items)) => items.clone(),
+                _ => a.to_vec(),
+            };
+            match op {
+                "$sum" => items
+                    .iter()
+                    .filter(|v| is_number(v))
+                    .fold(Bson::Int32(0), |acc, v| {
+                        crate::value::field::arithmetic(&acc, v, false)
+                    }),
+                "$avg" => {
+                    let n: Vec<f64> = items.iter().filter(|v| is_number(v)).map(to_f64).collect();
+                    if n.is_empty() {
+                        Bson::Null
+                    } else {
+                        Bson::Double(n.iter().sum::<f64>() / n.len() as f64)
+                    }
+                }
+                _ => {
+                    let mut best: Option<&Bson> = None;
+                    for v in items.iter().filter(|v| !nullish(v)) {
+                        if best.is_none_or(|b| {
+                            if op == "$max" {
+                                compare(v, b).is_gt()
+                            } else {
+                                compare(v, b).is_lt()
+                            }
+                        }) {
+                            best = Some(v);
+                        }
+                    }
+                    best.cloned().unwrap_or(Bson::Null)
+                }
+            }
+        }
+        "$rand" => Bson::Double((super::stages::random_u64() >> 11) as f64 / (1u64 << 53) as f64),
+        // Dates.
+        "$year" | "$month" | "$dayOfMonth" | "$hour" | "$minute" | "$second" | "$millisecond"
+        | "$dayOfYear" | "$dayOfWeek" | "$week" | "$isoDayOfWeek" => {
+            let v = match first {
+                Bson::Document(d) => d.get("date").cloned().unwrap_or(Bson::Null),
+                v => v.clone(),
+            };
+            let Some(ms) = date_of(op, &v)? else {
+                return Ok(Some(Some(Bson::Null)));
+            };
+            let p = parts(ms);
+            Bson::Int32(match op {
+                "$year" => p.year as i32,
+                "$month" => p.month as i32,
+                "$dayOfMonth" => p.day as i32,
+                "$hour" => p.hour as i32,
+                "$minute" => p.minute as i32,
+                "$second" => p.second as i32,
+                "$millisecond" => p.millis as i32,
+                "$dayOfYear" => p.day_of_year as i32,
+                "$dayOfWeek" => p.day_of_week as i32,
+                "$isoDayOfWeek" => ((p.day_of_week + 5) % 7 + 1) as i32,
+                _ => ((p.day_of_year - p.day_of_week + 7) / 7) as i32,
+            })
+        }
+        "$dateToString" => return Ok(None),
+        "$toDate" => {
+            if nullish(first) {
+                Bson::Null
+            } else {
+                convert(first, "date")?
+            }
+        }
+        // Type conversion.
+        "$toInt" | "$toLong" | "$toDouble" | "$toDecimal" | "$toBool" | "$toObjectId" => {
+            if nullish(first) {
+                return Ok(Some(Some(Bson::Null)));
+            }
+            let to = match op {
+                "$toInt" => "int",
+                "$toLong" => "long",
+                "$toDouble" => "double",
+                "$toDecimal" => "decimal",
+                "$toBool" => "bool",
+                _ => "objectId",
+            };
+            convert(first, to)?
+        }
+        _ => return Ok(None),
+    })))
+}
+
+/// Operators that take a document of named arguments which are expressions themselves
+/// (`$dateToString`, `$trim`, `$replaceAll`, `$regexMatch`, `$convert`, `$zip`), evaluated
+/// here by name. `None` when `op` is not one of them.
+pub(super) fn named(
+    op: &str,
+    args: &Bson,
+    root: &Document,
+    vars: &Variables,
+    budget: &mut Budget,
+) -> Result<Option<Option<Bson>>, EngineError> {
+    if !matches!(
+        op,
+        "$dateToString"
+            | "$trim"
+            | "$ltrim"
+            | "$rtrim"
+            | "$replaceOne"
+            | "$replaceAll"
+            | "$regexMatch"
+            | "$convert"
+            | "$zip"
+            | "$dateFromString"
+    ) {
+        return Ok(None);
+    }
+    let d = match args {
+        Bson::Document(d) => d,
+        other => {
+            return Err(err(
+                ErrorCode::FailedToParse.0,
+                format!(
+                    "{op} only supports an object as its argument, found: {}",
+                    type_name(other)
+                ),
+            ))
+        }
+    };
+    let mut get = |k: &str| -> Result<Option<Bson>, EngineError> {
+        match d.get(k) {
+            Some(e) => eval_in(e, root, vars, budget),
+            None => Ok(None),
+        }
+    };
+    Ok(Some(Some(match op {
+        "$dateToString" => {
+            let date = get("date")?;
+            let format = get("format")?;
+            let on_null = get("onNull")?;
+            let Some(ms) = date_of(op, date.as_ref().unwrap_or(&Bson::Null))? else {
+                return Ok(Some(Some(on_null.unwrap_or(Bson::Null))));
+            };
+            let f = match format {
+                Some(Bson::String(f)) => f,
+                None => "%Y-%m-%dT%H:%M:%S.%LZ".to_string(),
+                Some(other) => {
+                    return Err(err(
+                        18533,
+                        format!(
+                            "$dateToString requires that 'format' be a string, found: {}",
+                            type_name(&other)
+                        ),
+                    ))
+                }
+            };
+            Bson::String(date_to_string(ms, &f)?)
+        }
+        "$dateFromString" => {
+            let s = get("dateString")?;
+            let on_error = d
+                .contains_key("onError")
+                .then(|| get("onError"))
+                .transpose()?
+                .flatten();
+            let on_null = get("onNull")?;
+            match s {
+                Some(Bson::String(s)) => match parse_date(&s) {
+                    Some(ms) => Bson::DateTime(bson::DateTime::from_millis(ms)),
+                    None => match on_error {
+                        Some(v) => v,
+                        None => return Err(err(ErrorCode::ConversionFailure.0, format!("an incomplete date/time string has been found, with elements missing: \"{s}\""))),
+                    },
+                },
+                None => on_null.unwrap_or(Bson::Null),
+                Some(v) if nullish(&v) => on_null.unwrap_or(Bson::Null),
+                Some(other) => match on_error {
+                    Some(v) => v,
+                    None => return Err(err(ErrorCode::ConversionFailure.0, format!("$dateFromString requires that 'dateString' be a string, found: {}", type_name(&other)))),
+                },
+            }
+        }
+        "$trim" | "$ltrim" | "$rtrim" => {
+            let input = get("input")?;
+            let chars = get("chars")?;
+            let Some(Bson::String(s)) = input else {
+                return match input {
+                    None => Ok(Some(Some(Bson::Null))),
+                    Some(v) if nullish(&v) => Ok(Some(Some(Bson::Null))),
+                    Some(other) => Err(err(
+                        50699,
+                        format!(
+                            "{op} requires its input to be a string, got {} (of type {}) instead.",
+                            crate::value::render::render_value(&other),
+                            type_name(&other)
+                        ),
+                    )),
+                };
+            };
+            let set: Vec<char> = match chars {
+                Some(Bson::String(c)) => c.chars().collect(),
+                _ => vec![' ', '\t', '\n', '\r', '\u{0B}', '\u{0C}', '\0', '\u{A0}'],
+            };
+            let t = match op {
+                "$trim" => s.trim_matches(|c| set.contains(&c)),
+                "$ltrim" => s.trim_start_matches(|c| set.contains(&c)),
+                _ => s.trim_end_matches(|c| set.contains(&c)),
+            };
+            Bson::String(t.to_string())
+        }
+        "$replaceOne" | "$replaceAll" => {
+            let (input, find, repl) = (get("input")?, get("find")?, get("replacement")?);
+            match (input, find, repl) {
+                (Some(Bson::String(s)), Some(Bson::String(f)), Some(Bson::String(r))) => {
+                    Bson::String(if op == "$replaceOne" {
+                        s.replacen(&f, &r, 1)
+                    } else {
+                        s.replace(&f, &r)
+                    })
+                }
+                (i, f, r) if [&i, &f, &r].iter().any(|v| v.as_ref().is_none_or(nullish)) => {
+                    Bson::Null
+                }
+                _ => {
+                    return Err(err(
+                        51746,
+                        format!("{op} requires that 'input', 'find' and 'replacement' be strings"),
+                    ))
+                }
+            }
+        }
+        "$regexMatch" => {
+            let (input, regex, options) = (get("input")?, get("regex")?, get("options")?);
+            let (pattern, mut opts) = match regex {
+                Some(Bson::String(p)) => (p, String::new()),
+                Some(Bson::RegularExpression(r)) => (r.pattern.to_string(), r.options.to_string()),
+                None => return Ok(Some(Some(Bson::Boolean(false)))),
+                Some(v) if nullish(&v) => return Ok(Some(Some(Bson::Boolean(false)))),
+                Some(other) => {
+                    return Err(err(
+                        51105,
+                        format!(
+                            "$regexMatch needs 'regex' to be of type string or regex, found: {}",
+                            type_name(&other)
+                        ),
+                    ))
+                }
+            };
+            if let Some(Bson::String(o)) = options {
+                opts.push_str(&o);
+            }
+            let Some(Bson::String(s)) = input else {
+                return Ok(Some(Some(Bson::Boolean(false))));
+            };
+            let mut b = regex::RegexBuilder::new(&pattern);
+            b.case_insensitive(opts.contains('i'))
+                .multi_line(opts.contains('m'))
+                .dot_matches_new_line(opts.contains('s'))
+                .ignore_whitespace(opts.contains('x'));
+            let re = b
+                .build()
+                .map_err(|e| err(51111, format!("Invalid Regex in $regexMatch: {e}")))?;
+            Bson::Boolean(re.is_match(&s))
+        }
+        "$convert" => {
+            let input = get("input")?;
+            let to = get("to")?;
+            let on_error = d
+                .contains_key("onError")
+                .then(|| get("onError"))
+                .transpose()?;
+            let on_null = d
+                .contains_key("onNull")
+                .then(|| get("onNull"))
+                .transpose()?;
+            let input = input.unwrap_or(Bson::Null);
+            if nullish(&input) {
+                return Ok(Some(on_null.flatten().or(Some(Bson::Null))));
+            }
+            let to_name = match to.as_ref().map(|t| match t {
+                Bson::Document(td) => td.get("type").cloned().unwrap_or(Bson::Null),
+                t => t.clone(),
+            }) {
+                Some(t) => type_alias(&t).ok_or_else(|| {
+                    err(
+                        ErrorCode::BadValue.0,
+                        format!(
+                            "Unknown type name: {}",
+                            crate::value::render::render_value(&t)
+                        ),
+                    )
+                })?,
+                None => {
+                    return Err(err(
+                        ErrorCode::FailedToParse.0,
+                        "Missing 'to' parameter to $convert",
+                    ))
+                }
+            };
+            match convert(&input, to_name) {
+                Ok(v) => v,
+                Err(e) => match on_error {
+                    Some(v) => return Ok(Some(v)),
+                    None => return Err(e),
+                },
+            }
+        }
+        _ => {
+            // $zip
+            let inputs = get("inputs")?;
+            let longest = d.get("useLongestLength").is_some_and(truthy);
+            let defaults = get("defaults")?;
+            let Some(Bson::Array(inputs)) = inputs else {
+                return Err(err(34461, "inputs must be an array of expressions"));
+            };
+            let mut arrays = Vec::new();
+            for i in inputs {
+                match i {
+                    Bson::Array(x) => arrays.push(x),
+                    v if nullish(&v) => return Ok(Some(Some(Bson::Null))),
+                    other => {
+                        return Err(err(
+                            34468,
+                            format!(
+                                "$zip found a non-array expression in input: {}",
+                                crate::value::render::render_value(&other)
+                            ),
+                        ))
+                    }
+                }
+            }
+            let n = if longest {
+                arrays.iter().map(|a| a.len()).max().unwrap_or(0)
+            } else {
+                arrays.iter().map(|a| a.len()).min().unwrap_or(0)
+            };
+            let defaults = match defaults {
+                Some(Bson::Array(d)) => d,
+                _ => Vec::new(),
+            };
+            Bson::Array(
+                (0..n)
+                    .map(|i| {
+                        Bson::Array(
+                            arrays
+                                .iter()
+                                .enumerate()
+                                .map(|(j, a)| {
+                                    a.get(i)
+                                        .cloned()
+                                        .or_else(|| defaults.get(j).cloned())
+                                        .unwrap_or(Bson::Null)
+                                })
+                                .collect(),
+                        )
+                    })
+                    .collect(),
+            )
+        }
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::aggregate::{eval, eval_with, Variables};
+    use bson::{doc, Bson};
+
+    fn v(e: bson::Document) -> Bson {
+        eval(&Bson::Document(e), &doc! {"a": [1, 2, 3], "s": " hi ", "d": bson::DateTime::from_millis(1_709_251_200_000i64)})
+            .unwrap()
+            .unwrap_or(Bson::Undefined)
+    }
+
+    #[test]
+    fn families() {
+        assert_eq!(
+            v(doc! {"$map": {"input": "$a", "in": {"$multiply": ["$$this", 2]}}}),
+            Bson::Array(vec![2.into(), 4.into(), 6.into()])
+        );
+        assert_eq!(
+            v(
+                doc! {"$filter": {"input": "$a", "as": "x", "cond": {"$gte": ["$$x", 2]}, "limit": 1}}
+            ),
+            Bson::Array(vec![2.into()])
+        );
+        assert_eq!(
+            v(
+                doc! {"$reduce": {"input": "$a", "initialValue": 10, "in": {"$add": ["$$value", "$$this"]}}}
+            ),
+            Bson::Int32(16)
+        );
+        assert_eq!(
+            v(doc! {"$let": {"vars": {"x": 2}, "in": {"$add": ["$$x", 1]}}}),
+            Bson::Int32(3)
+        );
+        assert_eq!(
+            v(doc! {"$slice": ["$a", -2]}),
+            Bson::Array(vec![2.into(), 3.into()])
+        );
+        assert_eq!(
+            v(doc! {"$concatArrays": ["$a", [4]]})
+                .as_array()
+                .unwrap()
+                .len(),
+            4
+        );
+        assert_eq!(
+            v(doc! {"$setUnion": [[1, 2], [2, 3]]}),
+            Bson::Array(vec![1.into(), 2.into(), 3.into()])
+        );
+        assert_eq!(
+            v(doc! {"$trim": {"input": "$s"}}),
+            Bson::String("hi".into())
+        );
+        assert_eq!(
+            v(doc! {"$split": ["a,b", ","]}),
+            Bson::Array(vec!["a".into(), "b".into()])
+        );
+        assert_eq!(v(doc! {"$toInt": "42"}), Bson::Int32(42));
+        assert_eq!(
+            v(doc! {"$convert": {"input": "x", "to": "int", "onError": -1}}),
+            Bson::Int32(-1)
+        );
+        assert_eq!(
+            v(doc! {"$dateToString": {"date": "$d", "format": "%Y-%m-%d %H:%M"}}),
+            Bson::String("2024-03-01 00:00".into())
+        );
+        assert_eq!(
+            v(doc! {"$dayOfWeek": "$d"}),
+            Bson::Int32(6),
+            "2024-03-01 was a Friday"
+        );
+        assert_eq!(
+            v(doc! {"$round": [2.5, 0]}),
+            Bson::Double(2.0),
+            "half to even"
+        );
+        assert_eq!(
+            v(doc! {"$switch": {"branches": [{"case": false, "then": 1}], "default": 2}}),
+            Bson::Int32(2)
+        );
+        assert_eq!(
+            v(doc! {"$objectToArray": {"k": 1}}),
+            Bson::Array(vec![Bson::Document(doc! {"k": "k", "v": 1})])
+        );
+        assert!(matches!(v(doc! {"$add": ["$$NOW", 0]}), Bson::DateTime(_)));
+        assert_eq!(
+            v(doc! {"$literal": "$$REMOVE"}),
+            Bson::String("$$REMOVE".into())
+        );
+        assert_eq!(
+            eval(&Bson::String("$$REMOVE".into()), &doc! {}).unwrap(),
+            None
+        );
+        let e = eval(&Bson::Document(doc! {"$toInt": "x"}), &doc! {}).unwrap_err();
+        assert_eq!(e.code.0, 241);
+        let e = eval(&Bson::String("$$undefinedVar".into()), &doc! {}).unwrap_err();
+        assert_eq!(
+            (e.code.0, e.message.as_str()),
+            (17276, "Use of undefined variable: undefinedVar")
+        );
+    }
+
+    #[test]
+    fn let_variables_follow_mongod_rules() {
+        let vars = Variables::new();
+        assert_eq!(
+            vars.with_let(&doc! {"Bad": 1}, &doc! {})
+                .unwrap_err()
+                .code
+                .0,
+            16867
+        );
+        assert_eq!(
+            vars.with_let(&doc! {"a-b": 1}, &doc! {})
+                .unwrap_err()
+                .code
+                .0,
+            16868
+        );
+        let vars = vars
+            .with_let(&doc! {"x": {"$add": [1, 2]}}, &doc! {})
+            .unwrap();
+        assert_eq!(
+            eval_with(&Bson::String("$$x".into()), &doc! {}, &vars).unwrap(),
+            Some(Bson::Int32(3))
+        );
+    }
+}

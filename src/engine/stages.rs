@@ -1,0 +1,1211 @@
+//! The aggregation stages beyond the basic ones of [`super::aggregate`]: `$replaceRoot` /
+//! `$replaceWith`, `$sortByCount`, `$bucket`, `$facet`, `$sample`, `$lookup` (equality and
+//! pipeline forms, with `let`), `$unionWith`, `$setWindowFields` (accumulators over document
+//! and range windows, `$rank`, `$denseRank`, `$documentNumber`, `$shift`) and `$redact`, with
+//! mongod's codes for malformed specifications. Each stage's output goes through the same
+//! size and memory checks as the others.
+
+use std::collections::BTreeMap;
+
+use bson::{doc, Bson, Document};
+
+use super::aggregate::{
+    check_expression, err, eval_with, group, run_in, AggregateOptions, Env, Sink, Variables,
+};
+use super::matcher::Matcher;
+use super::query::SortSpec;
+use super::EngineError;
+use crate::value::compare::{canonical_type, compare, OrdBson};
+use crate::value::field::{is_number, to_f64, type_name};
+use crate::value::render::{render_doc, render_value};
+
+/// `$replaceRoot: {newRoot: <expr>}` and `$replaceWith: <expr>`.
+pub(super) fn replace_root(
+    name: &str,
+    spec: &Bson,
+    docs: Vec<Document>,
+    cap: usize,
+    vars: &Variables,
+) -> Result<Vec<Document>, EngineError> {
+    let (expr, what) = if name == "$replaceRoot" {
+        let Bson::Document(d) = spec else {
+            return Err(err(
+                40229,
+                format!(
+                    "expected an object as specification for $replaceRoot stage, got {}",
+                    type_name(spec)
+                ),
+            ));
+        };
+        if let Some(k) = d.keys().find(|k| *k != "newRoot") {
+            return Err(err(40230, format!("unrecognized option to $replaceRoot stage: {k}, only valid option is 'newRoot'.")));
+        }
+        let Some(e) = d.get("newRoot") else {
+            return Err(err(
+                40231,
+                "no newRoot specified for the $replaceRoot stage",
+            ));
+        };
+        (e, "'newRoot' expression ")
+    } else {
+        (spec, "'replacement document' ")
+    };
+    check_expression(expr)?;
+    let mut out = Sink::new("$replaceRoot", cap);
+    for d in docs {
+        match eval_with(expr, &d, vars)? {
+            Some(Bson::Document(nd)) => out.push(nd)?,
+            v => {
+                let v = v.unwrap_or(Bson::Undefined);
+                let shown = if matches!(v, Bson::Undefined) {
+                    "MISSING".to_string()
+                } else {
+                    render_value(&v)
+                };
+                return Err(err(
+                    40228,
+                    format!(
+                        "{what}must evaluate to an object, but resulting value was: {shown}. Type of resulting value: '{}'. Input document: {}",
+                        if matches!(v, Bson::Undefined) { "missing" } else { type_name(&v) },
+                        render_doc(&d)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(out.docs)
+}
+
+/// `$sortByCount: <expr>`: `$group` by the expression with a `count`, then by count, largest
+/// first.
+pub(super) fn sort_by_count(
+    spec: &Bson,
+    docs: Vec<Document>,
+    options: &AggregateOptions,
+    cap: usize,
+    vars: &Variables,
+) -> Result<Vec<Document>, EngineError> {
+    let ok = match spec {
+        Bson::String(s) => s.starts_with('$') && !s.starts_with("$$"),
+        Bson::Document(d) => d.len() == 1 && d.keys().all(|k| k.starts_with('$')),
+        _ => false,
+    };
+    if !ok {
+        return Err(err(
+            40148,
+            "the sortByCount field must be defined as a $-prefixed path or an expression inside an object",
+        ));
+    }
+    let spec = Bson::Document(doc! {"_id": spec.clone(), "count": {"$sum": 1}});
+    let mut out = group(&spec, docs, options, cap, vars)?;
+    out.sort_by(|a, b| {
+        compare(
+            b.get("count").unwrap_or(&Bson::Null),
+            a.get("count").unwrap_or(&Bson::Null),
+        )
+    });
+    Ok(out)
+}
+
+/// `$bucket: {groupBy, boundaries, default, output}`.
+pub(super) fn bucket(
+    spec: &Bson,
+    docs: Vec<Document>,
+    options: &AggregateOptions,
+    cap: usize,
+    vars: &Variables,
+) -> Result<Vec<Document>, EngineError> {
+    let Bson::Document(spec) = spec else {
+        return Err(err(
+            40201,
+            format!(
+                "Argument to $bucket stage must be an object, but found type: {}.",
+                type_name(spec)
+            ),
+        ));
+    };
+    for k in spec.keys() {
+        if !matches!(k.as_str(), "groupBy" | "boundaries" | "default" | "output") {
+            return Err(err(40197, format!("Unrecognized option to $bucket: {k}.")));
+        }
+    }
+    let (Some(group_by), Some(bounds)) = (spec.get("groupBy"), spec.get("boundaries")) else {
+        return Err(err(
+            40198,
+            "$bucket requires 'groupBy' and 'boundaries' to be specified.",
+        ));
+    };
+    let group_ok = match group_by {
+        Bson::String(s) => s.starts_with('$'),
+        Bson::Document(_) => true,
+        _ => false,
+    };
+    if !group_ok {
+        return Err(err(40202, format!("The $bucket 'groupBy' field must be defined as a $-prefixed path or an expression, but found: {}.", render_value(group_by))));
+    }
+    let Bson::Array(bounds) = bounds else {
+        return Err(err(
+            40200,
+            format!(
+                "The $bucket 'boundaries' field must be an array, but found type: {}.",
+                type_name(bounds)
+            ),
+        ));
+    };
+    if bounds.len() < 2 {
+        return Err(err(40192, format!("The $bucket 'boundaries' field must have at least 2 values, but found {} value(s).", bounds.len())));
+    }
+    for (i, w) in bounds.windows(2).enumerate() {
+        if canonical_type(&w[0]) != canonical_type(&w[1]) {
+            return Err(err(40193, format!("All values in the the 'boundaries' option to $bucket must have the same type. Found conflicting types {} and {}.", type_name(&w[0]), type_name(&w[1]))));
+        }
+        if !compare(&w[0], &w[1]).is_lt() {
+            return Err(err(40194, format!("The 'boundaries' option to $bucket must be sorted in ascending order, but elements {} and {} are not in ascending order ({} is not less than {}).", i, i + 1, render_value(&w[0]), render_value(&w[1]))));
+        }
+    }
+    let (lo, hi) = (&bounds[0], &bounds[bounds.len() - 1]);
+    let default = spec.get("default");
+    if let Some(d) = default {
+        if canonical_type(d) == canonical_type(lo)
+            && !(compare(d, lo).is_lt() || compare(d, hi).is_ge())
+        {
+            return Err(err(40199, "The $bucket 'default' field must be less than the lowest boundary or greater than or equal to the highest boundary."));
+        }
+    }
+    let output = match spec.get("output") {
+        None => doc! {"count": {"$sum": 1}},
+        Some(Bson::Document(o)) => o.clone(),
+        Some(other) => {
+            return Err(err(
+                40196,
+                format!(
+                    "The $bucket 'output' field must be an object, but found type: {}.",
+                    type_name(other)
+                ),
+            ))
+        }
+    };
+    let mut buckets: BTreeMap<OrdBson, Vec<Document>> = BTreeMap::new();
+    for d in docs {
+        let v = eval_with(group_by, &d, vars)?.unwrap_or(Bson::Null);
+        let key = if canonical_type(&v) == canonical_type(lo)
+            && compare(&v, lo).is_ge()
+            && compare(&v, hi).is_lt()
+        {
+            let i = bounds
+                .windows(2)
+                .position(|w| compare(&v, &w[1]).is_lt())
+                .unwrap_or(0);
+            bounds[i].clone()
+        } else {
+            match default {
+                Some(d) => d.clone(),
+                None => {
+                    return Err(err(
+                        40066,
+                        "$switch could not find a matching branch for an input, and no default was specified.",
+                    ))
+                }
+            }
+        };
+        buckets.entry(OrdBson(key)).or_default().push(d);
+    }
+    let mut group_spec = doc! {"_id": Bson::Null};
+    for (k, v) in &output {
+        group_spec.insert(k.clone(), v.clone());
+    }
+    let group_spec = Bson::Document(group_spec);
+    let mut out = Sink::new("$bucket", cap);
+    for (key, members) in buckets {
+        for mut g in group(&group_spec, members, options, cap, vars)? {
+            g.insert("_id", key.0.clone());
+            out.push(g)?;
+        }
+    }
+    Ok(out.docs)
+}
+
+/// Stages no sub-pipeline of `$facet` (or `$lookup`) may hold.
+fn check_sub_pipeline(pipeline: &[Bson], facet: bool) -> Result<(), EngineError> {
+    for s in pipeline {
+        let Some(name) = s.as_document().and_then(|d| d.keys().next()) else {
+            continue;
+        };
+        let refused = if facet {
+            matches!(
+                name.as_str(),
+                "$out" | "$merge" | "$facet" | "$collStats" | "$indexStats" | "$changeStream"
+            )
+        } else {
+            matches!(name.as_str(), "$out" | "$merge" | "$changeStream")
+        };
+        if refused {
+            return Err(if facet {
+                err(
+                    40600,
+                    format!("{name} is not allowed to be used within a $facet stage"),
+                )
+            } else {
+                err(
+                    51047,
+                    format!("{name} is not allowed to be used within a $lookup stage"),
+                )
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `$facet: {name: [stages], …}`: one document with each sub-pipeline's results.
+pub(super) fn facet(
+    spec: &Bson,
+    docs: Vec<Document>,
+    options: &AggregateOptions,
+    env: &Env,
+) -> Result<Vec<Document>, EngineError> {
+    let Bson::Document(spec) = spec else {
+        return Err(err(
+            15947,
+            "the $facet specification must be a non-empty object",
+        ));
+    };
+    if spec.is_empty() {
+        return Err(err(
+            40169,
+            "the $facet specification must be a non-empty object",
+        ));
+    }
+    let mut out = Document::new();
+    for (name, p) in spec {
+        let Bson::Array(p) = p else {
+            return Err(err(
+                40170,
+                format!(
+                    "arguments to $facet must be arrays, {name} is type {}",
+                    type_name(p)
+                ),
+            ));
+        };
+        check_sub_pipeline(p, true)?;
+        let results = run_in(p, docs.clone(), options, env)?;
+        out.insert(
+            name.clone(),
+            Bson::Array(results.into_iter().map(Bson::Document).collect()),
+        );
+    }
+    let mut sink = Sink::new("$facet", usize::MAX);
+    sink.push(out)?;
+    Ok(sink.docs)
+}
+
+/// A small xorshift generator for `$sample` and `$rand`, seeded from the clock and a counter
+/// (the engine has no randomness crate; nothing here is for security).
+pub(super) fn random_u64() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let mut x = STATE.load(Ordering::Relaxed);
+    if x == 0 {
+        x = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0x9E37_79B9_7F4A_7C15)
+            | 1;
+    }
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    STATE.store(x, Ordering::Relaxed);
+    x
+}
+
+/// `$sample: {size: n}`: `n` documents chosen at random without repetition.
+pub(super) fn sample(spec: &Bson, mut docs: Vec<Document>) -> Result<Vec<Document>, EngineError> {
+    let Bson::Document(spec) = spec else {
+        return Err(err(
+            28745,
+            "the $sample stage specification must be an object",
+        ));
+    };
+    let mut size = None;
+    for (k, v) in spec {
+        if k != "size" {
+            return Err(err(28748, format!("unrecognized option to $sample: {k}")));
+        }
+        if !is_number(v) {
+            return Err(err(28746, "size argument to $sample must be a number"));
+        }
+        let n = to_f64(v);
+        if n < 0.0 {
+            return Err(err(28747, "size argument to $sample must not be negative"));
+        }
+        size = Some(n as usize);
+    }
+    let Some(size) = size else {
+        return Err(err(28749, "$sample stage must specify a size"));
+    };
+    let n = docs.len();
+    let take = size.min(n);
+    for i in 0..take {
+        let j = i + (random_u64() % (n - i) as u64) as usize;
+        docs.swap(i, j);
+    }
+    docs.truncate(take);
+    Ok(docs)
+}
+
+fn foreign_documents(env: &Env, coll: &str) -> Result<Vec<Document>, EngineError> {
+    match env.namespaces {
+        Some(ns) => ns.documents(&env.db, coll),
+        None => Err(err(
+            crate::value::error_codes::ErrorCode::NamespaceNotFound.0,
+            format!("cannot read {}.{coll} here", env.db),
+        )),
+    }
+}
+
+/// `$lookup`: `{from, localField, foreignField, as}`, `{from, let, pipeline, as}`, or both
+/// (equality first, then the pipeline). A missing or null local value matches foreign
+/// documents whose field is null or missing; an array matches any of its elements.
+pub(super) fn lookup(
+    spec: &Bson,
+    docs: Vec<Document>,
+    options: &AggregateOptions,
+    env: &Env,
+    cap: usize,
+) -> Result<Vec<Document>, EngineError> {
+    let Bson::Document(spec) = spec else {
+        return Err(err(
+            9,
+            format!(
+                "the $lookup stage specification must be an object, but found {}",
+                type_name(spec)
+            ),
+        ));
+    };
+    let mut from = None;
+    let (mut local, mut foreign, mut as_field, mut pipeline, mut let_doc) =
+        (None, None, None, None, None);
+    for (k, v) in spec {
+        match (k.as_str(), v) {
+            ("from", Bson::String(s)) => from = Some(s.clone()),
+            ("from", Bson::Document(d)) => {
+                from = d.get_str("coll").ok().map(|s| s.to_string());
+            }
+            ("localField", Bson::String(s)) => local = Some(s.clone()),
+            ("foreignField", Bson::String(s)) => foreign = Some(s.clone()),
+            ("as", Bson::String(s)) => as_field = Some(s.clone()),
+            ("pipeline", Bson::Array(p)) => pipeline = Some(p.clone()),
+            ("let", Bson::Document(d)) => let_doc = Some(d.clone()),
+            ("from" | "localField" | "foreignField" | "as" | "pipeline" | "let", other) => {
+                return Err(err(
+                    9,
+                    format!(
+                        "$lookup argument '{k}: {}' must be {}, but found type: {}",
+                        render_value(other),
+                        if k == "pipeline" {
+                            "an array"
+                        } else if k == "let" {
+                            "an object"
+                        } else {
+                            "a string"
+                        },
+                        type_name(other)
+                    ),
+                ))
+            }
+            _ => return Err(err(9, format!("unknown argument to $lookup: {k}"))),
+        }
+    }
+    let Some(as_field) = as_field else {
+        return Err(err(9, "must specify 'as' field for a $lookup"));
+    };
+    crate::engine::path::check_field_path(&as_field)?;
+    if local.is_some() != foreign.is_some() {
+        return Err(err(
+            9,
+            "$lookup requires both or neither of 'localField' and 'foreignField' to be specified",
+        ));
+    }
+    if pipeline.is_none() && local.is_none() {
+        return Err(err(
+            9,
+            "$lookup requires either 'pipeline' or both 'localField' and 'foreignField' to be specified",
+        ));
+    }
+    if let Some(p) = &pipeline {
+        check_sub_pipeline(p, false)?;
+    }
+    let foreign_docs = match &from {
+        Some(f) => foreign_documents(env, f)?,
+        None if pipeline
+            .as_ref()
+            .and_then(|p| p.first())
+            .and_then(|s| s.as_document())
+            .is_some_and(|d| d.contains_key("$documents")) =>
+        {
+            Vec::new()
+        }
+        None => return Err(err(9, "must specify 'from' field for a $lookup")),
+    };
+    let mut out = Sink::new("$lookup", cap);
+    for mut d in docs {
+        let mut matched: Vec<Document> = match (&local, &foreign) {
+            (Some(l), Some(f)) => {
+                let values: Vec<Bson> = {
+                    let lk = crate::engine::path::lookup(&d, l);
+                    let vals = lk.expanded();
+                    if vals.is_empty() {
+                        vec![Bson::Null]
+                    } else {
+                        vals.into_iter().cloned().collect()
+                    }
+                };
+                let m = Matcher::parse(&doc! {f.clone(): {"$in": values}})?;
+                foreign_docs
+                    .iter()
+                    .filter(|x| m.matches(x))
+                    .cloned()
+                    .collect()
+            }
+            _ => foreign_docs.clone(),
+        };
+        if let Some(p) = &pipeline {
+            let vars = match &let_doc {
+                Some(l) => env.vars.with_let(l, &d)?,
+                None => env.vars.clone(),
+            };
+            matched = run_in(p, matched, options, &env.with_vars(vars))?;
+        }
+        crate::engine::path::set(
+            &mut d,
+            &as_field,
+            Bson::Array(matched.into_iter().map(Bson::Document).collect()),
+        )?;
+        out.push(d)?;
+    }
+    Ok(out.docs)
+}
+
+/// `$unionWith: "coll"` or `{coll, pipeline}`: the input, then the other collection's
+/// documents through its pipeline.
+pub(super) fn union_with(
+    spec: &Bson,
+    mut docs: Vec<Document>,
+    options: &AggregateOptions,
+    env: &Env,
+    cap: usize,
+) -> Result<Vec<Document>, EngineError> {
+    let (coll, pipeline) = match spec {
+        Bson::String(s) => (Some(s.clone()), Vec::new()),
+        Bson::Document(d) => {
+            for k in d.keys() {
+                if k != "coll" && k != "pipeline" {
+                    return Err(err(
+                        40415,
+                        format!("BSON field '$unionWith.{k}' is an unknown field."),
+                    ));
+                }
+            }
+            let coll = match d.get("coll") {
+                Some(Bson::String(s)) => Some(s.clone()),
+                None => None,
+                Some(other) => {
+                    return Err(err(
+                        crate::value::error_codes::ErrorCode::TypeMismatch.0,
+                        format!("BSON field '$unionWith.coll' is the wrong type '{}', expected type 'string'", type_name(other)),
+                    ))
+                }
+            };
+            let pipeline = match d.get("pipeline") {
+                Some(Bson::Array(p)) => p.clone(),
+                None => Vec::new(),
+                Some(other) => {
+                    return Err(err(
+                        crate::value::error_codes::ErrorCode::TypeMismatch.0,
+                        format!("BSON field '$unionWith.pipeline' is the wrong type '{}', expected type 'array'", type_name(other)),
+                    ))
+                }
+            };
+            (coll, pipeline)
+        }
+        other => {
+            return Err(err(
+                crate::value::error_codes::ErrorCode::FailedToParse.0,
+                format!(
+                    "the $unionWith stage specification must be an object or string, but found {}",
+                    type_name(other)
+                ),
+            ))
+        }
+    };
+    check_sub_pipeline(&pipeline, false)?;
+    let input = match &coll {
+        Some(c) => foreign_documents(env, c)?,
+        None => Vec::new(),
+    };
+    let more = run_in(&pipeline, input, options, env)?;
+    let mut out = Sink::new("$unionWith", cap.saturating_mul(2));
+    for d in docs.drain(..).chain(more) {
+        out.push(d)?;
+    }
+    Ok(out.docs)
+}
+
+/// One bound of a window.
+#[derive(Debug, Clone, Copy)]
+enum Bound {
+    Unbounded,
+    Current,
+    Offset(f64),
+}
+
+fn parse_bound(v: &Bson, what: &str) -> Result<Bound, EngineError> {
+    match v {
+        Bson::String(s) if s == "unbounded" => Ok(Bound::Unbounded),
+        Bson::String(s) if s == "current" => Ok(Bound::Current),
+        v if is_number(v) => Ok(Bound::Offset(to_f64(v))),
+        other => Err(err(
+            crate::value::error_codes::ErrorCode::FailedToParse.0,
+            format!(
+                "Window bounds must be 'unbounded', 'current', or a number for {what}, got {}",
+                render_value(other)
+            ),
+        )),
+    }
+}
+
+/// A window: positions relative to the current document, or a range of the sort value.
+#[derive(Debug, Clone)]
+enum Window {
+    Documents(Bound, Bound),
+    Range(Bound, Bound, f64),
+}
+
+fn unit_millis(unit: &str) -> Option<f64> {
+    Some(match unit {
+        "week" => 7.0 * 86_400_000.0,
+        "day" => 86_400_000.0,
+        "hour" => 3_600_000.0,
+        "minute" => 60_000.0,
+        "second" => 1000.0,
+        "millisecond" => 1.0,
+        _ => return None,
+    })
+}
+
+fn sort_number(v: Option<&Bson>) -> Option<f64> {
+    match v? {
+        Bson::DateTime(d) => Some(d.timestamp_millis() as f64),
+        v if is_number(v) => Some(to_f64(v)),
+        _ => None,
+    }
+}
+
+/// `$setWindowFields: {partitionBy, sortBy, output: {field: {$fn: arg, window}}}`.
+pub(super) fn set_window_fields(
+    spec: &Bson,
+    docs: Vec<Document>,
+    cap: usize,
+    vars: &Variables,
+) -> Result<Vec<Document>, EngineError> {
+    let Bson::Document(spec) = spec else {
+        return Err(err(
+            crate::value::error_codes::ErrorCode::FailedToParse.0,
+            "$setWindowFields must have an object argument",
+        ));
+    };
+    for k in spec.keys() {
+        if !matches!(k.as_str(), "partitionBy" | "sortBy" | "output") {
+            return Err(err(
+                40415,
+                format!("BSON field '$setWindowFields.{k}' is an unknown field."),
+            ));
+        }
+    }
+    let Some(Bson::Document(output)) = spec.get("output") else {
+        return Err(err(
+            40414,
+            "BSON field '$setWindowFields.output' is missing but a required field",
+        ));
+    };
+    let sort =
+        match spec.get("sortBy") {
+            Some(Bson::Document(s)) => Some((SortSpec::parse(s)?, s.clone())),
+            None => None,
+            Some(_) => return Err(err(
+                crate::value::error_codes::ErrorCode::TypeMismatch.0,
+                "BSON field '$setWindowFields.sortBy' is the wrong type, expected type 'object'",
+            )),
+        };
+    let partition_by = spec.get("partitionBy");
+    if let Some(p) = partition_by {
+        check_expression(p)?;
+    }
+    // The functions, parsed once.
+    struct Field {
+        path: String,
+        op: String,
+        arg: Bson,
+        window: Option<Window>,
+    }
+    let mut fields = Vec::new();
+    for (path, f) in output {
+        crate::engine::path::check_field_path(path)?;
+        let Bson::Document(f) = f else {
+            return Err(err(
+                crate::value::error_codes::ErrorCode::FailedToParse.0,
+                format!("The field '{path}' must be an object"),
+            ));
+        };
+        let mut op = None;
+        let mut window = None;
+        for (k, v) in f {
+            if k == "window" {
+                let Bson::Document(w) = v else {
+                    return Err(err(
+                        crate::value::error_codes::ErrorCode::FailedToParse.0,
+                        "'window' field must be an object",
+                    ));
+                };
+                let pair = |v: Option<&Bson>, what: &str| -> Result<(Bound, Bound), EngineError> {
+                    match v {
+                        Some(Bson::Array(b)) if b.len() == 2 => {
+                            Ok((parse_bound(&b[0], what)?, parse_bound(&b[1], what)?))
+                        }
+                        _ => Err(err(
+                            crate::value::error_codes::ErrorCode::FailedToParse.0,
+                            format!("Window bounds must be a 2-element array: {what}"),
+                        )),
+                    }
+                };
+                window = Some(if w.contains_key("documents") {
+                    let (lo, hi) = pair(w.get("documents"), "documents")?;
+                    Window::Documents(lo, hi)
+                } else if w.contains_key("range") {
+                    let (lo, hi) = pair(w.get("range"), "range")?;
+                    let scale = match w.get_str("unit") {
+                        Ok(u) => unit_millis(u).ok_or_else(|| {
+                            err(
+                                crate::value::error_codes::ErrorCode::FailedToParse.0,
+                                format!("unknown time unit value: {u}"),
+                            )
+                        })?,
+                        Err(_) => 1.0,
+                    };
+                    Window::Range(lo, hi, scale)
+                } else {
+                    return Err(err(
+                        crate::value::error_codes::ErrorCode::FailedToParse.0,
+                        "'window' field must contain 'documents' or 'range'",
+                    ));
+                });
+            } else if op.is_none() {
+                op = Some((k.clone(), v.clone()));
+            } else {
+                return Err(err(
+                    crate::value::error_codes::ErrorCode::FailedToParse.0,
+                    format!("Window function found an unknown argument: {k}"),
+                ));
+            }
+        }
+        let Some((op, arg)) = op else {
+            return Err(err(
+                crate::value::error_codes::ErrorCode::FailedToParse.0,
+                "Expected a window function",
+            ));
+        };
+        let known = matches!(
+            op.as_str(),
+            "$sum"
+                | "$avg"
+                | "$min"
+                | "$max"
+                | "$count"
+                | "$push"
+                | "$addToSet"
+                | "$first"
+                | "$last"
+                | "$stdDevPop"
+                | "$stdDevSamp"
+                | "$rank"
+                | "$denseRank"
+                | "$documentNumber"
+                | "$shift"
+        );
+        if !known {
+            return Err(err(
+                crate::value::error_codes::ErrorCode::FailedToParse.0,
+                format!("Unrecognized window function, {op}"),
+            ));
+        }
+        if matches!(
+            op.as_str(),
+            "$rank" | "$denseRank" | "$documentNumber" | "$shift"
+        ) {
+            if sort.is_none() {
+                return Err(err(
+                    5371601,
+                    format!("{op} must be specified with a top level sortBy expression with exactly one element"),
+                ));
+            }
+            if window.is_some() {
+                return Err(err(
+                    5371601,
+                    format!("{op} does not accept a 'window' field"),
+                ));
+            }
+        }
+        if let Some(Window::Range(..)) = window {
+            let one_numeric = sort.as_ref().is_some_and(|(_, s)| s.len() == 1);
+            if !one_numeric {
+                return Err(err(
+                    5339902,
+                    "Range-based bounds require sortBy a single field",
+                ));
+            }
+        }
+        if window.is_some() && sort.is_none() {
+            if let Some(Window::Documents(lo, hi)) = &window {
+                let bounded = !matches!((lo, hi), (Bound::Unbounded, Bound::Unbounded));
+                if bounded {
+                    return Err(err(5339901, "Document-based bounds require a sortBy"));
+                }
+            }
+        }
+        fields.push(Field {
+            path: path.clone(),
+            op,
+            arg,
+            window,
+        });
+    }
+
+    // Partition, then sort each partition (mongod sorts by partition key, then sortBy).
+    let mut partitions: BTreeMap<OrdBson, Vec<Document>> = BTreeMap::new();
+    for d in docs {
+        let key = match partition_by {
+            Some(p) => eval_with(p, &d, vars)?.unwrap_or(Bson::Null),
+            None => Bson::Null,
+        };
+        partitions.entry(OrdBson(key)).or_default().push(d);
+    }
+    let mut out = Sink::new("$setWindowFields", cap.saturating_mul(2));
+    for (_, mut part) in partitions {
+        if let Some((s, _)) = &sort {
+            s.sort(&mut part);
+        }
+        let sort_field = sort
+            .as_ref()
+            .and_then(|(_, s)| s.keys().next().cloned())
+            .unwrap_or_default();
+        let sort_desc = sort
+            .as_ref()
+            .and_then(|(_, s)| s.values().next())
+            .is_some_and(|v| to_f64(v) < 0.0);
+        let sort_values: Vec<Option<f64>> = part
+            .iter()
+            .map(|d| sort_number(crate::engine::path::get(d, &sort_field)))
+            .collect();
+        let sort_keys: Vec<Bson> = part
+            .iter()
+            .map(|d| {
+                crate::engine::path::get(d, &sort_field)
+                    .cloned()
+                    .unwrap_or(Bson::Null)
+            })
+            .collect();
+        let n = part.len();
+        let mut computed: Vec<Vec<(String, Option<Bson>)>> = vec![Vec::new(); n];
+        for f in &fields {
+            let mut rank = 0i64;
+            let mut dense = 0i64;
+            for i in 0..n {
+                let value = match f.op.as_str() {
+                    "$documentNumber" => Some(Bson::Int64(i as i64 + 1)),
+                    "$rank" | "$denseRank" => {
+                        let new_value = i == 0 || compare(&sort_keys[i], &sort_keys[i - 1]).is_ne();
+                        if new_value {
+                            rank = i as i64 + 1;
+                            dense += 1;
+                        }
+                        Some(Bson::Int64(if f.op == "$rank" { rank } else { dense }))
+                    }
+                    "$shift" => {
+                        let Bson::Document(a) = &f.arg else {
+                            return Err(err(
+                                crate::value::error_codes::ErrorCode::FailedToParse.0,
+                                "Argument to $shift must be an object",
+                            ));
+                        };
+                        let by = a
+                            .get("by")
+                            .filter(|v| is_number(v))
+                            .map(to_f64)
+                            .ok_or_else(|| {
+                                err(
+                                    crate::value::error_codes::ErrorCode::FailedToParse.0,
+                                    "'$shift:by' field must be an integer, but found: missing",
+                                )
+                            })? as i64;
+                        let output = a.get("output").cloned().unwrap_or(Bson::Null);
+                        let j = i as i64 + by;
+                        if j >= 0 && (j as usize) < n {
+                            Some(eval_with(&output, &part[j as usize], vars)?.unwrap_or(Bson::Null))
+                        } else {
+                            Some(match a.get("default") {
+                                Some(d) => eval_with(d, &part[i], vars)?.unwrap_or(Bson::Null),
+                                None => Bson::Null,
+                            })
+                        }
+                    }
+                    op => {
+                        let (lo, hi) =
+                            window_range(f.window.as_ref(), i, n, &sort_values, sort_desc);
+                        let arg = if op == "$count" {
+                            Bson::Int32(1)
+                        } else {
+                            f.arg.clone()
+                        };
+                        Some(accumulate(op, &arg, &part[lo..hi], vars)?)
+                    }
+                };
+                computed[i].push((f.path.clone(), value));
+            }
+        }
+        for (mut d, fields) in part.into_iter().zip(computed) {
+            for (p, v) in fields {
+                match v {
+                    Some(v) => crate::engine::path::set(&mut d, &p, v)?,
+                    None => {
+                        crate::engine::path::unset(&mut d, &p);
+                    }
+                }
+            }
+            out.push(d)?;
+        }
+    }
+    Ok(out.docs)
+}
+
+/// The documents `[lo, hi)` of a partition in the window of document `i`.
+fn window_range(
+    window: Option<&Window>,
+    i: usize,
+    n: usize,
+    sort_values: &[Option<f64>],
+    desc: bool,
+) -> (usize, usize) {
+    match window {
+        None => (0, n),
+        Some(Window::Documents(lo, hi)) => {
+            let at = |b: &Bound, lower: bool| -> i64 {
+                match b {
+                    Bound::Unbounded => {
+                        if lower {
+                            0
+                        } else {
+                            n as i64
+                        }
+                    }
+                    Bound::Current => i as i64 + if lower { 0 } else { 1 },
+                    Bound::Offset(o) => i as i64 + *o as i64 + if lower { 0 } else { 1 },
+                }
+            };
+            let lo = at(lo, true).clamp(0, n as i64) as usize;
+            let hi = at(hi, false).clamp(0, n as i64) as usize;
+            (lo, hi.max(lo))
+        }
+        Some(Window::Range(lo, hi, scale)) => {
+            let Some(cur) = sort_values[i] else {
+                return (i, i);
+            };
+            let sign = if desc { -1.0 } else { 1.0 };
+            let in_range = |v: f64| {
+                let rel = (v - cur) * sign;
+                let above = match lo {
+                    Bound::Unbounded => true,
+                    Bound::Current => rel >= 0.0,
+                    Bound::Offset(o) => rel >= o * scale,
+                };
+                let below = match hi {
+                    Bound::Unbounded => true,
+                    Bound::Current => rel <= 0.0,
+                    Bound::Offset(o) => rel <= o * scale,
+                };
+                above && below
+            };
+            let idx: Vec<usize> = (0..n)
+                .filter(|&j| sort_values[j].is_some_and(in_range))
+                .collect();
+            match (idx.first(), idx.last()) {
+                (Some(a), Some(b)) => (*a, *b + 1),
+                _ => (i, i),
+            }
+        }
+    }
+}
+
+/// An accumulator over a window's documents.
+fn accumulate(
+    op: &str,
+    arg: &Bson,
+    docs: &[Document],
+    vars: &Variables,
+) -> Result<Bson, EngineError> {
+    let mut values = Vec::with_capacity(docs.len());
+    for d in docs {
+        values.push(eval_with(arg, d, vars)?);
+    }
+    let numbers = || values.iter().flatten().filter(|v| is_number(v));
+    Ok(match op {
+        "$sum" | "$count" => numbers().fold(Bson::Int32(0), |acc, v| {
+            crate::value::field::arithmetic(&acc, v, false)
+        }),
+        "$avg" => {
+            let n: Vec<f64> = numbers().map(to_f64).collect();
+            if n.is_empty() {
+                Bson::Null
+            } else {
+                Bson::Double(n.iter().sum::<f64>() / n.len() as f64)
+            }
+        }
+        "$stdDevPop" | "$stdDevSamp" => {
+            let n: Vec<f64> = numbers().map(to_f64).collect();
+            let k = n.len() as f64;
+            let min = if op == "$stdDevPop" { 1.0 } else { 2.0 };
+            if k < min {
+                Bson::Null
+            } else {
+                let mean = n.iter().sum::<f64>() / k;
+                let ss: f64 = n.iter().map(|x| (x - mean).powi(2)).sum();
+                Bson::Double((ss / if op == "$stdDevPop" { k } else { k - 1.0 }).sqrt())
+            }
+        }
+        "$min" | "$max" => {
+            let mut best: Option<&Bson> = None;
+            for v in values
+                .iter()
+                .flatten()
+                .filter(|v| !matches!(v, Bson::Null | Bson::Undefined))
+            {
+                let better = best.is_none_or(|b| {
+                    let o = compare(v, b);
+                    if op == "$min" {
+                        o.is_lt()
+                    } else {
+                        o.is_gt()
+                    }
+                });
+                if better {
+                    best = Some(v);
+                }
+            }
+            best.cloned().unwrap_or(Bson::Null)
+        }
+        "$push" => Bson::Array(values.into_iter().flatten().collect()),
+        "$addToSet" => {
+            let set: std::collections::BTreeSet<OrdBson> =
+                values.into_iter().flatten().map(OrdBson).collect();
+            Bson::Array(set.into_iter().map(|v| v.0).collect())
+        }
+        "$first" => values
+            .first()
+            .map(|v| v.clone().unwrap_or(Bson::Null))
+            .unwrap_or(Bson::Null),
+        "$last" => values
+            .last()
+            .map(|v| v.clone().unwrap_or(Bson::Null))
+            .unwrap_or(Bson::Null),
+        other => {
+            return Err(err(
+                crate::value::error_codes::ErrorCode::FailedToParse.0,
+                format!("Unrecognized window function, {other}"),
+            ))
+        }
+    })
+}
+
+/// `$redact`: the expression decides per (sub)document `$$DESCEND`, `$$PRUNE` or `$$KEEP`.
+pub(super) fn redact(
+    spec: &Bson,
+    docs: Vec<Document>,
+    vars: &Variables,
+) -> Result<Vec<Document>, EngineError> {
+    check_expression(spec)?;
+    let mut vars = vars.clone();
+    vars.bind("DESCEND".into(), Bson::String("descend".into()));
+    vars.bind("PRUNE".into(), Bson::String("prune".into()));
+    vars.bind("KEEP".into(), Bson::String("keep".into()));
+    let mut out = Vec::new();
+    for d in docs {
+        if let Some(d) = redact_doc(spec, d, &vars, 0)? {
+            out.push(d);
+        }
+    }
+    Ok(out)
+}
+
+fn redact_doc(
+    spec: &Bson,
+    d: Document,
+    vars: &Variables,
+    depth: usize,
+) -> Result<Option<Document>, EngineError> {
+    if depth > crate::limits::MAX_RESULT_DEPTH {
+        return Ok(Some(d));
+    }
+    let mut scoped = vars.clone();
+    scoped.bind("CURRENT".into(), Bson::Document(d.clone()));
+    match eval_with(spec, &d, &scoped)? {
+        Some(Bson::String(s)) if s == "keep" => Ok(Some(d)),
+        Some(Bson::String(s)) if s == "prune" => Ok(None),
+        Some(Bson::String(s)) if s == "descend" => {
+            let mut out = Document::new();
+            for (k, v) in d {
+                match v {
+                    Bson::Document(sub) => {
+                        if let Some(sub) = redact_doc(spec, sub, vars, depth + 1)? {
+                            out.insert(k, sub);
+                        }
+                    }
+                    Bson::Array(items) => {
+                        let mut kept = Vec::new();
+                        for i in items {
+                            match i {
+                                Bson::Document(sub) => {
+                                    if let Some(sub) = redact_doc(spec, sub, vars, depth + 1)? {
+                                        kept.push(Bson::Document(sub));
+                                    }
+                                }
+                                other => kept.push(other),
+                            }
+                        }
+                        out.insert(k, kept);
+                    }
+                    other => {
+                        out.insert(k, other);
+                    }
+                }
+            }
+            Ok(Some(out))
+        }
+        other => Err(err(
+            17053,
+            format!(
+                "$redact's expression should not return anything aside from the variables $$KEEP, $$DESCEND, and $$PRUNE, but returned {}",
+                other.map(|v| render_value(&v)).unwrap_or_else(|| "MISSING".into())
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::aggregate::run;
+    use super::*;
+
+    fn docs() -> Vec<Document> {
+        (0..6)
+            .map(|i| doc! {"_id": i, "g": i % 2, "v": i * 10})
+            .collect()
+    }
+
+    fn one(stage: Document) -> Result<Vec<Document>, EngineError> {
+        run(&[Bson::Document(stage)], docs())
+    }
+
+    fn code(stage: Document) -> i32 {
+        one(stage).unwrap_err().code.0
+    }
+
+    #[test]
+    fn malformed_stages_have_mongod_codes() {
+        assert_eq!(code(doc! {"$replaceRoot": {"newRoot": "$v"}}), 40228);
+        assert_eq!(code(doc! {"$replaceRoot": {}}), 40231);
+        assert_eq!(code(doc! {"$replaceRoot": {"x": 1}}), 40230);
+        assert_eq!(code(doc! {"$bucket": {"groupBy": "$v"}}), 40198);
+        assert_eq!(
+            code(doc! {"$bucket": {"groupBy": "$v", "boundaries": [0]}}),
+            40192
+        );
+        assert_eq!(
+            code(doc! {"$bucket": {"groupBy": "$v", "boundaries": [0, "a"]}}),
+            40193
+        );
+        assert_eq!(
+            code(doc! {"$bucket": {"groupBy": "$v", "boundaries": [0, 10]}}),
+            40066
+        );
+        assert_eq!(
+            code(doc! {"$bucket": {"groupBy": "$v", "boundaries": [0, 100], "default": 5}}),
+            40199
+        );
+        assert_eq!(code(doc! {"$facet": {}}), 40169);
+        assert_eq!(code(doc! {"$facet": {"a": [{"$out": "x"}]}}), 40600);
+        assert_eq!(code(doc! {"$sample": {}}), 28749);
+        assert_eq!(code(doc! {"$sample": {"size": -1}}), 28747);
+        assert_eq!(code(doc! {"$sample": {"size": 1, "x": 1}}), 28748);
+        assert_eq!(code(doc! {"$sortByCount": 1}), 40148);
+        assert_eq!(code(doc! {"$lookup": {"from": "x", "as": "y"}}), 9);
+        assert_eq!(
+            code(doc! {"$out": "x"}),
+            40601,
+            "$out is written by the server, not the engine"
+        );
+        assert_eq!(
+            code(doc! {"$setWindowFields": {"output": {"r": {"$rank": {}}}}}),
+            5371601
+        );
+    }
+
+    #[test]
+    fn bucket_facet_sample_and_windows() {
+        let out = one(doc! {"$bucket": {"groupBy": "$v", "boundaries": [0, 25, 100]}}).unwrap();
+        assert_eq!(
+            out,
+            vec![doc! {"_id": 0, "count": 3}, doc! {"_id": 25, "count": 3}]
+        );
+        let out =
+            one(doc! {"$facet": {"n": [{"$count": "n"}], "g": [{"$sortByCount": "$g"}]}}).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            out[0].get_array("n").unwrap()[0],
+            Bson::Document(doc! {"n": 6})
+        );
+        assert_eq!(out[0].get_array("g").unwrap().len(), 2);
+        assert_eq!(one(doc! {"$sample": {"size": 4}}).unwrap().len(), 4);
+        assert_eq!(one(doc! {"$sample": {"size": 40}}).unwrap().len(), 6);
+        let out = one(
+            doc! {"$setWindowFields": {"partitionBy": "$g", "sortBy": {"v": 1}, "output": {
+                "run": {"$sum": "$v", "window": {"documents": ["unbounded", "current"]}},
+                "near": {"$sum": 1, "window": {"range": [-20, 0]}},
+                "n": {"$documentNumber": {}},
+                "dense": {"$denseRank": {}},
+            }}},
+        )
+        .unwrap();
+        let even: Vec<&Document> = out
+            .iter()
+            .filter(|d| d.get_i32("g").unwrap() == 0)
+            .collect();
+        let runs: Vec<i32> = even.iter().map(|d| d.get_i32("run").unwrap()).collect();
+        assert_eq!(runs, vec![0, 20, 60]);
+        let near: Vec<i32> = even.iter().map(|d| d.get_i32("near").unwrap()).collect();
+        assert_eq!(near, vec![1, 2, 2], "v within 20 below: 0 | 0,20 | 20,40");
+        let n: Vec<i64> = even.iter().map(|d| d.get_i64("n").unwrap()).collect();
+        assert_eq!(n, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn redact_descends_and_prunes() {
+        let out = run(
+            &[
+                Bson::Document(doc! {"$documents": [{"_id": 1, "lvl": 1, "sub": {"lvl": 5, "x": 1}, "keep": {"lvl": 0}}]}),
+                Bson::Document(doc! {"$redact": {"$cond": [{"$gt": ["$lvl", 2]}, "$$PRUNE", "$$DESCEND"]}}),
+            ],
+            Vec::new(),
+        )
+        .unwrap();
+        assert_eq!(out, vec![doc! {"_id": 1, "lvl": 1, "keep": {"lvl": 0}}]);
+    }
+}

@@ -1,0 +1,174 @@
+//! What an aggregation on a sharded collection needs beyond its own collection: the
+//! collections its `$lookup` and `$unionWith` stages read (at any depth: inside `$facet` and
+//! sub-pipelines), fetched through the router before the router's part of the pipeline runs
+//! (a sharded one from every shard owning chunks, an unsharded one from its database's primary
+//! shard), and the results of a pipeline that ends in `$out`/`$merge`, written by the target's
+//! primary shard.
+
+use std::collections::{BTreeSet, HashMap};
+
+use bson::{doc, Bson, Document};
+
+use super::shard_io::{batch_of, drain, open_streams, read_on, ReadFailure, ShardStream};
+use crate::cluster::Cluster;
+use crate::command::CommandError;
+use crate::engine::aggregate::Namespaces;
+use crate::engine::EngineError;
+use crate::value::error_codes::ErrorCode;
+
+/// The collections (of the pipeline's database) its `$lookup`/`$unionWith` stages read.
+pub fn foreign_collections(pipeline: &[Bson]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    collect(pipeline, &mut out);
+    out
+}
+
+fn collect(pipeline: &[Bson], out: &mut BTreeSet<String>) {
+    for stage in pipeline {
+        let Some((name, spec)) = stage.as_document().and_then(|d| d.iter().next()) else {
+            continue;
+        };
+        match (name.as_str(), spec) {
+            ("$lookup", Bson::Document(d)) => {
+                match d.get("from") {
+                    Some(Bson::String(s)) => {
+                        out.insert(s.clone());
+                    }
+                    Some(Bson::Document(f)) => {
+                        if let Ok(c) = f.get_str("coll") {
+                            out.insert(c.to_string());
+                        }
+                    }
+                    _ => {}
+                }
+                if let Ok(p) = d.get_array("pipeline") {
+                    collect(p, out);
+                }
+            }
+            ("$unionWith", Bson::String(s)) => {
+                out.insert(s.clone());
+            }
+            ("$unionWith", Bson::Document(d)) => {
+                if let Ok(c) = d.get_str("coll") {
+                    out.insert(c.to_string());
+                }
+                if let Ok(p) = d.get_array("pipeline") {
+                    collect(p, out);
+                }
+            }
+            ("$facet", Bson::Document(d)) => {
+                for p in d.values() {
+                    if let Bson::Array(p) = p {
+                        collect(p, out);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Collections fetched beforehand, served to the engine.
+#[derive(Debug, Default)]
+pub struct Prefetched(pub HashMap<(String, String), Vec<Document>>);
+
+impl Namespaces for Prefetched {
+    fn documents(&self, db: &str, coll: &str) -> Result<Vec<Document>, EngineError> {
+        Ok(self
+            .0
+            .get(&(db.to_string(), coll.to_string()))
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+/// Where a database's unsharded collections live: the router answers from its metadata.
+pub trait Primaries: Sync {
+    /// The primary shard of `db`; with `create`, a database not known yet is created (and
+    /// given its primary) as a write to it would.
+    fn primary(&self, db: &str, create: bool) -> Result<String, CommandError>;
+}
+
+/// Every document of `db.coll`, read through the router: at most `limit` bytes.
+pub async fn fetch(
+    cluster: &Cluster,
+    primaries: &dyn Primaries,
+    db: &str,
+    coll: &str,
+    limit: usize,
+) -> Result<Vec<Document>, CommandError> {
+    let ns = format!("{db}.{coll}");
+    let cmd = doc! {"aggregate": coll, "pipeline": [], "cursor": {"batchSize": 10_000}};
+    let streams = match cluster.routing.get(&ns)? {
+        Some(snap) => {
+            open_streams(
+                cluster,
+                &snap,
+                snap.chunks.shards().into_iter().collect(),
+                db,
+                coll,
+                &cmd,
+                false,
+            )
+            .await?
+            .0
+        }
+        None => {
+            let shard = primaries.primary(db, false)?;
+            let mut c = cmd.clone();
+            c.insert("$db", db);
+            let reply = read_on(cluster, &shard, &ns, &c)
+                .await
+                .map_err(ReadFailure::into_error)?;
+            let (buffer, cursor_id) = batch_of(&reply, "firstBatch");
+            vec![ShardStream {
+                buffer,
+                cursor_id,
+                shard,
+            }]
+        }
+    };
+    Ok(drain(cluster, db, coll, streams, limit)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect())
+}
+
+/// Writes `results` through the output stage `stage` (the original `$out`/`$merge` stage) on
+/// the target database's primary shard, as `{aggregate: 1, pipeline: [{$documents}, stage]}`.
+/// A sharded target is refused as mongos refuses `$out` to one (28769); `$merge` into a
+/// sharded collection is not supported yet.
+pub async fn write_output(
+    cluster: &Cluster,
+    primaries: &dyn Primaries,
+    target_db: &str,
+    target_coll: &str,
+    is_merge: bool,
+    stage: &Bson,
+    results: Vec<Document>,
+) -> Result<(), CommandError> {
+    let ns = format!("{target_db}.{target_coll}");
+    if cluster.routing.get(&ns)?.is_some() {
+        return Err(if is_merge {
+            CommandError::new(
+                ErrorCode::CommandNotSupported,
+                format!("$merge into the sharded collection {ns} is not supported by this version of Sluice yet"),
+            )
+        } else {
+            CommandError::new(ErrorCode(28769), format!("{ns} cannot be sharded"))
+        });
+    }
+    let shard = primaries.primary(target_db, true)?;
+    let docs: Vec<Bson> = results.into_iter().map(Bson::Document).collect();
+    let cmd = doc! {
+        "aggregate": 1,
+        "pipeline": [{"$documents": docs}, stage.clone()],
+        "cursor": {},
+        "$db": target_db,
+    };
+    read_on(cluster, &shard, &ns, &cmd)
+        .await
+        .map_err(ReadFailure::into_error)?;
+    Ok(())
+}
