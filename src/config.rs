@@ -221,6 +221,7 @@ impl PoolConfig {
             min_idle: self.min_idle.min(self.max_size),
             connect_timeout: std::time::Duration::from_millis(self.connect_timeout_ms),
             request_timeout: std::time::Duration::from_millis(self.request_timeout_ms),
+            security: Default::default(),
         }
     }
 }
@@ -343,6 +344,41 @@ impl Config {
             .get(ns)
             .copied()
             .unwrap_or(self.ordered_rewrite)
+    }
+
+    /// The shard pools' settings with what Sluice proves itself with to shards: TLS when
+    /// `tls.mode` is `prefer` or `require` (verified against `tls.ca_file`, presenting
+    /// `tls.certificate_key_file`), and the keyfile's `__system` when `security.key_file` is set.
+    pub fn pool_options(&self) -> Result<crate::backend::PoolOptions, ConfigError> {
+        let mut options = self.pool.options();
+        let read = |path: &str, what: &str| {
+            std::fs::read(path)
+                .map_err(|e| ConfigError::Invalid(format!("cannot read {what} {path}: {e}")))
+        };
+        if let Some(path) = &self.security.key_file {
+            let keyfile = crate::auth::keyfile::KeyFile::load(Path::new(path))
+                .map_err(|e| ConfigError::Invalid(e.message))?;
+            options.security.keyfile = Some(std::sync::Arc::new(keyfile));
+        }
+        if self.tls.mode.outgoing_tls() {
+            let ca = match &self.tls.ca_file {
+                Some(p) => Some(read(p, "the CA file")?),
+                None => None,
+            };
+            let cert = match &self.tls.certificate_key_file {
+                Some(p) => Some(read(p, "the certificate key file")?),
+                None => None,
+            };
+            let client = crate::auth::tls::client_config(&crate::auth::tls::ClientTlsSettings {
+                ca_pem: ca.as_deref(),
+                certificate_key_pem: cert.as_deref(),
+                allow_invalid_certificates: self.tls.allow_invalid_certificates,
+                allow_invalid_hostnames: self.tls.allow_invalid_hostnames,
+            })
+            .map_err(|e| ConfigError::Invalid(e.message))?;
+            options.security.tls = Some(client);
+        }
+        Ok(options)
     }
 
     /// Reads and checks a configuration file.

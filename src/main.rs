@@ -192,6 +192,8 @@ fn main() -> anyhow::Result<()> {
                 max_concurrency,
                 enable_test_commands: config.enable_test_commands,
                 stage_memory_bytes: config.stage_memory_bytes,
+                key_file: config.security.key_file.clone(),
+                tls: config.tls.clone(),
             };
             return runtime()?.block_on(run_shard(config, options));
         }
@@ -257,6 +259,9 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
         let options = sluice::embedded::ShardOptions {
             enable_test_commands: config.enable_test_commands,
             stage_memory_bytes: config.stage_memory_bytes,
+            // The demo's shards require what the router proves: the keyfile and TLS.
+            key_file: config.security.key_file.clone(),
+            tls: config.tls.clone(),
             ..Default::default()
         };
         embedded = sluice::embedded::EmbeddedShard::start_many(n, options)
@@ -277,7 +282,7 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
                 None,
                 &infos,
                 &demo.collections,
-                config.pool.options(),
+                config.pool_options()?,
                 &config.batching,
             )
             .await
@@ -298,7 +303,7 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
                 config.metadata_path.as_ref().map(Into::into),
                 &infos,
                 &config.collections,
-                config.pool.options(),
+                config.pool_options()?,
                 &config.batching,
             )
             .await

@@ -311,3 +311,114 @@ async fn without_authorization_users_authenticate_and_nothing_is_checked() {
         .is_empty());
     c.stop().await;
 }
+
+/// Each built-in role against a fixed set of commands: allowed (anything but 13) or refused
+/// with 13, as mongod decides it.
+#[tokio::test]
+async fn each_built_in_role_is_allowed_and_refused_what_mongod_allows_and_refuses() {
+    // Columns: find test.c, insert test.c, createIndexes test.c, createUser on test,
+    // serverStatus, listShards, find other.c, insert other.c.
+    const TABLE: &[(&str, &str, [bool; 8])] = &[
+        (
+            "read",
+            "test",
+            [true, false, false, false, false, false, false, false],
+        ),
+        (
+            "readWrite",
+            "test",
+            [true, true, true, false, false, false, false, false],
+        ),
+        (
+            "dbAdmin",
+            "test",
+            [false, false, true, false, false, false, false, false],
+        ),
+        (
+            "userAdmin",
+            "test",
+            [false, false, false, true, false, false, false, false],
+        ),
+        (
+            "dbOwner",
+            "test",
+            [true, true, true, true, false, false, false, false],
+        ),
+        (
+            "clusterMonitor",
+            "admin",
+            [false, false, false, false, true, true, false, false],
+        ),
+        (
+            "clusterManager",
+            "admin",
+            [false, false, false, false, false, true, false, false],
+        ),
+        (
+            "clusterAdmin",
+            "admin",
+            [false, false, false, false, true, true, false, false],
+        ),
+        (
+            "readAnyDatabase",
+            "admin",
+            [true, false, false, false, false, false, true, false],
+        ),
+        (
+            "readWriteAnyDatabase",
+            "admin",
+            [true, true, true, false, false, false, true, true],
+        ),
+        (
+            "root",
+            "admin",
+            [true, true, true, true, true, true, true, true],
+        ),
+    ];
+    let dir = std::env::temp_dir().join(format!("sluice-auth-roles-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut users = UsersFile::new();
+    for (role, db, _) in TABLE {
+        users
+            .insert(
+                UserDocument::new_scram(
+                    UserName::new(format!("u_{role}"), "admin"),
+                    "pw",
+                    &[ScramMechanism::Sha256],
+                    vec![RoleName::new(*role, *db)],
+                )
+                .unwrap(),
+            )
+            .unwrap();
+    }
+    let path = dir.join("users.json");
+    std::fs::write(&path, users.to_text()).unwrap();
+    let c = cluster(&path, Authorization::Enabled).await;
+    for (role, _, expected) in TABLE {
+        let client = client(c.addr(), &format!("u_{role}:pw"), "").await;
+        let commands: [(&str, Document); 8] = [
+            ("test", doc! {"find": "c"}),
+            ("test", doc! {"insert": "c", "documents": [{"r": *role}]}),
+            (
+                "test",
+                doc! {"createIndexes": "c", "indexes": [{"key": {"x": 1}, "name": "x_1"}]},
+            ),
+            (
+                "test",
+                doc! {"createUser": format!("made_by_{role}"), "pwd": "p", "roles": []},
+            ),
+            ("admin", doc! {"serverStatus": 1}),
+            ("admin", doc! {"listShards": 1}),
+            ("other", doc! {"find": "c"}),
+            ("other", doc! {"insert": "c", "documents": [{"r": *role}]}),
+        ];
+        for (i, (db, cmd)) in commands.into_iter().enumerate() {
+            let name = cmd.keys().next().unwrap().clone();
+            let result = client.database(db).run_command(cmd).await;
+            let refused = matches!(&result, Err(e) if command_error(e).0 == 13);
+            assert_eq!(!refused, expected[i], "{role}: {name} on {db}: {result:?}");
+        }
+    }
+    c.stop().await;
+}

@@ -10,6 +10,7 @@
 pub mod limiter;
 pub mod queue;
 pub mod sim;
+pub mod stream;
 pub mod topology;
 
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
@@ -22,8 +23,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::auth::keyfile::KeyFile;
+use crate::auth::scram::ScramMechanism;
 use crate::value::error_codes::ErrorCode;
 use crate::wire::{self, BsonDoc, Message, OpMsgBuilder};
+use stream::Stream;
 
 /// Runs futures concurrently on the current task and returns their outputs in order (the
 /// fan-out to shards: one future per shard, none of them spawned).
@@ -81,6 +85,25 @@ impl BackendError {
     }
 }
 
+/// How Sluice proves itself to shards and config servers: TLS (with its client certificate,
+/// when it has one) and the cluster keyfile's `__system` user, as a mongos does.
+#[derive(Clone, Default)]
+pub struct ShardSecurity {
+    /// TLS towards shards (`None`: plain TCP).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// The keyfile: every new connection authenticates as `__system@local` with SCRAM-SHA-256.
+    pub keyfile: Option<Arc<KeyFile>>,
+}
+
+impl std::fmt::Debug for ShardSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardSecurity")
+            .field("tls", &self.tls.is_some())
+            .field("keyfile", &self.keyfile.is_some())
+            .finish()
+    }
+}
+
 /// Settings of one pool.
 #[derive(Debug, Clone)]
 pub struct PoolOptions {
@@ -92,6 +115,8 @@ pub struct PoolOptions {
     pub connect_timeout: Duration,
     /// Time allowed for one request.
     pub request_timeout: Duration,
+    /// TLS and internal authentication of every new connection.
+    pub security: ShardSecurity,
 }
 
 impl Default for PoolOptions {
@@ -101,6 +126,7 @@ impl Default for PoolOptions {
             min_idle: 0,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(60),
+            security: ShardSecurity::default(),
         }
     }
 }
@@ -108,7 +134,7 @@ impl Default for PoolOptions {
 /// One connection to a shard.
 #[derive(Debug)]
 pub struct ShardConnection {
-    stream: TcpStream,
+    stream: Stream,
     buf: BytesMut,
 }
 
@@ -128,9 +154,19 @@ fn encode_command(body: &Document) -> Result<(Bytes, i32), BackendError> {
 }
 
 impl ShardConnection {
-    /// Connects and shakes hands.
+    /// Connects and shakes hands (plain, unauthenticated: what a monitor's `hello` needs).
     pub async fn connect(addr: &str, timeout: Duration) -> Result<ShardConnection, BackendError> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        Self::connect_with(addr, timeout, &ShardSecurity::default()).await
+    }
+
+    /// Connects (under TLS when `security` says so), shakes hands and, with a keyfile,
+    /// authenticates as `__system`.
+    pub async fn connect_with(
+        addr: &str,
+        timeout: Duration,
+        security: &ShardSecurity,
+    ) -> Result<ShardConnection, BackendError> {
+        let tcp = tokio::time::timeout(timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| {
                 BackendError::Unreachable(format!(
@@ -138,7 +174,32 @@ impl ShardConnection {
                 ))
             })?
             .map_err(|e| BackendError::Unreachable(format!("cannot connect to {addr}: {e}")))?;
-        let _ = stream.set_nodelay(true);
+        let _ = tcp.set_nodelay(true);
+        let stream = match &security.tls {
+            None => Stream::Plain(tcp),
+            Some(tls) => {
+                let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let name =
+                    rustls_pki_types::ServerName::try_from(host.to_string()).map_err(|e| {
+                        BackendError::Unreachable(format!("cannot connect to {addr}: {e}"))
+                    })?;
+                let connector = tokio_rustls::TlsConnector::from(tls.clone());
+                let tls = tokio::time::timeout(timeout, connector.connect(name, tcp))
+                    .await
+                    .map_err(|_| {
+                        BackendError::Unreachable(format!(
+                            "cannot connect to {addr}: TLS handshake timed out after {timeout:?}"
+                        ))
+                    })?
+                    .map_err(|e| {
+                        BackendError::Unreachable(format!(
+                            "cannot connect to {addr}: TLS handshake failed: {e}"
+                        ))
+                    })?;
+                Stream::Tls(Box::new(tokio_rustls::TlsStream::Client(tls)))
+            }
+        };
         let mut conn = ShardConnection {
             stream,
             buf: BytesMut::with_capacity(16 * 1024),
@@ -154,7 +215,82 @@ impl ShardConnection {
                 "{addr} refused the handshake: {reply}"
             )));
         }
+        if let Some(keyfile) = &security.keyfile {
+            conn.authenticate_internal(addr, keyfile, timeout).await?;
+        }
         Ok(conn)
+    }
+
+    /// SCRAM-SHA-256 as `__system@local` with the keyfile's first key, verifying the shard's
+    /// signature too. A refusal is reported as the shard's error, never with the key.
+    async fn authenticate_internal(
+        &mut self,
+        addr: &str,
+        keyfile: &KeyFile,
+        timeout: Duration,
+    ) -> Result<(), BackendError> {
+        let refused = |why: String| {
+            BackendError::Unreachable(format!(
+                "cannot connect to {addr}: authentication as __system failed: {why}"
+            ))
+        };
+        let bin = |bytes: Vec<u8>| {
+            bson::Bson::Binary(bson::Binary {
+                subtype: bson::spec::BinarySubtype::Generic,
+                bytes,
+            })
+        };
+        let payload = |reply: &Document| -> Result<Vec<u8>, BackendError> {
+            if reply.get_f64("ok").ok() != Some(1.0) {
+                return Err(refused(
+                    reply
+                        .get_str("errmsg")
+                        .unwrap_or("the shard refused")
+                        .to_string(),
+                ));
+            }
+            reply
+                .get_binary_generic("payload")
+                .cloned()
+                .map_err(|_| refused("the reply has no payload".into()))
+        };
+        let mut conversation = keyfile
+            .client_conversation(ScramMechanism::Sha256)
+            .map_err(|e| refused(e.0))?;
+        let start = doc! {
+            "saslStart": 1,
+            "mechanism": ScramMechanism::Sha256.name(),
+            "payload": bin(conversation.client_first()),
+            "options": {"skipEmptyExchange": true},
+            "$db": "local",
+        };
+        let reply = self.run(&start, timeout).await?;
+        let conversation_id = reply
+            .get("conversationId")
+            .cloned()
+            .unwrap_or(bson::Bson::Int32(1));
+        let server_first = payload(&reply)?;
+        let client_final = conversation
+            .client_final(&server_first)
+            .map_err(|e| refused(e.0))?;
+        let step = |p: Vec<u8>| {
+            doc! {"saslContinue": 1, "conversationId": conversation_id.clone(), "payload": bin(p), "$db": "local"}
+        };
+        let reply = self.run(&step(client_final), timeout).await?;
+        let server_final = payload(&reply)?;
+        conversation
+            .verify_server_final(&server_final)
+            .map_err(|e| refused(e.0))?;
+        if reply.get_bool("done").unwrap_or(false) {
+            return Ok(());
+        }
+        let reply = self.run(&step(Vec::new()), timeout).await?;
+        payload(&reply)?;
+        if reply.get_bool("done").unwrap_or(false) {
+            Ok(())
+        } else {
+            Err(refused("the conversation did not finish".into()))
+        }
     }
 
     /// Sends an encoded request (whose request id is `request_id`) and reads its reply body.
@@ -229,11 +365,7 @@ impl ShardConnection {
 
     /// Whether an idle connection is still usable: no EOF and no unexpected bytes pending.
     fn is_healthy(&self) -> bool {
-        let mut probe = [0u8; 1];
-        match self.stream.try_read(&mut probe) {
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.buf.is_empty(),
-            _ => false,
-        }
+        self.buf.is_empty() && self.stream.is_idle_healthy()
     }
 }
 
@@ -356,7 +488,12 @@ impl ShardPool {
                 None => break,
             }
         }
-        let conn = ShardConnection::connect(&self.addr, self.options.connect_timeout).await?;
+        let conn = ShardConnection::connect_with(
+            &self.addr,
+            self.options.connect_timeout,
+            &self.options.security,
+        )
+        .await?;
         Ok(PooledConnection {
             conn: Some(conn),
             pool: self.clone(),

@@ -49,6 +49,11 @@ pub struct ShardOptions {
     pub enable_test_commands: bool,
     /// Bytes a blocking aggregation stage may hold without `allowDiskUse` (292 beyond it).
     pub stage_memory_bytes: usize,
+    /// The cluster keyfile: with it the shard requires authentication, as mongod started with
+    /// `security.keyFile` does (authorization on; only `__system` may run internal commands).
+    pub key_file: Option<String>,
+    /// The shard's TLS listener settings (disabled by default).
+    pub tls: crate::config::TlsConfig,
 }
 
 impl Default for ShardOptions {
@@ -60,6 +65,8 @@ impl Default for ShardOptions {
             max_concurrency: None,
             enable_test_commands: false,
             stage_memory_bytes: crate::limits::DEFAULT_STAGE_MEMORY_BYTES,
+            key_file: None,
+            tls: crate::config::TlsConfig::default(),
         }
     }
 }
@@ -84,10 +91,15 @@ pub struct EmbeddedShard {
 impl EmbeddedShard {
     /// Starts a shard on `listen` (`127.0.0.1:0` for an ephemeral port).
     pub async fn start(listen: &str, options: ShardOptions) -> std::io::Result<EmbeddedShard> {
-        let config = Config {
+        let mut config = Config {
             listen: listen.to_string(),
+            tls: options.tls.clone(),
             ..Config::default()
         };
+        if let Some(key_file) = &options.key_file {
+            config.security.key_file = Some(key_file.clone());
+            config.security.authorization = crate::config::Authorization::Enabled;
+        }
         let mut made: Option<Arc<ShardService>> = None;
         let handle = crate::frontend::start_service(
             config,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use bson::{doc, Document};
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -102,57 +102,7 @@ impl Drop for OpenConnection<'_> {
     }
 }
 
-/// A client's byte stream: plain TCP, or TLS over it.
-enum ClientStream {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
-
-impl AsyncRead for ClientStream {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => std::pin::Pin::new(s).poll_read(cx, buf),
-            ClientStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for ClientStream {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => std::pin::Pin::new(s).poll_write(cx, buf),
-            ClientStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => std::pin::Pin::new(s).poll_flush(cx),
-            ClientStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => std::pin::Pin::new(s).poll_shutdown(cx),
-            ClientStream::Tls(s) => std::pin::Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
+use crate::backend::stream::Stream as ClientStream;
 
 /// How long a new connection has to send its first bytes and finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -224,7 +174,9 @@ async fn admit(
                         }
                         None => {}
                     }
-                    Some(ClientStream::Tls(Box::new(stream)))
+                    Some(ClientStream::Tls(Box::new(
+                        tokio_rustls::TlsStream::Server(stream),
+                    )))
                 }
                 Ok(Err(e)) => {
                     metrics::counter!("sluice_tls_handshakes_total", "outcome" => "failure")
@@ -276,12 +228,13 @@ pub async fn serve(
     tracing::debug!(conn, %peer, "connection accepted");
     // Allocated on the first read; an idle connection holds no more than a small buffer.
     let mut buf = BytesMut::new();
+    let mut first = true;
     loop {
         if *shutdown.borrow() {
             break;
         }
         let frame = tokio::select! {
-            r = read_frame(&mut socket, &mut buf) => r,
+            r = read_frame(&mut socket, &mut buf, &mut first) => r,
             _ = shutdown.changed() => break,
         };
         let frame = match frame {
@@ -327,8 +280,25 @@ pub async fn serve(
 async fn read_frame(
     socket: &mut ClientStream,
     buf: &mut BytesMut,
+    first: &mut bool,
 ) -> Result<Option<Bytes>, String> {
     loop {
+        // A TLS ClientHello on a plain connection would read as a 30-odd MB message and be
+        // waited for: look at the first header once and close instead, with mongod's line.
+        if *first && buf.len() >= crate::auth::tls::PEEK_LEN {
+            *first = false;
+            let mut head = [0u8; crate::auth::tls::PEEK_LEN];
+            head.copy_from_slice(&buf[..crate::auth::tls::PEEK_LEN]);
+            if matches!(socket, ClientStream::Plain(_))
+                && head[0] == 0x16
+                && head[1] == 0x03
+                && crate::auth::tls::classify(&head) == crate::auth::tls::FirstBytes::Tls
+            {
+                return Err(
+                    "SSL handshake received but server is started without SSL support".into(),
+                );
+            }
+        }
         match wire::frame_length(buf) {
             Ok(Some(len)) if buf.len() >= len => return Ok(Some(buf.split_to(len).freeze())),
             Ok(Some(len)) => buf.reserve(len - buf.len()),

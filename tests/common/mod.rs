@@ -186,7 +186,7 @@ impl TestCluster {
             None,
             &infos,
             &colls,
-            config.pool.options(),
+            config.pool_options().expect("pool options"),
             &config.batching,
         )
         .await
