@@ -8,6 +8,7 @@
 //! dispatch is in `crate::router`, the embedded shard's in `crate::embedded`.
 
 pub mod cursors;
+pub mod failpoint;
 pub mod hello;
 pub mod server_info;
 pub mod write_kind;
