@@ -74,6 +74,13 @@ enum Command {
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
     },
+    /// Forward every connection to one address with no parsing at all (`bench overhead` measures
+    /// the router against it: the cost of the hop itself).
+    Forward {
+        /// The address to forward to, e.g. 127.0.0.1:27018.
+        #[arg(long)]
+        to: std::net::SocketAddr,
+    },
     /// Print the hashed shard key value (NumberLong) of an extended JSON value, as
     /// convertShardKeyToHashed() does.
     Hash {
@@ -144,6 +151,10 @@ fn main() -> anyhow::Result<()> {
             println!("{md}");
             println!("Results written to {}", out.display());
             return Ok(());
+        }
+        Some(Command::Forward { to }) => {
+            let listen = cli.global.listen.as_deref().unwrap_or("127.0.0.1:0");
+            return runtime()?.block_on(sluice::bench::forward::serve(listen, to));
         }
         Some(Command::Hash { value }) => {
             let json: serde_json::Value = serde_json::from_str(&value)

@@ -109,8 +109,37 @@ fn seed_table_times_every_plan_beside_the_limit() {
 }
 
 #[test]
-fn overhead_compares_direct_and_routed_and_counts_instructions() {
+fn overhead_compares_direct_forwarded_and_routed_and_counts_instructions() {
     let (_, v) = run("overhead");
+    let lanes = v["lanes"].as_array().expect("lanes");
+    // insert_one and find_one at 8 and 64 clients, at least unpinned.
+    assert!(lanes.len() >= 4, "{lanes:?}");
+    for cell in lanes {
+        for side in ["direct", "forwarder", "routed"] {
+            let runs = cell[side].as_array().expect("runs");
+            assert!(!runs.is_empty(), "{cell}");
+            for r in runs {
+                assert!(r["ops_per_s"].as_f64().expect("ops") > 0.0);
+            }
+        }
+        assert!(
+            cell["router_vs_forwarder_throughput"]["median"]
+                .as_f64()
+                .expect("ratio")
+                > 0.0
+        );
+        assert!(cell["added_p50_us_over_forwarder"]["median"].is_number());
+    }
+    for op in ["insert_one", "find_one by _id"] {
+        for clients in [8, 64] {
+            assert!(
+                lanes
+                    .iter()
+                    .any(|c| c["operation"] == op && c["clients"] == clients),
+                "no {op} × {clients} lane"
+            );
+        }
+    }
     for op in ["insert_one", "find_one"] {
         for side in ["direct", "routed"] {
             let runs = v[op][side].as_array().expect("runs");
@@ -123,7 +152,8 @@ fn overhead_compares_direct_and_routed_and_counts_instructions() {
         assert!(v[op]["throughput_ratio"]["median"].as_f64().expect("ratio") > 0.0);
     }
     let counts = v["instructions"].as_array().expect("instructions");
-    assert_eq!(counts.len(), 3);
+    assert_eq!(counts.len(), 4);
+    assert!(counts.iter().any(|c| c["workload"] == "find_one by _id"));
     for c in counts {
         let totals: Vec<u64> = c["totals"]
             .as_array()

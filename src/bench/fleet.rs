@@ -30,7 +30,7 @@ pub struct Proc {
 
 impl Proc {
     /// Starts `program args…`, waits for the line "… listening on ADDR." on its stdout.
-    async fn start(program: &Path, args: &[String]) -> anyhow::Result<Proc> {
+    pub async fn start(program: &Path, args: &[String]) -> anyhow::Result<Proc> {
         let mut child = Command::new(program)
             .args(args)
             .stdin(Stdio::null())
@@ -86,7 +86,7 @@ impl Proc {
 }
 
 /// The `sluice` executable that runs this benchmark.
-fn sluice_exe() -> anyhow::Result<PathBuf> {
+pub fn sluice_exe() -> anyhow::Result<PathBuf> {
     std::env::current_exe().context("cannot find the sluice executable")
 }
 

@@ -10,6 +10,7 @@
 //! release build.
 
 pub mod fleet;
+pub mod forward;
 pub mod overhead;
 pub mod overload;
 pub mod report;

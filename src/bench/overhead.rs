@@ -1,11 +1,16 @@
 //! `overhead`: what the router costs. A stock-driver load of single-document inserts and
-//! `_id` finds, with several connections at once, runs straight against one embedded shard and
-//! through a router in front of that shard, alternating in one run; the report gives the
-//! ratios of throughput and of p50/p99 latency. Then the CPU instructions the router process
-//! spends per routed document, counted by `valgrind --tool=callgrind` (instructions, not
-//! seconds, so the figure repeats on a noisy machine): two runs that differ only in the number
-//! of 1,000-document bulks, and the difference of their totals divided by the difference of
-//! their documents, so that start-up and connection set-up cancel out.
+//! `_id` finds, from 8 and from 64 tasks at once, runs over three lanes to one embedded shard,
+//! alternating in one run: straight to the shard, through a plain TCP forwarder
+//! ([`super::forward`], the hop with no logic: the physical limit of any router) and through
+//! the router. The report gives router / forwarder and router / direct ratios of throughput
+//! and the p50 latency the router adds over the forwarder, once with the processes where the
+//! scheduler puts them and once with the router (or the forwarder) pinned to one core and the
+//! shard and the load generator to the other, so that the ratio measures the router's work
+//! rather than the scheduler's. Then the CPU instructions the router process spends per routed
+//! document, counted by `valgrind --tool=callgrind` (instructions, not seconds, so the figure
+//! repeats on a noisy machine): two runs that differ only in the number of commands, and the
+//! difference of their totals divided by the difference of their documents, so that start-up
+//! and connection set-up cancel out.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +21,8 @@ use anyhow::{anyhow, bail, Context};
 use bson::{doc, Bson, Document};
 
 use super::fleet::{
-    quantile, timed_update, Fleet, Latency, Progress, RouterSpec, Scratch, Sharded, Stats,
+    quantile, sluice_exe, timed_update, Fleet, Latency, Proc, Progress, RouterSpec, Scratch,
+    Sharded, Stats,
 };
 use super::report::Report;
 use crate::write::plan::Policy;
@@ -90,27 +96,6 @@ async fn load(
     })
 }
 
-/// Side-by-side runs of one operation: (direct, router) per round.
-#[derive(Debug, Clone, Default)]
-pub struct Pairs {
-    /// Per round: straight to the shard.
-    pub direct: Vec<Load>,
-    /// Per round: through the router.
-    pub routed: Vec<Load>,
-}
-
-impl Pairs {
-    fn ratios(&self, f: fn(&Load) -> f64) -> Stats {
-        let r: Vec<f64> = self
-            .direct
-            .iter()
-            .zip(&self.routed)
-            .map(|(d, r)| f(r) / f(d))
-            .collect();
-        Stats::of(&r)
-    }
-}
-
 /// The instruction count of the router process for one workload.
 #[derive(Debug, Clone, Default)]
 pub struct Instructions {
@@ -134,7 +119,7 @@ impl Instructions {
 struct Setup {
     ops: usize,
     rounds: usize,
-    concurrency: usize,
+    clients: [usize; 2],
     bulk: usize,
     bulks: (usize, usize),
     single_ops: (usize, usize),
@@ -146,7 +131,12 @@ enum Workload {
     InsertMany,
     OrderedUpserts,
     InsertOne,
+    FindOne,
 }
+
+/// Documents the `find_one` workload inserts before it reads (the same in the short and the
+/// long run, so they cancel out of the difference).
+const FIND_PREFILL: usize = 50;
 
 impl Workload {
     fn label(self) -> &'static str {
@@ -154,6 +144,7 @@ impl Workload {
             Workload::InsertMany => "insert_many",
             Workload::OrderedUpserts => "ordered upserts",
             Workload::InsertOne => "insert_one",
+            Workload::FindOne => "find_one by _id",
         }
     }
 }
@@ -164,7 +155,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
         Setup {
             ops: 500,
             rounds: 1,
-            concurrency: 8,
+            clients: [8, 64],
             bulk: 100,
             bulks: (1, 3),
             single_ops: (10, 30),
@@ -173,20 +164,27 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
         Setup {
             ops: 10_000,
             rounds: 5,
-            concurrency: 8,
+            clients: [8, 64],
             bulk: 1000,
             bulks: (2, 12),
             single_ops: (200, 1200),
         }
     };
     check_valgrind().await?;
-    let mut progress = Progress::new("overhead", s.rounds * 4 + 6);
-    let (insert, find) = side_by_side(&s, &mut progress).await?;
+    let pin = pinning_available().await;
+    let modes: Vec<bool> = if pin { vec![false, true] } else { vec![false] };
+    let loads_per_mode = s.rounds * s.clients.len() * 2 * 3;
+    let mut progress = Progress::new("overhead", modes.len() * (loads_per_mode + 1) + 8);
+    let mut lanes = Vec::new();
+    for pinned in modes {
+        lanes.push(side_by_side(&s, pinned, &mut progress).await?);
+    }
     let mut counts = Vec::new();
     let workloads = [
         (Workload::InsertMany, s.bulk, s.bulks),
         (Workload::OrderedUpserts, s.bulk, s.bulks),
         (Workload::InsertOne, 1, s.single_ops),
+        (Workload::FindOne, 1, s.single_ops),
     ];
     for (workload, bulk, (short, long)) in workloads {
         let mut totals = Vec::new();
@@ -205,45 +203,228 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
         });
     }
     progress.finish();
-    Ok(report(&s, &insert, &find, &counts))
+    Ok(report(&s, &lanes, &counts))
 }
 
-async fn side_by_side(s: &Setup, progress: &mut Progress) -> anyhow::Result<(Pairs, Pairs)> {
-    let spec = RouterSpec::new(
+/// Where a load goes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Lane {
+    /// Straight to the shard.
+    Direct,
+    /// Through the plain TCP forwarder.
+    Forwarder,
+    /// Through the router.
+    Router,
+}
+
+impl Lane {
+    fn label(self) -> &'static str {
+        match self {
+            Lane::Direct => "direct",
+            Lane::Forwarder => "forwarder",
+            Lane::Router => "routed",
+        }
+    }
+}
+
+/// One operation at one client count: the loads of each lane, per round.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    op: Op,
+    /// Driver tasks at once.
+    pub clients: usize,
+    /// Per round: straight to the shard.
+    pub direct: Vec<Load>,
+    /// Per round: through the plain forwarder.
+    pub forwarded: Vec<Load>,
+    /// Per round: through the router.
+    pub routed: Vec<Load>,
+}
+
+impl Cell {
+    fn lane(&mut self, lane: Lane) -> &mut Vec<Load> {
+        match lane {
+            Lane::Direct => &mut self.direct,
+            Lane::Forwarder => &mut self.forwarded,
+            Lane::Router => &mut self.routed,
+        }
+    }
+
+    /// Per round `f(a) / f(b)`.
+    fn ratios(a: &[Load], b: &[Load], f: fn(&Load) -> f64) -> Stats {
+        let r: Vec<f64> = a.iter().zip(b).map(|(a, b)| f(a) / f(b)).collect();
+        Stats::of(&r)
+    }
+
+    /// Router / forwarder throughput, per round.
+    fn vs_forwarder(&self) -> Stats {
+        Cell::ratios(&self.routed, &self.forwarded, |l| l.throughput)
+    }
+
+    /// Router / direct throughput, per round.
+    fn vs_direct(&self) -> Stats {
+        Cell::ratios(&self.routed, &self.direct, |l| l.throughput)
+    }
+
+    /// Microseconds of p50 the router adds over the forwarder, per round.
+    fn added_p50_us(&self) -> Stats {
+        let d: Vec<f64> = self
+            .routed
+            .iter()
+            .zip(&self.forwarded)
+            .map(|(r, f)| (r.p50 - f.p50) * 1000.0)
+            .collect();
+        Stats::of(&d)
+    }
+}
+
+/// Every cell of one placement of the processes.
+#[derive(Debug, Clone)]
+pub struct Lanes {
+    /// Router and forwarder on one core, shard and load generator on the other.
+    pub pinned: bool,
+    /// Per operation and client count.
+    pub cells: Vec<Cell>,
+}
+
+/// Whether processes can be pinned: `taskset` present and at least two cores.
+async fn pinning_available() -> bool {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores >= 2
+        && tokio::process::Command::new("taskset")
+            .arg("-V")
+            .output()
+            .await
+            .is_ok_and(|o| o.status.success())
+}
+
+/// Sets the CPU affinity of every thread of this process (the load generator; processes it
+/// starts afterwards inherit it).
+async fn pin_self(cpus: &str) -> anyhow::Result<()> {
+    let ok = tokio::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &std::process::id().to_string()])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await?
+        .success();
+    if !ok {
+        bail!("taskset could not pin the benchmark to CPUs {cpus}");
+    }
+    Ok(())
+}
+
+/// A stock-driver client whose pool holds every task of the largest load.
+async fn lane_client(addr: std::net::SocketAddr, direct: bool) -> anyhow::Result<mongodb::Client> {
+    let uri = format!(
+        "mongodb://{addr}/?serverSelectionTimeoutMS=20000&maxPoolSize=128{}",
+        if direct { "&directConnection=true" } else { "" }
+    );
+    Ok(mongodb::Client::with_uri_str(uri).await?)
+}
+
+async fn side_by_side(s: &Setup, pinned: bool, progress: &mut Progress) -> anyhow::Result<Lanes> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if pinned {
+        // The shard and this process (the load generator) on core 1; the router and the
+        // forwarder, started below, on core 0.
+        pin_self("1").await?;
+    }
+    let result = lanes(s, pinned, progress).await;
+    if pinned {
+        pin_self(&format!("0-{}", cores - 1)).await?;
+    }
+    result
+}
+
+async fn lanes(s: &Setup, pinned: bool, progress: &mut Progress) -> anyhow::Result<Lanes> {
+    let taskset = |args: Vec<String>| -> Vec<String> {
+        if pinned {
+            ["taskset", "-c", "0"]
+                .into_iter()
+                .map(String::from)
+                .chain(args)
+                .collect()
+        } else {
+            args
+        }
+    };
+    let mut spec = RouterSpec::new(
         Policy::RetrySafe,
         vec![Sharded {
             ns: "bench.routed".into(),
             chunks: None,
         }],
     );
+    spec.wrapper = taskset(Vec::new());
+    progress.step(&format!(
+        "starting the shard, the router and the forwarder{}",
+        if pinned { " (pinned)" } else { "" }
+    ));
     let fleet = Fleet::start(&[Latency::default()], &spec).await?;
-    let (direct, routed) = (&fleet.shard_clients[0], &fleet.client);
-    // Warm both paths (connections, pools) before measuring.
-    load(direct, "direct", Op::Insert, 200, s.concurrency, -1000).await?;
-    load(routed, "routed", Op::Insert, 200, s.concurrency, -1000).await?;
-    let (mut insert, mut find) = (Pairs::default(), Pairs::default());
+    let exe = sluice_exe()?.display().to_string();
+    let forward_args = taskset(vec![
+        exe,
+        "forward".into(),
+        "--to".into(),
+        fleet.shards[0].addr.to_string(),
+    ]);
+    let forwarder = Proc::start(std::path::Path::new(&forward_args[0]), &forward_args[1..]).await?;
+    let clients = [
+        (Lane::Direct, lane_client(fleet.shards[0].addr, true).await?),
+        (Lane::Forwarder, lane_client(forwarder.addr, true).await?),
+        (Lane::Router, lane_client(fleet.router.addr, false).await?),
+    ];
+    let most = s.clients.iter().copied().max().unwrap_or(1);
+    // Warm every lane (connections, pools) with as many tasks as the largest load.
+    for (lane, cl) in &clients {
+        load(cl, &coll_of(*lane), Op::Insert, 4 * most, most, -100_000).await?;
+    }
+    let mut cells: Vec<Cell> = Vec::new();
+    for &n in &s.clients {
+        for op in [Op::Insert, Op::Find] {
+            cells.push(Cell {
+                op,
+                clients: n,
+                direct: Vec::new(),
+                forwarded: Vec::new(),
+                routed: Vec::new(),
+            });
+        }
+    }
     for round in 0..s.rounds {
-        let base = (round * s.ops) as i64;
-        // Alternate which side goes first, so that drift over the run favours neither.
-        let order: [(&str, &mongodb::Client); 2] = if round % 2 == 0 {
-            [("direct", direct), ("routed", routed)]
-        } else {
-            [("routed", routed), ("direct", direct)]
-        };
-        for (op, pairs) in [(Op::Insert, &mut insert), (Op::Find, &mut find)] {
-            for (name, cl) in order {
-                progress.step(&format!("round {}: {op:?} {name}", round + 1));
-                let l = load(cl, name, op, s.ops, s.concurrency, base).await?;
-                if name == "direct" {
-                    pairs.direct.push(l);
-                } else {
-                    pairs.routed.push(l);
+        for (ci, &n) in s.clients.iter().enumerate() {
+            let base = ((round * s.clients.len() + ci) * s.ops) as i64;
+            // Rotate which lane goes first, so that drift over the run favours none.
+            let order: Vec<&(Lane, mongodb::Client)> =
+                (0..3).map(|k| &clients[(round + k) % 3]).collect();
+            for op in [Op::Insert, Op::Find] {
+                for (lane, cl) in &order {
+                    progress.step(&format!(
+                        "round {}: {op:?} {} × {n}{}",
+                        round + 1,
+                        lane.label(),
+                        if pinned { " (pinned)" } else { "" }
+                    ));
+                    let l = load(cl, &coll_of(*lane), op, s.ops, n, base).await?;
+                    if let Some(c) = cells.iter_mut().find(|c| c.op == op && c.clients == n) {
+                        c.lane(*lane).push(l);
+                    }
                 }
             }
         }
     }
+    for (_, cl) in clients {
+        cl.shutdown().await;
+    }
+    forwarder.stop().await?;
     fleet.stop().await?;
-    Ok((insert, find))
+    Ok(Lanes { pinned, cells })
+}
+
+/// Each lane writes its own collection (the forwarder's and the direct lane's are on the same
+/// shard).
+fn coll_of(lane: Lane) -> String {
+    lane.label().to_string()
 }
 
 const VALGRIND: &str = "valgrind";
@@ -282,8 +463,19 @@ async fn callgrind_run(workload: Workload, bulk: usize, bulks: usize) -> anyhow:
     let fleet = Fleet::start(&[Latency::default(); 2], &spec).await?;
     let cl = &fleet.client;
     let coll = cl.database("bench").collection::<Document>("cpu");
+    if workload == Workload::FindOne {
+        for i in 0..FIND_PREFILL {
+            coll.insert_one(doc! {"_id": i as i64, "v": 1, "pad": "0123456789abcdef"})
+                .await?;
+        }
+    }
     for b in 0..bulks {
-        if workload == Workload::InsertOne {
+        if workload == Workload::FindOne {
+            let id = (b % FIND_PREFILL) as i64;
+            if coll.find_one(doc! {"_id": id}).await?.is_none() {
+                bail!("document {id} of bench.cpu is missing");
+            }
+        } else if workload == Workload::InsertOne {
             coll.insert_one(doc! {"_id": b as i64, "v": 1, "pad": "0123456789abcdef"})
                 .await?;
         } else if workload == Workload::OrderedUpserts {
@@ -320,33 +512,42 @@ async fn callgrind_run(workload: Workload, bulk: usize, bulks: usize) -> anyhow:
         .ok_or_else(|| anyhow!("no instruction total in {}", out.display()))
 }
 
-fn report(s: &Setup, insert: &Pairs, find: &Pairs, counts: &[Instructions]) -> Report {
+fn report(s: &Setup, lanes: &[Lanes], counts: &[Instructions]) -> Report {
     let profile = if cfg!(debug_assertions) {
         "debug"
     } else {
         "release"
     };
     let mut md = format!(
-        "One embedded shard (a separate process); the stock Rust driver runs {} operations from {} tasks at once, straight to the shard and through a router with only that shard, alternating, {} round(s). Ratios are routed / direct per round; the table gives their median [min–max]. Build: {profile}.\n\n| operation | direct: ops/s | routed: ops/s | throughput ratio | p50 direct / routed | p50 ratio | p99 direct / routed | p99 ratio |\n|---|---|---|---|---|---|---|---|\n",
-        s.ops, s.concurrency, s.rounds
+        "One embedded shard (a separate process); the stock Rust driver runs {} operations from 8 and from 64 tasks at once over three lanes to that shard: straight to it, through a plain TCP forwarder (`copy_bidirectional`, no parsing) and through a router with only that shard; the lanes alternate, {} round(s). Ratios are taken per round; the table gives their median [min–max]. \"pinned\": the router and the forwarder on CPU 0, the shard and the load generator on CPU 1. Build: {profile}.\n\n| placement | operation | clients | direct: ops/s | forwarder: ops/s | router: ops/s | router / forwarder | router / direct | p50 forwarder / router | p50 added over forwarder | p99 forwarder / router |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        s.ops, s.rounds
     );
     let med =
         |xs: &[Load], f: fn(&Load) -> f64| Stats::of(&xs.iter().map(f).collect::<Vec<_>>()).median;
     let range = |st: Stats| format!("{:.2} [{:.2}–{:.2}]", st.median, st.min, st.max);
-    for (name, p) in [("insert_one", insert), ("find_one by _id", find)] {
-        let _ = writeln!(
-            md,
-            "| {name} | {:.0} | {:.0} | {} | {:.2} / {:.2} ms | {} | {:.2} / {:.2} ms | {} |",
-            med(&p.direct, |l| l.throughput),
-            med(&p.routed, |l| l.throughput),
-            range(p.ratios(|l| l.throughput)),
-            med(&p.direct, |l| l.p50),
-            med(&p.routed, |l| l.p50),
-            range(p.ratios(|l| l.p50)),
-            med(&p.direct, |l| l.p99),
-            med(&p.routed, |l| l.p99),
-            range(p.ratios(|l| l.p99)),
-        );
+    for l in lanes {
+        for c in &l.cells {
+            let added = c.added_p50_us();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {:.3} / {:.3} ms | {:.0} µs [{:.0}–{:.0}] | {:.2} / {:.2} ms |",
+                if l.pinned { "pinned" } else { "unpinned" },
+                op_label(c.op),
+                c.clients,
+                med(&c.direct, |l| l.throughput),
+                med(&c.forwarded, |l| l.throughput),
+                med(&c.routed, |l| l.throughput),
+                range(c.vs_forwarder()),
+                range(c.vs_direct()),
+                med(&c.forwarded, |l| l.p50),
+                med(&c.routed, |l| l.p50),
+                added.median,
+                added.min,
+                added.max,
+                med(&c.forwarded, |l| l.p99),
+                med(&c.routed, |l| l.p99),
+            );
+        }
     }
     let _ = writeln!(
         md,
@@ -365,28 +566,54 @@ fn report(s: &Setup, insert: &Pairs, find: &Pairs, counts: &[Instructions]) -> R
             c.per_doc()
         );
     }
-    let pairs_json = |p: &Pairs| {
-        let side = |xs: &[Load]| {
-            xs.iter()
-                .map(|l| serde_json::json!({"ops_per_s": l.throughput, "p50_ms": l.p50, "p99_ms": l.p99}))
-                .collect::<Vec<_>>()
-        };
+    let side = |xs: &[Load]| {
+        xs.iter()
+            .map(|l| serde_json::json!({"ops_per_s": l.throughput, "p50_ms": l.p50, "p99_ms": l.p99}))
+            .collect::<Vec<_>>()
+    };
+    let cell_json = |pinned: bool, c: &Cell| {
         serde_json::json!({
-            "direct": side(&p.direct),
-            "routed": side(&p.routed),
-            "throughput_ratio": p.ratios(|l| l.throughput).json(),
-            "p50_ratio": p.ratios(|l| l.p50).json(),
-            "p99_ratio": p.ratios(|l| l.p99).json(),
+            "pinned": pinned,
+            "operation": op_label(c.op),
+            "clients": c.clients,
+            "direct": side(&c.direct),
+            "forwarder": side(&c.forwarded),
+            "routed": side(&c.routed),
+            "router_vs_forwarder_throughput": c.vs_forwarder().json(),
+            "router_vs_direct_throughput": c.vs_direct().json(),
+            "added_p50_us_over_forwarder": c.added_p50_us().json(),
         })
+    };
+    // The unpinned 8-client cells under the keys earlier results used.
+    let legacy = |op: Op| {
+        lanes
+            .iter()
+            .filter(|l| !l.pinned)
+            .flat_map(|l| &l.cells)
+            .find(|c| c.op == op && c.clients == 8)
+            .map(|c| {
+                serde_json::json!({
+                    "direct": side(&c.direct),
+                    "routed": side(&c.routed),
+                    "throughput_ratio": c.vs_direct().json(),
+                    "p50_ratio": Cell::ratios(&c.routed, &c.direct, |l| l.p50).json(),
+                    "p99_ratio": Cell::ratios(&c.routed, &c.direct, |l| l.p99).json(),
+                })
+            })
+            .unwrap_or(serde_json::Value::Null)
     };
     let json = serde_json::json!({
         "scenario": "overhead",
         "build": profile,
         "operations": s.ops,
-        "concurrency": s.concurrency,
+        "clients": s.clients,
         "rounds": s.rounds,
-        "insert_one": pairs_json(insert),
-        "find_one": pairs_json(find),
+        "insert_one": legacy(Op::Insert),
+        "find_one": legacy(Op::Find),
+        "lanes": lanes
+            .iter()
+            .flat_map(|l| l.cells.iter().map(|c| cell_json(l.pinned, c)))
+            .collect::<Vec<_>>(),
         "instructions": counts.iter().map(|c| serde_json::json!({
             "workload": c.workload,
             "bulk": c.bulk,
@@ -400,5 +627,12 @@ fn report(s: &Setup, insert: &Pairs, find: &Pairs, counts: &[Instructions]) -> R
         json,
         markdown: md,
         charts: Vec::new(),
+    }
+}
+
+fn op_label(op: Op) -> &'static str {
+    match op {
+        Op::Insert => "insert_one",
+        Op::Find => "find_one by _id",
     }
 }

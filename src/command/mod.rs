@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use bson::{doc, oid::ObjectId, Bson, Document, Timestamp};
+use bson::{oid::ObjectId, Bson, Document, Timestamp};
 use tokio::sync::watch;
 
 use crate::config::Config;
@@ -453,19 +453,7 @@ pub fn session_id(lsid: &Document) -> Result<[u8; 16], CommandError> {
 /// Appends `$clusterTime` (unsigned, as a router without keys sends it) and `operationTime`.
 pub fn append_cluster_time(state: &ServerState, reply: &mut Document) {
     let t = state.clock.tick();
-    reply.insert(
-        "$clusterTime",
-        doc! {
-            "clusterTime": t,
-            "signature": {
-                "hash": Bson::Binary(bson::Binary {
-                    subtype: bson::spec::BinarySubtype::Generic,
-                    bytes: vec![0; 20],
-                }),
-                "keyId": 0i64,
-            },
-        },
-    );
+    reply.insert("$clusterTime", crate::wire::cluster_time_document(t));
     reply.insert("operationTime", t);
 }
 

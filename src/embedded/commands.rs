@@ -13,7 +13,9 @@ use crate::command::CommandRequest;
 use crate::engine::aggregate;
 use crate::engine::matcher::Matcher;
 use crate::engine::query::{Projection, SortSpec};
-use crate::engine::update::{prepare_insert, upsert_document, Update};
+use crate::engine::update::{
+    prepare_insert, upsert_document_in, ApplyContext, ArrayFilters, Update,
+};
 use crate::engine::{path, EngineError};
 use crate::limits::{measure, MAX_STORED_DEPTH, MAX_WRITE_BATCH_SIZE};
 use crate::value::error_codes::ErrorCode;
@@ -293,9 +295,17 @@ fn update(
     for stmt in &batch.stmts {
         crate::command::check_write_statement("update", stmt)?;
     }
+    let vars = request_vars(body)?;
     let mut cat = lock(&svc.catalog);
     let out = run_statements(svc, retry, batch.stmts.len(), batch.ordered, |i| {
-        update_one_statement(&mut cat, &req.db, &batch.coll, &batch.ns, &batch.stmts[i])
+        update_one_statement(
+            &mut cat,
+            &req.db,
+            &batch.coll,
+            &batch.ns,
+            &batch.stmts[i],
+            &vars,
+        )
     });
     drop(cat);
     svc.bump_opcounter("update", batch.stmts.len() as i64);
@@ -332,6 +342,7 @@ fn update_one_statement(
     coll: &str,
     ns: &str,
     stmt: &Document,
+    vars: &aggregate::Variables,
 ) -> Result<StmtOutcome, EngineError> {
     let q = statement_filter(stmt, "update.updates")?.clone();
     let Some(u) = stmt.get("u") else {
@@ -340,12 +351,6 @@ fn update_one_statement(
             "BSON field 'update.updates.u' is missing but a required field",
         ));
     };
-    if matches!(stmt.get("arrayFilters"), Some(Bson::Array(a)) if !a.is_empty()) {
-        return Err(err(
-            ErrorCode::BadValue,
-            "arrayFilters are not supported by the embedded shard",
-        ));
-    }
     let multi = stmt.get("multi").is_some_and(truthy);
     let upsert = stmt.get("upsert").is_some_and(truthy);
     let upd = Update::parse(u)?;
@@ -355,11 +360,35 @@ fn update_one_statement(
             "multi update is not supported for replacement-style update",
         ));
     }
-    let matcher = Matcher::parse(&q)?;
-    let rids = match cat.collection(db, coll) {
+    let filters = array_filters(stmt.get("arrayFilters"), &upd, u)?;
+    let matcher = Matcher::parse_with(&q, vars)?;
+    let ctx = ApplyContext {
+        query: Some(&matcher),
+        array_filters: Some(&filters),
+        vars: Some(vars),
+    };
+    let sort = match stmt.get("sort") {
+        Some(Bson::Document(s)) if !s.is_empty() => {
+            if multi {
+                return Err(err(
+                    ErrorCode::FailedToParse,
+                    "Cannot specify sort with multi=true",
+                ));
+            }
+            Some(SortSpec::parse(s)?)
+        }
+        _ => None,
+    };
+    let mut rids = match cat.collection(db, coll) {
         Some(c) => c.find(&q, &matcher),
         None => Vec::new(),
     };
+    if let (Some(sort), Some(c)) = (&sort, cat.collection(db, coll)) {
+        rids.sort_by(|a, b| match (c.get(*a), c.get(*b)) {
+            (Some(x), Some(y)) => sort.compare(x, y),
+            _ => std::cmp::Ordering::Equal,
+        });
+    }
     if rids.is_empty() {
         if !upsert {
             return Ok(StmtOutcome::Updated {
@@ -368,7 +397,7 @@ fn update_one_statement(
                 upserted: None,
             });
         }
-        let d = upsert_document(&q, &upd)?;
+        let d = upsert_document_in(&q, &upd, &ctx)?;
         let id = d.get("_id").cloned().unwrap_or(Bson::Null);
         let (c, _) = cat.collection_mut(db, coll);
         c.insert(ns, d)?;
@@ -396,7 +425,7 @@ fn update_one_statement(
             continue;
         };
         let mut new = old.clone();
-        upd.apply(&mut new, false)?;
+        upd.apply_in(&mut new, false, &ctx)?;
         check_updated(&new)?;
         n += 1;
         if new != old {
@@ -491,11 +520,12 @@ fn find_and_modify(
     }
     let sort = SortSpec::parse(&body.get_document("sort").cloned().unwrap_or_default())?;
     let projection = Projection::parse(&body.get_document("fields").cloned().unwrap_or_default())?;
+    let vars = request_vars(body)?;
+    let matcher = Matcher::parse_with(&query, &vars)?;
     let show = |d: &Document| match &projection {
-        Some(p) => Bson::Document(p.apply(d)),
+        Some(p) => Bson::Document(p.apply_matched(d, Some(&matcher))),
         None => Bson::Document(d.clone()),
     };
-    let matcher = Matcher::parse_with(&query, &request_vars(body)?)?;
     let mut cat = lock(&svc.catalog);
     let mut candidates: Vec<(u64, Document)> = match cat.collection(&req.db, &coll) {
         Some(c) => c
@@ -520,11 +550,18 @@ fn find_and_modify(
             None => doc! {"lastErrorObject": {"n": 0}, "value": Bson::Null},
         }
     } else {
-        let upd = Update::parse(upd.unwrap_or(&Bson::Null))?;
+        let u = upd.unwrap_or(&Bson::Null);
+        let upd = Update::parse(u)?;
+        let filters = array_filters(body.get("arrayFilters"), &upd, u)?;
+        let ctx = ApplyContext {
+            query: Some(&matcher),
+            array_filters: Some(&filters),
+            vars: Some(&vars),
+        };
         match found {
             Some((rid, old)) => {
                 let mut new = old.clone();
-                upd.apply(&mut new, false)?;
+                upd.apply_in(&mut new, false, &ctx)?;
                 check_updated(&new)?;
                 if new != old {
                     if let Some(c) = cat.existing_mut(&req.db, &coll) {
@@ -537,7 +574,7 @@ fn find_and_modify(
                 }
             }
             None if upsert => {
-                let d = upsert_document(&query, &upd)?;
+                let d = upsert_document_in(&query, &upd, &ctx)?;
                 let id = d.get("_id").cloned().unwrap_or(Bson::Null);
                 let (c, _) = cat.collection_mut(&req.db, &coll);
                 c.insert(&ns, d.clone())?;
@@ -666,6 +703,25 @@ fn starts_with_documents(body: &Document) -> bool {
         .is_some_and(|d| d.contains_key("$documents"))
 }
 
+/// A statement's `arrayFilters`, parsed and checked against its update.
+fn array_filters(v: Option<&Bson>, upd: &Update, u: &Bson) -> Result<ArrayFilters, EngineError> {
+    let filters = match v {
+        None | Some(Bson::Null) => ArrayFilters::default(),
+        Some(Bson::Array(a)) => ArrayFilters::parse(a)?,
+        Some(other) => {
+            return Err(err(
+                ErrorCode::TypeMismatch,
+                format!(
+                    "BSON field 'arrayFilters' is the wrong type '{}', expected type 'array'",
+                    crate::value::field::type_name(other)
+                ),
+            ))
+        }
+    };
+    filters.check_used(upd, u)?;
+    Ok(filters)
+}
+
 /// The variables a request's expressions see: `$$NOW` fixed for the request and its `let`.
 fn request_vars(body: &Document) -> Result<aggregate::Variables, EngineError> {
     let vars = aggregate::Variables::new();
@@ -717,14 +773,16 @@ fn find(
         Some(0) | None => None,
         Some(l) => Some(l as usize),
     };
-    let mut docs = matching_documents(svc, &req.db, &coll, &filter, &request_vars(body)?)?;
+    let vars = request_vars(body)?;
+    let mut docs = matching_documents(svc, &req.db, &coll, &filter, &vars)?;
     sort.sort(&mut docs);
+    let query = Matcher::parse_with(&filter, &vars)?;
     let docs: Vec<Document> = docs
         .into_iter()
         .skip(skip)
         .take(limit.unwrap_or(usize::MAX))
         .map(|d| match &projection {
-            Some(p) => p.apply(&d),
+            Some(p) => p.apply_matched(&d, Some(&query)),
             None => d,
         })
         .collect();

@@ -98,52 +98,46 @@ impl SortSpec {
     }
 }
 
-/// A parsed inclusion or exclusion projection.
+/// A parsed find projection: inclusion or exclusion of paths, with the projection operators
+/// `$slice` (any mode), `$elemMatch` and the positional `a.$` (inclusion), and computed fields
+/// (aggregation expressions and literals, inclusion).
 #[derive(Debug, Clone)]
 pub struct Projection {
     include: bool,
     paths: Vec<String>,
     id: bool,
+    slices: Vec<(String, i64, Option<i64>)>,
+    elem_matches: Vec<(String, super::matcher::Matcher)>,
+    positional: Option<String>,
+    computed: Vec<(String, Bson)>,
+}
+
+fn projection_error(code: i32, msg: impl Into<String>) -> EngineError {
+    EngineError::new(ErrorCode(code), msg)
 }
 
 impl Projection {
-    /// Parses `{a: 1, b: 1}` or `{a: 0}`; `_id` is included unless excluded.
+    /// Parses a projection; `_id` is included unless excluded.
     pub fn parse(spec: &Document) -> Result<Option<Projection>, EngineError> {
         if spec.is_empty() {
             return Ok(None);
         }
         let mut include: Option<bool> = None;
-        let mut paths = Vec::new();
-        let mut id = true;
-        for (k, v) in spec {
-            let on = match v {
-                Bson::Boolean(b) => *b,
-                Bson::Int32(i) => *i != 0,
-                Bson::Int64(i) => *i != 0,
-                Bson::Double(d) => *d != 0.0,
-                _ => {
-                    return Err(EngineError::new(
-                        ErrorCode::BadValue,
-                        format!("projection of '{k}': only inclusion (1) and exclusion (0) projections are supported by the embedded shard"),
-                    ))
-                }
-            };
-            if k.starts_with('$') || k.contains(".$") {
-                return Err(EngineError::new(
-                    ErrorCode::BadValue,
-                    format!("projection operator in '{k}' is not supported by the embedded shard"),
-                ));
-            }
-            super::path::check_field_path(k)?;
-            if k == "_id" {
-                id = on;
-                continue;
-            }
+        let mut p = Projection {
+            include: false,
+            paths: Vec::new(),
+            id: true,
+            slices: Vec::new(),
+            elem_matches: Vec::new(),
+            positional: None,
+            computed: Vec::new(),
+        };
+        let mut set_mode = |k: &str, on: bool| -> Result<(), EngineError> {
             match include {
                 None => include = Some(on),
                 Some(mode) if mode != on => {
-                    return Err(EngineError::new(
-                        ErrorCode(31254),
+                    return Err(projection_error(
+                        31254,
                         if mode {
                             format!("Cannot do exclusion on field {k} in inclusion projection")
                         } else {
@@ -153,25 +147,135 @@ impl Projection {
                 }
                 _ => {}
             }
-            paths.push(k.clone());
+            Ok(())
+        };
+        for (k, v) in spec {
+            if k.starts_with('$') {
+                return Err(projection_error(
+                    ErrorCode::BadValue.0,
+                    format!("FieldPath field names may not start with '$'. Consider using $getField or $setField. (projection field '{k}')"),
+                ));
+            }
+            if let Some(prefix) = k.strip_suffix(".$") {
+                if p.positional.is_some() {
+                    return Err(projection_error(
+                        31276,
+                        "Cannot specify more than one positional projection per query.",
+                    ));
+                }
+                super::path::check_field_path(prefix)?;
+                set_mode(k, true)?;
+                p.positional = Some(prefix.to_string());
+                continue;
+            }
+            if k.contains(".$") {
+                return Err(projection_error(
+                    31270,
+                    format!("Positional projection '{k}' contains the positional operator more than once or not at the end."),
+                ));
+            }
+            super::path::check_field_path(k)?;
+            let on = match v {
+                Bson::Boolean(b) => Some(*b),
+                Bson::Int32(i) => Some(*i != 0),
+                Bson::Int64(i) => Some(*i != 0),
+                Bson::Double(d) => Some(*d != 0.0),
+                Bson::Decimal128(_) => Some(crate::value::field::to_f64(v) != 0.0),
+                _ => None,
+            };
+            if let Some(on) = on {
+                if k == "_id" {
+                    p.id = on;
+                    continue;
+                }
+                set_mode(k, on)?;
+                p.paths.push(k.clone());
+                continue;
+            }
+            match v {
+                Bson::Document(d) if d.len() == 1 && d.contains_key("$slice") => {
+                    let (skip, limit) = match d.get("$slice") {
+                        Some(n) if crate::value::field::is_number(n) => {
+                            (crate::value::field::to_f64(n) as i64, None)
+                        }
+                        Some(Bson::Array(a))
+                            if a.len() == 2 && a.iter().all(crate::value::field::is_number) =>
+                        {
+                            let limit = crate::value::field::to_f64(&a[1]) as i64;
+                            if limit <= 0 {
+                                return Err(projection_error(
+                                    ErrorCode::BadValue.0,
+                                    format!("$slice limit must be positive, got {limit}"),
+                                ));
+                            }
+                            (crate::value::field::to_f64(&a[0]) as i64, Some(limit))
+                        }
+                        _ => {
+                            return Err(projection_error(
+                                28724,
+                                "First argument to $slice must be an array, or the argument must be a number or [skip, limit] array",
+                            ))
+                        }
+                    };
+                    p.slices.push((k.clone(), skip, limit));
+                }
+                Bson::Document(d) if d.len() == 1 && d.contains_key("$elemMatch") => {
+                    if k.contains('.') {
+                        return Err(projection_error(
+                            31275,
+                            "Cannot use $elemMatch projection on a nested field.",
+                        ));
+                    }
+                    let Some(Bson::Document(f)) = d.get("$elemMatch") else {
+                        return Err(projection_error(
+                            ErrorCode::BadValue.0,
+                            "elemMatch: Invalid argument, object required",
+                        ));
+                    };
+                    set_mode(k, true)?;
+                    let wrapped = bson::doc! {k.clone(): {"$elemMatch": f.clone()}};
+                    p.elem_matches
+                        .push((k.clone(), super::matcher::Matcher::parse(&wrapped)?));
+                }
+                Bson::Document(d) if d.keys().next().is_some_and(|x| x == "$meta") => {
+                    return Err(projection_error(
+                        ErrorCode::BadValue.0,
+                        format!("$meta projection of '{k}' is not supported: the engine keeps no text or search scores"),
+                    ));
+                }
+                expr => {
+                    super::aggregate::check_expression(expr)?;
+                    set_mode(k, true)?;
+                    p.computed.push((k.clone(), expr.clone()));
+                }
+            }
         }
-        Ok(Some(Projection {
-            include: include.unwrap_or(false),
-            paths,
-            id,
-        }))
+        p.include = include.unwrap_or(false);
+        Ok(Some(p))
     }
 
-    /// Applies the projection.
+    /// Applies the projection (a positional `$` keeps no element without the query).
     pub fn apply(&self, doc: &Document) -> Document {
-        if self.include {
+        self.apply_matched(doc, None)
+    }
+
+    /// Applies the projection; the positional `a.$` keeps the first element of `a` that
+    /// `query` matched.
+    pub fn apply_matched(
+        &self,
+        doc: &Document,
+        query: Option<&super::matcher::Matcher>,
+    ) -> Document {
+        let mut out = if self.include {
             let mut out = Document::new();
             if self.id {
                 if let Some(id) = doc.get("_id") {
                     out.insert("_id", id.clone());
                 }
             }
-            let parts: Vec<Vec<&str>> = self.paths.iter().map(|p| p.split('.').collect()).collect();
+            let mut paths: Vec<&str> = self.paths.iter().map(String::as_str).collect();
+            paths.extend(self.slices.iter().map(|(p, _, _)| p.as_str()));
+            let parts: Vec<Vec<&str>> = paths.iter().map(|p| p.split('.').collect()).collect();
             include_into(doc, &parts, &mut out);
             out
         } else {
@@ -184,7 +288,55 @@ impl Projection {
                 exclude(&mut out, &parts);
             }
             out
+        };
+        if let Some(prefix) = &self.positional {
+            if let (Some(Bson::Array(items)), Some(q)) = (super::path::get(doc, prefix), query) {
+                let hit = items.iter().find(|item| {
+                    let mut probe = doc.clone();
+                    super::path::set(&mut probe, prefix, Bson::Array(vec![(*item).clone()])).is_ok()
+                        && q.matches(&probe)
+                });
+                if let Some(item) = hit {
+                    let _ = super::path::set(&mut out, prefix, Bson::Array(vec![item.clone()]));
+                }
+            }
         }
+        for (field, m) in &self.elem_matches {
+            if let Some(Bson::Array(items)) = doc.get(field) {
+                let hit = items.iter().find(|item| {
+                    let mut probe = Document::new();
+                    probe.insert(field.clone(), Bson::Array(vec![(*item).clone()]));
+                    m.matches(&probe)
+                });
+                if let Some(item) = hit {
+                    out.insert(field.clone(), Bson::Array(vec![item.clone()]));
+                }
+            }
+        }
+        for (field, e) in &self.computed {
+            if let Ok(Some(v)) = super::aggregate::eval(e, doc) {
+                let _ = super::path::set(&mut out, field, v);
+            }
+        }
+        for (field, skip, limit) in &self.slices {
+            if let Some(Bson::Array(items)) = super::path::get_mut(&mut out, field) {
+                let n = items.len() as i64;
+                let (start, end) = match limit {
+                    None if *skip >= 0 => (0, (*skip).min(n)),
+                    None => ((n + skip).max(0), n),
+                    Some(l) => {
+                        let start = if *skip >= 0 {
+                            (*skip).min(n)
+                        } else {
+                            (n + skip).max(0)
+                        };
+                        (start, (start + l).min(n))
+                    }
+                };
+                *items = items[start as usize..end as usize].to_vec();
+            }
+        }
+        out
     }
 }
 

@@ -1,7 +1,9 @@
 //! Update documents: operator updates (`$set $unset $inc $mul $min $max $rename $setOnInsert
-//! $push $addToSet $pull $pullAll $pop $currentDate`) and replacements, parsed once and applied
-//! to a document. Pipeline updates, `arrayFilters` and positional paths are refused with a
-//! clear error.
+//! $push $addToSet $pull $pullAll $pop $currentDate`, `$push` with `$each`, `$position`,
+//! `$sort` and `$slice`), replacements and pipeline-style updates (`$set/$addFields`,
+//! `$project`, `$unset`, `$replaceRoot/$replaceWith`), parsed once and applied to a document.
+//! Operator paths may name array elements: the positional `$` (the element the query matched),
+//! `$[]` (every element) and `$[<id>]` (the elements its `arrayFilters` entry matches).
 
 use bson::{oid::ObjectId, Bson, Document};
 
@@ -22,6 +24,249 @@ pub enum Update {
     Replacement(Document),
     /// Operators, in document order.
     Operators(Vec<(String, Document)>),
+    /// A pipeline-style update: its stages, run over the matched document.
+    Pipeline(Vec<Bson>),
+}
+
+/// Stages a pipeline-style update may use (others are refused with InvalidOptions, 72).
+const UPDATE_PIPELINE_STAGES: &[&str] = &[
+    "$addFields",
+    "$set",
+    "$project",
+    "$unset",
+    "$replaceRoot",
+    "$replaceWith",
+];
+
+/// The parsed `arrayFilters` of an update statement: one filter per identifier.
+#[derive(Debug, Clone, Default)]
+pub struct ArrayFilters(Vec<(String, Matcher)>);
+
+impl ArrayFilters {
+    /// Parses `arrayFilters`, as mongod checks them: each filter names one identifier (a
+    /// lowercase letter, then letters and digits) in all its top-level fields, and no
+    /// identifier twice.
+    pub fn parse(filters: &[Bson]) -> Result<ArrayFilters, EngineError> {
+        let mut out: Vec<(String, Matcher)> = Vec::new();
+        for f in filters {
+            let Bson::Document(f) = f else {
+                return Err(fail(
+                    ErrorCode::TypeMismatch,
+                    format!(
+                        "Each array filter must be an object, found {}",
+                        type_name(f)
+                    ),
+                ));
+            };
+            let mut id: Option<&str> = None;
+            for k in f.keys() {
+                let top = k.split('.').next().unwrap_or("");
+                match id {
+                    None => id = Some(top),
+                    Some(prev) if prev != top => {
+                        return Err(fail(
+                            ErrorCode::FailedToParse,
+                            format!("Error parsing array filter :: caused by :: Expected a single top-level field name, found '{prev}' and '{top}'"),
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+            let Some(id) = id else {
+                return Err(fail(
+                    ErrorCode::FailedToParse,
+                    "Cannot use an expression without a top-level field name in arrayFilters",
+                ));
+            };
+            let valid = id.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+                && id.chars().all(|c| c.is_ascii_alphanumeric());
+            if !valid {
+                return Err(fail(
+                    ErrorCode::BadValue,
+                    format!("Error parsing array filter :: caused by :: The top-level field name must be an alphanumeric string beginning with a lowercase letter, found '{id}'"),
+                ));
+            }
+            if out.iter().any(|(n, _)| n == id) {
+                return Err(fail(
+                    ErrorCode::FailedToParse,
+                    format!("Found multiple array filters with the same top-level field name {id}"),
+                ));
+            }
+            out.push((id.to_string(), Matcher::parse(f)?));
+        }
+        Ok(ArrayFilters(out))
+    }
+
+    fn matches(&self, id: &str, path: &str, element: &Bson) -> Result<bool, EngineError> {
+        let Some((_, m)) = self.0.iter().find(|(n, _)| n == id) else {
+            return Err(fail(
+                ErrorCode::BadValue,
+                format!("No array filter found for identifier '{id}' in path '{path}'"),
+            ));
+        };
+        let mut d = Document::new();
+        d.insert(id, element.clone());
+        Ok(m.matches(&d))
+    }
+
+    /// Refuses filters the update does not use (FailedToParse, 9), as mongod does.
+    pub fn check_used(&self, update: &Update, u: &Bson) -> Result<(), EngineError> {
+        let Update::Operators(ops) = update else {
+            if let Some((id, _)) = self.0.first() {
+                return Err(fail(
+                    ErrorCode::FailedToParse,
+                    format!(
+                        "The array filter for identifier '{id}' was not used in the update {}",
+                        render_value(u)
+                    ),
+                ));
+            }
+            return Ok(());
+        };
+        for (id, _) in &self.0 {
+            let marker = format!("$[{id}]");
+            let used = ops
+                .iter()
+                .any(|(_, args)| args.keys().any(|p| p.split('.').any(|s| s == marker)));
+            if !used {
+                return Err(fail(
+                    ErrorCode::FailedToParse,
+                    format!(
+                        "The array filter for identifier '{id}' was not used in the update {}",
+                        render_value(u)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What an update needs besides the document: the statement's query (for the positional
+/// `$`), its `arrayFilters`, and the request's variables (for pipeline updates).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApplyContext<'a> {
+    /// The statement's query, parsed.
+    pub query: Option<&'a Matcher>,
+    /// The statement's `arrayFilters`.
+    pub array_filters: Option<&'a ArrayFilters>,
+    /// The request's variables (`let`, `$$NOW`).
+    pub vars: Option<&'a super::aggregate::Variables>,
+}
+
+impl ApplyContext<'_> {
+    /// The index of the element of the array at `prefix` that the query matched.
+    fn positional(
+        &self,
+        doc: &Document,
+        prefix: &str,
+        items: &[Bson],
+    ) -> Result<usize, EngineError> {
+        let not_found = || {
+            fail(
+                ErrorCode::BadValue,
+                "The positional operator did not find the match needed from the query.",
+            )
+        };
+        let Some(q) = self.query else {
+            return Err(not_found());
+        };
+        // The query must constrain the array: with no element left it must not match.
+        let mut probe = doc.clone();
+        path::set(&mut probe, prefix, Bson::Array(Vec::new()))?;
+        if q.matches(&probe) {
+            return Err(not_found());
+        }
+        for (i, item) in items.iter().enumerate() {
+            let mut probe = doc.clone();
+            path::set(&mut probe, prefix, Bson::Array(vec![item.clone()]))?;
+            if q.matches(&probe) {
+                return Ok(i);
+            }
+        }
+        Err(not_found())
+    }
+}
+
+/// The concrete paths a path with `$`, `$[]` or `$[<id>]` names in `doc`.
+fn expand_path(doc: &Document, p: &str, ctx: &ApplyContext) -> Result<Vec<String>, EngineError> {
+    if !p.contains('$') {
+        return Ok(vec![p.to_string()]);
+    }
+    let parts: Vec<&str> = p.split('.').collect();
+    let mut out = Vec::new();
+    expand_from(doc, p, &parts, String::new(), ctx, &mut out)?;
+    Ok(out)
+}
+
+fn expand_from(
+    doc: &Document,
+    full: &str,
+    parts: &[&str],
+    prefix: String,
+    ctx: &ApplyContext,
+    out: &mut Vec<String>,
+) -> Result<(), EngineError> {
+    let Some((part, rest)) = parts.split_first() else {
+        out.push(prefix);
+        return Ok(());
+    };
+    let join = |x: &str| {
+        if prefix.is_empty() {
+            x.to_string()
+        } else {
+            format!("{prefix}.{x}")
+        }
+    };
+    if *part != "$" && !part.starts_with("$[") {
+        return expand_from(doc, full, rest, join(part), ctx, out);
+    }
+    let items = match path::get(doc, &prefix) {
+        Some(Bson::Array(items)) => items.clone(),
+        _ if *part == "$" => {
+            return Err(fail(
+                ErrorCode::BadValue,
+                "The positional operator did not find the match needed from the query.",
+            ))
+        }
+        _ => return Err(fail(
+            ErrorCode::BadValue,
+            format!(
+                "The path '{prefix}' must exist in the document in order to apply array updates."
+            ),
+        )),
+    };
+    let indices: Vec<usize> = if *part == "$" {
+        vec![ctx.positional(doc, &prefix, &items)?]
+    } else if *part == "$[]" {
+        (0..items.len()).collect()
+    } else {
+        let id = &part[2..part.len().saturating_sub(1)];
+        let Some(filters) = ctx.array_filters else {
+            return Err(fail(
+                ErrorCode::BadValue,
+                format!("No array filter found for identifier '{id}' in path '{full}'"),
+            ));
+        };
+        let mut v = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            if filters.matches(id, full, item)? {
+                v.push(i);
+            }
+        }
+        v
+    };
+    for i in indices {
+        expand_from(doc, full, rest, join(&i.to_string()), ctx, out)?;
+    }
+    Ok(())
+}
+
+/// Whether a path segment is an array-update placeholder mongod accepts.
+fn is_placeholder(segment: &str) -> bool {
+    segment == "$"
+        || segment == "$[]"
+        || (segment.starts_with("$[") && segment.ends_with(']') && segment.len() > 3)
 }
 
 /// The update operators the engine applies, in the order the fuzz generator draws them.
@@ -51,11 +296,23 @@ impl Update {
     pub fn parse(u: &Bson) -> Result<Update, EngineError> {
         let d = match u {
             Bson::Document(d) => d,
-            Bson::Array(_) => {
-                return Err(fail(
-                    ErrorCode::BadValue,
-                    "pipeline-style updates are not supported by the embedded shard",
-                ))
+            Bson::Array(stages) => {
+                for st in stages {
+                    let Bson::Document(st) = st else {
+                        return Err(fail(
+                            ErrorCode::TypeMismatch,
+                            "Each element of the 'pipeline' array must be an object",
+                        ));
+                    };
+                    let name = st.keys().next().map(String::as_str).unwrap_or("");
+                    if !UPDATE_PIPELINE_STAGES.contains(&name) {
+                        return Err(fail(
+                            ErrorCode::InvalidOptions,
+                            format!("{name} is not allowed to be used within an update"),
+                        ));
+                    }
+                }
+                return Ok(Update::Pipeline(stages.clone()));
             }
             _ => {
                 return Err(fail(
@@ -115,10 +372,19 @@ impl Update {
                 if p.split('.').nth(MAX_STORED_DEPTH).is_some() {
                     return Err(too_deep());
                 }
-                if p.split('.').any(|s| s.starts_with('$')) {
+                if let Some(bad) = p
+                    .split('.')
+                    .find(|s| s.starts_with('$') && !is_placeholder(s))
+                {
+                    return Err(fail(
+                        ErrorCode::DollarPrefixedFieldName,
+                        format!("The dollar ($) prefixed field '{bad}' in '{p}' is not valid for storage."),
+                    ));
+                }
+                if op == "$rename" && p.split('.').any(is_placeholder) {
                     return Err(fail(
                         ErrorCode::BadValue,
-                        format!("positional and array-filter paths are not supported by the embedded shard: '{p}'"),
+                        format!("The source field for $rename may not be dynamic: {p}"),
                     ));
                 }
                 if let Some(at) = seen.conflict(p) {
@@ -141,8 +407,48 @@ impl Update {
     /// Applies the update to `doc` (`inserting` when building an upserted document, which
     /// enables `$setOnInsert`). Checks that `_id` is unchanged.
     pub fn apply(&self, doc: &mut Document, inserting: bool) -> Result<(), EngineError> {
+        self.apply_in(doc, inserting, &ApplyContext::default())
+    }
+
+    /// Applies the update with its statement's query, `arrayFilters` and variables.
+    pub fn apply_in(
+        &self,
+        doc: &mut Document,
+        inserting: bool,
+        ctx: &ApplyContext,
+    ) -> Result<(), EngineError> {
         let old_id = doc.get("_id").cloned();
         match self {
+            Update::Pipeline(stages) => {
+                let env = super::aggregate::Env {
+                    db: String::new(),
+                    vars: ctx.vars.cloned().unwrap_or_default(),
+                    namespaces: None,
+                };
+                let out = super::aggregate::run_in(
+                    stages,
+                    vec![doc.clone()],
+                    &super::aggregate::AggregateOptions::default(),
+                    &env,
+                )?;
+                let mut new_doc = out.into_iter().next().unwrap_or_default();
+                match (&old_id, new_doc.get("_id")) {
+                    (Some(old), Some(new)) if !(values_equal(old, new) && same_type(old, new)) => {
+                        return Err(fail(
+                            ErrorCode::ImmutableField,
+                            format!("After applying the update, the (immutable) field '_id' was found to have been altered to _id: {}", render_value(new)),
+                        ));
+                    }
+                    (Some(old), None) => {
+                        let mut with_id = Document::new();
+                        with_id.insert("_id", old.clone());
+                        with_id.extend(new_doc);
+                        new_doc = with_id;
+                    }
+                    _ => {}
+                }
+                *doc = new_doc;
+            }
             Update::Replacement(r) => {
                 let mut new_doc = Document::new();
                 if let Some(id) = &old_id {
@@ -167,7 +473,9 @@ impl Update {
             Update::Operators(ops) => {
                 for (op, args) in ops {
                     for (p, arg) in args {
-                        apply_op(op, p, arg, doc, inserting)?;
+                        for concrete in expand_path(doc, p, ctx)? {
+                            apply_op(op, &concrete, arg, doc, inserting)?;
+                        }
                     }
                 }
                 if let Some(old) = &old_id {
@@ -336,7 +644,7 @@ fn apply_op(
             path::set(doc, p, v)
         }
         "$push" | "$addToSet" => {
-            let (items, slice, position) = match arg {
+            let (items, slice, position, sort) = match arg {
                 Bson::Document(d) if d.contains_key("$each") => {
                     let Some(Bson::Array(each)) = d.get("$each") else {
                         return Err(fail(
@@ -357,12 +665,10 @@ fn apply_op(
                             ));
                         }
                     }
-                    if d.contains_key("$sort") {
-                        return Err(fail(
-                            ErrorCode::BadValue,
-                            "$push with $sort is not supported by the embedded shard",
-                        ));
-                    }
+                    let sort = match d.get("$sort") {
+                        None => None,
+                        Some(v) => Some(PushSort::parse(v)?),
+                    };
                     let slice = match d.get("$slice") {
                         None => None,
                         Some(v) if is_number(v) => Some(as_i64_any(v)),
@@ -383,9 +689,9 @@ fn apply_op(
                             ))
                         }
                     };
-                    (each.clone(), slice, position)
+                    (each.clone(), slice, position, sort)
                 }
-                other => (vec![other.clone()], None, None),
+                other => (vec![other.clone()], None, None, None),
             };
             let mut arr = match path::get(doc, p) {
                 None => Vec::new(),
@@ -419,6 +725,9 @@ fn apply_op(
                 };
                 for (i, item) in items.into_iter().enumerate() {
                     arr.insert(at + i, item);
+                }
+                if let Some(sort) = &sort {
+                    sort.sort(&mut arr);
                 }
                 if let Some(s) = slice {
                     if s >= 0 {
@@ -501,6 +810,60 @@ fn apply_op(
             ErrorCode::FailedToParse,
             format!("Unknown modifier: {other}"),
         )),
+    }
+}
+
+/// `$push`'s `$sort`: whole elements (`1`/`-1`) or embedded fields (`{field: 1}`).
+enum PushSort {
+    Whole(bool),
+    Fields(super::query::SortSpec),
+}
+
+impl PushSort {
+    fn parse(v: &Bson) -> Result<PushSort, EngineError> {
+        let invalid = || {
+            fail(
+                ErrorCode::BadValue,
+                "The $sort is invalid: use 1/-1 to sort the whole element, or {field:1/-1} to sort embedded fields",
+            )
+        };
+        match v {
+            v if is_number(v) => match as_i64_any(v) {
+                1 => Ok(PushSort::Whole(true)),
+                -1 => Ok(PushSort::Whole(false)),
+                _ => Err(invalid()),
+            },
+            Bson::Document(d) if !d.is_empty() => {
+                if d.keys().any(|k| k.is_empty() || k.starts_with('$')) {
+                    return Err(invalid());
+                }
+                Ok(PushSort::Fields(
+                    super::query::SortSpec::parse(d).map_err(|_| invalid())?,
+                ))
+            }
+            _ => Err(invalid()),
+        }
+    }
+
+    fn sort(&self, arr: &mut [Bson]) {
+        match self {
+            PushSort::Whole(asc) => arr.sort_by(|a, b| {
+                let o = compare(a, b);
+                if *asc {
+                    o
+                } else {
+                    o.reverse()
+                }
+            }),
+            PushSort::Fields(spec) => {
+                let empty = Document::new();
+                arr.sort_by(|a, b| {
+                    let da = a.as_document().unwrap_or(&empty);
+                    let db = b.as_document().unwrap_or(&empty);
+                    spec.compare(da, db)
+                })
+            }
+        }
     }
 }
 
@@ -606,6 +969,15 @@ pub fn prepare_insert(mut d: Document) -> Result<Document, EngineError> {
 /// first (generated when neither gives one). The embedded shard stores it; the router builds an upsert's document
 /// with it too, when it inserts the document of a write without shard key itself.
 pub fn upsert_document(filter: &Document, upd: &Update) -> Result<Document, EngineError> {
+    upsert_document_in(filter, upd, &ApplyContext::default())
+}
+
+/// [`upsert_document`] with the statement's `arrayFilters` and the request's variables.
+pub fn upsert_document_in(
+    filter: &Document,
+    upd: &Update,
+    ctx: &ApplyContext,
+) -> Result<Document, EngineError> {
     let mut seed = Document::new();
     match upd {
         Update::Replacement(_) => {
@@ -616,7 +988,7 @@ pub fn upsert_document(filter: &Document, upd: &Update) -> Result<Document, Engi
                 seed.insert("_id", id);
             }
         }
-        Update::Operators(_) => {
+        Update::Operators(_) | Update::Pipeline(_) => {
             for (k, v) in crate::engine::matcher::equality_fields(filter) {
                 if k.starts_with('$') {
                     continue;
@@ -625,7 +997,7 @@ pub fn upsert_document(filter: &Document, upd: &Update) -> Result<Document, Engi
             }
         }
     }
-    upd.apply(&mut seed, true)?;
+    upd.apply_in(&mut seed, true, ctx)?;
     prepare_insert(seed)
 }
 
@@ -791,7 +1163,69 @@ mod tests {
                 .code,
             ErrorCode::ConflictingUpdateOperators
         );
-        assert!(Update::parse(&Bson::Document(doc! {"$set": {"a.$": 1}})).is_err());
-        assert!(Update::parse(&Bson::Array(vec![])).is_err());
+        assert!(Update::parse(&Bson::Document(doc! {"$set": {"a.$": 1}})).is_ok());
+        assert!(Update::parse(&Bson::Document(doc! {"$set": {"a.$x": 1}})).is_err());
+        assert!(Update::parse(&Bson::Document(doc! {"$rename": {"a.$[]": "b"}})).is_err());
+        assert!(
+            Update::parse(&Bson::Array(vec![])).is_ok(),
+            "an empty pipeline is a no-op"
+        );
+    }
+
+    #[test]
+    fn array_updates_and_pipelines() {
+        let d = doc! {"_id": 1, "a": [1, 5, 9], "b": [{"x": 1}, {"x": 7}]};
+        let q = Matcher::parse(&doc! {"a": 5}).unwrap();
+        let filters = ArrayFilters::parse(&[Bson::Document(doc! {"e.x": {"$gt": 3}})]).unwrap();
+        let ctx = ApplyContext {
+            query: Some(&q),
+            array_filters: Some(&filters),
+            vars: None,
+        };
+        let u = Update::parse(&Bson::Document(
+            doc! {"$set": {"a.$": 50, "b.$[e].y": true}, "$inc": {"b.$[].x": 1}},
+        ))
+        .unwrap();
+        let mut out = d.clone();
+        u.apply_in(&mut out, false, &ctx).unwrap();
+        assert_eq!(
+            out,
+            doc! {"_id": 1, "a": [1, 50, 9], "b": [{"x": 2}, {"x": 8, "y": true}]}
+        );
+        let e =
+            ArrayFilters::parse(&[Bson::Document(doc! {"e": 1}), Bson::Document(doc! {"e": 2})])
+                .unwrap_err();
+        assert_eq!(e.code, ErrorCode::FailedToParse);
+        let e = ArrayFilters::parse(&[Bson::Document(doc! {"E": 1})]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadValue);
+        let p = Update::parse(&Bson::Array(vec![Bson::Document(
+            doc! {"$set": {"n": {"$size": "$a"}}},
+        )]))
+        .unwrap();
+        let mut out = d.clone();
+        p.apply(&mut out, false).unwrap();
+        assert_eq!(out.get_i32("n").unwrap(), 3);
+        let p = Update::parse(&Bson::Array(vec![Bson::Document(
+            doc! {"$set": {"_id": 2}},
+        )]))
+        .unwrap();
+        assert_eq!(
+            p.apply(&mut d.clone(), false).unwrap_err().code,
+            ErrorCode::ImmutableField
+        );
+        let e = Update::parse(&Bson::Array(vec![Bson::Document(doc! {"$match": {}})])).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidOptions);
+        let out = apply(
+            doc! {"l": [{"s": 3}, {"s": 1}]},
+            doc! {"$push": {"l": {"$each": [{"s": 2}], "$sort": {"s": 1}, "$slice": -2}}},
+        )
+        .unwrap();
+        assert_eq!(out, doc! {"l": [{"s": 2}, {"s": 3}]});
+        let e = apply(
+            doc! {"l": []},
+            doc! {"$push": {"l": {"$each": [1], "$sort": 2}}},
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadValue);
     }
 }

@@ -23,7 +23,7 @@ use crate::command::{self, hello, ClientState, CommandError, CommandRequest, Ser
 use crate::value::error_codes::ErrorCode;
 use crate::wire::{
     self, encode_compressed, encode_op_reply, Compressor, Header, Incoming, Message, MsgFlags,
-    OpCode, OpMsg, OpMsgBuilder, OpQuery, ReplyFlags, WireError,
+    OpCode, OpMsg, OpMsgBuilder, OpQuery, Reply, ReplyFlags, WireError,
 };
 
 /// Commands whose requests and replies are never compressed (OP_COMPRESSED spec).
@@ -442,19 +442,27 @@ impl Session<'_> {
         metrics::histogram!("sluice_request_duration_seconds", "command" => label)
             .record(elapsed.as_secs_f64());
         let reply = match response {
-            Response::Reply(reply) => reply,
+            Response::Reply(reply) => Reply::Document(reply),
+            Response::Raw(reply) => Reply::Raw(reply),
             Response::CloseConnection => return Ok(Flow::Close),
         };
         if more_to_come {
             return Ok(Flow::Continue);
         }
         if !exhaust {
-            self.send_msg(&reply, request_id, reply_flags, compressor)
+            let bytes = encode_reply(reply);
+            self.send_bytes(&bytes, request_id, reply_flags, compressor)
                 .await?;
             return Ok(Flow::Continue);
         }
-        self.stream_hello(req, reply, request_id, reply_flags, compressor)
-            .await
+        self.stream_hello(
+            req,
+            reply.into_document(),
+            request_id,
+            reply_flags,
+            compressor,
+        )
+        .await
     }
 
     /// Exhaust mode: keep answering the awaitable `hello` with `moreToCome` set, each reply
@@ -487,6 +495,7 @@ impl Session<'_> {
             let next = tokio::select! {
                 r = serve_request(self.service, self.state, self.client, (self.security, &mut *self.auth), &req, None) => match r {
                     Response::Reply(reply) => Some(reply),
+                    Response::Raw(reply) => Some(Reply::Raw(reply).into_document()),
                     Response::CloseConnection => return Ok(Flow::Close),
                 },
                 read = self.socket.read_buf(self.buf) => match read {
@@ -554,6 +563,7 @@ impl Session<'_> {
             };
             match self.serve_request(&req, None).await {
                 Response::Reply(reply) => reply,
+                Response::Raw(reply) => Reply::Raw(reply).into_document(),
                 Response::CloseConnection => return Ok(Flow::Close),
             }
         } else {
@@ -611,8 +621,20 @@ impl Session<'_> {
         compressor: Option<Compressor>,
     ) -> std::io::Result<i32> {
         let bytes = encode_document(reply);
+        self.send_bytes(&bytes, response_to, flags, compressor)
+            .await
+    }
+
+    /// Sends an encoded reply body as an OP_MSG; returns its request id.
+    async fn send_bytes(
+        &mut self,
+        bytes: &[u8],
+        response_to: i32,
+        flags: u32,
+        compressor: Option<Compressor>,
+    ) -> std::io::Result<i32> {
         let request_id = self.state.next_request_id();
-        let frame = OpMsgBuilder::new(flags, &bytes).finish(request_id, response_to);
+        let frame = OpMsgBuilder::new(flags, bytes).finish(request_id, response_to);
         let frame = match compressor {
             Some(c) if c != Compressor::Noop => match encode_compressed(&frame, c) {
                 Ok(packed) => {
@@ -720,6 +742,14 @@ fn with_topology_version(req: &CommandRequest, reply: &Document) -> Option<Comma
         body: crate::wire::BsonDoc::from_encoded(bytes),
         ..req.clone()
     })
+}
+
+/// Encodes a reply body (an encoded one is taken as it is).
+fn encode_reply(reply: Reply) -> Vec<u8> {
+    match reply {
+        Reply::Document(d) => encode_document(&d),
+        Reply::Raw(r) => r.into_bytes(),
+    }
 }
 
 /// Encodes a reply; a reply that cannot be encoded (over 16 MiB, say) becomes an error reply.

@@ -33,6 +33,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub enum Response {
     /// Send this reply (nothing is sent when the request carried `moreToCome`).
     Reply(Document),
+    /// Send this reply, already encoded (results passed through from a shard).
+    Raw(bson::RawDocumentBuf),
     /// Close the connection without replying (a `closeConnection` failpoint, for instance).
     CloseConnection,
 }

@@ -5,11 +5,11 @@
 //! shard), and the results of a pipeline that ends in `$out`/`$merge`, written by the target's
 //! primary shard.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 
 use bson::{doc, Bson, Document};
 
-use super::{drain, open_streams, read_on, ShardStream};
+use super::shard_io::{batch_of, drain, open_streams, read_on, ReadFailure, ShardStream};
 use crate::cluster::Cluster;
 use crate::command::CommandError;
 use crate::engine::aggregate::Namespaces;
@@ -119,16 +119,11 @@ pub async fn fetch(
             c.insert("$db", db);
             let reply = read_on(cluster, &shard, &ns, &c)
                 .await
-                .map_err(super::ReadFailure::into_error)?;
-            let cursor = reply.get_document("cursor").cloned().unwrap_or_default();
+                .map_err(ReadFailure::into_error)?;
+            let (buffer, cursor_id) = batch_of(&reply, "firstBatch");
             vec![ShardStream {
-                buffer: cursor
-                    .get_array("firstBatch")
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|d| d.as_document().cloned())
-                    .collect::<VecDeque<_>>(),
-                cursor_id: cursor.get_i64("id").unwrap_or(0),
+                buffer,
+                cursor_id,
                 shard,
             }]
         }
@@ -174,6 +169,6 @@ pub async fn write_output(
     };
     read_on(cluster, &shard, &ns, &cmd)
         .await
-        .map_err(super::ReadFailure::into_error)?;
+        .map_err(ReadFailure::into_error)?;
     Ok(())
 }

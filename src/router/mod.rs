@@ -21,13 +21,14 @@ use bson::{doc, Document};
 use crate::backend::PoolOptions;
 use crate::cluster::Cluster;
 use crate::command::{
-    append_cluster_time, hello, max_time, server_info, session_id, ClientState, CommandError,
-    CommandRequest, ServerState,
+    hello, max_time, server_info, session_id, ClientState, CommandError, CommandRequest,
+    ServerState,
 };
 use crate::config::Config;
 use crate::frontend::RouterHandle;
 use crate::routing::{ConfigStore, RoutingTable, ShardInfo};
 use crate::value::error_codes::ErrorCode;
+use crate::wire::Reply;
 
 /// The router's command handler, served by the frontend.
 #[derive(Debug)]
@@ -54,9 +55,10 @@ impl crate::frontend::Service for Router {
         req: &'a CommandRequest,
     ) -> crate::frontend::BoxFuture<'a, crate::frontend::Response> {
         Box::pin(async move {
-            crate::frontend::Response::Reply(
-                dispatch(&self.state, self.cluster.as_ref(), client, req).await,
-            )
+            match dispatch(&self.state, self.cluster.as_ref(), client, req).await {
+                Reply::Document(d) => crate::frontend::Response::Reply(d),
+                Reply::Raw(r) => crate::frontend::Response::Raw(r),
+            }
         })
     }
 
@@ -179,7 +181,7 @@ pub async fn dispatch(
     cluster: Option<&Arc<ShardedCluster>>,
     client: &mut ClientState,
     req: &CommandRequest,
-) -> Document {
+) -> Reply {
     state.counters.op_command.fetch_add(1, Ordering::Relaxed);
     let result = match check_envelope(req).and_then(|_| {
         if matches!(req.name.as_str(), "hello" | "isMaster" | "ismaster") {
@@ -201,16 +203,16 @@ pub async fn dispatch(
         }
     };
     let mut reply = match result {
-        Ok(mut d) => {
+        Ok(mut r) => {
             // Forwarded replies carry the shard's `ok` (0 or 1); the router's own lack one.
-            if !d.contains_key("ok") {
-                d.insert("ok", 1.0);
+            if !r.contains_key("ok") {
+                r.append(bson::raw::cstr!("ok"), bson::Bson::Double(1.0));
             }
-            d
+            r
         }
-        Err(e) => e.to_reply(),
+        Err(e) => Reply::Document(e.to_reply()),
     };
-    append_cluster_time(state, &mut reply);
+    reply.append_cluster_time(state.clock.tick());
     reply
 }
 
@@ -220,7 +222,7 @@ async fn run_command(
     cluster: Option<&Arc<ShardedCluster>>,
     client: &mut ClientState,
     req: &CommandRequest,
-) -> Result<Document, CommandError> {
+) -> Result<Reply, CommandError> {
     if req.db == "config"
         && !matches!(
             req.name.as_str(),
@@ -239,9 +241,10 @@ async fn run_command(
             &name,
             state.started.elapsed().as_secs() as i64,
         )
-        .await;
+        .await
+        .map(Reply::from);
     }
-    match req.name.as_str() {
+    let own = match req.name.as_str() {
         "hello" | "isMaster" | "ismaster" => hello::hello(state, client, req).await,
         "ping" => Ok(doc! {}),
         "buildInfo" | "buildinfo" => Ok(server_info::build_info()),
@@ -275,11 +278,12 @@ async fn run_command(
             Some(cluster) => {
                 let coll = req.body.raw().get_str(other).unwrap_or("");
                 let policy = state.config.rewrite_policy(&format!("{}.{coll}", req.db));
-                route::route(cluster, policy, req, client.id).await
+                return route::route(cluster, policy, req, client.id).await;
             }
             None => Err(no_such_command(other)),
         },
-    }
+    };
+    own.map(Reply::from)
 }
 
 /// `serverStatus`: the shared report, with the router's write statistics under

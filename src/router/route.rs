@@ -17,7 +17,7 @@ use crate::command::{CommandError, CommandRequest};
 use crate::routing::ConfigStore;
 use crate::routing::FilterKeys;
 use crate::value::error_codes::ErrorCode;
-use crate::wire::OpMsgBuilder;
+use crate::wire::{OpMsgBuilder, Reply};
 use crate::write::plan::Policy;
 use crate::write::target::WriteKind;
 
@@ -64,7 +64,7 @@ pub async fn route(
     policy: Policy,
     req: &CommandRequest,
     client_id: i64,
-) -> Result<Document, CommandError> {
+) -> Result<Reply, CommandError> {
     let (cluster, store) = (&sharded.cluster, &*sharded.metadata);
     if let Some(n) = req.statement_count() {
         let max = crate::limits::MAX_WRITE_BATCH_SIZE;
@@ -76,9 +76,15 @@ pub async fn route(
         }
     }
     match req.name.as_str() {
-        "dataSize" | "datasize" => return super::maintenance::data_size(cluster, store, req).await,
+        "dataSize" | "datasize" => {
+            return super::maintenance::data_size(cluster, store, req)
+                .await
+                .map(Reply::from)
+        }
         "renameCollection" => {
-            return super::maintenance::rename_collection(cluster, store, req).await
+            return super::maintenance::rename_collection(cluster, store, req)
+                .await
+                .map(Reply::from)
         }
         _ => {}
     }
@@ -96,7 +102,9 @@ pub async fn route(
     if in_transaction(&body)
         || matches!(req.name.as_str(), "commitTransaction" | "abortTransaction")
     {
-        return transaction(cluster, store, req, &body, snapshot.as_deref()).await;
+        return transaction(cluster, store, req, &body, snapshot.as_deref())
+            .await
+            .map(Reply::from);
     }
     if let Some(snap) = snapshot {
         if let Some(kind) = WriteKind::from_command(&req.name) {
@@ -112,34 +120,48 @@ pub async fn route(
             )
             .await?;
             reply.insert("ok", 1.0);
-            return Ok(reply);
+            return Ok(reply.into());
         }
         if matches!(req.name.as_str(), "findAndModify" | "findandmodify") {
-            return find_and_modify(cluster, req, &body, &snap).await;
+            return find_and_modify(cluster, req, &body, &snap)
+                .await
+                .map(Reply::from);
         }
-        let ok = |mut d: Document| {
-            d.insert("ok", 1.0);
-            d
+        let ok = |mut r: Reply| {
+            r.append(bson::raw::cstr!("ok"), Bson::Double(1.0));
+            r
         };
         match req.name.as_str() {
             "getMore" => {
                 return sharded
                     .cursors
-                    .get_more(cluster, req, client_id)
+                    .get_more(cluster, req, &body, client_id)
                     .await
                     .map(ok)
             }
-            "killCursors" => return Ok(ok(sharded.cursors.kill(cluster, req, client_id).await)),
+            "killCursors" => {
+                return Ok(ok(sharded
+                    .cursors
+                    .kill(cluster, req, client_id)
+                    .await
+                    .into()))
+            }
             "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" | "collMod" => {
-                return broadcast_ddl(cluster, store, req, &snap).await;
+                return broadcast_ddl(cluster, store, req, &snap)
+                    .await
+                    .map(Reply::from);
             }
             "create" => return Err(super::maintenance::create_existing(&snap)),
-            "validate" => return super::maintenance::validate(cluster, req, &snap).await,
+            "validate" => {
+                return super::maintenance::validate(cluster, req, &snap)
+                    .await
+                    .map(Reply::from)
+            }
             "listIndexes" => {
                 let first = snap.chunks.shards().into_iter().next().unwrap_or_default();
-                return forward(cluster, &first, req, None).await;
+                return forward(cluster, &first, req, None).await.map(Reply::from);
             }
-            "collStats" => return coll_stats(cluster, req, &snap).await,
+            "collStats" => return coll_stats(cluster, req, &snap).await.map(Reply::from),
             _ => {}
         }
         if let Some(result) = crate::read::read(
@@ -148,6 +170,7 @@ pub async fn route(
             &super::maintenance::StorePrimaries { cluster, store },
             &snap,
             req,
+            &body,
             client_id,
         )
         .await
@@ -165,12 +188,12 @@ pub async fn route(
     match req.name.as_str() {
         "explain" => {
             if let Some(r) = explain(cluster, req, &body).await {
-                return r;
+                return r.map(Reply::from);
             }
         }
-        "listDatabases" => return list_databases(cluster, req).await,
-        "dropDatabase" => return drop_database(cluster, store, req).await,
-        "dbStats" => return db_stats(cluster, req).await,
+        "listDatabases" => return list_databases(cluster, req).await.map(Reply::from),
+        "dropDatabase" => return drop_database(cluster, store, req).await.map(Reply::from),
+        "dbStats" => return db_stats(cluster, req).await.map(Reply::from),
         "aggregate" => super::maintenance::check_output_target(cluster, req, &body)?,
         _ => {}
     }
@@ -197,7 +220,7 @@ pub async fn route(
             }
         },
     };
-    forward(cluster, &primary, req, None).await
+    forward(cluster, &primary, req, None).await.map(Reply::from)
 }
 
 /// `explain` of a `find`, `aggregate`, `count` or `distinct` on a sharded collection, in

@@ -74,26 +74,28 @@ pub async fn config_read(
         ));
     }
     cluster.metadata.touch_mongos(router_name, uptime_secs);
-    match cluster.metadata.engine().handle(client, req).await {
-        Response::Reply(mut d) => {
-            // The engine appended its own cluster time; the router appends the router's.
-            d.remove("$clusterTime");
-            d.remove("operationTime");
-            if d.get_f64("ok").ok() == Some(1.0) {
-                d.remove("ok");
-                Ok(d)
-            } else {
-                let code = d.get_i32("code").unwrap_or(ErrorCode::InternalError.0);
-                Err(CommandError::new(
-                    ErrorCode(code),
-                    d.get_str("errmsg").unwrap_or("config read failed"),
-                ))
-            }
+    let mut d = match cluster.metadata.engine().handle(client, req).await {
+        Response::Reply(d) => d,
+        Response::Raw(r) => Document::try_from(r.as_ref()).unwrap_or_default(),
+        Response::CloseConnection => {
+            return Err(CommandError::new(
+                ErrorCode::InternalError,
+                "config read failed",
+            ))
         }
-        Response::CloseConnection => Err(CommandError::new(
-            ErrorCode::InternalError,
-            "config read failed",
-        )),
+    };
+    // The engine appended its own cluster time; the router appends the router's.
+    d.remove("$clusterTime");
+    d.remove("operationTime");
+    if d.get_f64("ok").ok() == Some(1.0) {
+        d.remove("ok");
+        Ok(d)
+    } else {
+        let code = d.get_i32("code").unwrap_or(ErrorCode::InternalError.0);
+        Err(CommandError::new(
+            ErrorCode(code),
+            d.get_str("errmsg").unwrap_or("config read failed"),
+        ))
     }
 }
 

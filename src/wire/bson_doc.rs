@@ -69,7 +69,8 @@ impl std::fmt::Debug for BsonDoc {
     }
 }
 
-fn empty_document() -> &'static RawDocument {
+/// `{}`, read in place: what a document that cannot be read falls back to.
+pub fn empty_document() -> &'static RawDocument {
     static EMPTY: std::sync::LazyLock<bson::RawDocumentBuf> =
         std::sync::LazyLock::new(bson::RawDocumentBuf::new);
     &EMPTY

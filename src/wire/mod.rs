@@ -15,14 +15,16 @@ mod header;
 mod message;
 mod op_msg;
 mod op_query;
+mod reply;
 
-pub use bson_doc::{validate_document, BsonDoc};
+pub use bson_doc::{empty_document, validate_document, BsonDoc};
 pub use compression::Compressor;
 pub use error::WireError;
 pub use header::{Header, OpCode, HEADER_LEN};
 pub use message::{decode, encode_compressed, frame_length, Incoming, Message};
 pub use op_msg::{DocumentSequence, MsgFlags, OpMsg, OpMsgBuilder};
 pub use op_query::{encode_op_reply, OpQuery, ReplyFlags};
+pub use reply::{cluster_time_document, Reply};
 
 /// Largest message a peer may send or receive (`maxMessageSizeBytes`).
 pub const MAX_MESSAGE_SIZE: usize = 48_000_000;

@@ -136,8 +136,12 @@ def test_update_operators(shard_db):
         c.update_one({"_id": 1}, {"$set": {"a": 1}, "$inc": {"a": 1}})
     assert err.value.code == 40
     with pytest.raises(WriteError) as err:
-        c.update_one({"_id": 1}, {"$set": {"arr.$[x]": 1}}, array_filters=[{"x": 1}])
-    assert "arrayFilters" in str(err.value) or "not supported" in str(err.value)
+        c.update_one({"_id": 1}, {"$set": {"nope.$[x]": 1}}, array_filters=[{"x": 1}])
+    assert err.value.code == 2
+    assert "The path 'nope' must exist in the document" in str(err.value)
+    c.update_one({"_id": 1}, {"$set": {"arr": [1, 2, 1]}})
+    c.update_one({"_id": 1}, {"$set": {"arr.$[x]": 7}}, array_filters=[{"x": 1}])
+    assert c.find_one({"_id": 1})["arr"] == [7, 2, 7]
 
 
 def test_multi_update_and_delete(shard_db):

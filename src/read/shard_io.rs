@@ -1,0 +1,334 @@
+//! Shard I/O of the read path: one read command on one shard through its queue and adaptive
+//! limit, the shard cursors a router cursor merges ([`ShardStream`]), opening them, pulling
+//! their next batches and killing them.
+//!
+//! Replies stay encoded: a shard's batch is kept as the slices of its reply frame that hold
+//! each document (`Bytes`, shared, not copied), so documents a client reads through the
+//! router are never decoded or re-encoded on the way.
+
+use std::collections::VecDeque;
+
+use bson::{doc, Document, RawBsonRef, RawDocument};
+use bytes::Bytes;
+
+use crate::backend::limiter::{OpKind, Outcome};
+use crate::backend::{BackendError, PooledConnection};
+use crate::cluster::{Cluster, SlotRequest};
+use crate::command::CommandError;
+use crate::routing::RoutingSnapshot;
+use crate::value::error_codes::ErrorCode;
+use crate::wire::{BsonDoc, OpMsgBuilder};
+
+/// Why a read on one shard failed.
+pub(super) enum ReadFailure {
+    /// The shard could not be reached: what `allowPartialResults` may skip.
+    Unreachable(CommandError),
+    /// No slot was granted in time: the command never reached the shard.
+    NotRun(CommandError),
+    /// The shard answered with an error.
+    Refused(CommandError),
+}
+
+impl ReadFailure {
+    pub(super) fn into_error(self) -> CommandError {
+        match self {
+            ReadFailure::Unreachable(e) | ReadFailure::NotRun(e) | ReadFailure::Refused(e) => e,
+        }
+    }
+}
+
+/// Sends `cmd` to `shard` on one pooled connection and returns the reply body as it came.
+async fn exchange(cluster: &Cluster, shard: &str, cmd: &Document) -> Result<BsonDoc, BackendError> {
+    let Some(pool) = cluster.pool(shard) else {
+        return Err(BackendError::Unreachable(format!("unknown shard {shard}")));
+    };
+    let bytes = cmd
+        .to_vec()
+        .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))?;
+    let id = PooledConnection::next_request_id();
+    let frame = OpMsgBuilder::new(0, &bytes).finish(id, 0);
+    let mut conn = pool.checkout().await?;
+    conn.request(&frame, id).await
+}
+
+/// Runs one read command on a shard (`ns` names the collection it reads) once the shard's
+/// queue and adaptive limit grant a slot, and returns the shard's `{ok: 1}` reply, encoded.
+pub(super) async fn read_on(
+    cluster: &Cluster,
+    shard: &str,
+    ns: &str,
+    cmd: &Document,
+) -> Result<BsonDoc, ReadFailure> {
+    let name = cmd.keys().next().map(String::as_str).unwrap_or_default();
+    let work = SlotRequest {
+        op: OpKind::Read,
+        command: name,
+        ns,
+        operations: 1,
+        bytes: 0,
+    };
+    let permit = cluster.slot(shard, work, None).await.map_err(|e| {
+        ReadFailure::NotRun(CommandError::new(
+            ErrorCode::ExceededTimeLimit,
+            e.to_string(),
+        ))
+    })?;
+    let result = exchange(cluster, shard, cmd).await;
+    if let Some(p) = permit {
+        p.finish(match &result {
+            Ok(_) => Outcome::Completed,
+            Err(BackendError::Timeout(_)) => Outcome::TimedOut,
+            Err(_) => Outcome::NotCounted,
+        });
+    }
+    let reply = result.map_err(|e| {
+        ReadFailure::Unreachable(CommandError::new(e.code(), format!("{e} (shard {shard})")))
+    })?;
+    if !matches!(reply.raw().get("ok"), Ok(Some(RawBsonRef::Double(ok))) if ok == 1.0) {
+        return Err(ReadFailure::Refused(CommandError::from_shard_reply(
+            shard,
+            &reply.to_document(),
+        )));
+    }
+    Ok(reply)
+}
+
+/// [`read_on`], the reply as a document (replies the router reads field by field).
+pub(super) async fn read_document(
+    cluster: &Cluster,
+    shard: &str,
+    ns: &str,
+    cmd: &Document,
+) -> Result<Document, ReadFailure> {
+    read_on(cluster, shard, ns, cmd)
+        .await
+        .map(|r| r.to_document())
+}
+
+/// Runs one read command on a shard through its queue, as every shard read does, for readers
+/// outside this module (the write path's lookups): the shard's `{ok: 1}` reply or the error.
+pub async fn read_one(
+    cluster: &Cluster,
+    shard: &str,
+    ns: &str,
+    cmd: &Document,
+) -> Result<Document, CommandError> {
+    read_document(cluster, shard, ns, cmd)
+        .await
+        .map_err(ReadFailure::into_error)
+}
+
+/// One shard's cursor as the router sees it: what it has buffered (each document the slice
+/// of the shard's reply that holds it) and whether more remains.
+#[derive(Debug)]
+pub(super) struct ShardStream {
+    pub(super) shard: String,
+    pub(super) cursor_id: i64,
+    pub(super) buffer: VecDeque<Bytes>,
+}
+
+/// The documents of a cursor reply's `cursor.<batch>` and its cursor id, without decoding
+/// them: each is the slice of `reply` that holds it.
+pub(super) fn batch_of(reply: &BsonDoc, batch: &str) -> (VecDeque<Bytes>, i64) {
+    let Ok(Some(RawBsonRef::Document(cursor))) = reply.raw().get("cursor") else {
+        return (VecDeque::new(), 0);
+    };
+    let id = match cursor.get("id") {
+        Ok(Some(RawBsonRef::Int64(id))) => id,
+        _ => 0,
+    };
+    let mut docs = VecDeque::new();
+    if let Ok(Some(RawBsonRef::Array(items))) = cursor.get(batch) {
+        for item in items.into_iter().flatten() {
+            if let RawBsonRef::Document(d) = item {
+                docs.push_back(reply.bytes().slice_ref(d.as_bytes()));
+            }
+        }
+    }
+    (docs, id)
+}
+
+/// A buffered document, read in place (it was validated with the reply that carried it).
+pub(super) fn raw(doc: &Bytes) -> &RawDocument {
+    RawDocument::from_bytes(doc).unwrap_or_else(|_| crate::wire::empty_document())
+}
+
+/// A buffered document decoded (for the router's own projection and aggregation stages).
+pub(super) fn decode(doc: &Bytes) -> Document {
+    Document::try_from(raw(doc)).unwrap_or_default()
+}
+
+/// Sends a cursor-returning command to each of `shards` at once and keeps each shard's first
+/// batch and cursor. With `partial`, a shard that cannot be reached is skipped (and reported).
+pub(super) async fn open_streams(
+    cluster: &Cluster,
+    snap: &RoutingSnapshot,
+    shards: Vec<String>,
+    db: &str,
+    coll: &str,
+    command: &Document,
+    partial: bool,
+) -> Result<(Vec<ShardStream>, bool), CommandError> {
+    let ns = format!("{db}.{coll}");
+    let mut futures = Vec::new();
+    for shard in shards {
+        let mut cmd = command.clone();
+        cmd.insert("$db", db);
+        if cluster.is_shard_server(&shard) {
+            cmd.insert("shardVersion", snap.shard_version(&shard));
+        }
+        let ns = &ns;
+        futures.push(async move {
+            let reply = read_on(cluster, &shard, ns, &cmd).await?;
+            let (buffer, cursor_id) = batch_of(&reply, "firstBatch");
+            Ok(ShardStream {
+                buffer,
+                cursor_id,
+                shard,
+            })
+        });
+    }
+    let mut streams = Vec::new();
+    let mut skipped = false;
+    let mut failure = None;
+    for r in crate::backend::join_all(futures).await {
+        match r {
+            Ok(s) => streams.push(s),
+            Err(ReadFailure::Unreachable(_)) if partial => skipped = true,
+            Err(f) => failure = failure.or(Some(f.into_error())),
+        }
+    }
+    if let Some(e) = failure {
+        kill_streams(cluster, db, coll, &streams).await;
+        return Err(e);
+    }
+    Ok((streams, skipped))
+}
+
+/// Fetches the next batch of a shard cursor into its buffer.
+pub(super) async fn pull(
+    cluster: &Cluster,
+    db: &str,
+    coll: &str,
+    stream: &mut ShardStream,
+    batch: usize,
+) -> Result<(), CommandError> {
+    let cmd = doc! {"getMore": stream.cursor_id, "collection": coll, "batchSize": batch.clamp(1, 100_000) as i64, "$db": db};
+    let more = match read_on(cluster, &stream.shard, &format!("{db}.{coll}"), &cmd).await {
+        Ok(more) => more,
+        Err(ReadFailure::Refused(e)) => {
+            // The shard answered with an error: its cursor is gone.
+            stream.cursor_id = 0;
+            return Err(e);
+        }
+        Err(f) => return Err(f.into_error()),
+    };
+    let (docs, id) = batch_of(&more, "nextBatch");
+    stream.buffer.extend(docs);
+    stream.cursor_id = id;
+    Ok(())
+}
+
+/// Kills the shard cursors of streams that still have one.
+pub(super) async fn kill_streams(cluster: &Cluster, db: &str, coll: &str, streams: &[ShardStream]) {
+    let futures = streams
+        .iter()
+        .filter(|s| s.cursor_id != 0)
+        .map(|s| async move {
+            let _ = cluster
+                .run_on(
+                    &s.shard,
+                    &doc! {"killCursors": coll, "cursors": [s.cursor_id], "$db": db},
+                )
+                .await;
+        });
+    crate::backend::join_all(futures).await;
+}
+
+/// Every document of each stream (aggregations whose router part needs all of them), at most
+/// `limit` bytes of them together: past it the aggregation fails with 292 and the shard
+/// cursors still open are killed, so one aggregation cannot make the router hold more.
+pub(super) async fn drain(
+    cluster: &Cluster,
+    db: &str,
+    coll: &str,
+    streams: Vec<ShardStream>,
+    limit: usize,
+) -> Result<Vec<Vec<Document>>, CommandError> {
+    let held = std::sync::atomic::AtomicUsize::new(0);
+    let count = |docs: &[Bytes]| -> Result<(), CommandError> {
+        let bytes: usize = docs.iter().map(Bytes::len).sum();
+        let total = held.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed) + bytes;
+        if total > limit {
+            return Err(CommandError::new(
+                ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed,
+                format!("Exceeded memory limit of {limit} bytes gathering the shards' results at the router"),
+            ));
+        }
+        Ok(())
+    };
+    let futures = streams.into_iter().map(|mut s| {
+        let count = &count;
+        async move {
+            let result = async {
+                count(s.buffer.make_contiguous())?;
+                while s.cursor_id != 0 {
+                    let before = s.buffer.len();
+                    pull(cluster, db, coll, &mut s, 10_000).await?;
+                    count(&s.buffer.make_contiguous()[before..])?;
+                }
+                Ok::<_, CommandError>(())
+            }
+            .await;
+            match result {
+                Ok(()) => Ok(s.buffer.iter().map(decode).collect::<Vec<_>>()),
+                Err(e) => {
+                    kill_streams(cluster, db, coll, std::slice::from_ref(&s)).await;
+                    Err(e)
+                }
+            }
+        }
+    });
+    crate::backend::join_all(futures)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// Runs a plain command (`count`, `distinct`) on each targeted shard.
+pub(super) async fn on_each(
+    cluster: &Cluster,
+    snap: &RoutingSnapshot,
+    shards: Vec<String>,
+    db: &str,
+    command: &Document,
+) -> Result<Vec<Document>, CommandError> {
+    let mut out = Vec::new();
+    let futures: Vec<_> = shards
+        .into_iter()
+        .map(|shard| {
+            let mut cmd = command.clone();
+            cmd.insert("$db", db);
+            if cluster.is_shard_server(&shard) {
+                cmd.insert("shardVersion", snap.shard_version(&shard));
+            }
+            let ns = format!(
+                "{db}.{}",
+                command
+                    .values()
+                    .next()
+                    .and_then(bson::Bson::as_str)
+                    .unwrap_or_default()
+            );
+            async move {
+                read_document(cluster, &shard, &ns, &cmd)
+                    .await
+                    .map_err(ReadFailure::into_error)
+            }
+        })
+        .collect();
+    for r in crate::backend::join_all(futures).await {
+        out.push(r?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,154 @@
+//! A reply body on its way to the client: either built as a document (most commands), or
+//! already encoded — results passed through from a shard as their bytes, counters written
+//! straight into the buffer — so that nothing decodes it again only to encode it once more.
+//! The frontend frames either form unchanged.
+
+use bson::raw::{CStr, RawDocumentBuf};
+use bson::{Bson, Document, RawBsonRef, Timestamp};
+
+/// A reply body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// Built as a document.
+    Document(Document),
+    /// Already encoded.
+    Raw(RawDocumentBuf),
+}
+
+impl From<Document> for Reply {
+    fn from(d: Document) -> Self {
+        Reply::Document(d)
+    }
+}
+
+impl From<RawDocumentBuf> for Reply {
+    fn from(d: RawDocumentBuf) -> Self {
+        Reply::Raw(d)
+    }
+}
+
+/// The 20 zero bytes of an unsigned `$clusterTime` signature.
+const ZERO_SIGNATURE: [u8; 20] = [0; 20];
+
+impl Reply {
+    /// Whether the reply has a top-level field `key`.
+    pub fn contains_key(&self, key: &str) -> bool {
+        match self {
+            Reply::Document(d) => d.contains_key(key),
+            Reply::Raw(r) => matches!(r.get(key), Ok(Some(_))),
+        }
+    }
+
+    /// The reply's `ok` when it is a double (as every server sends it).
+    pub fn ok(&self) -> Option<f64> {
+        match self {
+            Reply::Document(d) => d.get_f64("ok").ok(),
+            Reply::Raw(r) => match r.get("ok") {
+                Ok(Some(RawBsonRef::Double(v))) => Some(v),
+                _ => None,
+            },
+        }
+    }
+
+    /// Appends `key: value` at the end (the key must not be there yet; on a document an
+    /// existing key is replaced in place, as `Document::insert` does).
+    pub fn append(&mut self, key: &'static CStr, value: Bson) {
+        match self {
+            Reply::Document(d) => {
+                d.insert(key.as_str(), value);
+            }
+            Reply::Raw(r) => match bson::RawBson::try_from(value) {
+                Ok(v) => r.append(key, v),
+                Err(e) => {
+                    tracing::warn!(error = %e, key = key.as_str(), "cannot append to a raw reply")
+                }
+            },
+        }
+    }
+
+    /// Appends `$clusterTime` (unsigned, as a router without keys sends it) and
+    /// `operationTime`, both at `t`. On an encoded reply the fields are written straight after
+    /// its last byte.
+    pub fn append_cluster_time(&mut self, t: Timestamp) {
+        match self {
+            Reply::Document(d) => {
+                d.insert("$clusterTime", cluster_time_document(t));
+                d.insert("operationTime", t);
+            }
+            Reply::Raw(r) => {
+                let mut signature = RawDocumentBuf::new();
+                signature.append(
+                    bson::raw::cstr!("hash"),
+                    bson::RawBinaryRef {
+                        subtype: bson::spec::BinarySubtype::Generic,
+                        bytes: &ZERO_SIGNATURE,
+                    },
+                );
+                signature.append(bson::raw::cstr!("keyId"), 0i64);
+                let mut ct = RawDocumentBuf::new();
+                ct.append(bson::raw::cstr!("clusterTime"), t);
+                ct.append(bson::raw::cstr!("signature"), signature);
+                r.append(bson::raw::cstr!("$clusterTime"), ct);
+                r.append(bson::raw::cstr!("operationTime"), t);
+            }
+        }
+    }
+
+    /// The encoded bytes.
+    pub fn into_bytes(self) -> Result<Vec<u8>, bson::error::Error> {
+        match self {
+            Reply::Document(d) => d.to_vec(),
+            Reply::Raw(r) => Ok(r.into_bytes()),
+        }
+    }
+
+    /// As a document (decoding an encoded reply): for the few readers that need one.
+    pub fn into_document(self) -> Document {
+        match self {
+            Reply::Document(d) => d,
+            Reply::Raw(r) => Document::try_from(r.as_ref()).unwrap_or_default(),
+        }
+    }
+}
+
+/// `{clusterTime: t, signature: {hash: BinData(0, 20 zero bytes), keyId: 0}}`.
+pub fn cluster_time_document(t: Timestamp) -> Document {
+    bson::doc! {
+        "clusterTime": t,
+        "signature": {
+            "hash": Bson::Binary(bson::Binary {
+                subtype: bson::spec::BinarySubtype::Generic,
+                bytes: ZERO_SIGNATURE.to_vec(),
+            }),
+            "keyId": 0i64,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_and_document_replies_encode_alike() {
+        let t = Timestamp {
+            time: 7,
+            increment: 3,
+        };
+        let body = bson::doc! {"cursor": {"firstBatch": [{"_id": 1}], "id": 0i64, "ns": "a.b"}};
+        let mut d = Reply::Document(body.clone());
+        let mut r = Reply::Raw(RawDocumentBuf::try_from(&body).expect("encodes"));
+        for reply in [&mut d, &mut r] {
+            assert!(!reply.contains_key("ok"));
+            reply.append(bson::raw::cstr!("ok"), Bson::Double(1.0));
+            reply.append_cluster_time(t);
+            assert_eq!(reply.ok(), Some(1.0));
+            assert!(reply.contains_key("$clusterTime"));
+        }
+        assert_eq!(d.clone().into_document(), r.clone().into_document());
+        assert_eq!(
+            d.into_bytes().expect("encodes"),
+            r.into_bytes().expect("encodes")
+        );
+    }
+}

@@ -1,0 +1,217 @@
+//! Update forms and find projections applications use, through the router with the stock Rust
+//! driver, on a sharded collection and on an unsharded copy (one embedded shard, the oracle):
+//! positional `$`, `$[]`, `$[<id>]` with `arrayFilters`, pipeline-style updates, `$push` with
+//! `$each`/`$sort`/`$slice`/`$position`, `updateOne` with `sort`, and the `$slice`,
+//! `$elemMatch` and positional projections.
+
+mod common;
+
+use bson::{doc, Bson, Document};
+use common::TestCluster;
+use mongodb::options::{FindOneOptions, UpdateOptions};
+
+fn code(e: &mongodb::error::Error) -> i32 {
+    match *e.kind {
+        mongodb::error::ErrorKind::Command(ref c) => c.code,
+        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(ref w)) => w.code,
+        ref other => panic!("{other:?}"),
+    }
+}
+
+fn students() -> Vec<Document> {
+    (0..12)
+        .map(|i| {
+            doc! {
+                "_id": i,
+                "grades": [i % 5 * 20, 90 - i, 75, (i * 7) % 100],
+                "items": [{"k": "a", "q": i}, {"k": "b", "q": 10 - i}, {"k": "c", "q": 5}],
+                "score": i * 3,
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn updates_match_one_shard() {
+    let c = TestCluster::start(3, &[("school.s", doc! {"_id": "hashed"})]).await;
+    let cl = common::driver(c.addr(), "").await;
+    let db = cl.database("school");
+    for coll in ["s", "plain"] {
+        let col = db.collection::<Document>(coll);
+        col.insert_many(students()).await.unwrap();
+        // Positional $: the first grade of 75 becomes 76.
+        col.update_many(doc! {"grades": 75}, doc! {"$inc": {"grades.$": 1}})
+            .await
+            .unwrap();
+        // $[]: every item's q doubled.
+        col.update_many(doc! {}, doc! {"$mul": {"items.$[].q": 2}})
+            .await
+            .unwrap();
+        // $[<id>] with arrayFilters: grades at or above 80 capped at 80.
+        col.update_many(doc! {}, doc! {"$set": {"grades.$[g]": 80}})
+            .with_options(
+                UpdateOptions::builder()
+                    .array_filters(vec![doc! {"g": {"$gte": 80}}])
+                    .build(),
+            )
+            .await
+            .unwrap();
+        col.update_many(
+            doc! {"_id": {"$lt": 6}},
+            doc! {"$set": {"items.$[it].flag": true}},
+        )
+        .with_options(
+            UpdateOptions::builder()
+                .array_filters(vec![doc! {"it.k": "b", "it.q": {"$gt": 10}}])
+                .build(),
+        )
+        .await
+        .unwrap();
+        // Pipeline-style update using the document's own fields and $$NOW.
+        col.update_many(
+            doc! {"score": {"$gte": 15}},
+            vec![
+                doc! {"$set": {"total": {"$sum": "$grades"}, "at": "$$NOW"}},
+                doc! {"$unset": "score"},
+            ],
+        )
+        .await
+        .unwrap();
+        // $push with modifiers.
+        col.update_many(
+            doc! {},
+            doc! {"$push": {"grades": {"$each": [55, 101], "$sort": -1, "$slice": 3}}},
+        )
+        .await
+        .unwrap();
+        col.update_one(
+            doc! {"_id": 3},
+            doc! {"$push": {"items": {"$each": [{"k": "z", "q": -1}], "$position": 0, "$sort": {"q": 1}}}},
+        )
+        .await
+        .unwrap();
+    }
+    let strip = |mut d: Document| {
+        d.remove("at");
+        d
+    };
+    for i in 0..12 {
+        let a = db
+            .collection::<Document>("s")
+            .find_one(doc! {"_id": i})
+            .await
+            .unwrap()
+            .unwrap();
+        let b = db
+            .collection::<Document>("plain")
+            .find_one(doc! {"_id": i})
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(strip(a.clone()), strip(b), "_id {i}");
+        if i == 0 {
+            // grades [0, 90, 75, 0] → [0, 80, 76, 0] → push 55, 101, sort desc, first 3.
+            assert_eq!(
+                a.get_array("grades").unwrap(),
+                &vec![Bson::Int32(101), Bson::Int32(80), Bson::Int32(76)]
+            );
+            let items = a.get_array("items").unwrap();
+            assert_eq!(items[1].as_document().unwrap().get_i32("q").unwrap(), 20);
+            assert!(items[1].as_document().unwrap().get_bool("flag").unwrap());
+        }
+        if i >= 5 {
+            assert!(
+                a.contains_key("total") && a.contains_key("at") && !a.contains_key("score"),
+                "{a}"
+            );
+        }
+    }
+    // Errors mongod gives.
+    let col = db.collection::<Document>("plain");
+    let e = col
+        .update_one(doc! {"_id": 1}, doc! {"$set": {"grades.$[nope]": 1}})
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), 2, "{e}");
+    let e = col
+        .update_one(doc! {"_id": 1}, doc! {"$set": {"grades.$[g]": 1}})
+        .with_options(
+            UpdateOptions::builder()
+                .array_filters(vec![doc! {"g": 1}, doc! {"h": 2}])
+                .build(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), 9, "{e}");
+    let e = col
+        .update_one(doc! {"_id": 1}, doc! {"$set": {"grades.$": 1}})
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), 2, "{e}");
+    let e = col
+        .update_one(doc! {"_id": 1}, vec![doc! {"$group": {"_id": 1}}])
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), 72, "{e}");
+}
+
+#[tokio::test]
+async fn projections_and_update_sort() {
+    let c = TestCluster::start(3, &[("school.s", doc! {"_id": "hashed"})]).await;
+    let cl = common::driver(c.addr(), "").await;
+    let db = cl.database("school");
+    for coll in ["s", "plain"] {
+        let col = db.collection::<Document>(coll);
+        col.insert_many(students()).await.unwrap();
+        let one = |filter: Document, projection: Document| {
+            let col = col.clone();
+            async move {
+                col.find_one(filter)
+                    .with_options(FindOneOptions::builder().projection(projection).build())
+                    .await
+                    .unwrap()
+                    .unwrap()
+            }
+        };
+        let d = one(doc! {"_id": 2}, doc! {"grades": {"$slice": 2}}).await;
+        assert_eq!(
+            d.get_array("grades").unwrap(),
+            &vec![Bson::Int32(40), Bson::Int32(88)],
+            "{coll}"
+        );
+        assert!(
+            d.contains_key("items"),
+            "$slice alone keeps the other fields"
+        );
+        let d = one(
+            doc! {"_id": 2},
+            doc! {"grades": {"$slice": [-2, 1]}, "_id": 0, "score": 1},
+        )
+        .await;
+        assert_eq!(d, doc! {"grades": [75], "score": 6});
+        let d = one(
+            doc! {"_id": 2},
+            doc! {"items": {"$elemMatch": {"q": {"$gte": 5}}}},
+        )
+        .await;
+        assert_eq!(d, doc! {"_id": 2, "items": [{"k": "b", "q": 8}]});
+        let d = one(doc! {"_id": 2, "items.k": "c"}, doc! {"items.$": 1}).await;
+        assert_eq!(d, doc! {"_id": 2, "items": [{"k": "c", "q": 5}]});
+        let d = one(
+            doc! {"_id": 2},
+            doc! {"twice": {"$multiply": ["$score", 2]}, "_id": 0},
+        )
+        .await;
+        assert_eq!(d, doc! {"twice": 12});
+        // updateOne with sort: the highest score among the even ids.
+        col.update_one(
+            doc! {"_id": {"$in": [0, 2, 4, 6]}},
+            doc! {"$set": {"top": true}},
+        )
+        .sort(doc! {"score": -1})
+        .await
+        .unwrap();
+        let top = col.find_one(doc! {"top": true}).await.unwrap().unwrap();
+        assert_eq!(top.get_i32("_id").unwrap(), 6, "{coll}");
+    }
+}
