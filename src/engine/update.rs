@@ -229,12 +229,14 @@ fn expand_from(
                 "The positional operator did not find the match needed from the query.",
             ))
         }
-        _ => return Err(fail(
-            ErrorCode::BadValue,
-            format!(
+        _ => {
+            return Err(fail(
+                ErrorCode::BadValue,
+                format!(
                 "The path '{prefix}' must exist in the document in order to apply array updates."
             ),
-        )),
+            ))
+        }
     };
     let indices: Vec<usize> = if *part == "$" {
         vec![ctx.positional(doc, &prefix, &items)?]
