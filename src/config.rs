@@ -50,8 +50,8 @@ pub struct Config {
     /// Per-namespace overrides of `ordered_rewrite`, e.g. `"shop.ledger" = "off"`.
     pub ordered_rewrite_overrides: std::collections::BTreeMap<String, Policy>,
     /// Accept commands that only tests send (`getParameter` reports it as
-    /// `enableTestCommands`). The router implements none yet: `configureFailPoint` is refused
-    /// either way, as mongos refuses it without test commands.
+    /// `enableTestCommands`): the router's own `failCommand` fail point (`configureFailPoint`,
+    /// as mongos implements it on itself). Without it `configureFailPoint` is unknown (59).
     pub enable_test_commands: bool,
     /// Bytes a blocking aggregation stage run at the router (`$sort`, `$group` over the
     /// shards' results) may hold without `allowDiskUse`; beyond it the aggregation fails with

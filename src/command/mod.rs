@@ -7,6 +7,7 @@
 //! owns the connection and hands them the per-connection [`ClientState`]. The router's own
 //! dispatch is in `crate::router`, the embedded shard's in `crate::embedded`.
 
+pub mod failpoint;
 pub mod hello;
 pub mod server_info;
 pub mod write_kind;

@@ -36,12 +36,6 @@ const DATA_COMMANDS: &[&str] = &[
     "findandmodify",
 ];
 
-/// Error codes a retryable write may be retried on (they get the `RetryableWriteError`
-/// label).
-const RETRYABLE_CODES: &[i32] = &[
-    6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 50915,
-];
-
 /// What one statement of a retryable write did, kept so a resend returns it unchanged.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StmtOutcome {
@@ -99,19 +93,6 @@ impl RetryCtx {
     }
 }
 
-#[derive(Debug, Clone)]
-struct FailPoint {
-    /// `None`: always on; `Some(n)`: n more times.
-    times: Option<u64>,
-    commands: Vec<String>,
-    close_connection: bool,
-    error_code: Option<i32>,
-    error_labels: Option<Vec<Bson>>,
-    block: Option<Duration>,
-    write_concern_error: Option<Document>,
-    app_name: Option<String>,
-}
-
 /// A cursor the shard keeps open between `find`/`aggregate` and `getMore`.
 #[derive(Debug)]
 pub struct Cursor {
@@ -140,9 +121,7 @@ pub const MAX_SESSIONS: usize = 100_000;
 /// (`logicalSessionTimeoutMinutes`, 30).
 pub const SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
-/// The commands only tests may send: refused as unknown (59) unless the shard was started
-/// with test commands enabled, as mongod refuses them without `enableTestCommands`.
-pub const TEST_ONLY_COMMANDS: &[&str] = &["configureFailPoint", "sluiceSetLatency"];
+pub use crate::command::failpoint::TEST_ONLY_COMMANDS;
 
 /// Largest latency `sluiceSetLatency` accepts, per command or per document.
 const MAX_INJECTED_LATENCY_MICROS: i64 = 60_000_000;
@@ -164,7 +143,7 @@ pub struct ShardService {
     pub(super) catalog: Mutex<Catalog>,
     pub(super) cursors: Mutex<HashMap<i64, Cursor>>,
     sessions: Mutex<HashMap<String, SessionRecord>>,
-    failpoint: Mutex<Option<FailPoint>>,
+    failpoints: crate::command::failpoint::FailPoints,
     pub(super) versions: Mutex<HashMap<String, Document>>,
     counts: Mutex<BTreeMap<String, CommandCount>>,
     opcounters: Mutex<BTreeMap<&'static str, i64>>,
@@ -185,7 +164,7 @@ impl ShardService {
             catalog: Mutex::new(Catalog::default()),
             cursors: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
-            failpoint: Mutex::new(None),
+            failpoints: Default::default(),
             versions: Mutex::new(HashMap::new()),
             counts: Mutex::new(BTreeMap::new()),
             opcounters: Mutex::new(BTreeMap::new()),
@@ -267,33 +246,6 @@ impl ShardService {
         if failed {
             c.failed += 1;
         }
-    }
-
-    /// The failpoint's action for this command, consuming one of its `times`.
-    fn failpoint_for(&self, client: &ClientState, name: &str) -> Option<FailPoint> {
-        let mut guard = lock(&self.failpoint);
-        let fp = guard.as_mut()?;
-        if !fp.commands.iter().any(|c| c == name) {
-            return None;
-        }
-        if let Some(app) = &fp.app_name {
-            let client_app = client
-                .client_metadata
-                .as_ref()
-                .and_then(|m| m.get_document("application").ok())
-                .and_then(|a| a.get_str("name").ok());
-            if client_app != Some(app.as_str()) {
-                return None;
-            }
-        }
-        let fired = fp.clone();
-        if let Some(t) = fp.times.as_mut() {
-            *t -= 1;
-            if *t == 0 {
-                *guard = None;
-            }
-        }
-        Some(fired)
     }
 
     /// The retryable-write context of a write command, if it carries `lsid` + `txnNumber`.
@@ -462,82 +414,6 @@ impl ShardService {
         d
     }
 
-    fn configure_fail_point(&self, body: &Document) -> Result<Document, EngineError> {
-        let name = body.get_str("configureFailPoint").unwrap_or("");
-        if name != "failCommand" {
-            return Err(EngineError::new(
-                ErrorCode::BadValue,
-                format!("Cannot find failpoint: {name}"),
-            ));
-        }
-        let mut guard = lock(&self.failpoint);
-        let previously = guard.is_some() as i32;
-        let times = match body.get("mode") {
-            Some(Bson::String(m)) if m == "off" => {
-                *guard = None;
-                return Ok(doc! {"count": previously});
-            }
-            Some(Bson::String(m)) if m == "alwaysOn" => None,
-            Some(Bson::Document(m)) => match crate::value::field::number_field(m, "times") {
-                Some(n) if n > 0 => Some(n as u64),
-                Some(_) => {
-                    *guard = None;
-                    return Ok(doc! {"count": previously});
-                }
-                None => {
-                    return Err(EngineError::new(
-                        ErrorCode::BadValue,
-                        "mode: { times: <n> } is the only document mode supported by the embedded shard",
-                    ))
-                }
-            },
-            _ => {
-                return Err(EngineError::new(
-                    ErrorCode::BadValue,
-                    "mode must be \"alwaysOn\", \"off\" or {times: <n>}",
-                ))
-            }
-        };
-        let data = body.get_document("data").cloned().unwrap_or_default();
-        let commands: Vec<String> = match data.get("failCommands") {
-            Some(Bson::Array(items)) => items
-                .iter()
-                .filter_map(|v| v.as_str().map(|s| s.to_string()))
-                .collect(),
-            _ => {
-                return Err(EngineError::new(
-                    ErrorCode::BadValue,
-                    "data.failCommands must be an array of command names",
-                ))
-            }
-        };
-        let block = if data
-            .get("blockConnection")
-            .is_some_and(crate::value::field::truthy)
-        {
-            Some(Duration::from_millis(
-                crate::value::field::number_field(&data, "blockTimeMS")
-                    .unwrap_or(0)
-                    .max(0) as u64,
-            ))
-        } else {
-            None
-        };
-        *guard = Some(FailPoint {
-            times,
-            commands,
-            close_connection: data
-                .get("closeConnection")
-                .is_some_and(crate::value::field::truthy),
-            error_code: crate::value::field::number_field(&data, "errorCode").map(|c| c as i32),
-            error_labels: data.get_array("errorLabels").ok().cloned(),
-            block,
-            write_concern_error: data.get_document("writeConcernError").ok().cloned(),
-            app_name: data.get_str("appName").ok().map(|s| s.to_string()),
-        });
-        Ok(doc! {"count": previously})
-    }
-
     async fn run(
         &self,
         client: &mut ClientState,
@@ -554,7 +430,7 @@ impl ShardService {
         let failpoint = if name == "configureFailPoint" {
             None
         } else {
-            self.failpoint_for(client, name)
+            self.failpoints.fire(client, name)
         };
         if let Some(fp) = &failpoint {
             if let Some(block) = fp.block {
@@ -563,22 +439,12 @@ impl ShardService {
             if fp.close_connection {
                 return Ok(None);
             }
-            if let Some(code) = fp.error_code {
-                let mut e = EngineError::new(
-                    ErrorCode(code),
-                    "Failing command via 'failCommand' failpoint",
-                );
-                let labels = match &fp.error_labels {
-                    Some(l) => l.clone(),
-                    None if body.contains_key("txnNumber") && RETRYABLE_CODES.contains(&code) => {
-                        vec![Bson::String("RetryableWriteError".into())]
-                    }
-                    None => Vec::new(),
-                };
-                if !labels.is_empty() {
-                    e = e.with_extra(doc! {"errorLabels": labels});
+            if let Some(e) = fp.error(name, &body) {
+                let mut err = EngineError::new(e.code, e.message);
+                if !e.labels.is_empty() {
+                    err = err.with_extra(doc! {"errorLabels": e.labels});
                 }
-                return Err(e);
+                return Err(err);
             }
         }
 
@@ -639,8 +505,10 @@ impl ShardService {
             "whatsmyuri" => doc! {"you": client.peer.to_string()},
             "connectionStatus" => server_info::connection_status(req),
             "endSessions" => server_info::end_sessions(req)?,
+            // The shard's sessions hold only retryable-write history, which outlives a kill.
+            "killAllSessions" | "killAllSessionsByPattern" | "killSessions" => Document::new(),
             "getCmdLineOpts" => server_info::get_cmd_line_opts(&self.state),
-            "configureFailPoint" => self.configure_fail_point(&body)?,
+            "configureFailPoint" => self.failpoints.configure(&body)?,
             "sluiceSetShardVersion" => self.set_shard_version(&body)?,
             "sluiceSetLatency" => self.set_latency(&body)?,
             _ => {
@@ -656,8 +524,8 @@ impl ShardService {
                 super::commands::run(self, req, &body, retry.as_ref())?
             }
         };
-        if let Some(wce) = failpoint.and_then(|f| f.write_concern_error) {
-            reply.insert("writeConcernError", wce);
+        if let Some(fp) = &failpoint {
+            fp.decorate(name, &body, &mut reply);
         }
         Ok(Some(reply))
     }

@@ -35,12 +35,81 @@ use crate::wire::Reply;
 pub struct Router {
     state: Arc<ServerState>,
     cluster: Option<Arc<ShardedCluster>>,
+    /// The router's own `failCommand` fail point (test commands only), as mongos has one.
+    failpoints: crate::command::failpoint::FailPoints,
 }
 
 impl Router {
     /// A router over this shared state and, when it has shards, its cluster.
     pub fn new(state: Arc<ServerState>, cluster: Option<Arc<ShardedCluster>>) -> Self {
-        Router { state, cluster }
+        Router {
+            state,
+            cluster,
+            failpoints: Default::default(),
+        }
+    }
+
+    /// `configureFailPoint` and the fail point's action, when the router runs with test
+    /// commands enabled: the fail point is the router's own, as mongos implements
+    /// `failCommand` on itself (nothing is forwarded to shards). Without test commands the
+    /// command is unknown (59), as everywhere else.
+    async fn handle_with_failpoint(
+        &self,
+        client: &mut ClientState,
+        req: &CommandRequest,
+    ) -> crate::frontend::Response {
+        use crate::frontend::Response;
+        let name = req.name.as_str();
+        let respond = |reply: Reply| match reply {
+            Reply::Document(d) => Response::Reply(d),
+            Reply::Raw(r) => Response::Raw(r),
+        };
+        if !self.state.config.enable_test_commands {
+            return respond(dispatch(&self.state, self.cluster.as_ref(), client, req).await);
+        }
+        let body = req.body_document();
+        if name == "configureFailPoint" {
+            let mut reply = if req.db != "admin" {
+                CommandError::new(
+                    ErrorCode::Unauthorized,
+                    "configureFailPoint may only be run against the admin database.",
+                )
+                .to_reply()
+            } else {
+                match self.failpoints.configure(&body) {
+                    Ok(mut d) => {
+                        d.insert("ok", 1.0);
+                        d
+                    }
+                    Err(e) => e.to_reply(),
+                }
+            };
+            crate::command::append_cluster_time(&self.state, &mut reply);
+            return Response::Reply(reply);
+        }
+        let fired = self.failpoints.fire(client, name);
+        if let Some(fp) = &fired {
+            if let Some(block) = fp.block {
+                tokio::time::sleep(block).await;
+            }
+            if fp.close_connection {
+                return Response::CloseConnection;
+            }
+            if let Some(e) = fp.error(name, &body) {
+                let mut reply = e.to_reply();
+                crate::command::append_cluster_time(&self.state, &mut reply);
+                return Response::Reply(reply);
+            }
+        }
+        let reply = dispatch(&self.state, self.cluster.as_ref(), client, req).await;
+        match &fired {
+            Some(fp) if fp.write_concern_error.is_some() => {
+                let mut reply = reply.into_document();
+                fp.decorate(name, &body, &mut reply);
+                Response::Reply(reply)
+            }
+            _ => respond(reply),
+        }
     }
 }
 
@@ -54,12 +123,7 @@ impl crate::frontend::Service for Router {
         client: &'a mut ClientState,
         req: &'a CommandRequest,
     ) -> crate::frontend::BoxFuture<'a, crate::frontend::Response> {
-        Box::pin(async move {
-            match dispatch(&self.state, self.cluster.as_ref(), client, req).await {
-                Reply::Document(d) => crate::frontend::Response::Reply(d),
-                Reply::Raw(r) => crate::frontend::Response::Raw(r),
-            }
-        })
+        Box::pin(async move { self.handle_with_failpoint(client, req).await })
     }
 
     fn connection_closed<'a>(
@@ -255,6 +319,9 @@ async fn run_command(
         "whatsmyuri" => Ok(doc! {"you": client.peer.to_string()}),
         "connectionStatus" => Ok(server_info::connection_status(req)),
         "endSessions" => server_info::end_sessions(req),
+        "killAllSessions" | "killAllSessionsByPattern" | "killSessions" => {
+            kill_sessions(cluster, req).await
+        }
         "getCmdLineOpts" => Ok(server_info::get_cmd_line_opts(state)),
         "serverStatus" => Ok(server_status(state, cluster)),
         "enableSharding" | "enablesharding" => sharding::enable_sharding(cluster, req),
@@ -298,6 +365,41 @@ fn server_status(state: &Arc<ServerState>, cluster: Option<&Arc<ShardedCluster>>
         sluice.insert("writes", writes);
     }
     d
+}
+
+/// `killAllSessions`, `killAllSessionsByPattern`, `killSessions`: passed to every shard, as
+/// mongos passes them (a shard that does not know the command is not an error: it holds no
+/// session state to kill), then `{ok: 1}`.
+async fn kill_sessions(
+    cluster: Option<&Arc<ShardedCluster>>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    let body = req.body_document();
+    let arg = match body.get(&req.name) {
+        Some(bson::Bson::Array(a)) => bson::Bson::Array(a.clone()),
+        _ => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                format!(
+                    "BSON field '{0}.{0}' is the wrong type, expected type 'array'",
+                    req.name
+                ),
+            ))
+        }
+    };
+    if let Some(sharded) = cluster {
+        let cmd = doc! {req.name.clone(): arg, "$db": "admin"};
+        for shard in sharded
+            .cluster
+            .shards()
+            .iter()
+            .map(|s| s.id.clone())
+            .collect::<Vec<_>>()
+        {
+            let _ = sharded.cluster.run_on(&shard, &cmd).await;
+        }
+    }
+    Ok(doc! {})
 }
 
 /// Binds the configured address and starts serving clients as a router without shards.
