@@ -5,9 +5,7 @@ use std::collections::VecDeque;
 
 use bson::{doc, Bson, Document};
 
-use super::service::{
-    lock, Cursor, RetryCtx, ShardService, StmtOutcome, CURSOR_IDLE_TIMEOUT, MAX_OPEN_CURSORS,
-};
+use super::service::{lock, Cursor, RetryCtx, ShardService, StmtOutcome, MAX_OPEN_CURSORS};
 use super::store::{check_namespace, Catalog, Collection};
 use crate::command::CommandRequest;
 use crate::engine::aggregate;
@@ -613,7 +611,7 @@ fn cursor_reply(
         let mut cursors = lock(&svc.cursors);
         let id = crate::value::field::new_cursor_id(|id| cursors.contains_key(&id));
         if cursors.len() >= MAX_OPEN_CURSORS {
-            cursors.retain(|_, c| c.last_used.elapsed() < CURSOR_IDLE_TIMEOUT);
+            cursors.retain(|_, c| c.last_used.elapsed() < svc.cursor_timeout());
         }
         if cursors.len() >= MAX_OPEN_CURSORS {
             let oldest = cursors
