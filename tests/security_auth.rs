@@ -422,3 +422,83 @@ async fn each_built_in_role_is_allowed_and_refused_what_mongod_allows_and_refuse
     }
     c.stop().await;
 }
+
+/// A client that stops in the middle of a SCRAM conversation, one that replays a finished
+/// step, and one that sends a truncated `saslContinue`: each gets mongod's answer or is simply
+/// gone, and the router goes on serving everyone else.
+#[tokio::test]
+async fn broken_conversations_leave_the_router_serving() {
+    let users = users_file("broken");
+    let c = cluster(&users, Authorization::Enabled).await;
+    let bin = |bytes: Vec<u8>| bson::Binary {
+        subtype: bson::spec::BinarySubtype::Generic,
+        bytes,
+    };
+    // Stops after saslStart.
+    {
+        let mut raw = common::Raw::connect(c.addr()).await;
+        let conv =
+            ClientConversation::new(ScramMechanism::Sha256, "alice", "secret", "abcdefghijkl")
+                .unwrap();
+        let reply = raw
+            .command(&doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256",
+            "payload": bin(conv.client_first()), "$db": "admin"})
+            .await;
+        assert_eq!(reply.get_f64("ok").unwrap(), 1.0);
+        drop(raw);
+    }
+    common::assert_still_serving(c.addr()).await;
+    // Truncated client-final, then the conversation is gone.
+    let mut raw = common::Raw::connect(c.addr()).await;
+    let conv =
+        ClientConversation::new(ScramMechanism::Sha256, "alice", "secret", "abcdefghijkl").unwrap();
+    raw.command(&doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256",
+    "payload": bin(conv.client_first()), "$db": "admin"})
+        .await;
+    let reply = raw
+        .command(&doc! {"saslContinue": 1, "conversationId": 1,
+        "payload": bin(b"c=biws,r=abc".to_vec()), "$db": "admin"})
+        .await;
+    assert_eq!(reply.get_i32("code").unwrap(), 18);
+    assert_eq!(reply.get_str("errmsg").unwrap(), "Authentication failed.");
+    let reply = raw
+        .command(&doc! {"saslContinue": 1, "conversationId": 1,
+        "payload": bin(vec![]), "$db": "admin"})
+        .await;
+    assert_eq!(reply.get_i32("code").unwrap(), 17);
+    // Replaying a finished conversation's last step.
+    let mut conv =
+        ClientConversation::new(ScramMechanism::Sha256, "alice", "secret", "abcdefghijkl").unwrap();
+    let first = raw
+        .command(&doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256",
+        "payload": bin(conv.client_first()), "options": {"skipEmptyExchange": true},
+        "$db": "admin"})
+        .await;
+    let fin = conv
+        .client_final(&first.get_binary_generic("payload").unwrap().clone())
+        .unwrap();
+    let step = doc! {"saslContinue": 1, "conversationId": 1, "payload": bin(fin), "$db": "admin"};
+    let done = raw.command(&step).await;
+    assert!(done.get_bool("done").unwrap());
+    let replay = raw.command(&step).await;
+    assert_eq!(replay.get_i32("code").unwrap(), 17);
+    // Still authenticated as alice after the refused replay.
+    let status = raw
+        .command(&doc! {"connectionStatus": 1, "$db": "admin"})
+        .await;
+    assert_eq!(
+        status
+            .get_document("authInfo")
+            .unwrap()
+            .get_array("authenticatedUsers")
+            .unwrap()
+            .len(),
+        1
+    );
+    // logout ends it.
+    raw.command(&doc! {"logout": 1, "$db": "admin"}).await;
+    let reply = raw.command(&doc! {"find": "c", "$db": "test"}).await;
+    assert_eq!(reply.get_i32("code").unwrap(), 13);
+    common::assert_still_serving(c.addr()).await;
+    c.stop().await;
+}

@@ -155,6 +155,25 @@ async fn require_mode_serves_tls_clients_and_closes_plain_ones() {
     // A plain client on a TLS-only port is closed without a reply.
     let plain = format!("mongodb://127.0.0.1:{port}/?serverSelectionTimeoutMS=1000");
     assert!(ping(&plain).await.is_err());
+    // A client that stops in the middle of its TLS handshake, or sends garbage, is closed
+    // and everyone else goes on.
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut half = tokio::net::TcpStream::connect(c.addr()).await.unwrap();
+        half.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00])
+            .await
+            .unwrap();
+        drop(half);
+        let mut garbage = tokio::net::TcpStream::connect(c.addr()).await.unwrap();
+        garbage
+            .write_all(&[
+                0x16, 0x03, 0x01, 0x00, 0x10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+            ])
+            .await
+            .unwrap();
+        drop(garbage);
+    }
+    ping(&tls_uri(port, &p.dir, "")).await.unwrap();
     // A client that does not trust the server's CA is refused.
     let untrusted = pki("untrusted");
     assert!(ping(&tls_uri(port, &untrusted.dir, "")).await.is_err());
