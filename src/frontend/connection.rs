@@ -705,6 +705,11 @@ async fn serve_request(
             security.after(auth, (conn, &peer), req, &mut reply);
             Response::Reply(reply)
         }
+        Ok(Response::Raw(raw)) if security.edits_reply(&req.name) => {
+            let mut reply = Reply::Raw(raw).into_document();
+            security.after(auth, (conn, &peer), req, &mut reply);
+            Response::Reply(reply)
+        }
         Ok(response) => response,
         Err(panic) => {
             let what = panic_message(panic.as_ref());

@@ -321,6 +321,12 @@ impl Security {
         })
     }
 
+    /// Whether [`Security::after`] may change the reply to the command `name` (an encoded
+    /// reply is decoded for it only then).
+    pub fn edits_reply(&self, name: &str) -> bool {
+        is_hello(name) || name == "connectionStatus"
+    }
+
     /// Runs after the service answered: the `hello` family's authentication fields and
     /// `connectionStatus`'s `authInfo`.
     pub fn after(

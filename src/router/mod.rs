@@ -267,15 +267,15 @@ pub async fn dispatch(
         }
     };
     let mut reply = match result {
-        Ok(mut r) => {
-            // Forwarded replies carry the shard's `ok` (0 or 1); the router's own lack one.
-            if !r.contains_key("ok") {
-                r.append(bson::raw::cstr!("ok"), bson::Bson::Double(1.0));
-            }
-            r
-        }
+        Ok(r) => r,
         Err(e) => Reply::Document(e.to_reply()),
     };
+    // Encoded once, here: `ok` and the cluster time are appended to the encoded body.
+    reply.encode();
+    // Forwarded replies carry the shard's `ok` (0 or 1); the router's own lack one.
+    if !reply.contains_key("ok") {
+        reply.append(bson::raw::cstr!("ok"), bson::Bson::Double(1.0));
+    }
     reply.append_cluster_time(state.clock.tick());
     reply
 }

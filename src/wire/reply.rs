@@ -31,6 +31,16 @@ impl From<RawDocumentBuf> for Reply {
 const ZERO_SIGNATURE: [u8; 20] = [0; 20];
 
 impl Reply {
+    /// Encodes a document reply (an encoded one stays as it is). A document that cannot be
+    /// encoded stays a document: the frontend answers it with an error reply.
+    pub fn encode(&mut self) {
+        if let Reply::Document(d) = self {
+            if let Ok(raw) = RawDocumentBuf::try_from(&*d) {
+                *self = Reply::Raw(raw);
+            }
+        }
+    }
+
     /// Whether the reply has a top-level field `key`.
     pub fn contains_key(&self, key: &str) -> bool {
         match self {
@@ -138,7 +148,10 @@ mod tests {
         let body = bson::doc! {"cursor": {"firstBatch": [{"_id": 1}], "id": 0i64, "ns": "a.b"}};
         let mut d = Reply::Document(body.clone());
         let mut r = Reply::Raw(RawDocumentBuf::try_from(&body).expect("encodes"));
-        for reply in [&mut d, &mut r] {
+        let mut e = Reply::Document(body.clone());
+        e.encode();
+        assert!(matches!(e, Reply::Raw(_)));
+        for reply in [&mut d, &mut r, &mut e] {
             assert!(!reply.contains_key("ok"));
             reply.append(bson::raw::cstr!("ok"), Bson::Double(1.0));
             reply.append_cluster_time(t);
@@ -146,6 +159,7 @@ mod tests {
             assert!(reply.contains_key("$clusterTime"));
         }
         assert_eq!(d.clone().into_document(), r.clone().into_document());
+        assert_eq!(e.into_document(), r.clone().into_document());
         assert_eq!(
             d.into_bytes().expect("encodes"),
             r.into_bytes().expect("encodes")

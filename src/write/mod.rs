@@ -168,7 +168,9 @@ fn child_template(options: &Document) -> Document {
 }
 
 /// Builds one child batch's frame: the template plus `ordered`, `stmtIds` (for retryable
-/// writes), `shardVersion` (for shard servers), and the statements as a kind-1 sequence.
+/// writes), `shardVersion` (for shard servers), and the statements as a kind-1 sequence. The
+/// template is encoded as it is and the per-child fields are appended to the encoded body (none
+/// of them is in a template), so the template document is never copied.
 fn encode_child(
     template: &Document,
     kind: WriteKind,
@@ -177,21 +179,28 @@ fn encode_child(
     shard_version: Option<&Document>,
     stmts: &[Bytes],
 ) -> Result<(Bytes, i32), CommandError> {
-    let mut body = template.clone();
-    body.insert("ordered", ordered);
-    if let Some(ids) = stmt_ids {
-        body.insert("stmtIds", ids);
-    }
-    if let Some(v) = shard_version {
-        body.insert("shardVersion", v.clone());
-    }
-    let bytes = body.to_vec().map_err(|e| {
+    let cannot = |e: bson::error::Error| {
         CommandError::new(
             ErrorCode::InternalError,
             format!("cannot encode child batch: {e}"),
         )
-    })?;
-    let mut b = OpMsgBuilder::new(0, &bytes);
+    };
+    let mut body = bson::RawDocumentBuf::try_from(template).map_err(cannot)?;
+    body.append(bson::raw::cstr!("ordered"), ordered);
+    if let Some(ids) = stmt_ids {
+        let mut array = bson::RawArrayBuf::new();
+        for id in ids {
+            array.push(*id);
+        }
+        body.append(bson::raw::cstr!("stmtIds"), array);
+    }
+    if let Some(v) = shard_version {
+        body.append(
+            bson::raw::cstr!("shardVersion"),
+            bson::RawDocumentBuf::try_from(v).map_err(cannot)?,
+        );
+    }
+    let mut b = OpMsgBuilder::new(0, body.as_bytes());
     b.begin_sequence(kind.statements_field());
     for s in stmts {
         b.push_document(s);
