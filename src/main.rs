@@ -194,6 +194,7 @@ fn main() -> anyhow::Result<()> {
                 stage_memory_bytes: config.stage_memory_bytes,
                 key_file: config.security.key_file.clone(),
                 tls: config.tls.clone(),
+                ..Default::default()
             };
             return runtime()?.block_on(run_shard(config, options));
         }

@@ -205,3 +205,58 @@ async fn documents_over_16_mib_are_rejected() {
     assert_eq!(s.service().count_documents("d", "c"), 1);
     s.shutdown().await;
 }
+
+/// An abandoned cursor is dropped by the shard's idle monitor once its timeout passes, without
+/// another cursor being opened (mongod's cursor monitor); a getMore on it then answers 43
+/// CursorNotFound, and a cursor still being read is kept.
+#[tokio::test]
+async fn idle_cursors_are_reaped_on_a_timer() {
+    let options = ShardOptions {
+        cursor_timeout: Duration::from_millis(400),
+        ..ShardOptions::for_tests()
+    };
+    let s = EmbeddedShard::start("127.0.0.1:0", options)
+        .await
+        .expect("shard starts");
+    let mut raw = Raw::connect(s.local_addr()).await;
+    let docs: Vec<Document> = (0..100).map(|i| doc! {"_id": i}).collect();
+    let r = insert_seq(&mut raw, doc! {"insert": "c", "$db": "d"}, &docs).await;
+    assert_eq!(r.get_i32("n").unwrap(), 100, "{r}");
+    let find = doc! {"find": "c", "batchSize": 1, "$db": "d"};
+    let abandoned = raw.command(&find).await;
+    let abandoned = abandoned
+        .get_document("cursor")
+        .unwrap()
+        .get_i64("id")
+        .unwrap();
+    let kept = raw.command(&find).await;
+    let kept = kept.get_document("cursor").unwrap().get_i64("id").unwrap();
+    assert_ne!(abandoned, 0);
+    assert_eq!(s.service().open_cursors(), 2);
+
+    // Read `kept` every 100 ms until the monitor has run; `abandoned` is never read.
+    let get_more = |id: i64| doc! {"getMore": id, "collection": "c", "batchSize": 1, "$db": "d"};
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let r = raw.command(&get_more(kept)).await;
+        assert_eq!(
+            r.get_f64("ok").unwrap_or(0.0),
+            1.0,
+            "kept cursor was dropped: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if s.service().open_cursors() == 1 {
+            break;
+        }
+    }
+    assert_eq!(
+        s.service().open_cursors(),
+        1,
+        "the idle cursor is still open"
+    );
+    let r = raw.command(&get_more(abandoned)).await;
+    assert_eq!(r.get_i32("code").unwrap(), 43, "{r}");
+    let r = raw.command(&get_more(kept)).await;
+    assert_eq!(r.get_f64("ok").unwrap_or(0.0), 1.0, "{r}");
+    s.shutdown().await;
+}

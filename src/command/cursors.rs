@@ -154,6 +154,11 @@ impl DocumentCursors {
         )
     }
 
+    /// Drops cursors unread for longer than `timeout` (a server's idle monitor calls it).
+    pub fn reap_idle(&self, timeout: Duration) {
+        lock(&self.cursors).retain(|_, c| c.last_used.elapsed() < timeout);
+    }
+
     /// Drops every cursor on `ns` (its collection was dropped).
     pub fn drop_namespace(&self, ns: &str) {
         lock(&self.cursors).retain(|_, c| c.ns != ns);

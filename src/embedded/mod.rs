@@ -54,6 +54,9 @@ pub struct ShardOptions {
     pub key_file: Option<String>,
     /// The shard's TLS listener settings (disabled by default).
     pub tls: crate::config::TlsConfig,
+    /// How long a cursor may sit unread before the shard's cursor monitor drops it (mongod's
+    /// `cursorTimeoutMillis`, 10 minutes by default).
+    pub cursor_timeout: Duration,
 }
 
 impl Default for ShardOptions {
@@ -67,6 +70,7 @@ impl Default for ShardOptions {
             stage_memory_bytes: crate::limits::DEFAULT_STAGE_MEMORY_BYTES,
             key_file: None,
             tls: crate::config::TlsConfig::default(),
+            cursor_timeout: service::CURSOR_IDLE_TIMEOUT,
         }
     }
 }
@@ -113,6 +117,7 @@ impl EmbeddedShard {
         .await?;
         let service = made.ok_or_else(|| std::io::Error::other("shard service was not created"))?;
         service.set_address(handle.local_addr());
+        service::spawn_idle_monitor(&service);
         Ok(EmbeddedShard { handle, service })
     }
 
