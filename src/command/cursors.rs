@@ -35,12 +35,28 @@ struct Cursor {
 }
 
 /// A server's open cursors over computed results.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DocumentCursors {
     cursors: Mutex<HashMap<i64, Cursor>>,
+    /// How long a cursor may sit unread (what a full table evicts first).
+    idle_timeout: Duration,
+}
+
+impl Default for DocumentCursors {
+    fn default() -> Self {
+        DocumentCursors::with_idle_timeout(CURSOR_IDLE_TIMEOUT)
+    }
 }
 
 impl DocumentCursors {
+    /// An empty table whose cursors time out after `idle_timeout` unread.
+    pub fn with_idle_timeout(idle_timeout: Duration) -> Self {
+        DocumentCursors {
+            cursors: Mutex::new(HashMap::new()),
+            idle_timeout,
+        }
+    }
+
     /// The reply to a command whose result is `docs`: a first batch of at most `batch`
     /// documents (and 16 MiB), the rest kept as a cursor unless `single_batch`.
     pub fn first_batch(
@@ -58,7 +74,7 @@ impl DocumentCursors {
             let mut cursors = lock(&self.cursors);
             let id = crate::value::field::new_cursor_id(|id| cursors.contains_key(&id));
             if cursors.len() >= MAX_OPEN_CURSORS {
-                cursors.retain(|_, c| c.last_used.elapsed() < CURSOR_IDLE_TIMEOUT);
+                cursors.retain(|_, c| c.last_used.elapsed() < self.idle_timeout);
             }
             if cursors.len() >= MAX_OPEN_CURSORS {
                 let oldest = cursors
@@ -154,8 +170,9 @@ impl DocumentCursors {
         )
     }
 
-    /// Drops cursors unread for longer than `timeout` (a server's idle monitor calls it).
-    pub fn reap_idle(&self, timeout: Duration) {
+    /// Drops cursors unread for longer than the idle timeout (a server's idle monitor calls it).
+    pub fn reap_idle(&self) {
+        let timeout = self.idle_timeout;
         lock(&self.cursors).retain(|_, c| c.last_used.elapsed() < timeout);
     }
 

@@ -171,13 +171,14 @@ impl ShardService {
     pub fn new(state: Arc<ServerState>, options: ShardOptions) -> Self {
         let slots = options.max_concurrency.map(|n| Semaphore::new(n.max(1)));
         let latency = (options.latency_per_command, options.latency_per_document);
+        let cursors = command::cursors::DocumentCursors::with_idle_timeout(options.cursor_timeout);
         ShardService {
             state,
             options,
             address: Mutex::new(String::new()),
             election_id: ObjectId::new(),
             catalog: Mutex::new(Catalog::default()),
-            cursors: Default::default(),
+            cursors,
             sessions: Mutex::new(HashMap::new()),
             failpoints: Default::default(),
             versions: Mutex::new(HashMap::new()),
@@ -211,8 +212,7 @@ impl ShardService {
     /// Drops cursors unread for longer than the cursor timeout and sessions' retry records
     /// unused for longer than [`SESSION_IDLE_TIMEOUT`].
     pub fn reap_idle(&self) {
-        let timeout = self.options.cursor_timeout;
-        self.cursors.reap_idle(timeout);
+        self.cursors.reap_idle();
         lock(&self.sessions).retain(|_, r| r.last_used.elapsed() < SESSION_IDLE_TIMEOUT);
     }
 

@@ -250,7 +250,9 @@ impl Projection {
                 }
             }
         }
-        p.include = include.unwrap_or(false);
+        // `{_id: 1}` alone is an inclusion projection (only `_id` is returned), `{_id: 0}` alone
+        // an exclusion one, as mongod decides; `$slice` alone keeps the exclusion mode.
+        p.include = include.unwrap_or(p.id && p.slices.is_empty());
         Ok(Some(p))
     }
 
@@ -417,6 +419,21 @@ mod tests {
         let ids: Vec<i32> = docs.iter().map(|d| d.get_i32("_id").unwrap()).collect();
         assert_eq!(ids, [6, 1, 4, 2, 5, 3]);
         assert!(SortSpec::parse(&doc! {"v": 2}).is_err());
+    }
+
+    #[test]
+    fn projection_of_id_alone() {
+        let d = doc! {"_id": 1, "a": 1, "b": {"c": 2}};
+        let only_id = Projection::parse(&doc! {"_id": 1}).unwrap().unwrap();
+        assert_eq!(only_id.apply(&d), doc! {"_id": 1});
+        let only_id = Projection::parse(&doc! {"_id": true}).unwrap().unwrap();
+        assert_eq!(only_id.apply(&d), doc! {"_id": 1});
+        let without_id = Projection::parse(&doc! {"_id": 0}).unwrap().unwrap();
+        assert_eq!(without_id.apply(&d), doc! {"a": 1, "b": {"c": 2}});
+        let sliced = Projection::parse(&doc! {"a": {"$slice": 1}})
+            .unwrap()
+            .unwrap();
+        assert_eq!(sliced.apply(&d), d);
     }
 
     #[test]
