@@ -6,7 +6,7 @@
 mod common;
 
 use bson::{doc, Bson, Document};
-use common::TestCluster;
+use common::{error_code, TestCluster};
 
 async fn setup() -> (TestCluster, mongodb::Client) {
     let c = TestCluster::start(3, &[("shop.orders", doc! {"_id": "hashed"})]).await;
@@ -51,13 +51,6 @@ async fn run(cl: &mongodb::Client, coll: &str, pipeline: &[Document]) -> Vec<Doc
         out.push(cursor.deserialize_current().unwrap());
     }
     out
-}
-
-fn code(e: &mongodb::error::Error) -> i32 {
-    match *e.kind {
-        mongodb::error::ErrorKind::Command(ref c) => c.code,
-        ref other => panic!("{other:?}"),
-    }
 }
 
 /// Sorts documents by their canonical extended JSON, for pipelines whose order is open.
@@ -218,13 +211,13 @@ async fn out_and_merge_write_the_target() {
             ])
             .await
             .unwrap_err();
-        assert_eq!(code(&e), 11000, "{e}");
+        assert_eq!(error_code(&e), 11000, "{e}");
         let e = db
             .collection::<Document>(coll)
             .aggregate(vec![doc! {"$out": "x"}, doc! {"$match": {}}])
             .await
             .unwrap_err();
-        assert_eq!(code(&e), 40601, "{e}");
+        assert_eq!(error_code(&e), 40601, "{e}");
     }
     // $out into a sharded collection is refused as mongos refuses it.
     for source in ["orders", "orders_plain"] {
@@ -233,7 +226,7 @@ async fn out_and_merge_write_the_target() {
             .aggregate(vec![doc! {"$out": "orders"}])
             .await
             .unwrap_err();
-        assert_eq!(code(&e), 28769, "{e}");
+        assert_eq!(error_code(&e), 28769, "{e}");
     }
     assert_eq!(
         db.collection::<Document>("orders")
@@ -267,12 +260,12 @@ async fn expr_and_let_in_find_and_bad_stages() {
             ])
             .await
             .unwrap_err();
-        assert_eq!(code(&e), 40194, "{e}");
+        assert_eq!(error_code(&e), 40194, "{e}");
         let e = db
             .collection::<Document>(coll)
             .aggregate(vec![doc! {"$project": {"x": "$$nope"}}])
             .await
             .unwrap_err();
-        assert_eq!(code(&e), 17276, "{e}");
+        assert_eq!(error_code(&e), 17276, "{e}");
     }
 }

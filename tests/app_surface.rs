@@ -5,14 +5,7 @@
 mod common;
 
 use bson::{doc, Document};
-use common::TestCluster;
-
-fn code(e: &mongodb::error::Error) -> i32 {
-    match *e.kind {
-        mongodb::error::ErrorKind::Command(ref c) => c.code,
-        ref other => panic!("{other:?}"),
-    }
-}
+use common::{error_code, TestCluster};
 
 async fn setup() -> (TestCluster, mongodb::Client) {
     let c = TestCluster::start(3, &[("app.users", doc! {"_id": "hashed"})]).await;
@@ -34,7 +27,7 @@ async fn create_of_an_existing_collection_is_namespace_exists() {
     let db = cl.database("app");
     for coll in ["users", "plain"] {
         let e = db.create_collection(coll).await.unwrap_err();
-        assert_eq!(code(&e), 48, "{coll}: {e}");
+        assert_eq!(error_code(&e), 48, "{coll}: {e}");
         assert!(
             e.to_string()
                 .contains(&format!("app.{coll} already exists")),
@@ -58,13 +51,13 @@ async fn coll_mod_validate_and_data_size_on_a_sharded_collection() {
             .run_command(doc! {"collMod": coll, "bogus": 1})
             .await
             .unwrap_err();
-        assert_eq!(code(&e), 40415);
+        assert_eq!(error_code(&e), 40415);
     }
     let e = db
         .run_command(doc! {"collMod": "missing", "validator": {}})
         .await
         .unwrap_err();
-    assert_eq!(code(&e), 26);
+    assert_eq!(error_code(&e), 26);
 
     let r = db.run_command(doc! {"validate": "users"}).await.unwrap();
     assert!(r.get_bool("valid").unwrap(), "{r}");
@@ -81,7 +74,7 @@ async fn coll_mod_validate_and_data_size_on_a_sharded_collection() {
         .run_command(doc! {"validate": "missing"})
         .await
         .unwrap_err();
-    assert_eq!(code(&e), 26);
+    assert_eq!(error_code(&e), 26);
 
     for coll in ["users", "plain"] {
         let r = db
@@ -113,17 +106,17 @@ async fn rename_collection_sharded_and_unsharded() {
         .run_command(doc! {"renameCollection": "app.nothing", "to": "app.x"})
         .await
         .unwrap_err();
-    assert_eq!(code(&e), 26);
+    assert_eq!(error_code(&e), 26);
     let e = admin
         .run_command(doc! {"renameCollection": "app.users", "to": "other.users"})
         .await
         .unwrap_err();
-    assert_eq!(code(&e), 125);
+    assert_eq!(error_code(&e), 125);
     let e = admin
         .run_command(doc! {"renameCollection": "app.users", "to": "app.plain2"})
         .await
         .unwrap_err();
-    assert_eq!(code(&e), 48);
+    assert_eq!(error_code(&e), 48);
 
     admin
         .run_command(doc! {"renameCollection": "app.users", "to": "app.people"})

@@ -7,16 +7,8 @@
 mod common;
 
 use bson::{doc, Bson, Document};
-use common::TestCluster;
+use common::{error_code, TestCluster};
 use mongodb::options::{FindOneOptions, UpdateOptions};
-
-fn code(e: &mongodb::error::Error) -> i32 {
-    match *e.kind {
-        mongodb::error::ErrorKind::Command(ref c) => c.code,
-        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(ref w)) => w.code,
-        ref other => panic!("{other:?}"),
-    }
-}
 
 fn students() -> Vec<Document> {
     (0..12)
@@ -132,7 +124,7 @@ async fn updates_match_one_shard() {
         .update_one(doc! {"_id": 1}, doc! {"$set": {"grades.$[nope]": 1}})
         .await
         .unwrap_err();
-    assert_eq!(code(&e), 2, "{e}");
+    assert_eq!(error_code(&e), 2, "{e}");
     let e = col
         .update_one(doc! {"_id": 1}, doc! {"$set": {"grades.$[g]": 1}})
         .with_options(
@@ -142,17 +134,17 @@ async fn updates_match_one_shard() {
         )
         .await
         .unwrap_err();
-    assert_eq!(code(&e), 9, "{e}");
+    assert_eq!(error_code(&e), 9, "{e}");
     let e = col
         .update_one(doc! {"_id": 1}, doc! {"$set": {"grades.$": 1}})
         .await
         .unwrap_err();
-    assert_eq!(code(&e), 2, "{e}");
+    assert_eq!(error_code(&e), 2, "{e}");
     let e = col
         .update_one(doc! {"_id": 1}, vec![doc! {"$group": {"_id": 1}}])
         .await
         .unwrap_err();
-    assert_eq!(code(&e), 72, "{e}");
+    assert_eq!(error_code(&e), 72, "{e}");
 }
 
 #[tokio::test]

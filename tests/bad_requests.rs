@@ -8,19 +8,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, Document};
-use common::{assert_still_serving, Raw, TestCluster};
+use common::{assert_still_serving, error_code, Raw, TestCluster};
 use sluice::wire::MsgFlags;
 
 fn sharded() -> [(&'static str, Document); 1] {
     [("demo.items", doc! {"_id": "hashed"})]
-}
-
-/// The code of a command error from the driver.
-fn code(e: &mongodb::error::Error) -> i32 {
-    match *e.kind {
-        mongodb::error::ErrorKind::Command(ref c) => c.code,
-        ref other => panic!("not a command error: {other:?}"),
-    }
 }
 
 fn message(e: &mongodb::error::Error) -> String {
@@ -114,7 +106,7 @@ async fn row01_mod_edge_cases_answer_like_mongod() {
     .await
     .unwrap_err();
     assert_eq!(
-        (code(&e), message(&e).as_str()),
+        (error_code(&e), message(&e).as_str()),
         (16610, "can't $mod by zero")
     );
     // The same edge cases on a shard's collection.
@@ -153,7 +145,7 @@ async fn row02_long_add_fields_paths_are_refused() {
         .await
         .unwrap_err();
         assert_eq!(
-            (code(&e), message(&e).as_str()),
+            (error_code(&e), message(&e).as_str()),
             (15, "FieldPath is too long")
         );
     }
@@ -169,7 +161,7 @@ async fn row02_long_add_fields_paths_are_refused() {
         )
         .await
         .unwrap_err();
-    assert_eq!(code(&e), 15);
+    assert_eq!(error_code(&e), 15);
     assert_cluster_serves(&c).await;
     c.stop().await;
 }
@@ -190,7 +182,7 @@ async fn row03_stage_memory_and_document_size_are_bounded() {
     )
     .await
     .unwrap_err();
-    assert_eq!(code(&e), 292, "{e}");
+    assert_eq!(error_code(&e), 292, "{e}");
     let e = aggregate(
         &db,
         vec![
@@ -200,7 +192,7 @@ async fn row03_stage_memory_and_document_size_are_bounded() {
     )
     .await
     .unwrap_err();
-    assert_eq!(code(&e), 10334, "{e}");
+    assert_eq!(error_code(&e), 10334, "{e}");
     assert!(message(&e).starts_with("BSONObj size: "), "{e}");
     assert_cluster_serves(&c).await;
     c.stop().await;
@@ -328,7 +320,7 @@ async fn row07_configure_fail_point_is_never_forwarded() {
             .run_command(doc! {"configureFailPoint": "failCommand", "mode": "alwaysOn", "data": {"failCommands": ["insert", "find"], "errorCode": 11600}})
             .await
             .unwrap_err();
-        assert_eq!(code(&e), 59);
+        assert_eq!(error_code(&e), 59);
         assert_eq!(message(&e), "no such command: 'configureFailPoint'");
     }
     // The shards (started with test commands) never saw it: inserts and finds still work.
@@ -419,7 +411,7 @@ async fn row08_internal_commands_never_reach_a_shard_from_a_client() {
     ] {
         let name = cmd.keys().next().unwrap().clone();
         let e = client.database(db).run_command(cmd).await.unwrap_err();
-        assert_eq!(code(&e), 59, "{name} on {db}");
+        assert_eq!(error_code(&e), 59, "{name} on {db}");
         assert_eq!(message(&e), format!("no such command: '{name}'"));
     }
     assert_eq!(

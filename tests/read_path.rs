@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use common::TestCluster;
+use common::{error_code, TestCluster};
 use mongodb::options::FindOptions;
 
 async fn setup() -> (TestCluster, mongodb::Client) {
@@ -32,13 +32,6 @@ async fn all(cursor: mongodb::Cursor<Document>) -> Vec<Document> {
         out.push(cursor.deserialize_current().unwrap());
     }
     out
-}
-
-fn code(e: &mongodb::error::Error) -> i32 {
-    match *e.kind {
-        mongodb::error::ErrorKind::Command(ref c) => c.code,
-        ref other => panic!("{other:?}"),
-    }
 }
 
 #[tokio::test]
@@ -269,7 +262,7 @@ async fn a_lost_shard_fails_cleanly_or_is_skipped_with_allow_partial_results() {
         .run_command(doc! {"find": "items", "filter": {}})
         .await
         .unwrap_err();
-    assert_eq!(code(&e), 6, "HostUnreachable");
+    assert_eq!(error_code(&e), 6, "HostUnreachable");
     assert!(e.to_string().contains(&lost_name), "{e}");
     let r = db
         .run_command(
@@ -294,14 +287,14 @@ async fn transactions_run_on_one_shard_only() {
         .run_command(doc! {"find": "items", "filter": {"_id": 5}, "lsid": lsid.clone(), "txnNumber": 1i64, "startTransaction": true, "autocommit": false})
         .await
         .unwrap_err();
-    assert_eq!(code(&r), 20);
+    assert_eq!(error_code(&r), 20);
     assert!(r.to_string().contains("embedded shard"), "{r}");
     // A statement that needs several shards is refused by the router.
     let r = db
         .run_command(doc! {"find": "items", "filter": {"g": 1}, "lsid": lsid.clone(), "txnNumber": 2i64, "startTransaction": true, "autocommit": false})
         .await
         .unwrap_err();
-    assert_eq!(code(&r), 263);
+    assert_eq!(error_code(&r), 263);
     let r = cl
         .database("admin")
         .run_command(
@@ -309,7 +302,7 @@ async fn transactions_run_on_one_shard_only() {
         )
         .await
         .unwrap_err();
-    assert_eq!(code(&r), 251);
+    assert_eq!(error_code(&r), 251);
     c.stop().await;
 }
 

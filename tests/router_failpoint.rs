@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Document};
-use common::TestCluster;
+use common::{error_code, TestCluster};
 use sluice::config::Config;
 
 async fn cluster() -> (TestCluster, mongodb::Client) {
@@ -20,13 +20,6 @@ async fn cluster() -> (TestCluster, mongodb::Client) {
     let c = TestCluster::start_with(2, &[("app.s", doc! {"_id": "hashed"})], config).await;
     let cl = common::driver(c.addr(), "&retryWrites=true").await;
     (c, cl)
-}
-
-fn code(e: &mongodb::error::Error) -> i32 {
-    match *e.kind {
-        mongodb::error::ErrorKind::Command(ref c) => c.code,
-        ref other => panic!("{other:?}"),
-    }
 }
 
 #[tokio::test]
@@ -45,7 +38,7 @@ async fn fail_command_on_the_router() {
         .run_command(doc! {"configureFailPoint": "failCommand", "mode": "off"})
         .await
         .unwrap_err();
-    assert_eq!(code(&e), 13);
+    assert_eq!(error_code(&e), 13);
 
     // A retryable error once: the driver retries and the insert happens exactly once.
     let r = admin

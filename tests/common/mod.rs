@@ -13,6 +13,16 @@ use sluice::wire::{Header, OpCode, OpMsgBuilder, HEADER_LEN};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// The server's error code in a driver error (a command error or a single write error); panics
+/// on any other kind of error, which a test expecting a code did not expect.
+pub fn error_code(e: &mongodb::error::Error) -> i32 {
+    match *e.kind {
+        mongodb::error::ErrorKind::Command(ref c) => c.code,
+        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(ref w)) => w.code,
+        ref other => panic!("not a command or write error: {other:?}"),
+    }
+}
+
 /// Starts a router on 127.0.0.1 with an ephemeral port.
 pub async fn start_router() -> RouterHandle {
     start_router_with(Config::default()).await
