@@ -106,7 +106,8 @@ pub struct Gen<'a> {
     budget: usize,
 }
 
-/// Field names and operator names the generator draws from.
+/// Field names and operator names the generator draws from: these, then the engine's update
+/// operators, then [`KEYS_AFTER_UPDATE_OPERATORS`], as one list.
 const KEYS: &[&str] = &[
     "_id",
     "a",
@@ -142,20 +143,10 @@ const KEYS: &[&str] = &[
     "$comment",
     "$where",
     "$expr",
-    "$set",
-    "$unset",
-    "$inc",
-    "$mul",
-    "$min",
-    "$max",
-    "$rename",
-    "$setOnInsert",
-    "$push",
-    "$addToSet",
-    "$pull",
-    "$pullAll",
-    "$pop",
-    "$currentDate",
+];
+
+/// Keys drawn after the engine's update operators (`engine::update::OPERATORS`).
+const KEYS_AFTER_UPDATE_OPERATORS: &[&str] = &[
     "$each",
     "$slice",
     "$position",
@@ -276,13 +267,31 @@ impl<'a> Gen<'a> {
         list[self.below(list.len())]
     }
 
+    /// One name from several lists drawn as if they were one, concatenated in order.
+    fn pick_joined<'s>(&mut self, lists: &[&[&'s str]]) -> &'s str {
+        let mut i = self.below(lists.iter().map(|l| l.len()).sum());
+        for list in lists {
+            if i < list.len() {
+                return list[i];
+            }
+            i -= list.len();
+        }
+        ""
+    }
+
     /// A field name or path: from the dictionary, or a long path, or a number.
     pub fn key(&mut self) -> String {
         match self.below(16) {
             0 => vec!["a"; 1 + self.below(300)].join("."),
             1 if self.byte() < 16 => vec!["a"; 20_000].join("."),
             2 => self.below(3_000_000).to_string(),
-            _ => self.pick(KEYS).to_string(),
+            _ => self
+                .pick_joined(&[
+                    KEYS,
+                    crate::engine::update::OPERATORS,
+                    KEYS_AFTER_UPDATE_OPERATORS,
+                ])
+                .to_string(),
         }
     }
 
