@@ -22,6 +22,10 @@ struct GlobalArgs {
     /// TOML configuration file (see configs/).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
+    /// The config server replica set to route by, as mongos's `--configdb`:
+    /// `"<replica set>/host:port,host:port"` (overrides `configdb`; excludes `shards`).
+    #[arg(long, global = true)]
+    configdb: Option<String>,
     /// Address to listen on for clients (overrides `listen`).
     #[arg(long, global = true)]
     listen: Option<String>,
@@ -116,6 +120,9 @@ fn main() -> anyhow::Result<()> {
     if let Some(listen) = &cli.global.listen {
         config.listen = listen.clone();
     }
+    if let Some(c) = &cli.global.configdb {
+        config.configdb = Some(c.clone());
+    }
     if let Some(n) = cli.global.max_connections {
         config.max_connections = n;
     }
@@ -170,6 +177,9 @@ fn main() -> anyhow::Result<()> {
             }
             if shards == 0 {
                 anyhow::bail!("--shards must be at least 1");
+            }
+            if config.configdb.is_some() {
+                anyhow::bail!("sluice demo runs its own cluster; --configdb is for `sluice run`");
             }
             Some(shards)
         }
@@ -283,6 +293,16 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
                 None,
                 &infos,
                 &demo.collections,
+                config.pool_options()?,
+                &config.batching,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?,
+        )
+    } else if let Some(configdb) = &config.configdb {
+        Some(
+            sluice::router::configdb::bootstrap_configdb(
+                configdb,
                 config.pool_options()?,
                 &config.batching,
             )

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use common::{error_code, TestCluster};
+use common::{all, error_code, TestCluster};
 use mongodb::options::FindOptions;
 
 async fn setup() -> (TestCluster, mongodb::Client) {
@@ -23,15 +23,6 @@ async fn setup() -> (TestCluster, mongodb::Client) {
             .unwrap();
     }
     (c, cl)
-}
-
-async fn all(cursor: mongodb::Cursor<Document>) -> Vec<Document> {
-    let mut cursor = cursor;
-    let mut out = Vec::new();
-    while cursor.advance().await.unwrap() {
-        out.push(cursor.deserialize_current().unwrap());
-    }
-    out
 }
 
 #[tokio::test]

@@ -350,10 +350,24 @@ impl ShardService {
 
     /// Checks a versioned request against the version this shard was given for `ns`.
     pub(super) fn check_version(&self, ns: &str, body: &Document) -> Result<(), EngineError> {
+        let versions = lock(&self.versions);
+        let db = ns.split('.').next().unwrap_or(ns);
+        if let (Some(received), Some(wanted)) = (body.get("databaseVersion"), versions.get(db)) {
+            if !values_equal(received, &Bson::Document(wanted.clone())) {
+                return Err(EngineError::new(
+                    ErrorCode::StaleDbVersion,
+                    format!("version mismatch detected for {db}"),
+                )
+                .with_extra(doc! {
+                    "db": db,
+                    "vReceived": received.clone(),
+                    "vWanted": wanted.clone(),
+                }));
+            }
+        }
         let Some(received) = body.get("shardVersion") else {
             return Ok(());
         };
-        let versions = lock(&self.versions);
         let Some(wanted) = versions.get(ns) else {
             return Ok(());
         };
@@ -565,7 +579,14 @@ impl ShardService {
                 "sluiceSetShardVersion takes a namespace string",
             )
         })?;
-        match body.get("shardVersion") {
+        // `{sluiceSetShardVersion: "db", databaseVersion: {uuid, timestamp, lastMod}}`: the
+        // database version this shard checks `databaseVersion` against.
+        let field = if ns.contains('.') {
+            "shardVersion"
+        } else {
+            "databaseVersion"
+        };
+        match body.get(field) {
             Some(Bson::Document(v)) => {
                 lock(&self.versions).insert(ns.to_string(), v.clone());
             }

@@ -6,6 +6,7 @@
 //! It sits above everything it composes: the frontend serves it, the cluster gives it shards,
 //! the read and write paths run its data commands.
 
+pub mod configdb;
 pub mod maintenance;
 pub mod route;
 pub mod sharding;

@@ -58,14 +58,47 @@ fn collection_of(req: &CommandRequest, body: &Document) -> Option<String> {
 }
 
 /// Routes a command that is not answered by the router itself; returns the full reply
-/// (with `ok`).
+/// (with `ok`). With a config server, a command a shard refused as stale (StaleConfig,
+/// StaleEpoch, StaleDbVersion: refused before it ran) is routed again on the refreshed
+/// routing, up to 10 times as mongos does; the client sees the stale error only when the
+/// retries are used up. (Writes on sharded collections retarget their stale statements in the
+/// write path and never end stale here.)
 pub async fn route(
     sharded: &ShardedCluster,
     policy: Policy,
     req: &CommandRequest,
     client_id: i64,
 ) -> Result<Reply, CommandError> {
+    let mut attempt = 1;
+    loop {
+        let result = route_once(sharded, policy, req, client_id).await;
+        if !sharded.has_config_server() || attempt >= super::configdb::MAX_ATTEMPTS {
+            return result;
+        }
+        let Some(stale) = super::configdb::stale_error(&result) else {
+            return result;
+        };
+        let body = req.options_document();
+        let ns = match collection_of(req, &body) {
+            Some(c) => format!("{}.{c}", req.db),
+            None => req.db.clone(),
+        };
+        metrics::counter!("sluice_stale_retries_total").increment(1);
+        sharded.on_stale(&ns, &stale);
+        attempt += 1;
+    }
+}
+
+async fn route_once(
+    sharded: &ShardedCluster,
+    policy: Policy,
+    req: &CommandRequest,
+    client_id: i64,
+) -> Result<Reply, CommandError> {
     let (cluster, store) = (&sharded.cluster, &*sharded.metadata);
+    let db_versions = sharded
+        .sync_database(&req.db, CREATING.contains(&req.name.as_str()))
+        .await?;
     if let Some(n) = req.statement_count() {
         let max = crate::limits::MAX_WRITE_BATCH_SIZE;
         if n == 0 || n > max {
@@ -96,7 +129,7 @@ pub async fn route(
             .map_err(|m| CommandError::new(ErrorCode::InvalidNamespace, m))?;
     }
     let snapshot = match &coll {
-        Some(c) => cluster.routing.get(&format!("{}.{c}", req.db))?,
+        Some(c) => cluster.routing.lookup(&format!("{}.{c}", req.db)).await?,
         None => None,
     };
     if in_transaction(&body)
@@ -146,6 +179,9 @@ pub async fn route(
                     .await
                     .into()))
             }
+            "drop" if store.is_mirror() => {
+                return Err(super::configdb::not_through_config_server("drop", &snap.ns));
+            }
             "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" | "collMod" => {
                 return broadcast_ddl(cluster, store, req, &snap)
                     .await
@@ -192,9 +228,15 @@ pub async fn route(
             }
         }
         "listDatabases" => return list_databases(cluster, req).await.map(Reply::from),
+        "dropDatabase" if store.is_mirror() => {
+            return Err(super::configdb::not_through_config_server(
+                "dropDatabase",
+                &req.db,
+            ))
+        }
         "dropDatabase" => return drop_database(cluster, store, req).await.map(Reply::from),
         "dbStats" => return db_stats(cluster, req).await.map(Reply::from),
-        "aggregate" => super::maintenance::check_output_target(cluster, req, &body)?,
+        "aggregate" => super::maintenance::check_output_target(cluster, req, &body).await?,
         _ => {}
     }
     if req.db == "admin" || req.db == "local" {
@@ -220,7 +262,9 @@ pub async fn route(
             }
         },
     };
-    forward(cluster, &primary, req, None).await.map(Reply::from)
+    forward_with(cluster, &primary, req, db_versions)
+        .await
+        .map(Reply::from)
 }
 
 /// `explain` of a `find`, `aggregate`, `count` or `distinct` on a sharded collection, in
@@ -238,7 +282,7 @@ async fn explain(
         .map(|(k, v)| (k.clone(), v.as_str().map(|s| s.to_string())))?;
     let coll = coll?;
     let ns = format!("{}.{coll}", req.db);
-    let snap = match cluster.routing.get(&ns) {
+    let snap = match cluster.routing.lookup(&ns).await {
         Ok(Some(s)) => s,
         Ok(None) => return None,
         Err(e) => return Some(Err(e.into())),
@@ -373,7 +417,7 @@ async fn drop_database(
         return Ok(failed);
     }
     for ns in store.drop_database(&req.db)? {
-        cluster.routing.refresh(&ns)?;
+        cluster.routing.reload(&ns, &[]).await?;
     }
     Ok(bson::doc! {"dropped": &req.db, "ok": 1.0})
 }
@@ -612,7 +656,7 @@ pub(super) async fn broadcast_ddl(
     }
     if req.name == "drop" {
         store.drop_collection(&snap.ns)?;
-        cluster.routing.refresh(&snap.ns)?;
+        cluster.routing.reload(&snap.ns, &[]).await?;
     }
     Ok(first_ok.unwrap_or_else(|| bson::doc! {"ok": 1.0}))
 }
@@ -624,6 +668,23 @@ pub(super) async fn forward(
     shard: &str,
     req: &CommandRequest,
     shard_version: Option<Document>,
+) -> Result<Document, CommandError> {
+    forward_with(
+        cluster,
+        shard,
+        req,
+        shard_version.map(|v| bson::doc! {"shardVersion": v}),
+    )
+    .await
+}
+
+/// [`forward`] with version fields (`shardVersion`, `databaseVersion`) set on the body,
+/// replacing any the client sent.
+pub(super) async fn forward_with(
+    cluster: &Arc<Cluster>,
+    shard: &str,
+    req: &CommandRequest,
+    versions: Option<Document>,
 ) -> Result<Document, CommandError> {
     let Some(pool) = cluster.pool(shard) else {
         return Err(CommandError::new(
@@ -639,15 +700,15 @@ pub(super) async fn forward(
             .and_then(|wc| wc.get("w").ok().flatten()),
         Some(bson::RawBsonRef::Int32(0) | bson::RawBsonRef::Int64(0))
     );
-    let body_bytes: Vec<u8> = if raise_w0 || shard_version.is_some() {
+    let body_bytes: Vec<u8> = if raise_w0 || versions.is_some() {
         let mut body = req.body_document();
         if raise_w0 {
             if let Ok(wc) = body.get_document_mut("writeConcern") {
                 wc.insert("w", 1);
             }
         }
-        if let Some(v) = shard_version {
-            body.insert("shardVersion", v);
+        for (k, v) in versions.into_iter().flatten() {
+            body.insert(k, v);
         }
         body.to_vec()
             .map_err(|e| CommandError::new(ErrorCode::InternalError, e.to_string()))?

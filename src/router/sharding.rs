@@ -257,7 +257,7 @@ pub async fn shard_collection(
             }
         }
     }
-    cluster.cluster.routing.refresh(&ns)?;
+    cluster.cluster.routing.reload(&ns, &[]).await?;
     Ok(doc! {"collectionsharded": &ns})
 }
 

@@ -36,6 +36,63 @@ pub async fn start_router_with(mut config: Config) -> RouterHandle {
         .expect("router starts")
 }
 
+/// Every document of a driver cursor, in order.
+pub async fn all(mut cursor: mongodb::Cursor<Document>) -> Vec<Document> {
+    let mut out = Vec::new();
+    while cursor.advance().await.unwrap() {
+        out.push(cursor.deserialize_current().unwrap());
+    }
+    out
+}
+
+/// An embedded shard playing a config server (replica set `set_name`, holding `config.*`
+/// as a 6.0+ config server writes it), and a plain driver client to write its documents with.
+pub async fn config_server(set_name: &str) -> (sluice::embedded::EmbeddedShard, mongodb::Client) {
+    let shard = sluice::embedded::EmbeddedShard::start(
+        "127.0.0.1:0",
+        sluice::embedded::ShardOptions {
+            set_name: set_name.into(),
+            ..sluice::embedded::ShardOptions::for_tests()
+        },
+    )
+    .await
+    .expect("config server starts");
+    let writer = direct(shard.local_addr()).await;
+    (shard, writer)
+}
+
+/// A `config.chunks` document of the collection `uuid` as a 6.0+ config server writes it,
+/// over `{x: 1}`: [`min`, `max`) on `shard` at version `major|minor`.
+pub fn chunk(
+    uuid: bson::Uuid,
+    min: bson::Bson,
+    max: bson::Bson,
+    shard: &str,
+    major: u32,
+    minor: u32,
+) -> Document {
+    let ts = |time, increment| bson::Timestamp { time, increment };
+    bson::doc! {
+        "_id": bson::oid::ObjectId::new(),
+        "uuid": uuid,
+        "min": {"x": min},
+        "max": {"x": max},
+        "shard": shard,
+        "lastmod": ts(major, minor),
+        "onCurrentShardSince": ts(50, 1),
+        "history": [{"validAfter": ts(50, 1), "shard": shard}],
+    }
+}
+
+/// A driver client connected to one server directly (no replica-set discovery).
+pub async fn direct(addr: SocketAddr) -> mongodb::Client {
+    mongodb::Client::with_uri_str(format!(
+        "mongodb://{addr}/?directConnection=true&serverSelectionTimeoutMS=5000"
+    ))
+    .await
+    .expect("driver client")
+}
+
 /// A client for the stock Rust driver.
 pub async fn driver(addr: SocketAddr, extra: &str) -> mongodb::Client {
     let uri = format!("mongodb://{addr}/?serverSelectionTimeoutMS=5000{extra}");
