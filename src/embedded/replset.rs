@@ -316,7 +316,8 @@ impl MemberLink {
         }
     }
 
-    /// The replica-set fields of this member's `hello`.
+    /// The replica-set fields of this member's `hello`, written over (or removed from) those of
+    /// a primary's reply.
     pub fn hello_fields(&self, name: &str, d: &mut Document) {
         let inner = lock(&self.set.inner);
         let me = &inner.members[self.index];
@@ -339,12 +340,15 @@ impl MemberLink {
             d.insert("ismaster", primary);
         }
         d.insert("secondary", me.role == MemberRole::Secondary);
-        if let Some(p) = inner.primary {
-            d.insert("primary", inner.members[p].addr.clone());
-        }
+        match inner.primary {
+            Some(p) => d.insert("primary", inner.members[p].addr.clone()),
+            None => d.remove("primary"),
+        };
         d.insert("me", me.addr.clone());
         if primary {
             d.insert("electionId", election_id(inner.term));
+        } else {
+            d.remove("electionId");
         }
         let wall = bson::DateTime::from_system_time(std::time::SystemTime::now() - me.lag);
         let secs = (wall.timestamp_millis() / 1000).max(0) as u32;

@@ -308,7 +308,9 @@ async fn run_command(
         .map(Reply::from);
     }
     let own = match req.name.as_str() {
-        "hello" | "isMaster" | "ismaster" => hello::hello(state, client, req).await,
+        "hello" | "isMaster" | "ismaster" => {
+            hello::hello(state, client, req, hello::Role::Router).await
+        }
         "ping" => Ok(doc! {}),
         "buildInfo" | "buildinfo" => Ok(server_info::build_info()),
         "getParameter" => {
