@@ -15,9 +15,11 @@ use tokio::sync::Semaphore;
 
 use super::store::Catalog;
 use super::ShardOptions;
-use crate::command::{self, hello, server_info, ClientState, CommandRequest, ServerState};
+use crate::command::{
+    self, hello, server_info, BoxFuture, ClientState, CommandRequest, Response, ServerState,
+    Service,
+};
 use crate::engine::EngineError;
-use crate::frontend::{BoxFuture, Response, Service};
 use crate::value::compare::values_equal;
 use crate::value::error_codes::ErrorCode;
 
