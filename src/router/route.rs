@@ -704,7 +704,7 @@ pub(super) async fn forward(
     }
     .await
     .map_err(|e| {
-        let mut err = CommandError::new(e.code(), format!("{e} (shard {shard})"));
+        let mut err = CommandError::from(e.at(shard));
         if req.body.raw().get("txnNumber").ok().flatten().is_some() {
             err.labels.push("RetryableWriteError".into());
         }
