@@ -328,6 +328,10 @@ async fn run_command(
         "listShards" | "listshards" => sharding::list_shards(cluster),
         "flushRouterConfig" | "flushrouterconfig" => sharding::flush_router_config(cluster),
         "balancerStatus" => Ok(sharding::balancer_status()),
+        "bulkWrite" => match cluster {
+            Some(cluster) => return route::bulk_write(cluster, &state.config, req).await,
+            None => Err(no_such_command("bulkWrite")),
+        },
         "aggregate" if req.body.raw().get_str("aggregate").is_err() => {
             match sharding::local_documents_aggregate(req, state.config.stage_memory_bytes) {
                 Some(r) => r,
