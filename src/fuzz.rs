@@ -25,13 +25,13 @@ use std::sync::Arc;
 use bson::{doc, Bson, Document};
 use bytes::Bytes;
 
+use crate::command::Service;
 use crate::command::{ClientState, ServerState};
 use crate::config::Config;
 use crate::embedded::{ShardOptions, ShardService};
 use crate::engine::aggregate::{self, AggregateOptions};
 use crate::engine::matcher::Matcher;
 use crate::engine::update::{self, Update};
-use crate::frontend::Service;
 use crate::wire::{self, Compressor, OpMsgBuilder};
 
 /// A target's entry point: any bytes, no panic.
@@ -553,7 +553,7 @@ pub fn wire_decode(data: &[u8]) {
         if len == frame.len() {
             if let Ok(incoming) = wire::decode(Bytes::from(frame)) {
                 if let wire::Message::Msg(msg) = incoming.message {
-                    let _ = crate::frontend::command_request(&msg);
+                    let _ = crate::command::CommandRequest::from_op_msg(&msg);
                 }
             }
         }
@@ -642,7 +642,7 @@ pub fn command_envelope(data: &[u8]) {
     let wire::Message::Msg(msg) = incoming.message else {
         return;
     };
-    let Ok(req) = crate::frontend::command_request(&msg) else {
+    let Ok(req) = crate::command::CommandRequest::from_op_msg(&msg) else {
         return;
     };
     if crate::command::hello::is_awaitable(&req.body_document()) {

@@ -260,3 +260,49 @@ async fn idle_cursors_are_reaped_on_a_timer() {
     assert_eq!(r.get_f64("ok").unwrap_or(0.0), 1.0, "{r}");
     s.shutdown().await;
 }
+
+/// The shard answers `hello` as a replica-set primary through the same builder as the router:
+/// the fields both report have the same values and types (`connectionId` an Int32, the wire
+/// versions and limits alike), and only the role's own fields differ.
+#[tokio::test]
+async fn hello_shares_the_routers_fields() {
+    let s = shard().await;
+    let router = common::start_router().await;
+    let mut to_shard = Raw::connect(s.local_addr()).await;
+    let mut to_router = Raw::connect(router.local_addr()).await;
+    let ask = doc! {"hello": 1, "helloOk": true, "$db": "admin"};
+    let from_shard = to_shard.command(&ask).await;
+    let from_router = to_router.command(&ask).await;
+    for field in [
+        "isWritablePrimary",
+        "helloOk",
+        "maxBsonObjectSize",
+        "maxMessageSizeBytes",
+        "maxWriteBatchSize",
+        "logicalSessionTimeoutMinutes",
+        "minWireVersion",
+        "maxWireVersion",
+    ] {
+        assert_eq!(
+            from_shard.get(field),
+            from_router.get(field),
+            "{field}: shard {from_shard} router {from_router}"
+        );
+    }
+    for reply in [&from_shard, &from_router] {
+        assert!(
+            matches!(reply.get("connectionId"), Some(Bson::Int32(_))),
+            "{reply}"
+        );
+    }
+    assert_eq!(from_router.get_str("msg").unwrap(), "isdbgrid");
+    assert!(!from_shard.contains_key("msg"), "{from_shard}");
+    let me = from_shard.get_str("me").unwrap();
+    assert_eq!(from_shard.get_str("primary").unwrap(), me);
+    assert_eq!(
+        from_shard.get_str("setName").unwrap(),
+        ShardOptions::for_tests().set_name
+    );
+    router.shutdown().await;
+    s.shutdown().await;
+}

@@ -1,6 +1,10 @@
-//! `hello` / `isMaster` / `ismaster`: the handshake as mongos answers it.
+//! `hello` / `isMaster` / `ismaster`: the handshake, built once for every server Sluice runs.
 //!
-//! `msg: "isdbgrid"` is what makes every driver classify the server as a mongos. The first
+//! The router answers as mongos (`msg: "isdbgrid"` is what makes every driver classify the
+//! server as a mongos); the embedded shard answers as the primary of its replica set (`setName`,
+//! `hosts`, `me`, …), as mongod does. Both go through [`hello`] with their [`Role`], so the
+//! limits, `connectionId` (Int32, Int64 only when it does not fit, as mongod's `appendNumber`)
+//! and wire versions they report cannot drift apart. The first
 //! `hello` of a connection may carry `client` metadata (once only: a second one is error 186)
 //! and a `compression` list, which is intersected with the compressors Sluice supports in the
 //! client's order. An awaitable `hello` (`topologyVersion` + `maxAwaitTimeMS`) whose
@@ -10,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{doc, Bson, Document};
+use bson::{doc, oid::ObjectId, Bson, Document, Timestamp};
 
 use super::{ClientState, CommandError, CommandRequest, ServerState};
 use crate::value::error_codes::ErrorCode;
@@ -32,11 +36,35 @@ pub fn is_awaitable(body: &Document) -> bool {
     body.contains_key("topologyVersion") && body.contains_key("maxAwaitTimeMS")
 }
 
-/// Handles `hello`, `isMaster` and `ismaster`.
+/// Which server answers the handshake, and what only that kind of server reports.
+#[derive(Debug, Clone, Copy)]
+pub enum Role<'a> {
+    /// The router, answering as mongos.
+    Router,
+    /// A replica-set primary (the embedded shard), answering as mongod.
+    Primary(&'a ReplicaSetMember),
+}
+
+/// What a replica-set member reports about its set in `hello`.
+#[derive(Debug, Clone)]
+pub struct ReplicaSetMember {
+    /// `setName`.
+    pub set_name: String,
+    /// `me`, `primary` and the only entry of `hosts`.
+    pub me: String,
+    /// `electionId`.
+    pub election_id: ObjectId,
+    /// `lastWrite.opTime.ts`.
+    pub last_write: Timestamp,
+}
+
+/// Handles `hello`, `isMaster` and `ismaster` for `role`: the handshake's bookkeeping (client
+/// metadata, compression), the awaitable form's wait, then the reply.
 pub async fn hello(
     state: &Arc<ServerState>,
     client: &mut ClientState,
     req: &CommandRequest,
+    role: Role<'_>,
 ) -> Result<Document, CommandError> {
     let body = req.body_document();
 
@@ -120,17 +148,35 @@ pub async fn hello(
         }
     }
 
-    let mut reply = Document::new();
-    if req.name == "hello" {
-        reply.insert("isWritablePrimary", true);
+    let primary_field = if req.name == "hello" {
+        "isWritablePrimary"
     } else {
-        reply.insert("ismaster", true);
+        "ismaster"
+    };
+    let topology_version = doc! {"processId": state.process_id, "counter": 0i64};
+    let mut reply = Document::new();
+    match role {
+        Role::Router => {
+            reply.insert(primary_field, true);
+            reply.insert("msg", "isdbgrid");
+            reply.insert("topologyVersion", topology_version);
+        }
+        Role::Primary(member) => {
+            reply.insert("topologyVersion", topology_version);
+            reply.insert("hosts", vec![Bson::String(member.me.clone())]);
+            reply.insert("setName", &member.set_name);
+            reply.insert("setVersion", 1);
+            reply.insert(primary_field, true);
+            reply.insert("secondary", false);
+            reply.insert("primary", &member.me);
+            reply.insert("me", &member.me);
+            reply.insert("electionId", member.election_id);
+            reply.insert(
+                "lastWrite",
+                doc! {"opTime": {"ts": member.last_write, "t": 1i64}, "lastWriteDate": bson::DateTime::now()},
+            );
+        }
     }
-    reply.insert("msg", "isdbgrid");
-    reply.insert(
-        "topologyVersion",
-        doc! {"processId": state.process_id, "counter": 0i64},
-    );
     if body.get("helloOk").is_some_and(truthy) {
         reply.insert("helloOk", true);
     }
@@ -146,8 +192,18 @@ pub async fn hello(
         Ok(id) => reply.insert("connectionId", id),
         Err(_) => reply.insert("connectionId", client.id),
     };
-    reply.insert("maxWireVersion", MAX_WIRE_VERSION);
-    reply.insert("minWireVersion", MIN_WIRE_VERSION);
+    // mongos and mongod list the two wire versions in opposite orders.
+    match role {
+        Role::Router => {
+            reply.insert("maxWireVersion", MAX_WIRE_VERSION);
+            reply.insert("minWireVersion", MIN_WIRE_VERSION);
+        }
+        Role::Primary(_) => {
+            reply.insert("minWireVersion", MIN_WIRE_VERSION);
+            reply.insert("maxWireVersion", MAX_WIRE_VERSION);
+            reply.insert("readOnly", false);
+        }
+    }
     if body.contains_key("compression") && !client.compressors.is_empty() {
         let names: Vec<Bson> = client
             .compressors

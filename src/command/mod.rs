@@ -12,8 +12,10 @@ pub mod cursors;
 pub mod failpoint;
 pub mod hello;
 pub mod server_info;
+pub mod service;
 pub mod write_kind;
 
+pub use service::{BoxFuture, Response, Service};
 pub use write_kind::WriteKind;
 
 use std::net::SocketAddr;
@@ -90,13 +92,19 @@ impl From<CommandError> for EngineError {
     }
 }
 
-/// A command as the dispatcher sees it, whatever opcode carried it.
+/// A command as the dispatcher sees it, whatever opcode carried it: parsed once, when the
+/// message arrives ([`CommandRequest::from_op_msg`], [`CommandRequest::new`]), and carried
+/// through the frontend, the dispatch and the read and write paths, which read its body and
+/// statements in place.
 #[derive(Debug, Clone)]
 pub struct CommandRequest {
     /// The database (`$db` of OP_MSG, or the namespace's database of OP_QUERY).
     pub db: String,
     /// The command name: the body's first field.
     pub name: String,
+    /// `db.collection` when the command names a collection (its first field's string value;
+    /// `collection` for `getMore`), as the client sent it, unchecked.
+    pub namespace: Option<String>,
     /// The body.
     pub body: BsonDoc,
     /// Kind-1 sections.
@@ -106,6 +114,79 @@ pub struct CommandRequest {
 }
 
 impl CommandRequest {
+    /// The request a body (already validated, or encoded by Sluice) and its sequences make
+    /// on `db`: the name and the namespace are read from the body here, once.
+    pub fn new(db: String, body: BsonDoc, sequences: Vec<DocumentSequence>, legacy: bool) -> Self {
+        let raw = body.raw();
+        let mut fields = raw.iter().flatten();
+        let first = fields.next();
+        let name = first
+            .map(|(k, _)| k.as_str())
+            .unwrap_or_default()
+            .to_string();
+        let collection = if name == "getMore" {
+            raw.get_str("collection").ok()
+        } else {
+            match first {
+                Some((_, bson::RawBsonRef::String(s))) => Some(s),
+                _ => None,
+            }
+        };
+        let namespace = collection.map(|c| format!("{db}.{c}"));
+        CommandRequest {
+            db,
+            name,
+            namespace,
+            body,
+            sequences,
+            legacy,
+        }
+    }
+
+    /// The dispatcher's view of an OP_MSG: `$db` (mongod's errors when it is missing or not
+    /// a string), the name, the namespace.
+    pub fn from_op_msg(msg: &crate::wire::OpMsg) -> Result<Self, CommandError> {
+        let db = match msg.body.raw().get("$db") {
+            Ok(Some(bson::RawBsonRef::String(db))) => db.to_string(),
+            Ok(Some(_)) => {
+                return Err(CommandError::new(
+                    ErrorCode::TypeMismatch,
+                    "BSON field '$db' is the wrong type, expected type 'string'",
+                ))
+            }
+            _ => {
+                return Err(CommandError::new(
+                    ErrorCode(40571),
+                    "OP_MSG requests require a $db argument",
+                ))
+            }
+        };
+        Ok(CommandRequest::new(
+            db,
+            msg.body.clone(),
+            msg.sequences.clone(),
+            false,
+        ))
+    }
+
+    /// A request Sluice makes itself (start-up, tests): `body` on `db`, no sequences.
+    pub fn from_document(db: &str, body: &Document) -> Result<Self, CommandError> {
+        let bytes = body
+            .to_vec()
+            .map_err(|e| CommandError::new(ErrorCode::BadValue, e.to_string()))?;
+        Ok(CommandRequest::new(
+            db.to_string(),
+            BsonDoc::from_encoded(bytes),
+            Vec::new(),
+            false,
+        ))
+    }
+
+    /// The collection part of [`CommandRequest::namespace`].
+    pub fn collection(&self) -> Option<&str> {
+        self.namespace.as_deref().map(|ns| &ns[self.db.len() + 1..])
+    }
+
     /// The body as an owned document (local commands only; the write path reads raw).
     pub fn body_document(&self) -> Document {
         self.body.to_document()

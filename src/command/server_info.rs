@@ -260,16 +260,9 @@ pub fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::BsonDoc;
 
     fn req(body: Document) -> CommandRequest {
-        CommandRequest {
-            db: "admin".into(),
-            name: body.keys().next().cloned().unwrap_or_default(),
-            body: BsonDoc::from_encoded(body.to_vec().unwrap()),
-            sequences: vec![],
-            legacy: false,
-        }
+        CommandRequest::from_document("admin", &body).unwrap()
     }
 
     #[test]

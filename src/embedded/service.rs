@@ -15,12 +15,13 @@ use tokio::sync::Semaphore;
 
 use super::store::Catalog;
 use super::ShardOptions;
-use crate::command::{self, hello, server_info, ClientState, CommandRequest, ServerState};
+use crate::command::{
+    self, hello, server_info, BoxFuture, ClientState, CommandRequest, Response, ServerState,
+    Service,
+};
 use crate::engine::EngineError;
-use crate::frontend::{BoxFuture, Response, Service};
 use crate::value::compare::values_equal;
 use crate::value::error_codes::ErrorCode;
-use crate::wire::{MAX_BSON_OBJECT_SIZE, MAX_MESSAGE_SIZE};
 
 /// Commands that touch data: they pay the injected latency and take a concurrency slot.
 const DATA_COMMANDS: &[&str] = &[
@@ -373,54 +374,14 @@ impl ShardService {
         }))
     }
 
-    fn hello(&self, client: &mut ClientState, body: &Document, name: &str) -> Document {
-        let me = lock(&self.address).clone();
-        let mut d = Document::new();
-        d.insert(
-            "topologyVersion",
-            doc! {"processId": self.state.process_id, "counter": 0i64},
-        );
-        d.insert("hosts", vec![Bson::String(me.clone())]);
-        d.insert("setName", &self.options.set_name);
-        d.insert("setVersion", 1);
-        if name == "hello" {
-            d.insert("isWritablePrimary", true);
-        } else {
-            d.insert("ismaster", true);
+    /// What `hello` reports about this shard's replica set.
+    fn member(&self) -> hello::ReplicaSetMember {
+        hello::ReplicaSetMember {
+            set_name: self.options.set_name.clone(),
+            me: lock(&self.address).clone(),
+            election_id: self.election_id,
+            last_write: self.state.clock.now(),
         }
-        d.insert("secondary", false);
-        d.insert("primary", me.clone());
-        d.insert("me", me);
-        d.insert("electionId", self.election_id);
-        let now = self.state.clock.now();
-        d.insert(
-            "lastWrite",
-            doc! {"opTime": {"ts": now, "t": 1i64}, "lastWriteDate": bson::DateTime::now()},
-        );
-        if body.get("helloOk").is_some_and(crate::value::field::truthy) {
-            d.insert("helloOk", true);
-        }
-        d.insert("maxBsonObjectSize", MAX_BSON_OBJECT_SIZE as i32);
-        d.insert("maxMessageSizeBytes", MAX_MESSAGE_SIZE as i32);
-        d.insert("maxWriteBatchSize", hello::MAX_WRITE_BATCH_SIZE);
-        d.insert("localTime", bson::DateTime::now());
-        d.insert(
-            "logicalSessionTimeoutMinutes",
-            hello::LOGICAL_SESSION_TIMEOUT_MINUTES,
-        );
-        d.insert("connectionId", client.id);
-        d.insert("minWireVersion", 0);
-        d.insert("maxWireVersion", hello::MAX_WIRE_VERSION);
-        d.insert("readOnly", false);
-        if body.contains_key("compression") && !client.compressors.is_empty() {
-            let names: Vec<Bson> = client
-                .compressors
-                .iter()
-                .map(|c| Bson::String(c.name().into()))
-                .collect();
-            d.insert("compression", names);
-        }
-        d
     }
 
     fn server_status(&self) -> Document {
@@ -506,15 +467,8 @@ impl ShardService {
         }
         let mut reply = match name {
             "hello" | "isMaster" | "ismaster" => {
-                // Handshake bookkeeping (client metadata, compression) is shared with the router.
-                let shared = hello::hello(&self.state, client, req)
-                    .await
-                    .map_err(|e| EngineError::new(e.code, e.message))?;
-                let mut d = self.hello(client, &body, name);
-                if let Some(c) = shared.get("compression") {
-                    d.insert("compression", c.clone());
-                }
-                d
+                let member = self.member();
+                hello::hello(&self.state, client, req, hello::Role::Primary(&member)).await?
             }
             "ping" => Document::new(),
             "buildInfo" | "buildinfo" => {

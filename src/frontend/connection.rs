@@ -402,7 +402,7 @@ impl Session<'_> {
         let more_to_come = msg.flags.more_to_come();
         // A request that carried a checksum gets one back.
         let reply_flags = msg.flags.0 & MsgFlags::CHECKSUM_PRESENT;
-        let req = match command_request(msg) {
+        let req = match CommandRequest::from_op_msg(msg) {
             Ok(req) => req,
             Err(e) => {
                 if more_to_come {
@@ -554,13 +554,7 @@ impl Session<'_> {
         let body = query.command();
         let name = body.first_key().unwrap_or_default().to_string();
         let reply = if OP_QUERY_COMMANDS.contains(&name.as_str()) {
-            let req = CommandRequest {
-                db: query.database().to_string(),
-                name,
-                body,
-                sequences: Vec::new(),
-                legacy: true,
-            };
+            let req = CommandRequest::new(query.database().to_string(), body, Vec::new(), true);
             match self.serve_request(&req, None).await {
                 Response::Reply(reply) => reply,
                 Response::Raw(reply) => Reply::Raw(reply).into_document(),
@@ -787,11 +781,8 @@ fn msg_size(msg: &OpMsg) -> usize {
 }
 
 /// `db.collection` when the command names a collection, else the database.
-fn namespace(req: &CommandRequest) -> String {
-    match req.body.raw().get_str(&req.name) {
-        Ok(coll) => format!("{}.{coll}", req.db),
-        Err(_) => req.db.clone(),
-    }
+fn namespace(req: &CommandRequest) -> &str {
+    req.namespace.as_deref().unwrap_or(&req.db)
 }
 
 /// The command name as a metric label: known commands by name, anything else as "other" (so a
@@ -839,31 +830,4 @@ fn command_label(name: &str) -> &'static str {
         .copied()
         .find(|k| *k == name)
         .unwrap_or("other")
-}
-
-/// Builds the dispatcher's view of an OP_MSG: the command name and `$db`.
-pub fn command_request(msg: &OpMsg) -> Result<CommandRequest, CommandError> {
-    let name = msg.body.first_key().unwrap_or_default().to_string();
-    let db = match msg.body.raw().get("$db") {
-        Ok(Some(bson::RawBsonRef::String(db))) => db.to_string(),
-        Ok(Some(_)) => {
-            return Err(CommandError::new(
-                ErrorCode::TypeMismatch,
-                "BSON field '$db' is the wrong type, expected type 'string'",
-            ))
-        }
-        _ => {
-            return Err(CommandError::new(
-                ErrorCode(40571),
-                "OP_MSG requests require a $db argument",
-            ))
-        }
-    };
-    Ok(CommandRequest {
-        db,
-        name,
-        body: msg.body.clone(),
-        sequences: msg.sequences.clone(),
-        legacy: false,
-    })
 }

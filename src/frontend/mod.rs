@@ -10,54 +10,19 @@ mod connection;
 mod listener;
 pub mod security;
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 
-use bson::Document;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::command::{ClientState, CommandRequest, ServerState};
+use crate::command::ServerState;
 use crate::config::Config;
 
-pub use connection::command_request;
 pub use listener::bind;
 
-/// A boxed future, as returned by [`Service::handle`].
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// What a service wants done with one request.
-#[derive(Debug)]
-pub enum Response {
-    /// Send this reply (nothing is sent when the request carried `moreToCome`).
-    Reply(Document),
-    /// Send this reply, already encoded (results passed through from a shard).
-    Raw(bson::RawDocumentBuf),
-    /// Close the connection without replying (a `closeConnection` failpoint, for instance).
-    CloseConnection,
-}
-
-/// Whatever answers commands behind a listener: the router, or an embedded shard. The
-/// frontend owns sockets, framing, compression and exhaust; the service owns meaning.
-pub trait Service: Send + Sync + 'static {
-    /// The counters, clock and shutdown signal of this process.
-    fn state(&self) -> &Arc<ServerState>;
-
-    /// Answers one command.
-    fn handle<'a>(
-        &'a self,
-        client: &'a mut ClientState,
-        req: &'a CommandRequest,
-    ) -> BoxFuture<'a, Response>;
-
-    /// Called once when a client connection ends, to release what only that connection could
-    /// use (its cursors, for the router).
-    fn connection_closed<'a>(&'a self, _client: &'a ClientState) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
-    }
-}
+// The service contract lives in `command`, below both the frontend and the services.
+pub use crate::command::service::{BoxFuture, Response, Service};
 
 /// A running listener (the router's, or an embedded shard's).
 pub struct RouterHandle {

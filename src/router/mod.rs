@@ -143,63 +143,113 @@ impl crate::frontend::Service for Router {
     }
 }
 
-/// Commands mongos registers that the router forwards (to the database's primary shard, or
-/// through the read and write paths) when it does not answer them itself. Anything else that
-/// the router does not answer is unknown (CommandNotFound, 59): a client cannot reach a
-/// shard's internal commands (`_shardsvr*`, `_configsvr*`, Sluice's own `sluice*`) or its
-/// test-only ones (`configureFailPoint`) through the router.
-pub const FORWARDED_COMMANDS: &[&str] = &[
-    "abortTransaction",
-    "aggregate",
-    "analyze",
-    "collMod",
-    "collStats",
-    "collstats",
-    "commitTransaction",
-    "compact",
-    "convertToCapped",
-    "count",
-    "create",
-    "createIndexes",
-    "dataSize",
-    "datasize",
-    "dbStats",
-    "dbstats",
-    "delete",
-    "deleteIndexes",
-    "distinct",
-    "drop",
-    "dropDatabase",
-    "dropIndexes",
-    "explain",
-    "filemd5",
-    "find",
-    "findAndModify",
-    "findandmodify",
-    "getMore",
-    "insert",
-    "killCursors",
-    "listCollections",
-    "listDatabases",
-    "listIndexes",
-    "mapReduce",
-    "planCacheClear",
-    "planCacheClearFilters",
-    "planCacheListFilters",
-    "planCacheSetFilter",
-    "renameCollection",
-    "update",
-    "validate",
-    "validateDBMetadata",
-];
+/// What the router does with a command: answer it itself, or forward it ([`route::Forwarded`]
+/// says how). The router's one dispatch table, read once per request; the read and write paths
+/// get the request already classified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handler {
+    /// `hello`, `isMaster`, `ismaster`.
+    Hello,
+    /// `ping`.
+    Ping,
+    /// `buildInfo`.
+    BuildInfo,
+    /// `getParameter`.
+    GetParameter,
+    /// `getLog`.
+    GetLog,
+    /// `whatsmyuri`.
+    WhatsMyUri,
+    /// `connectionStatus`.
+    ConnectionStatus,
+    /// `endSessions`.
+    EndSessions,
+    /// `killSessions`, `killAllSessions`, `killAllSessionsByPattern`: passed to every shard.
+    KillSessions,
+    /// `getCmdLineOpts`.
+    GetCmdLineOpts,
+    /// `serverStatus`.
+    ServerStatus,
+    /// `enableSharding`.
+    EnableSharding,
+    /// `shardCollection`.
+    ShardCollection,
+    /// `listShards`.
+    ListShards,
+    /// `flushRouterConfig`.
+    FlushRouterConfig,
+    /// `balancerStatus`.
+    BalancerStatus,
+    /// `bulkWrite` (8.0): the write path, across namespaces.
+    BulkWrite,
+    /// Forwarded to shards through [`route::route`].
+    Forward(route::Forwarded),
+}
 
-/// Whether `name` is a command only shards, config servers or tests accept: never forwarded
-/// from a client, whatever the allow-list says.
-pub fn is_internal_command(name: &str) -> bool {
-    name.starts_with("_shardsvr")
-        || name.starts_with("_configsvr")
-        || name.starts_with("sluice")
-        || name == "configureFailPoint"
+impl Handler {
+    /// The handler of the command `name`, `None` for a command the router does not know: what
+    /// mongos registers, and nothing else. A client cannot reach a shard's internal commands
+    /// (`_shardsvr*`, `_configsvr*`, Sluice's own `sluice*`) or its test-only ones
+    /// (`configureFailPoint`, which the router serves itself) through the router.
+    pub fn of(name: &str) -> Option<Handler> {
+        use route::Forwarded as F;
+        use Handler::*;
+        Some(match name {
+            "hello" | "isMaster" | "ismaster" => Hello,
+            "ping" => Ping,
+            "buildInfo" | "buildinfo" => BuildInfo,
+            "getParameter" => GetParameter,
+            "getLog" => GetLog,
+            "whatsmyuri" => WhatsMyUri,
+            "connectionStatus" => ConnectionStatus,
+            "endSessions" => EndSessions,
+            "killAllSessions" | "killAllSessionsByPattern" | "killSessions" => KillSessions,
+            "getCmdLineOpts" => GetCmdLineOpts,
+            "serverStatus" => ServerStatus,
+            "enableSharding" | "enablesharding" => EnableSharding,
+            "shardCollection" | "shardcollection" => ShardCollection,
+            "listShards" | "listshards" => ListShards,
+            "flushRouterConfig" | "flushrouterconfig" => FlushRouterConfig,
+            "balancerStatus" => BalancerStatus,
+            "bulkWrite" => BulkWrite,
+            "insert" => Forward(F::Write(crate::command::WriteKind::Insert)),
+            "update" => Forward(F::Write(crate::command::WriteKind::Update)),
+            "delete" => Forward(F::Write(crate::command::WriteKind::Delete)),
+            "findAndModify" | "findandmodify" => Forward(F::FindAndModify),
+            "find" | "count" | "distinct" => Forward(F::Read),
+            "aggregate" => Forward(F::Aggregate),
+            "getMore" => Forward(F::GetMore),
+            "killCursors" => Forward(F::KillCursors),
+            "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" | "collMod" => {
+                Forward(F::CollectionDdl)
+            }
+            "create" => Forward(F::Create),
+            "validate" => Forward(F::Validate),
+            "listIndexes" => Forward(F::ListIndexes),
+            "collStats" => Forward(F::CollStats),
+            "dataSize" | "datasize" => Forward(F::DataSize),
+            "renameCollection" => Forward(F::RenameCollection),
+            "explain" => Forward(F::Explain),
+            "listDatabases" => Forward(F::ListDatabases),
+            "dropDatabase" => Forward(F::DropDatabase),
+            "dbStats" => Forward(F::DbStats),
+            "abortTransaction" | "commitTransaction" => Forward(F::EndTransaction),
+            "analyze"
+            | "collstats"
+            | "compact"
+            | "convertToCapped"
+            | "dbstats"
+            | "filemd5"
+            | "listCollections"
+            | "mapReduce"
+            | "planCacheClear"
+            | "planCacheClearFilters"
+            | "planCacheListFilters"
+            | "planCacheSetFilter"
+            | "validateDBMetadata" => Forward(F::Other),
+            _ => return None,
+        })
+    }
 }
 
 fn no_such_command(name: &str) -> CommandError {
@@ -249,7 +299,7 @@ pub async fn dispatch(
 ) -> Reply {
     state.counters.op_command.fetch_add(1, Ordering::Relaxed);
     let result = match check_envelope(req).and_then(|_| {
-        if matches!(req.name.as_str(), "hello" | "isMaster" | "ismaster") {
+        if Handler::of(&req.name) == Some(Handler::Hello) {
             Ok(None)
         } else {
             max_time(req.body.raw())
@@ -288,10 +338,11 @@ async fn run_command(
     client: &mut ClientState,
     req: &CommandRequest,
 ) -> Result<Reply, CommandError> {
+    let handler = Handler::of(&req.name);
     if req.db == "config"
         && !matches!(
-            req.name.as_str(),
-            "hello" | "isMaster" | "ismaster" | "ping" | "buildInfo" | "buildinfo"
+            handler,
+            Some(Handler::Hello | Handler::Ping | Handler::BuildInfo)
         )
     {
         let name = format!(
@@ -307,32 +358,33 @@ async fn run_command(
         )
         .map(Reply::from);
     }
-    let own = match req.name.as_str() {
-        "hello" | "isMaster" | "ismaster" => hello::hello(state, client, req).await,
-        "ping" => Ok(doc! {}),
-        "buildInfo" | "buildinfo" => Ok(server_info::build_info()),
-        "getParameter" => {
+    let Some(handler) = handler else {
+        return Err(no_such_command(&req.name));
+    };
+    let own = match handler {
+        Handler::Hello => hello::hello(state, client, req, hello::Role::Router).await,
+        Handler::Ping => Ok(doc! {}),
+        Handler::BuildInfo => Ok(server_info::build_info()),
+        Handler::GetParameter => {
             server_info::get_parameter(req, &server_info::Parameters::of(&state.config))
         }
-        "getLog" => server_info::get_log(req),
-        "whatsmyuri" => Ok(doc! {"you": client.peer.to_string()}),
-        "connectionStatus" => Ok(server_info::connection_status(req)),
-        "endSessions" => server_info::end_sessions(req),
-        "killAllSessions" | "killAllSessionsByPattern" | "killSessions" => {
-            kill_sessions(cluster, req).await
-        }
-        "getCmdLineOpts" => Ok(server_info::get_cmd_line_opts(state)),
-        "serverStatus" => Ok(server_status(state, cluster)),
-        "enableSharding" | "enablesharding" => sharding::enable_sharding(cluster, req),
-        "shardCollection" | "shardcollection" => sharding::shard_collection(cluster, req).await,
-        "listShards" | "listshards" => sharding::list_shards(cluster),
-        "flushRouterConfig" | "flushrouterconfig" => sharding::flush_router_config(cluster),
-        "balancerStatus" => Ok(sharding::balancer_status()),
-        "bulkWrite" => match cluster {
+        Handler::GetLog => server_info::get_log(req),
+        Handler::WhatsMyUri => Ok(doc! {"you": client.peer.to_string()}),
+        Handler::ConnectionStatus => Ok(server_info::connection_status(req)),
+        Handler::EndSessions => server_info::end_sessions(req),
+        Handler::KillSessions => kill_sessions(cluster, req).await,
+        Handler::GetCmdLineOpts => Ok(server_info::get_cmd_line_opts(state)),
+        Handler::ServerStatus => Ok(server_status(state, cluster)),
+        Handler::EnableSharding => sharding::enable_sharding(cluster, req),
+        Handler::ShardCollection => sharding::shard_collection(cluster, req).await,
+        Handler::ListShards => sharding::list_shards(cluster),
+        Handler::FlushRouterConfig => sharding::flush_router_config(cluster),
+        Handler::BalancerStatus => Ok(sharding::balancer_status()),
+        Handler::BulkWrite => match cluster {
             Some(cluster) => return route::bulk_write(cluster, &state.config, req).await,
-            None => Err(no_such_command("bulkWrite")),
+            None => Err(no_such_command(&req.name)),
         },
-        "aggregate" if req.body.raw().get_str("aggregate").is_err() => {
+        Handler::Forward(route::Forwarded::Aggregate) if req.namespace.is_none() => {
             match sharding::local_documents_aggregate(req, state.config.stage_memory_bytes) {
                 Some(r) => r,
                 None => Err(CommandError::new(
@@ -341,16 +393,14 @@ async fn run_command(
                 )),
             }
         }
-        other if is_internal_command(other) || !FORWARDED_COMMANDS.contains(&other) => {
-            Err(no_such_command(other))
-        }
-        other => match cluster {
+        Handler::Forward(how) => match cluster {
             Some(cluster) => {
-                let coll = req.body.raw().get_str(other).unwrap_or("");
-                let policy = state.config.rewrite_policy(&format!("{}.{coll}", req.db));
-                return route::route(cluster, policy, req, client.id).await;
+                let policy = state
+                    .config
+                    .rewrite_policy(req.namespace.as_deref().unwrap_or_default());
+                return route::route(cluster, how, policy, req, client.id).await;
             }
-            None => Err(no_such_command(other)),
+            None => Err(no_such_command(&req.name)),
         },
     };
     own.map(Reply::from)
@@ -446,16 +496,47 @@ pub async fn bootstrap(
         if let Some(n) = c.num_initial_chunks {
             body.insert("numInitialChunks", n as i64);
         }
-        let req = crate::command::CommandRequest {
-            db: "admin".into(),
-            name: "shardCollection".into(),
-            body: crate::wire::BsonDoc::from_encoded(body.to_vec().map_err(|e| e.to_string())?),
-            sequences: Vec::new(),
-            legacy: false,
-        };
+        let req = CommandRequest::from_document("admin", &body).map_err(|e| e.message)?;
         sharding::shard_collection(Some(&cluster), &req)
             .await
             .map_err(|e| format!("cannot shard {}: {}", c.ns, e.message))?;
     }
     Ok(cluster)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dispatch_table_knows_mongos_commands_and_nothing_internal() {
+        use route::Forwarded as F;
+        assert_eq!(Handler::of("isMaster"), Some(Handler::Hello));
+        assert_eq!(
+            Handler::of("insert"),
+            Some(Handler::Forward(F::Write(
+                crate::command::WriteKind::Insert
+            )))
+        );
+        assert_eq!(
+            Handler::of("findandmodify"),
+            Some(Handler::Forward(F::FindAndModify))
+        );
+        assert_eq!(
+            Handler::of("listCollections"),
+            Some(Handler::Forward(F::Other))
+        );
+        // The lower-case spellings mongos accepts reach the primary shard as they are.
+        assert_eq!(Handler::of("dbstats"), Some(Handler::Forward(F::Other)));
+        for internal in [
+            "_shardsvrMoveRange",
+            "_configsvrCommitChunkMigration",
+            "sluiceSetLatency",
+            "sluiceSetShardVersion",
+            "configureFailPoint",
+            "noSuchCommand",
+        ] {
+            assert_eq!(Handler::of(internal), None, "{internal}");
+        }
+    }
 }

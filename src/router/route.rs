@@ -46,42 +46,78 @@ const SHARD_ONLY_FIELDS: &[&str] = &[
     "$topologyTime",
 ];
 
-/// The collection a command names, for commands that name one.
-fn collection_of(req: &CommandRequest, body: &Document) -> Option<String> {
-    match req.name.as_str() {
-        "getMore" => body.get_str("collection").ok().map(|s| s.to_string()),
-        _ => match body.get(&req.name) {
-            Some(Bson::String(s)) => Some(s.clone()),
-            _ => None,
-        },
-    }
+/// How a forwarded command is routed: the router's dispatch table ([`super::Handler`]) names
+/// it once per request, and [`route`] goes by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forwarded {
+    /// `insert`, `update`, `delete`: the write path on a sharded collection.
+    Write(WriteKind),
+    /// `findAndModify`: the one shard its query's shard key targets.
+    FindAndModify,
+    /// `find`, `count`, `distinct`: the read path.
+    Read,
+    /// `aggregate`: the read path, or the primary shard once its output target is checked.
+    Aggregate,
+    /// `getMore` of a router cursor.
+    GetMore,
+    /// `killCursors` of router cursors.
+    KillCursors,
+    /// `createIndexes`, `dropIndexes`, `deleteIndexes`, `drop`, `collMod`: every shard.
+    CollectionDdl,
+    /// `create` (refused on a sharded collection, which exists).
+    Create,
+    /// `validate`.
+    Validate,
+    /// `listIndexes`.
+    ListIndexes,
+    /// `collStats`.
+    CollStats,
+    /// `dataSize`.
+    DataSize,
+    /// `renameCollection`.
+    RenameCollection,
+    /// `explain`.
+    Explain,
+    /// `listDatabases`: every shard's, merged.
+    ListDatabases,
+    /// `dropDatabase`.
+    DropDatabase,
+    /// `dbStats`: every shard's, summed.
+    DbStats,
+    /// `commitTransaction`, `abortTransaction`.
+    EndTransaction,
+    /// Anything else mongos forwards: to the database's primary shard as it is.
+    Other,
 }
 
-/// Routes a command that is not answered by the router itself; returns the full reply
-/// (with `ok`).
+/// Routes a command that is not answered by the router itself, classified by the dispatch
+/// table as `how`; returns the full reply (with `ok`).
 pub async fn route(
     sharded: &ShardedCluster,
+    how: Forwarded,
     policy: Policy,
     req: &CommandRequest,
     client_id: i64,
 ) -> Result<Reply, CommandError> {
     let (cluster, store) = (&sharded.cluster, &*sharded.metadata);
-    if let Some(n) = req.statement_count() {
-        let max = crate::limits::MAX_WRITE_BATCH_SIZE;
-        if n == 0 || n > max {
-            return Err(CommandError::new(
-                ErrorCode::InvalidLength,
-                format!("Write batch sizes must be between 1 and {max}. Got {n} operations."),
-            ));
+    if let Forwarded::Write(_) = how {
+        if let Some(n) = req.statement_count() {
+            let max = crate::limits::MAX_WRITE_BATCH_SIZE;
+            if n == 0 || n > max {
+                return Err(CommandError::new(
+                    ErrorCode::InvalidLength,
+                    format!("Write batch sizes must be between 1 and {max}. Got {n} operations."),
+                ));
+            }
         }
     }
-    match req.name.as_str() {
-        "dataSize" | "datasize" => {
+    match how {
+        Forwarded::DataSize => {
             return super::maintenance::data_size(cluster, store, req)
                 .await
                 .map(Reply::from)
         }
-        "renameCollection" => {
+        Forwarded::RenameCollection => {
             return super::maintenance::rename_collection(cluster, store, req)
                 .await
                 .map(Reply::from)
@@ -89,79 +125,76 @@ pub async fn route(
         _ => {}
     }
     let body = req.options_document();
-    let coll = collection_of(req, &body);
-    if let Some(c) = &coll {
+    if let Some(c) = req.collection() {
         // Checked before anything is looked up, cached or recorded.
         crate::limits::check_namespace(&req.db, c)
             .map_err(|m| CommandError::new(ErrorCode::InvalidNamespace, m))?;
     }
-    let snapshot = match &coll {
-        Some(c) => cluster.routing.get(&format!("{}.{c}", req.db))?,
+    let snapshot = match &req.namespace {
+        Some(ns) => cluster.routing.get(ns)?,
         None => None,
     };
-    if in_transaction(&body)
-        || matches!(req.name.as_str(), "commitTransaction" | "abortTransaction")
-    {
+    if in_transaction(&body) || how == Forwarded::EndTransaction {
         return transaction(cluster, store, req, &body, snapshot.as_deref())
             .await
             .map(Reply::from);
     }
     if let Some(snap) = snapshot {
-        if let Some(kind) = WriteKind::from_command(&req.name) {
-            let mut reply = crate::write::execute(
-                cluster,
-                sharded.coalescer(),
-                &sharded.writes,
-                policy,
-                req,
-                &body,
-                kind,
-                snap,
-            )
-            .await?;
-            reply.insert("ok", 1.0);
-            return Ok(reply.into());
-        }
-        if matches!(req.name.as_str(), "findAndModify" | "findandmodify") {
-            return find_and_modify(cluster, req, &body, &snap)
-                .await
-                .map(Reply::from);
-        }
         let ok = |mut r: Reply| {
             r.append(bson::raw::cstr!("ok"), Bson::Double(1.0));
             r
         };
-        match req.name.as_str() {
-            "getMore" => {
+        match how {
+            Forwarded::Write(kind) => {
+                let mut reply = crate::write::execute(
+                    cluster,
+                    sharded.coalescer(),
+                    &sharded.writes,
+                    policy,
+                    req,
+                    &body,
+                    kind,
+                    snap,
+                )
+                .await?;
+                reply.insert("ok", 1.0);
+                return Ok(reply.into());
+            }
+            Forwarded::FindAndModify => {
+                return find_and_modify(cluster, req, &body, &snap)
+                    .await
+                    .map(Reply::from);
+            }
+            Forwarded::GetMore => {
                 return sharded
                     .cursors
                     .get_more(cluster, req, &body, client_id)
                     .await
                     .map(ok)
             }
-            "killCursors" => {
+            Forwarded::KillCursors => {
                 return Ok(ok(sharded
                     .cursors
                     .kill(cluster, req, client_id)
                     .await
                     .into()))
             }
-            "createIndexes" | "dropIndexes" | "deleteIndexes" | "drop" | "collMod" => {
+            Forwarded::CollectionDdl => {
                 return broadcast_ddl(cluster, store, req, &snap)
                     .await
                     .map(Reply::from);
             }
-            "create" => return Err(super::maintenance::create_existing(&snap)),
-            "validate" => {
+            Forwarded::Create => return Err(super::maintenance::create_existing(&snap)),
+            Forwarded::Validate => {
                 return super::maintenance::validate(cluster, req, &snap)
                     .await
                     .map(Reply::from)
             }
-            "listIndexes" => {
+            Forwarded::ListIndexes => {
                 let first = snap.chunks.shards().into_iter().next().unwrap_or_default();
                 return forward(cluster, &first, req, None).await.map(Reply::from);
             }
-            "collStats" => return coll_stats(cluster, req, &snap).await.map(Reply::from),
+            Forwarded::CollStats => return coll_stats(cluster, req, &snap).await.map(Reply::from),
             _ => {}
         }
         if let Some(result) = crate::read::read(
@@ -185,16 +218,18 @@ pub async fn route(
             ),
         ));
     }
-    match req.name.as_str() {
-        "explain" => {
+    match how {
+        Forwarded::Explain => {
             if let Some(r) = explain(cluster, req, &body).await {
                 return r.map(Reply::from);
             }
         }
-        "listDatabases" => return list_databases(cluster, req).await.map(Reply::from),
-        "dropDatabase" => return drop_database(cluster, store, req).await.map(Reply::from),
-        "dbStats" => return db_stats(cluster, req).await.map(Reply::from),
-        "aggregate" => super::maintenance::check_output_target(cluster, req, &body)?,
+        Forwarded::ListDatabases => return list_databases(cluster, req).await.map(Reply::from),
+        Forwarded::DropDatabase => {
+            return drop_database(cluster, store, req).await.map(Reply::from)
+        }
+        Forwarded::DbStats => return db_stats(cluster, req).await.map(Reply::from),
+        Forwarded::Aggregate => super::maintenance::check_output_target(cluster, req, &body)?,
         _ => {}
     }
     if req.db == "admin" || req.db == "local" {

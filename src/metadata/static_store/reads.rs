@@ -253,16 +253,9 @@ impl StaticStore {
 mod tests {
     use super::*;
     use crate::routing::ShardInfo;
-    use crate::wire::BsonDoc;
 
     fn req(body: Document) -> CommandRequest {
-        CommandRequest {
-            db: "config".into(),
-            name: body.keys().next().cloned().unwrap_or_default(),
-            body: BsonDoc::from_encoded(body.to_vec().unwrap()),
-            sequences: vec![],
-            legacy: false,
-        }
+        CommandRequest::from_document("config", &body).unwrap()
     }
 
     fn store() -> StaticStore {
