@@ -104,6 +104,14 @@ enum Command {
         /// Most data commands executing at once; the rest queue.
         #[arg(long)]
         max_concurrency: Option<usize>,
+        /// Run an embedded replica set of this name instead of one shard: its members share one
+        /// data set (a test backend, not replication) and listen on consecutive ports from
+        /// --port.
+        #[arg(long)]
+        replset: Option<String>,
+        /// Members of the --replset set (member 0 starts as primary).
+        #[arg(long, default_value_t = 3)]
+        members: usize,
     },
 }
 
@@ -179,6 +187,8 @@ fn main() -> anyhow::Result<()> {
             latency_per_command,
             latency_per_document,
             max_concurrency,
+            replset,
+            members,
         }) => {
             if cli.global.listen.is_none() {
                 config.listen = format!("127.0.0.1:{port}");
@@ -196,6 +206,12 @@ fn main() -> anyhow::Result<()> {
                 tls: config.tls.clone(),
                 ..Default::default()
             };
+            if let Some(name) = replset {
+                if members == 0 {
+                    anyhow::bail!("--members must be at least 1");
+                }
+                return runtime()?.block_on(run_replica_set(config, options, name, members));
+            }
             return runtime()?.block_on(run_shard(config, options));
         }
         Some(Command::Run) | None => None,
@@ -203,6 +219,50 @@ fn main() -> anyhow::Result<()> {
     config.validate()?;
     init_logging(&config);
     runtime()?.block_on(run(config, demo))
+}
+
+async fn run_replica_set(
+    config: Config,
+    options: sluice::embedded::ShardOptions,
+    name: String,
+    members: usize,
+) -> anyhow::Result<()> {
+    let first: std::net::SocketAddr = config
+        .listen
+        .parse()
+        .with_context(|| format!("invalid listen address {:?}", config.listen))?;
+    let listens: Vec<String> = (0..members)
+        .map(|i| {
+            let port = u16::try_from(first.port() as usize + i).map_err(|_| {
+                anyhow::anyhow!(
+                    "--members {members} from port {} passes 65535",
+                    first.port()
+                )
+            })?;
+            Ok(std::net::SocketAddr::new(first.ip(), port).to_string())
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let set = sluice::embedded::EmbeddedReplicaSet::start_on(
+        &listens,
+        sluice::embedded::ReplicaSetOptions {
+            members,
+            shard: sluice::embedded::ShardOptions {
+                set_name: name.clone(),
+                ..options
+            },
+            ..Default::default()
+        },
+    )
+    .await
+    .with_context(|| format!("cannot listen on {}", listens.join(", ")))?;
+    let seeds = set.seed_list();
+    tracing::info!(%seeds, "embedded replica set listening (memory only, not for production)");
+    println!(
+        "Embedded replica set {seeds} is listening (memory only; the members share one data set: a test backend, not replication)."
+    );
+    wait_for_signal().await;
+    set.shutdown().await;
+    Ok(())
 }
 
 async fn run_shard(config: Config, options: sluice::embedded::ShardOptions) -> anyhow::Result<()> {

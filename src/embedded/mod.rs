@@ -22,6 +22,7 @@ pub mod bulk_write;
 pub mod commands;
 pub mod ddl;
 pub mod pipeline_output;
+pub mod replset;
 pub mod service;
 pub mod store;
 
@@ -32,6 +33,7 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::frontend::RouterHandle;
 
+pub use replset::{AfterWrite, EmbeddedReplicaSet, MemberRole, ReplicaSetOptions};
 pub use service::ShardService;
 
 /// How an embedded shard behaves.
@@ -116,6 +118,42 @@ impl EmbeddedShard {
             },
         )
         .await?;
+        let service = made.ok_or_else(|| std::io::Error::other("shard service was not created"))?;
+        service.set_address(handle.local_addr());
+        service::spawn_idle_monitor(&service);
+        Ok(EmbeddedShard { handle, service })
+    }
+
+    /// Starts one member of an embedded replica set on `listener`, over the set's shared
+    /// data. A stopped member closes every connection at once (no grace period), as a killed
+    /// mongod does.
+    pub(crate) async fn start_member(
+        listener: tokio::net::TcpListener,
+        options: ShardOptions,
+        data: service::DataSet,
+        member: replset::MemberLink,
+    ) -> std::io::Result<EmbeddedShard> {
+        let mut config = Config {
+            listen: listener.local_addr()?.to_string(),
+            tls: options.tls.clone(),
+            shutdown_timeout_secs: 0,
+            ..Config::default()
+        };
+        if let Some(key_file) = &options.key_file {
+            config.security.key_file = Some(key_file.clone());
+            config.security.authorization = crate::config::Authorization::Enabled;
+        }
+        let mut made: Option<Arc<ShardService>> = None;
+        let handle = crate::frontend::start_service_on_listener(
+            listener,
+            config,
+            vec!["sluice".into(), "shard".into()],
+            |state| {
+                let s = Arc::new(ShardService::with_data(state, options, data, Some(member)));
+                made = Some(s.clone());
+                s
+            },
+        )?;
         let service = made.ok_or_else(|| std::io::Error::other("shard service was not created"))?;
         service.set_address(handle.local_addr());
         service::spawn_idle_monitor(&service);

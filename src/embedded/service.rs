@@ -150,6 +150,25 @@ struct CommandCount {
     failed: i64,
 }
 
+/// What a shard's data is: the catalog, the retryable-write records and the shard versions.
+/// One shard owns its own; the members of an embedded replica set share one.
+#[derive(Debug, Default, Clone)]
+pub struct DataSet {
+    catalog: Arc<Mutex<Catalog>>,
+    sessions: Arc<Mutex<HashMap<String, SessionRecord>>>,
+    versions: Arc<Mutex<HashMap<String, Document>>>,
+}
+
+impl DataSet {
+    /// Every document of `db.coll`, in natural order.
+    pub fn documents(&self, db: &str, coll: &str) -> Vec<Document> {
+        lock(&self.catalog)
+            .collection(db, coll)
+            .map(|c| c.iter().map(|(_, d)| d.clone()).collect())
+            .unwrap_or_default()
+    }
+}
+
 /// The embedded shard's command handler.
 #[derive(Debug)]
 pub struct ShardService {
@@ -157,11 +176,12 @@ pub struct ShardService {
     options: ShardOptions,
     address: Mutex<String>,
     election_id: ObjectId,
-    pub(super) catalog: Mutex<Catalog>,
+    pub(super) catalog: Arc<Mutex<Catalog>>,
     pub(super) cursors: command::cursors::DocumentCursors,
-    sessions: Mutex<HashMap<String, SessionRecord>>,
+    sessions: Arc<Mutex<HashMap<String, SessionRecord>>>,
     failpoints: crate::command::failpoint::FailPoints,
-    pub(super) versions: Mutex<HashMap<String, Document>>,
+    pub(super) versions: Arc<Mutex<HashMap<String, Document>>>,
+    member: Option<super::replset::MemberLink>,
     counts: Mutex<BTreeMap<String, CommandCount>>,
     opcounters: Mutex<BTreeMap<&'static str, i64>>,
     latency: Mutex<(Duration, Duration)>,
@@ -171,6 +191,16 @@ pub struct ShardService {
 impl ShardService {
     /// A shard with these options.
     pub fn new(state: Arc<ServerState>, options: ShardOptions) -> Self {
+        Self::with_data(state, options, DataSet::default(), None)
+    }
+
+    /// A shard over `data`; with `member`, a member of an embedded replica set.
+    pub fn with_data(
+        state: Arc<ServerState>,
+        options: ShardOptions,
+        data: DataSet,
+        member: Option<super::replset::MemberLink>,
+    ) -> Self {
         let slots = options.max_concurrency.map(|n| Semaphore::new(n.max(1)));
         let latency = (options.latency_per_command, options.latency_per_document);
         let cursors = command::cursors::DocumentCursors::with_idle_timeout(options.cursor_timeout);
@@ -179,11 +209,12 @@ impl ShardService {
             options,
             address: Mutex::new(String::new()),
             election_id: ObjectId::new(),
-            catalog: Mutex::new(Catalog::default()),
+            catalog: data.catalog,
             cursors,
-            sessions: Mutex::new(HashMap::new()),
+            sessions: data.sessions,
             failpoints: Default::default(),
-            versions: Mutex::new(HashMap::new()),
+            versions: data.versions,
+            member,
             counts: Mutex::new(BTreeMap::new()),
             opcounters: Mutex::new(BTreeMap::new()),
             latency: Mutex::new(latency),
@@ -387,10 +418,11 @@ impl ShardService {
     fn server_status(&self) -> Document {
         let mut d = server_info::server_status(&self.state);
         d.insert("process", "mongod");
-        d.insert(
-            "repl",
-            doc! {"setName": &self.options.set_name, "isWritablePrimary": true},
-        );
+        let repl = match &self.member {
+            Some(m) => m.repl_status(),
+            None => doc! {"setName": &self.options.set_name, "isWritablePrimary": true},
+        };
+        d.insert("repl", repl);
         let mut commands = Document::new();
         for (name, c) in lock(&self.counts).iter() {
             commands.insert(name.clone(), doc! {"failed": c.failed, "total": c.total});
@@ -438,6 +470,10 @@ impl ShardService {
             }
         }
 
+        if let Some(member) = &self.member {
+            member.check(name, &body)?;
+        }
+
         let _slot = if DATA_COMMANDS.contains(&name) {
             let permit = match &self.slots {
                 Some(s) => s.acquire().await.ok(),
@@ -467,8 +503,16 @@ impl ShardService {
         }
         let mut reply = match name {
             "hello" | "isMaster" | "ismaster" => {
+                if let Some(link) = &self.member {
+                    link.await_change(&body, self.state.shutdown_signal()).await;
+                }
                 let member = self.member();
-                hello::hello(&self.state, client, req, hello::Role::Primary(&member)).await?
+                let mut d =
+                    hello::hello(&self.state, client, req, hello::Role::Primary(&member)).await?;
+                if let Some(link) = &self.member {
+                    link.hello_fields(name, &mut d);
+                }
+                d
             }
             "ping" => Document::new(),
             "buildInfo" | "buildinfo" => {
@@ -494,6 +538,22 @@ impl ShardService {
             "configureFailPoint" => self.failpoints.configure(&body)?,
             "sluiceSetShardVersion" => self.set_shard_version(&body)?,
             "sluiceSetLatency" => self.set_latency(&body)?,
+            "replSetStepDown" | "replSetFreeze" | "replSetGetStatus" if self.member.is_some() => {
+                let member = self.member.as_ref().ok_or_else(|| {
+                    EngineError::new(ErrorCode::InternalError, "not a replica set member")
+                })?;
+                if req.db != "admin" {
+                    return Err(EngineError::new(
+                        ErrorCode::Unauthorized,
+                        format!("{name} may only be run against the admin database."),
+                    ));
+                }
+                match name {
+                    "replSetStepDown" => member.step_down(&body)?,
+                    "replSetFreeze" => member.freeze(&body)?,
+                    _ => member.status(),
+                }
+            }
             _ => {
                 let retry = if matches!(
                     name,
@@ -509,7 +569,23 @@ impl ShardService {
                 } else {
                     None
                 };
-                super::commands::run(self, req, &body, retry.as_ref())?
+                let reply = super::commands::run(self, req, &body, retry.as_ref())?;
+                if let Some(member) = &self.member {
+                    if super::replset::is_write(name) {
+                        match member.take_after_write() {
+                            Some(super::replset::AfterWrite::CloseConnection) => return Ok(None),
+                            Some(super::replset::AfterWrite::StepDown) => {
+                                member.step_down_now(Duration::from_secs(10));
+                                return Err(EngineError::new(
+                                    ErrorCode::InterruptedDueToReplStateChange,
+                                    "operation was interrupted because a replica set state change occurred",
+                                ));
+                            }
+                            None => {}
+                        }
+                    }
+                }
+                reply
             }
         };
         if let Some(fp) = &failpoint {
@@ -569,6 +645,26 @@ fn session_key(lsid: &Document) -> Result<String, EngineError> {
     Ok(id.iter().map(|x| format!("{x:02x}")).collect())
 }
 
+/// Labels a replica-set member's error `RetryableWriteError` when the command is a retryable
+/// write (or a commit or abort) and the code is in the RetriableError category, as mongod does
+/// for its clients, so a driver connected to the set retries a write refused by a member that
+/// stepped down.
+fn label_retryable_write_error(e: &mut EngineError, name: &str, body: &Document) {
+    if !crate::command::failpoint::is_retryable_command(name, body)
+        || !crate::backend::topology::retry::is_retriable_code(e.code.0)
+    {
+        return;
+    }
+    let mut extra = e.extra.take().unwrap_or_default();
+    if !extra.contains_key("errorLabels") {
+        extra.insert(
+            "errorLabels",
+            vec![crate::backend::topology::retry::RETRYABLE_WRITE_ERROR],
+        );
+    }
+    e.extra = Some(extra);
+}
+
 /// Waits `delay` with the precision of the OS's sleep (tens of microseconds) rather than the
 /// async timer's millisecond ticks, which would add up to a millisecond to every injected
 /// latency and distort the modelled round trips; the wait runs on the blocking pool.
@@ -592,7 +688,10 @@ impl Service for ShardService {
         req: &'a CommandRequest,
     ) -> BoxFuture<'a, Response> {
         Box::pin(async move {
-            let result = self.run(client, req).await;
+            let mut result = self.run(client, req).await;
+            if let (Err(e), Some(_)) = (&mut result, &self.member) {
+                label_retryable_write_error(e, &req.name, &req.body_document());
+            }
             let mut reply = match result {
                 Ok(None) => {
                     self.count_command(&req.name, true);

@@ -81,6 +81,31 @@ pub async fn start_service(
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
     );
     let listener = bind(addr, config.backlog)?;
+    start_service_on(listener, security, config, argv, make)
+}
+
+/// Serves `make(state)`'s commands on a listener already bound (an embedded replica set binds
+/// every member before any starts, so each member's `hello` lists them all).
+pub fn start_service_on_listener(
+    listener: tokio::net::TcpListener,
+    config: Config,
+    argv: Vec<String>,
+    make: impl FnOnce(Arc<ServerState>) -> Arc<dyn Service>,
+) -> std::io::Result<RouterHandle> {
+    let security = Arc::new(
+        security::Security::from_config(&config)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
+    );
+    start_service_on(listener, security, config, argv, make)
+}
+
+fn start_service_on(
+    listener: tokio::net::TcpListener,
+    security: Arc<security::Security>,
+    config: Config,
+    argv: Vec<String>,
+    make: impl FnOnce(Arc<ServerState>) -> Arc<dyn Service>,
+) -> std::io::Result<RouterHandle> {
     let addr = listener.local_addr()?;
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ServerState::new(config, argv, rx.clone()));

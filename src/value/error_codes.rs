@@ -88,6 +88,7 @@ named {
     NetworkTimeout = 89,
     CallbackCanceled = 90,
     ShutdownInProgress = 91,
+    NotSecondary = 95,
     OperationFailed = 96,
     CommandNotSupported = 115,
     ConflictingOperationInProgress = 117,
