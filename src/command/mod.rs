@@ -7,6 +7,7 @@
 //! owns the connection and hands them the per-connection [`ClientState`]. The router's own
 //! dispatch is in `crate::router`, the embedded shard's in `crate::embedded`.
 
+pub mod bulk_write;
 pub mod cursors;
 pub mod failpoint;
 pub mod hello;
@@ -82,6 +83,26 @@ impl CommandError {
 impl From<EngineError> for CommandError {
     fn from(e: EngineError) -> Self {
         CommandError::new(e.code, e.message)
+    }
+}
+
+impl From<crate::routing::RoutingError> for CommandError {
+    fn from(e: crate::routing::RoutingError) -> Self {
+        CommandError::new(e.code, e.message)
+    }
+}
+
+impl From<crate::auth::AuthError> for CommandError {
+    fn from(e: crate::auth::AuthError) -> Self {
+        CommandError::new(e.code, e.message)
+    }
+}
+
+/// A shard that could not answer: its code (HostUnreachable, NetworkTimeout) and the failure
+/// with the shard's name.
+impl From<crate::backend::ShardError> for CommandError {
+    fn from(e: crate::backend::ShardError) -> Self {
+        CommandError::new(e.source.code(), e.to_string())
     }
 }
 
@@ -219,12 +240,16 @@ impl CommandRequest {
     /// body costs more than routing its statements, and the options are all the write path
     /// reads from it; the statements are read raw by [`CommandRequest::statement_bytes`].
     pub fn options_document(&self) -> Document {
-        let Some(skip) = WriteKind::from_command(&self.name).map(|k| k.statements_field()) else {
-            return self.body_document();
+        let skip: &[&str] = match WriteKind::from_command(&self.name) {
+            Some(WriteKind::Insert) => &["documents"],
+            Some(WriteKind::Update) => &["updates"],
+            Some(WriteKind::Delete) => &["deletes"],
+            None if self.name == "bulkWrite" => &["ops", "nsInfo"],
+            None => return self.body_document(),
         };
         let mut d = Document::new();
         for (k, v) in self.body.raw().iter().flatten() {
-            if k.as_str() == skip {
+            if skip.contains(&k.as_str()) {
                 continue;
             }
             if let Ok(v) = Bson::try_from(v) {
@@ -234,11 +259,16 @@ impl CommandRequest {
         d
     }
 
-    /// How many statements a write command (`insert`, `update`, `delete`) carries, counted
+    /// How many statements a write command (`insert`, `update`, `delete`, or the operations of
+    /// a `bulkWrite`) carries, counted
     /// without reading them (`None` for any other command, or when the statements are
     /// missing).
     pub fn statement_count(&self) -> Option<usize> {
-        let field = WriteKind::from_command(&self.name)?.statements_field();
+        let field = match WriteKind::from_command(&self.name) {
+            Some(k) => k.statements_field(),
+            None if self.name == "bulkWrite" => "ops",
+            None => return None,
+        };
         if let Some(seq) = self.sequences.iter().find(|s| s.identifier == field) {
             return Some(seq.documents.len());
         }

@@ -58,6 +58,7 @@ pub fn run(
         "insert" => insert(svc, req, body, retry),
         "update" => update(svc, req, body, retry),
         "delete" => delete(svc, req, body, retry),
+        "bulkWrite" => super::bulk_write::bulk_write(svc, req, retry),
         "findAndModify" | "findandmodify" => find_and_modify(svc, req, body, retry),
         "find" => find(svc, req, body),
         "getMore" => get_more(svc, req, body),
@@ -159,13 +160,13 @@ fn statement_filter<'a>(stmt: &'a Document, path: &str) -> Result<&'a Document, 
 
 /// What the statements of a write batch did.
 #[derive(Default)]
-struct BatchOutcome {
+pub(super) struct BatchOutcome {
     /// Each statement that applied, now or in an earlier attempt, by index.
-    applied: Vec<(usize, StmtOutcome)>,
+    pub(super) applied: Vec<(usize, StmtOutcome)>,
     /// The write errors, by index.
-    errors: Vec<Bson>,
+    pub(super) errors: Vec<Bson>,
     /// The statement ids a retry found already applied.
-    retried: Vec<i32>,
+    pub(super) retried: Vec<i32>,
 }
 
 impl BatchOutcome {
@@ -184,7 +185,7 @@ impl BatchOutcome {
 /// Runs `count` statements in order as mongod does: a statement a retryable write already
 /// applied is not run again and its recorded outcome counts; each new outcome is recorded;
 /// the first error stops an ordered batch.
-fn run_statements(
+pub(super) fn run_statements(
     svc: &ShardService,
     retry: Option<&RetryCtx>,
     count: usize,
@@ -316,7 +317,7 @@ fn update(
     Ok(out.finish(reply))
 }
 
-fn update_one_statement(
+pub(super) fn update_one_statement(
     cat: &mut Catalog,
     db: &str,
     coll: &str,
@@ -445,19 +446,7 @@ fn delete(
     let mut cat = lock(&svc.catalog);
     let out = run_statements(svc, retry, parsed.len(), batch.ordered, |i| {
         let (q, limit) = parsed[i];
-        let matcher = Matcher::parse_with(q, &vars)?;
-        let Some(c) = cat.existing_mut(&req.db, &batch.coll) else {
-            return Ok(StmtOutcome::Deleted { n: 0 });
-        };
-        let mut rids = c.find(q, &matcher);
-        if limit == 1 {
-            rids.truncate(1);
-        }
-        let removed = rids
-            .into_iter()
-            .filter(|rid| c.remove(*rid).is_some())
-            .count();
-        Ok(StmtOutcome::Deleted { n: removed as i64 })
+        delete_one_statement(&mut cat, &req.db, &batch.coll, q, limit, &vars)
     });
     drop(cat);
     svc.bump_opcounter("delete", parsed.len() as i64);
@@ -470,6 +459,30 @@ fn delete(
         })
         .sum();
     Ok(out.finish(doc! {"n": count_value(n)}))
+}
+
+/// Runs one delete statement (filter `q`, `limit` 0 or 1).
+pub(super) fn delete_one_statement(
+    cat: &mut Catalog,
+    db: &str,
+    coll: &str,
+    q: &Document,
+    limit: i64,
+    vars: &aggregate::Variables,
+) -> Result<StmtOutcome, EngineError> {
+    let matcher = Matcher::parse_with(q, vars)?;
+    let Some(c) = cat.existing_mut(db, coll) else {
+        return Ok(StmtOutcome::Deleted { n: 0 });
+    };
+    let mut rids = c.find(q, &matcher);
+    if limit == 1 {
+        rids.truncate(1);
+    }
+    let removed = rids
+        .into_iter()
+        .filter(|rid| c.remove(*rid).is_some())
+        .count();
+    Ok(StmtOutcome::Deleted { n: removed as i64 })
 }
 
 fn find_and_modify(
@@ -818,17 +831,7 @@ fn list_collections(
     let mut out = Vec::new();
     if let Some(colls) = cat.dbs.get(&req.db) {
         for (name, c) in colls {
-            let d = if name_only {
-                doc! {"name": name, "type": "collection"}
-            } else {
-                doc! {
-                    "name": name,
-                    "type": "collection",
-                    "options": c.options.clone(),
-                    "info": {"readOnly": false, "uuid": c.uuid},
-                    "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"},
-                }
-            };
+            let d = crate::engine::reads::collection_entry(name, &c.options, c.uuid, name_only);
             if matcher.matches(&d) {
                 out.push(d);
             }
@@ -985,11 +988,9 @@ fn coll_stats(
         ),
         None => (0, 0, 0),
     };
-    let avg = if count > 0 { size / count } else { 0 };
-    Ok(doc! {
-        "ns": ns, "size": size, "count": count, "avgObjSize": avg, "storageSize": size,
-        "nindexes": nindexes, "totalIndexSize": 0i64, "totalSize": size, "indexSizes": {},
-    })
+    Ok(crate::engine::reads::coll_stats_reply(
+        &ns, count, size, nindexes,
+    ))
 }
 
 fn db_stats(svc: &ShardService, req: &CommandRequest) -> Result<Document, EngineError> {
@@ -1003,14 +1004,7 @@ fn db_stats(svc: &ShardService, req: &CommandRequest) -> Result<Document, Engine
             indexes += c.indexes().len() as i64;
         }
     }
-    let avg = if objects > 0 {
-        size as f64 / objects as f64
-    } else {
-        0.0
-    };
-    Ok(doc! {
-        "db": &req.db, "collections": colls, "views": 0i64, "objects": objects, "avgObjSize": avg,
-        "dataSize": size as f64, "storageSize": size as f64, "indexes": indexes, "indexSize": 0.0,
-        "totalSize": size as f64, "scaleFactor": 1i64,
-    })
+    Ok(crate::engine::reads::db_stats_reply(
+        &req.db, colls, objects, size, indexes,
+    ))
 }

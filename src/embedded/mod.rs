@@ -5,7 +5,7 @@
 //! (shapes, codes, messages) follow mongod 8.0's as closely as the tests can hold them.
 //!
 //! What it answers: `hello` as a replica-set primary (with `setName`), CRUD (`insert`,
-//! `update`, `delete`, `find`/`getMore`/`killCursors`, `count`, `distinct`, `findAndModify`,
+//! `update`, `delete`, `bulkWrite`, `find`/`getMore`/`killCursors`, `count`, `distinct`, `findAndModify`,
 //! `aggregate`), DDL (`create`, `drop`, `dropDatabase`, `listCollections`, `listDatabases`,
 //! `createIndexes`, `listIndexes`, `dropIndexes`, `collStats`, `dbStats`, `collMod`, `validate`,
 //! `dataSize`, `renameCollection`), `serverStatus` with
@@ -18,6 +18,7 @@
 //! [`update`] (update operators), [`query`] (sort, projection), [`aggregate`] (pipelines),
 //! [`path`] (dotted paths), [`render`] (values in error messages), [`service`] (commands).
 
+pub mod bulk_write;
 pub mod commands;
 pub mod ddl;
 pub mod pipeline_output;

@@ -28,6 +28,7 @@ const DATA_COMMANDS: &[&str] = &[
     "insert",
     "update",
     "delete",
+    "bulkWrite",
     "find",
     "getMore",
     "aggregate",
@@ -570,7 +571,12 @@ impl ShardService {
             _ => {
                 let retry = if matches!(
                     name,
-                    "insert" | "update" | "delete" | "findAndModify" | "findandmodify"
+                    "insert"
+                        | "update"
+                        | "delete"
+                        | "bulkWrite"
+                        | "findAndModify"
+                        | "findandmodify"
                 ) {
                     let n = super::commands::statement_count(req);
                     self.retry_ctx(&body, n)?

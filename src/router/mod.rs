@@ -181,6 +181,8 @@ pub enum Handler {
     FlushRouterConfig,
     /// `balancerStatus`.
     BalancerStatus,
+    /// `bulkWrite` (8.0): the write path, across namespaces.
+    BulkWrite,
     /// Forwarded to shards through [`route::route`].
     Forward(route::Forwarded),
 }
@@ -210,6 +212,7 @@ impl Handler {
             "listShards" | "listshards" => ListShards,
             "flushRouterConfig" | "flushrouterconfig" => FlushRouterConfig,
             "balancerStatus" => BalancerStatus,
+            "bulkWrite" => BulkWrite,
             "insert" => Forward(F::Write(crate::command::WriteKind::Insert)),
             "update" => Forward(F::Write(crate::command::WriteKind::Update)),
             "delete" => Forward(F::Write(crate::command::WriteKind::Delete)),
@@ -378,6 +381,10 @@ async fn run_command(
         Handler::ListShards => sharding::list_shards(cluster),
         Handler::FlushRouterConfig => sharding::flush_router_config(cluster),
         Handler::BalancerStatus => Ok(sharding::balancer_status()),
+        Handler::BulkWrite => match cluster {
+            Some(cluster) => return route::bulk_write(cluster, &state.config, req).await,
+            None => Err(no_such_command(&req.name)),
+        },
         Handler::Forward(route::Forwarded::Aggregate) if req.namespace.is_none() => {
             match sharding::local_documents_aggregate(req, state.config.stage_memory_bytes) {
                 Some(r) => r,

@@ -301,6 +301,59 @@ async fn route_once(
         .map(Reply::from)
 }
 
+/// `bulkWrite` (MongoDB 8.0): each `nsInfo` namespace resolved to its routing snapshot or its
+/// database's primary shard, then run by the write path under the strictest rewrite policy of
+/// its namespaces (`off` over `retry-safe` over `always`).
+pub async fn bulk_write(
+    sharded: &ShardedCluster,
+    config: &crate::config::Config,
+    req: &CommandRequest,
+) -> Result<Reply, CommandError> {
+    let (cluster, store) = (&sharded.cluster, &*sharded.metadata);
+    let bulk = crate::command::bulk_write::parse(req)?;
+    let mut routes = Vec::with_capacity(bulk.namespaces.len());
+    let mut policy = Policy::Always;
+    for ns in &bulk.namespaces {
+        let rank = |p: Policy| match p {
+            Policy::Off => 0,
+            Policy::RetrySafe => 1,
+            Policy::Always => 2,
+        };
+        let p = config.rewrite_policy(ns);
+        if rank(p) < rank(policy) {
+            policy = p;
+        }
+        routes.push(match cluster.routing.get(ns)? {
+            Some(snap) => crate::write::bulk::NsRoute::Sharded(snap),
+            None => {
+                let db = ns.split_once('.').map_or(ns.as_str(), |(db, _)| db);
+                let primary = match store.database(db) {
+                    Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
+                    None => store
+                        .ensure_database(db, None)?
+                        .get_str("primary")
+                        .unwrap_or_default()
+                        .to_string(),
+                };
+                crate::write::bulk::NsRoute::Unsharded(primary)
+            }
+        });
+    }
+    let refresh = |ns: &str| {
+        cluster
+            .routing
+            .refresh(ns)
+            .ok()
+            .flatten()
+            .map(crate::write::bulk::NsRoute::Sharded)
+    };
+    let mut reply =
+        crate::write::bulk::execute(cluster, &sharded.writes, policy, &bulk, routes, &refresh)
+            .await?;
+    reply.insert("ok", 1.0);
+    Ok(reply.into())
+}
+
 /// `explain` of a `find`, `aggregate`, `count` or `distinct` on a sharded collection, in
 /// mongos's shape: `queryPlanner.winningPlan.shards[]` names each shard the query goes to
 /// (which is how one checks where a shard key value lives). `None` for anything else.
@@ -764,7 +817,7 @@ pub(super) async fn forward_with(
     }
     .await
     .map_err(|e| {
-        let mut err = CommandError::new(e.code(), format!("{e} (shard {shard})"));
+        let mut err = CommandError::from(e.at(shard));
         if req.body.raw().get("txnNumber").ok().flatten().is_some() {
             err.labels.push("RetryableWriteError".into());
         }

@@ -13,17 +13,11 @@ use bson::{doc, Bson, Document};
 
 use crate::command::{CommandError, CommandRequest};
 use crate::routing::chunks::initial_chunks;
-use crate::routing::{RoutingError, ShardKeyPattern};
+use crate::routing::ShardKeyPattern;
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{number_field, truthy};
 
 use super::ShardedCluster;
-
-impl From<RoutingError> for CommandError {
-    fn from(e: RoutingError) -> Self {
-        CommandError::new(e.code, e.message)
-    }
-}
 
 fn no_cluster() -> CommandError {
     CommandError::new(
@@ -198,7 +192,7 @@ pub async fn shard_collection(
         .run_on_all(&doc! {"count": coll, "$db": db})
         .await
     {
-        let reply = result.map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
+        let reply = result.map_err(|e| e.at(&shard))?;
         let n = number_field(&reply, "n").unwrap_or(0);
         if n > 0 {
             return Err(CommandError::new(
@@ -223,7 +217,7 @@ pub async fn shard_collection(
             .cluster
             .run_on(shard, &doc! {"create": coll, "$db": db})
             .await
-            .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
+            .map_err(|e| e.at(shard))?;
         if r.get_f64("ok").ok() != Some(1.0)
             && r.get_i32("code").ok() != Some(ErrorCode::NamespaceExists.0)
         {
@@ -234,7 +228,7 @@ pub async fn shard_collection(
                 .cluster
                 .run_on(shard, &doc! {"createIndexes": coll, "indexes": [{"key": pattern.to_document(), "name": &index_name}], "$db": db})
                 .await
-                .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
+                .map_err(|e| e.at(shard))?;
             if r.get_f64("ok").ok() != Some(1.0) {
                 return Err(CommandError::from_shard_reply(shard, &r));
             }
@@ -251,7 +245,7 @@ pub async fn shard_collection(
                 .cluster
                 .run_on(shard, &doc! {"sluiceSetShardVersion": &ns, "shardVersion": snapshot.shard_version(shard), "$db": "admin"})
                 .await
-                .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
+                .map_err(|e| e.at(shard))?;
             if r.get_f64("ok").ok() != Some(1.0) {
                 return Err(CommandError::from_shard_reply(shard, &r));
             }

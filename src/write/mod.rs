@@ -8,6 +8,7 @@
 //! and merging are pure; only this file does I/O. The contract, and what Sluice chose where mongos
 //! leaves room, is docs/design/write-path.md.
 
+pub mod bulk;
 pub mod coalesce;
 pub mod lookup;
 pub mod merge;
@@ -503,12 +504,6 @@ pub async fn send_child(
     child: &ChildSpec<'_>,
     raws: &[Bytes],
 ) -> ChildOutcome {
-    let Some(pool) = cluster.pool(shard) else {
-        return ChildOutcome::Failed {
-            code: ErrorCode::ShardNotFound,
-            message: format!("unknown shard {shard}"),
-        };
-    };
     let bytes: usize = raws.iter().map(|r| r.len()).sum();
     let work = crate::cluster::SlotRequest {
         op: OpKind::Mutate,
@@ -535,7 +530,37 @@ pub async fn send_child(
             }
         }
     };
-    let permit = match cluster.slot(shard, work, child.max_time).await {
+    send_frame(
+        cluster,
+        shard,
+        work,
+        child.max_time,
+        child.retryable,
+        &frame,
+        id,
+    )
+    .await
+}
+
+/// Sends one encoded child command (`frame`, request id `id`) to `shard`: waits for an
+/// execution slot on the shard's queue, sends, reads the reply; a `retryable` command is
+/// resent once after a network error.
+pub(crate) async fn send_frame(
+    cluster: &Cluster,
+    shard: &str,
+    work: crate::cluster::SlotRequest<'_>,
+    max_time: Option<std::time::Duration>,
+    retryable: bool,
+    frame: &Bytes,
+    id: i32,
+) -> ChildOutcome {
+    let Some(pool) = cluster.pool(shard) else {
+        return ChildOutcome::Failed {
+            code: ErrorCode::ShardNotFound,
+            message: format!("unknown shard {shard}"),
+        };
+    };
+    let permit = match cluster.slot(shard, work, max_time).await {
         Ok(p) => p,
         Err(e) => {
             return ChildOutcome::Failed {
@@ -550,12 +575,12 @@ pub async fn send_child(
         }
     };
     pool.count_child_batch();
-    let attempts = if child.retryable { 2 } else { 1 };
+    let attempts = if retryable { 2 } else { 1 };
     let mut last: Option<BackendError> = None;
     for _ in 0..attempts {
         let result = async {
             let mut conn = pool.checkout().await?;
-            conn.request(&frame, id).await
+            conn.request(frame, id).await
         }
         .await;
         match result {
@@ -953,12 +978,7 @@ impl ChildSender for ClusterSender<'_> {
                     }
                 };
                 let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
-                let mut stored = doc! {"_id": id.clone()};
-                stored.extend(doc.into_iter().filter(|(k, _)| k != "_id"));
-                let delete = doc! {
-                    "q": {"_id": id.clone(), "$expr": {"$eq": ["$$ROOT", {"$literal": stored}]}},
-                    "limit": 1,
-                };
+                let delete = doc! {"q": undo_filter(doc), "limit": 1};
                 match delete.to_vec() {
                     Ok(b) => by_shard
                         .entry(shard)
@@ -1015,6 +1035,16 @@ impl ChildSender for ClusterSender<'_> {
             left
         })
     }
+}
+
+/// The filter that matches an inserted document only while it is still, field for field and in
+/// order, the document inserted (`_id` first, as shards store it): what undoing an insert
+/// deletes.
+fn undo_filter(doc: Document) -> Document {
+    let id = doc.get("_id").cloned().unwrap_or(Bson::Null);
+    let mut stored = doc! {"_id": id.clone()};
+    stored.extend(doc.into_iter().filter(|(k, _)| k != "_id"));
+    doc! {"_id": id, "$expr": {"$eq": ["$$ROOT", {"$literal": stored}]}}
 }
 
 /// Targets statement `i` of a parsed request.

@@ -397,6 +397,46 @@ pub fn target_delete(snap: &RoutingSnapshot, stmt: &Document) -> Targeted {
     }
 }
 
+/// Targets a statement on an unsharded collection: it goes to `shard` (the database's primary),
+/// with the identity and retry-safety the same statement has on a sharded collection, so an
+/// ordered `bulkWrite` mixing both can be proven as a whole. `insert_id` is, for an insert, the
+/// `_id` the client supplied.
+pub fn target_unsharded(
+    kind: WriteKind,
+    stmt: &Document,
+    insert_id: Option<&Bson>,
+    shard: &str,
+) -> Targeted {
+    let (identity, retry_safe) = match kind {
+        WriteKind::Insert => (insert_id.cloned(), true),
+        WriteKind::Update => {
+            let multi = stmt.get("multi").is_some_and(crate::value::field::truthy);
+            let u = stmt.get("u").unwrap_or(&Bson::Null);
+            let identity = if multi {
+                None
+            } else {
+                id_identity(filter_of(stmt))
+            };
+            (identity, update_is_retry_safe(u))
+        }
+        WriteKind::Delete => {
+            let single = crate::value::field::number_field(stmt, "limit").unwrap_or(0) == 1;
+            let identity = if single {
+                id_identity(filter_of(stmt))
+            } else {
+                None
+            };
+            let safe = identity.is_some();
+            (identity, safe)
+        }
+    };
+    Targeted {
+        target: Target::One(shard.to_string()),
+        identity,
+        retry_safe,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
