@@ -323,10 +323,11 @@ pub async fn bulk_write(
         if rank(p) < rank(policy) {
             policy = p;
         }
-        routes.push(match cluster.routing.get(ns)? {
+        let db = ns.split_once('.').map_or(ns.as_str(), |(db, _)| db);
+        sharded.sync_database(db, true).await?;
+        routes.push(match cluster.routing.lookup(ns).await? {
             Some(snap) => crate::write::bulk::NsRoute::Sharded(snap),
             None => {
-                let db = ns.split_once('.').map_or(ns.as_str(), |(db, _)| db);
                 let primary = match store.database(db) {
                     Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
                     None => store
@@ -339,13 +340,16 @@ pub async fn bulk_write(
             }
         });
     }
-    let refresh = |ns: &str| {
-        cluster
-            .routing
-            .refresh(ns)
-            .ok()
-            .flatten()
-            .map(crate::write::bulk::NsRoute::Sharded)
+    let refresh = |ns: String| -> crate::frontend::BoxFuture<'_, _> {
+        Box::pin(async move {
+            cluster
+                .routing
+                .reload(&ns, &[])
+                .await
+                .ok()
+                .flatten()
+                .map(crate::write::bulk::NsRoute::Sharded)
+        })
     };
     let mut reply =
         crate::write::bulk::execute(cluster, &sharded.writes, policy, &bulk, routes, &refresh)
