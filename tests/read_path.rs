@@ -304,13 +304,8 @@ async fn ddl_on_sharded_collections_reaches_every_shard() {
     col.create_index(mongodb::IndexModel::builder().keys(doc! {"g": 1}).build())
         .await
         .unwrap();
-    for s in &c.shards {
-        let direct = mongodb::Client::with_uri_str(format!(
-            "mongodb://{}/?directConnection=true",
-            s.local_addr()
-        ))
-        .await
-        .unwrap();
+    for i in 0..c.shards.len() {
+        let direct = c.direct(i).await;
         let names = direct
             .database("shop")
             .collection::<Document>("items")

@@ -183,6 +183,22 @@ pub fn parse_msg_reply(frame: &[u8]) -> (Header, u32, Document) {
 }
 
 /// Sets the header's length field to the frame's real length.
+/// An OP_MSG frame: `body` with `docs` as one kind-1 sequence named `identifier`.
+pub fn msg_with_sequence(
+    flags: u32,
+    body: &Document,
+    identifier: &str,
+    docs: &[Document],
+    request_id: i32,
+) -> Vec<u8> {
+    let mut b = OpMsgBuilder::new(flags, &body.to_vec().unwrap());
+    b.begin_sequence(identifier);
+    for d in docs {
+        b.push_document(&d.to_vec().unwrap());
+    }
+    b.finish(request_id, 0).to_vec()
+}
+
 pub fn fix_length(mut v: Vec<u8>) -> Vec<u8> {
     let len = v.len() as i32;
     v[..4].copy_from_slice(&len.to_le_bytes());
@@ -276,6 +292,16 @@ impl TestCluster {
 
     pub fn addr(&self) -> SocketAddr {
         self.router.local_addr()
+    }
+
+    /// A stock-driver client straight to shard `i`, bypassing the router.
+    pub async fn direct(&self, i: usize) -> mongodb::Client {
+        mongodb::Client::with_uri_str(format!(
+            "mongodb://{}/?directConnection=true",
+            self.shards[i].local_addr()
+        ))
+        .await
+        .expect("direct client")
     }
 
     pub async fn stop(self) {
