@@ -296,12 +296,7 @@ impl TestCluster {
 
     /// A stock-driver client straight to shard `i`, bypassing the router.
     pub async fn direct(&self, i: usize) -> mongodb::Client {
-        mongodb::Client::with_uri_str(format!(
-            "mongodb://{}/?directConnection=true",
-            self.shards[i].local_addr()
-        ))
-        .await
-        .expect("direct client")
+        direct(self.shards[i].local_addr()).await
     }
 
     pub async fn stop(self) {
