@@ -54,7 +54,13 @@ impl Fixture {
     /// `app` (primary shard0) with `app.c` sharded on `{x: 1}`: (-inf, 0) on shard0 at 1|0,
     /// [0, 100) on shard1 at 1|1, [100, +inf) on shard1 at 1|2.
     async fn start() -> Fixture {
-        let (config, writer) = common::config_server("configRS").await;
+        let (config, _) = common::config_server("configRS").await;
+        Fixture::populate(config).await
+    }
+
+    /// The same over a config server already started.
+    async fn populate(config: EmbeddedShard) -> Fixture {
+        let writer = direct(config.local_addr()).await;
         let shards = EmbeddedShard::start_many(2, ShardOptions::for_tests())
             .await
             .unwrap();
@@ -431,5 +437,143 @@ async fn stale_db_version_after_the_primary_moved_retargets() {
     assert!(stats(&state).database_reads > db_reads);
     let n = plain.count_documents(doc! {}).await.unwrap();
     assert_eq!(n, 2);
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_config_server_at_start_up_fails_routed_commands_until_it_answers() {
+    // A port nothing listens on yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let configdb = format!("configRS/127.0.0.1:{port}");
+    let config = Config {
+        listen: "127.0.0.1:0".into(),
+        configdb: Some(configdb.clone()),
+        ..Config::default()
+    };
+    let sharded = sluice::router::configdb::bootstrap_configdb_with(
+        &configdb,
+        config.pool_options().unwrap(),
+        &config.batching,
+        std::time::Duration::from_millis(200),
+    )
+    .await
+    .expect("the router starts without its config server");
+    let router = sluice::router::start_router(config, vec!["sluice".into()], Some(sharded.clone()))
+        .await
+        .unwrap();
+    let client = common::driver(router.local_addr(), "").await;
+    let hello = client
+        .database("admin")
+        .run_command(doc! {"hello": 1})
+        .await
+        .expect("hello answers");
+    assert_eq!(hello.get_str("msg").ok(), Some("isdbgrid"));
+    let c = client.database("app").collection::<Document>("c");
+    let e = c.insert_one(doc! {"x": 1i64}).await.unwrap_err();
+    assert_eq!(common::error_code(&e), 6, "HostUnreachable: {e}");
+    let e = c.find_one(doc! {}).await.unwrap_err();
+    assert_eq!(common::error_code(&e), 6, "HostUnreachable: {e}");
+
+    // The config server comes up: the router reads the shard list and routes.
+    let config_server = EmbeddedShard::start(
+        &format!("127.0.0.1:{port}"),
+        ShardOptions {
+            set_name: "configRS".into(),
+            config_server: true,
+            ..ShardOptions::for_tests()
+        },
+    )
+    .await
+    .unwrap();
+    let f = Fixture::populate(config_server).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match c.insert_one(doc! {"x": 5i64}).await {
+            Ok(_) => break,
+            Err(e) => {
+                assert_eq!(common::error_code(&e), 6, "{e}");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "still unreachable: {e}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert_eq!(f.xs(1, "c"), vec![5]);
+    router.shutdown().await;
+}
+
+#[tokio::test]
+async fn databases_are_created_through_the_config_server() {
+    let f = Fixture::start().await;
+    let hello = f
+        .writer
+        .database("admin")
+        .run_command(doc! {"hello": 1})
+        .await
+        .unwrap();
+    assert_eq!(hello.get_i32("configsvr").ok(), Some(2));
+    assert_eq!(hello.get_str("setName").ok(), Some("configRS"));
+    let (router, _state, client) = f.router().await;
+
+    // A first write to a new database creates it on the config server: its primary is the
+    // shard that is primary of the fewest databases (shard1: shard0 has `app`).
+    client
+        .database("fresh")
+        .collection::<Document>("items")
+        .insert_one(doc! {"x": 1i64})
+        .await
+        .unwrap();
+    let entry = f
+        .config_coll("databases")
+        .find_one(doc! {"_id": "fresh"})
+        .await
+        .unwrap()
+        .expect("config.databases has the new database");
+    assert_eq!(entry.get_str("primary").unwrap(), "shard1");
+    assert_eq!(
+        entry
+            .get_document("version")
+            .unwrap()
+            .get_i32("lastMod")
+            .ok(),
+        Some(1)
+    );
+    assert_eq!(
+        f.shards[1].service().documents("fresh", "items").len(),
+        1,
+        "the write went to the new primary"
+    );
+
+    // enableSharding with a primary shard, through the config server.
+    client
+        .database("admin")
+        .run_command(doc! {"enableSharding": "other", "primaryShard": "shard0"})
+        .await
+        .unwrap();
+    let other = f
+        .config_coll("databases")
+        .find_one(doc! {"_id": "other"})
+        .await
+        .unwrap()
+        .expect("created");
+    assert_eq!(other.get_str("primary").unwrap(), "shard0");
+    let e = client
+        .database("admin")
+        .run_command(doc! {"enableSharding": "third", "primaryShard": "shardX"})
+        .await
+        .unwrap_err();
+    assert_eq!(common::error_code(&e), 70, "ShardNotFound: {e}");
+    let e = client
+        .database("admin")
+        .run_command(doc! {"enableSharding": "other", "primaryShard": "shard1"})
+        .await
+        .unwrap_err();
+    assert_eq!(common::error_code(&e), 48, "NamespaceExists: {e}");
     router.shutdown().await;
 }

@@ -232,6 +232,11 @@ impl ShardService {
         self.options.stage_memory_bytes
     }
 
+    /// The server's cluster time now (what it stamps writes with).
+    pub fn cluster_time(&self) -> bson::Timestamp {
+        self.state.clock.now()
+    }
+
     /// The shard's name (its replica set name).
     pub fn name(&self) -> &str {
         &self.options.set_name
@@ -526,6 +531,10 @@ impl ShardService {
                 if let Some(link) = &self.member {
                     link.hello_fields(name, &mut d);
                 }
+                if self.options.config_server {
+                    // mongod started with `--configsvr` (`ClusterRole::ConfigServer`).
+                    d.insert("configsvr", 2);
+                }
                 d
             }
             "ping" => Document::new(),
@@ -551,6 +560,9 @@ impl ShardService {
             "getCmdLineOpts" => server_info::get_cmd_line_opts(&self.state),
             "configureFailPoint" => self.failpoints.configure(&body)?,
             "sluiceSetShardVersion" => self.set_shard_version(&body)?,
+            _ if self.options.config_server && super::configsvr::serves(name) => {
+                super::configsvr::run(self, req, &body)?
+            }
             "sluiceSetLatency" => self.set_latency(&body)?,
             "replSetStepDown" | "replSetFreeze" | "replSetGetStatus" if self.member.is_some() => {
                 let member = self.member.as_ref().ok_or_else(|| {

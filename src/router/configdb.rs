@@ -78,13 +78,29 @@ pub fn shard_infos(registry: &ShardRegistry) -> Vec<ShardInfo> {
     out
 }
 
-/// Connects to the config server `configdb` (mongos's `--configdb` form), reads the shard list
-/// (retrying with backoff, each failure logged, until the config server answers) and builds
-/// the router's cluster over it.
+/// How long start-up waits for the config server's shard list before the router listens
+/// anyway (it keeps trying in the background).
+pub const STARTUP_WAIT: Duration = Duration::from_secs(2);
+
+/// Connects to the config server `configdb` (mongos's `--configdb` form) and builds the
+/// router's cluster over it. The shard list is read by a task that retries with backoff (100
+/// ms doubling to 5 s, each failure logged) until the config server answers; start-up waits
+/// for it at most [`STARTUP_WAIT`], so a router whose config server is down still listens,
+/// answers `hello`, and fails routed commands with HostUnreachable (6) until then.
 pub async fn bootstrap_configdb(
     configdb: &str,
     pool: PoolOptions,
     batching: &crate::config::BatchingConfig,
+) -> Result<Arc<ShardedCluster>, String> {
+    bootstrap_configdb_with(configdb, pool, batching, STARTUP_WAIT).await
+}
+
+/// [`bootstrap_configdb`] with an explicit start-up wait.
+pub async fn bootstrap_configdb_with(
+    configdb: &str,
+    pool: PoolOptions,
+    batching: &crate::config::BatchingConfig,
+    startup_wait: Duration,
 ) -> Result<Arc<ShardedCluster>, String> {
     let configdb = ConfigDb::parse(configdb).map_err(|e| e.message)?;
     let source = Arc::new(
@@ -93,29 +109,42 @@ pub async fn bootstrap_configdb(
             .map_err(|e| e.message)?,
     );
     let cache = CatalogCache::new(source.clone(), PRINTER);
-    let mut wait = STARTUP_BACKOFF.0;
-    let registry = loop {
-        match cache.shards().await {
-            Ok(r) => break r,
-            Err(e) => {
-                tracing::warn!(config_server = %configdb, error = %e.message, retry_in = ?wait,
-                    "cannot read the shard list from the config server; retrying");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(STARTUP_BACKOFF.1);
-            }
-        }
-    };
-    let shards = shard_infos(&registry);
-    tracing::info!(config_server = %configdb, shards = shards.len(), "routing from the config server");
     let mirror = Arc::new(StaticStore::mirror());
-    mirror.set_shards(&shards).map_err(|e| e.message)?;
-    let routing = CatalogRouting::new(cache, PRINTER);
+    let routing = CatalogRouting::new(cache.clone(), PRINTER);
     let table = RoutingTable::with_source(Arc::new(routing.clone()));
-    let cluster = Arc::new(Cluster::new(shards, table, pool, batching));
-    cluster.warm_pools().await;
-    let sharded = ShardedCluster::new(cluster, mirror, batching)
-        .with_config_server(ConfigServer { source, routing });
-    Ok(Arc::new(sharded))
+    let cluster = Arc::new(Cluster::pending(table, pool, batching));
+    let sharded = Arc::new(
+        ShardedCluster::new(cluster.clone(), mirror.clone(), batching)
+            .with_config_server(ConfigServer { source, routing }),
+    );
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
+    let name = configdb.to_string();
+    tokio::spawn(async move {
+        let mut wait = STARTUP_BACKOFF.0;
+        let registry = loop {
+            match cache.shards().await {
+                Ok(r) => break r,
+                Err(e) => {
+                    tracing::warn!(config_server = %name, error = %e.message, retry_in = ?wait,
+                        "cannot read the shard list from the config server; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(STARTUP_BACKOFF.1);
+                }
+            }
+        };
+        let shards = shard_infos(&registry);
+        tracing::info!(config_server = %name, shards = shards.len(), "routing from the config server");
+        if let Err(e) = mirror.set_shards(&shards) {
+            tracing::warn!(error = %e.message, "cannot record the shard list");
+        }
+        cluster.install_shards(shards);
+        cluster.warm_pools().await;
+        let _ = ready_tx.send(());
+    });
+    if tokio::time::timeout(startup_wait, ready_rx).await.is_err() {
+        tracing::warn!(config_server = %configdb, "the config server has not answered yet; listening anyway");
+    }
+    Ok(sharded)
 }
 
 impl ShardedCluster {
@@ -132,6 +161,15 @@ impl ShardedCluster {
         let Some(cs) = &self.config_server else {
             return Ok(None);
         };
+        if !self.cluster.has_shards() {
+            return Err(CommandError::new(
+                ErrorCode::HostUnreachable,
+                format!(
+                    "the config server {} has not answered with the cluster's shards yet",
+                    cs.source.name()
+                ),
+            ));
+        }
         if DatabaseRouting::is_fixed_name(db) || db == "local" {
             return Ok(None);
         }

@@ -55,8 +55,9 @@ pub fn config_read(
     cluster.metadata.config_read(req)
 }
 
-/// `enableSharding`: records the database (with a primary shard) if it is new.
-pub fn enable_sharding(
+/// `enableSharding`: records the database (with a primary shard) if it is new; with a config
+/// server, creates it there (`_configsvrCreateDatabase`, as mongos 8.0 does).
+pub async fn enable_sharding(
     cluster: Option<&Arc<ShardedCluster>>,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
@@ -71,6 +72,10 @@ pub fn enable_sharding(
     };
     check_db_name(&db)?;
     let primary = body.get_str("primaryShard").ok();
+    if cluster.has_config_server() {
+        cluster.create_database(&db, primary).await?;
+        return Ok(Document::new());
+    }
     cluster.metadata.ensure_database(&db, primary)?;
     Ok(Document::new())
 }

@@ -45,13 +45,14 @@ pub async fn all(mut cursor: mongodb::Cursor<Document>) -> Vec<Document> {
     out
 }
 
-/// An embedded shard playing a config server (replica set `set_name`, holding `config.*`
-/// as a 6.0+ config server writes it), and a plain driver client to write its documents with.
+/// The embedded config server (replica set `set_name`, holding `config.*` as a 6.0+ config
+/// server writes it), and a plain driver client to write its documents with.
 pub async fn config_server(set_name: &str) -> (sluice::embedded::EmbeddedShard, mongodb::Client) {
     let shard = sluice::embedded::EmbeddedShard::start(
         "127.0.0.1:0",
         sluice::embedded::ShardOptions {
             set_name: set_name.into(),
+            config_server: true,
             ..sluice::embedded::ShardOptions::for_tests()
         },
     )
