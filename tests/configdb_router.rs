@@ -271,6 +271,31 @@ async fn routes_by_the_config_servers_chunks_with_mongos_versions() {
     assert_eq!(c.count_documents(doc! {}).await.unwrap(), 3);
     assert!(stats(&sharded).collection_reads > reads);
 
+    // Sharding DDL is not run by a --configdb router yet: refused, nothing half-done.
+    for cmd in [
+        doc! {"shardCollection": "app.d", "key": {"x": 1}},
+        doc! {"dropDatabase": 1},
+    ] {
+        let db = if cmd.contains_key("dropDatabase") {
+            "app"
+        } else {
+            "admin"
+        };
+        let e = client
+            .database(db)
+            .run_command(cmd.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(common::error_code(&e), 115, "{cmd}");
+    }
+    let e = c.drop().await.unwrap_err();
+    assert_eq!(common::error_code(&e), 115);
+    assert_eq!(
+        c.count_documents(doc! {}).await.unwrap(),
+        3,
+        "nothing was dropped"
+    );
+
     // A client may not send the config server's or the shards' internal commands.
     for name in ["_configsvrCreateDatabase", "_shardsvrCreateCollection"] {
         let e = client

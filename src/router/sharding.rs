@@ -99,6 +99,10 @@ pub async fn shard_collection(
 ) -> Result<Document, CommandError> {
     let cluster = cluster.ok_or_else(no_cluster)?;
     let body = req.body_document();
+    if cluster.has_config_server() {
+        let ns = body.get_str(&req.name).unwrap_or_default();
+        return Err(super::configdb::not_through_config_server(&req.name, ns));
+    }
     let ns = match body.get(&req.name) {
         Some(Bson::String(s)) => s.clone(),
         _ => {
