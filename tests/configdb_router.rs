@@ -5,10 +5,13 @@
 //! collection sharded elsewhere, StaleDbVersion 249 after a primary moved) refreshes the
 //! router's cache and retargets, so the client never sees it.
 //!
-//! The "migrations" here are done by hand, as a config server and its shards would leave
+//! Most "migrations" here are done by hand, as a config server and its shards would leave
 //! them: documents moved between shards, `config.chunks` rewritten with mongos's version
 //! rules, and each shard told its new version (`sluiceSetShardVersion`, the embedded shard's
-//! stand-in for loading its own filtering metadata).
+//! stand-in for loading its own filtering metadata). The last test moves a chunk the way a
+//! cluster does (`moveChunk` through a router, `_configsvrMoveRange`, the donor and recipient
+//! shard servers' clone, catch-up, critical section and commit) under live writes through
+//! two routers.
 
 mod common;
 
@@ -682,4 +685,215 @@ async fn shard_servers_check_versions_against_the_config_server() {
     assert_eq!(f.xs(0, "plain"), Vec::<i64>::new());
     ra.shutdown().await;
     rb.shutdown().await;
+}
+
+/// What one writer had acknowledged: `_id` → (`x`, increments acknowledged), and how long
+/// each write took, with when it ended.
+#[derive(Default)]
+struct Acked {
+    docs: std::collections::HashMap<i64, (i64, i64)>,
+    latencies: Vec<(std::time::Instant, std::time::Duration)>,
+}
+
+/// Writes through `coll` until `stop`: single inserts, ordered bulks of five, and `$inc`
+/// updates by shard key of documents it inserted earlier; every write must succeed.
+async fn write_until(
+    coll: mongodb::Collection<Document>,
+    writer: i64,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> Acked {
+    let mut acked = Acked::default();
+    let mut i: i64 = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let started = std::time::Instant::now();
+        let id = writer * 1_000_000 + i;
+        let x = i % 200;
+        match i % 3 {
+            0 => {
+                coll.insert_one(doc! {"_id": id, "x": x, "n": 0i64})
+                    .await
+                    .expect("single insert during the migration");
+                acked.docs.insert(id, (x, 0));
+                i += 1;
+            }
+            1 => {
+                let docs: Vec<Document> = (0..5)
+                    .map(|k| doc! {"_id": id + k, "x": (i + k) % 200, "n": 0i64})
+                    .collect();
+                coll.insert_many(docs)
+                    .await
+                    .expect("ordered bulk during the migration");
+                for k in 0..5 {
+                    acked.docs.insert(id + k, ((i + k) % 200, 0));
+                }
+                i += 5;
+            }
+            _ => {
+                let target = writer * 1_000_000 + (i * 7919) % i.max(1);
+                if let Some(&(x, _)) = acked.docs.get(&target) {
+                    let r = coll
+                        .update_one(doc! {"x": x, "_id": target}, doc! {"$inc": {"n": 1i64}})
+                        .await
+                        .expect("update during the migration");
+                    assert_eq!(r.matched_count, 1, "document {target} found");
+                    if let Some(e) = acked.docs.get_mut(&target) {
+                        e.1 += 1;
+                    }
+                }
+                i += 1;
+            }
+        }
+        acked
+            .latencies
+            .push((std::time::Instant::now(), started.elapsed()));
+    }
+    acked
+}
+
+#[tokio::test]
+async fn a_migration_under_live_writes_through_two_routers_keeps_every_acknowledged_write_once() {
+    let (config, _) = common::config_server("configRS").await;
+    let f = Fixture::populate(config, true).await;
+    let (ra, a_state, a) = f.router().await;
+    let (rb, b_state, b) = f.router().await;
+    let (rc, c_state, c) = f.router().await;
+    let ca = a.database("app").collection::<Document>("c");
+    let cb = b.database("app").collection::<Document>("c");
+    let cc = c.database("app").collection::<Document>("c");
+    // Data in the chunk that moves, [0, 100) on shard1.
+    let seed: Vec<Document> = (0..3000i64)
+        .map(|i| doc! {"_id": -1 - i, "x": i % 100, "n": 0i64})
+        .collect();
+    ca.insert_many(seed).await.unwrap();
+    // Router C caches the routing and then stays idle through the migration.
+    assert_eq!(cc.count_documents(doc! {}).await.unwrap(), 3000);
+    let b_reads = stats(&b_state).collection_reads;
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers = vec![
+        tokio::spawn(write_until(ca.clone(), 1, stop.clone())),
+        tokio::spawn(write_until(cb.clone(), 2, stop.clone())),
+        tokio::spawn(write_until(ca.clone(), 3, stop.clone())),
+        tokio::spawn(write_until(cb.clone(), 4, stop.clone())),
+    ];
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let began = std::time::Instant::now();
+    let reply = a
+        .database("admin")
+        .run_command(doc! {"moveChunk": "app.c", "find": {"x": 50i64}, "to": "shard0"})
+        .await
+        .expect("moveChunk through router A");
+    let ended = std::time::Instant::now();
+    assert!(reply.get_i64("millis").is_ok(), "{reply}");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acked = std::collections::HashMap::new();
+    let mut during = 0usize;
+    let mut before = Vec::new();
+    let mut worst_during = std::time::Duration::ZERO;
+    for w in writers {
+        let r = w.await.unwrap();
+        for (t, l) in &r.latencies {
+            if *t >= began && *t - *l <= ended {
+                during += 1;
+                worst_during = worst_during.max(*l);
+            } else if *t < began {
+                before.push(*l);
+            }
+        }
+        acked.extend(r.docs);
+    }
+    before.sort_unstable();
+    let median_before = before.get(before.len() / 2).copied().unwrap_or_default();
+    println!(
+        "migration of 3000+ documents: {:?}; writes acknowledged while it ran: {during}; median write before {median_before:?}, slowest during {worst_during:?}; refreshes: A {} B {}",
+        ended - began,
+        stats(&a_state).collection_reads,
+        stats(&b_state).collection_reads,
+    );
+    assert!(during > 0, "writes kept flowing during the migration");
+
+    // config.chunks: [0, 100) moved to shard0 at 2|0, the donor's other chunk at 2|1.
+    let chunks = f.config_coll("chunks");
+    let moved = chunks
+        .find_one(doc! {"min": {"x": 0i64}})
+        .await
+        .unwrap()
+        .expect("the moved chunk");
+    assert_eq!(moved.get_str("shard").unwrap(), "shard0");
+    assert_eq!(moved.get_timestamp("lastmod").unwrap(), ts(2, 0));
+    let kept = chunks
+        .find_one(doc! {"min": {"x": 100i64}})
+        .await
+        .unwrap()
+        .expect("the donor's chunk");
+    assert_eq!(kept.get_str("shard").unwrap(), "shard1");
+    assert_eq!(kept.get_timestamp("lastmod").unwrap(), ts(2, 1));
+
+    // Every acknowledged document exactly once, on the shard that owns its chunk now, with
+    // every acknowledged update applied.
+    let mut seen = std::collections::HashMap::new();
+    for (i, shard) in f.shards.iter().enumerate() {
+        for d in shard.service().documents("app", "c") {
+            let id = d.get_i64("_id").unwrap();
+            let x = d.get_i64("x").unwrap();
+            let owner = if x < 0 || (0..100).contains(&x) { 0 } else { 1 };
+            assert_eq!(i, owner, "document {d} is on the shard owning its chunk");
+            assert!(seen.insert(id, d).is_none(), "document {id} exists once");
+        }
+    }
+    assert_eq!(seen.len(), acked.len() + 3000);
+    for (id, (x, n)) in &acked {
+        let d = seen
+            .get(id)
+            .unwrap_or_else(|| panic!("acknowledged {id} lost"));
+        assert_eq!(d.get_i64("x").unwrap(), *x);
+        assert_eq!(d.get_i64("n").unwrap(), *n, "updates of {id}");
+    }
+
+    // Router B met the migration through stale answers and refreshed.
+    assert!(stats(&b_state).collection_reads > b_reads);
+    // Router C still routes by 1|x: its write to the donor is refused stale (the donor wants
+    // 2|1) and retargeted to the recipient; its reads see every document once.
+    let c_reads = stats(&c_state).collection_reads;
+    cc.insert_one(doc! {"_id": 42i64, "x": 42i64})
+        .await
+        .unwrap();
+    assert!(f.xs(0, "c").contains(&42));
+    assert!(!f.xs(1, "c").contains(&42));
+    assert!(stats(&c_state).collection_reads > c_reads);
+    assert_eq!(
+        cc.count_documents(doc! {}).await.unwrap() as usize,
+        acked.len() + 3001
+    );
+
+    // A migration to the shard that already owns the chunk is a no-op; a chunk that does
+    // not exist or a shard that does not exist are refused.
+    a.database("admin")
+        .run_command(doc! {"moveChunk": "app.c", "find": {"x": 50i64}, "to": "shard0"})
+        .await
+        .unwrap();
+    let e = a
+        .database("admin")
+        .run_command(doc! {"moveChunk": "app.c", "find": {"x": 50i64}, "to": "shardX"})
+        .await
+        .unwrap_err();
+    assert_eq!(common::error_code(&e), 70, "ShardNotFound: {e}");
+    let e = a
+        .database("admin")
+        .run_command(
+            doc! {"moveChunk": "app.c", "bounds": [{"x": 1i64}, {"x": 2i64}], "to": "shard1"},
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(common::error_code(&e), 72, "InvalidOptions: {e}");
+    let e = a
+        .database("admin")
+        .run_command(doc! {"moveChunk": "app.plain", "find": {"x": 1i64}, "to": "shard1"})
+        .await
+        .unwrap_err();
+    assert_eq!(common::error_code(&e), 118, "NamespaceNotSharded: {e}");
+    ra.shutdown().await;
+    rb.shutdown().await;
+    rc.shutdown().await;
 }

@@ -42,10 +42,11 @@ pub fn stale_config(ns: &str, received: &Bson, wanted: Document, shard: &str) ->
 #[derive(Debug)]
 pub struct Filtering {
     configdb: String,
-    cache: tokio::sync::OnceCell<CatalogCache>,
+    cache: tokio::sync::OnceCell<(Arc<ConfigServerSource>, CatalogCache)>,
 }
 
-fn engine_error(e: MetadataError) -> EngineError {
+/// A metadata error as the shard answers it.
+pub(super) fn engine_error(e: MetadataError) -> EngineError {
     EngineError::new(e.code, e.message)
 }
 
@@ -58,16 +59,36 @@ impl Filtering {
         }
     }
 
-    async fn cache(&self) -> Result<&CatalogCache, EngineError> {
+    async fn connected(&self) -> Result<&(Arc<ConfigServerSource>, CatalogCache), EngineError> {
         self.cache
             .get_or_try_init(|| async {
                 let configdb = ConfigDb::parse(&self.configdb).map_err(engine_error)?;
-                let source = ConfigServerSource::connect(&configdb)
-                    .await
-                    .map_err(engine_error)?;
-                Ok::<_, EngineError>(CatalogCache::new(Arc::new(source), PRINTER))
+                let source = Arc::new(
+                    ConfigServerSource::connect(&configdb)
+                        .await
+                        .map_err(engine_error)?,
+                );
+                Ok::<_, EngineError>((source.clone(), CatalogCache::new(source, PRINTER)))
             })
             .await
+    }
+
+    /// The shard's catalog cache (connected to the config server on first use).
+    pub(super) async fn cache(&self) -> Result<&CatalogCache, EngineError> {
+        Ok(&self.connected().await?.1)
+    }
+
+    /// Runs an internal command on the config server's primary (majority write concern).
+    pub(super) async fn run_on_config_server(
+        &self,
+        command: Document,
+    ) -> Result<Document, EngineError> {
+        self.connected()
+            .await?
+            .0
+            .run_admin_command(command)
+            .await
+            .map_err(engine_error)
     }
 
     /// The placement version this shard (`shard`) has for `ns`: its chunks' highest version,

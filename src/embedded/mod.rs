@@ -23,6 +23,7 @@ pub mod commands;
 pub mod configsvr;
 pub mod ddl;
 pub mod filtering;
+pub mod migration;
 pub mod pipeline_output;
 pub mod replset;
 pub mod service;

@@ -186,7 +186,8 @@ pub struct ShardService {
     opcounters: Mutex<BTreeMap<&'static str, i64>>,
     latency: Mutex<(Duration, Duration)>,
     slots: Option<Semaphore>,
-    filtering: Option<super::filtering::Filtering>,
+    filtering: Option<Arc<super::filtering::Filtering>>,
+    migrations: Arc<super::migration::Migrations>,
 }
 
 impl ShardService {
@@ -208,7 +209,7 @@ impl ShardService {
         let filtering = options
             .configdb
             .as_deref()
-            .map(super::filtering::Filtering::new);
+            .map(|c| Arc::new(super::filtering::Filtering::new(c)));
         ShardService {
             state,
             options,
@@ -225,6 +226,7 @@ impl ShardService {
             latency: Mutex::new(latency),
             slots,
             filtering,
+            migrations: Arc::default(),
         }
     }
 
@@ -494,14 +496,79 @@ impl ShardService {
         if let Some(member) = &self.member {
             member.check(name, &body)?;
         }
+        if self.options.config_server {
+            match name {
+                "_configsvrMoveRange" => {
+                    check_admin(req)?;
+                    return self
+                        .migrations
+                        .configsvr_move_range(&self.catalog, &body)
+                        .await
+                        .map(Some);
+                }
+                "_configsvrCommitChunkMigration" => {
+                    check_admin(req)?;
+                    return super::migration::commit_chunk_migration(
+                        &self.catalog,
+                        &body,
+                        self.cluster_time(),
+                    )
+                    .map(Some);
+                }
+                _ => {}
+            }
+        }
+        // Held while a versioned request runs, so no critical section begins under it.
+        let mut _versioned = None;
         if let Some(filtering) = &self.filtering {
-            if matches!(
-                name,
-                "_flushRoutingTableCacheUpdates" | "_flushDatabaseCacheUpdates"
-            ) {
-                return filtering.flush(name, &body).await.map(Some);
+            match name {
+                "_flushRoutingTableCacheUpdates" | "_flushDatabaseCacheUpdates" => {
+                    return filtering.flush(name, &body).await.map(Some);
+                }
+                "_shardsvrMoveRange" => {
+                    check_admin(req)?;
+                    let donor = super::migration::Donor {
+                        catalog: self.catalog.clone(),
+                        migrations: self.migrations.clone(),
+                        filtering: filtering.clone(),
+                        name: self.name().to_string(),
+                    };
+                    return super::migration::move_range(donor, body).await.map(Some);
+                }
+                "_recvChunkStart" => {
+                    check_admin(req)?;
+                    return self.migrations.recv_start(&body).map(Some);
+                }
+                "_sluiceRecvChunkMods" => {
+                    check_admin(req)?;
+                    return self.migrations.recv_mods(&body).map(Some);
+                }
+                "_recvChunkCommit" => {
+                    check_admin(req)?;
+                    return self
+                        .migrations
+                        .recv_commit(&self.catalog, &body)
+                        .await
+                        .map(Some);
+                }
+                "_recvChunkAbort" => {
+                    check_admin(req)?;
+                    return self.migrations.recv_abort(&self.catalog, &body).map(Some);
+                }
+                "_recvChunkReleaseCritSec" => {
+                    check_admin(req)?;
+                    return self
+                        .migrations
+                        .recv_release(filtering, &body)
+                        .await
+                        .map(Some);
+                }
+                _ => {}
             }
             if let Some(ns) = req.namespace.as_deref() {
+                if body.contains_key("shardVersion") || body.contains_key("databaseVersion") {
+                    _versioned = Some(self.migrations.enter(ns).await);
+                }
                 if let Err(e) = filtering.check(self.name(), ns, &body).await {
                     // Writes report it as the first statement's error, as mongod does.
                     if matches!(name, "insert" | "update" | "delete") {
@@ -692,6 +759,17 @@ impl ShardService {
         );
         Ok(Document::new())
     }
+}
+
+/// Internal commands run on `admin` only.
+fn check_admin(req: &CommandRequest) -> Result<(), EngineError> {
+    if req.db != "admin" {
+        return Err(EngineError::new(
+            ErrorCode::Unauthorized,
+            format!("{} may only be run against the admin database.", req.name),
+        ));
+    }
+    Ok(())
 }
 
 /// The key of a session's records: its `lsid.id`, a UUID ([`command::session_id`]), in hex.

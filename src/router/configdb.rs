@@ -217,6 +217,27 @@ impl ShardedCluster {
         Ok(reply)
     }
 
+    /// Runs an internal command on the config server's primary (majority write concern).
+    pub async fn config_server_command(&self, command: Document) -> Result<Document, CommandError> {
+        let Some(cs) = &self.config_server else {
+            return Err(CommandError::new(
+                ErrorCode::InternalError,
+                "no config server to send the command to",
+            ));
+        };
+        cs.source
+            .run_admin_command(command)
+            .await
+            .map_err(command_error)
+    }
+
+    /// Makes the next request for `ns` read its routing from the config server again.
+    pub fn forget_collection(&self, ns: &str) {
+        if let Some(cs) = &self.config_server {
+            cs.cache().flush_collection(ns);
+        }
+    }
+
     /// Whether the routing comes from a config server.
     pub fn has_config_server(&self) -> bool {
         self.config_server.is_some()

@@ -181,6 +181,8 @@ pub enum Handler {
     FlushRouterConfig,
     /// `balancerStatus`.
     BalancerStatus,
+    /// `moveChunk`, `moveRange`: through the config server.
+    MoveChunk,
     /// `bulkWrite` (8.0): the write path, across namespaces.
     BulkWrite,
     /// Forwarded to shards through [`route::route`].
@@ -212,6 +214,7 @@ impl Handler {
             "listShards" | "listshards" => ListShards,
             "flushRouterConfig" | "flushrouterconfig" => FlushRouterConfig,
             "balancerStatus" => BalancerStatus,
+            "moveChunk" | "movechunk" | "moveRange" => MoveChunk,
             "bulkWrite" => BulkWrite,
             "insert" => Forward(F::Write(crate::command::WriteKind::Insert)),
             "update" => Forward(F::Write(crate::command::WriteKind::Update)),
@@ -381,6 +384,7 @@ async fn run_command(
         Handler::ListShards => sharding::list_shards(cluster),
         Handler::FlushRouterConfig => sharding::flush_router_config(cluster),
         Handler::BalancerStatus => Ok(sharding::balancer_status()),
+        Handler::MoveChunk => sharding::move_chunk(cluster, req).await,
         Handler::BulkWrite => match cluster {
             Some(cluster) => return route::bulk_write(cluster, &state.config, req).await,
             None => Err(no_such_command(&req.name)),

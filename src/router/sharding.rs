@@ -286,6 +286,185 @@ pub fn flush_router_config(
     Ok(doc! {"flushed": true})
 }
 
+/// `moveChunk` (`{moveChunk: ns, find | bounds, to}`) and `moveRange` (`{moveRange: ns,
+/// toShard, min, max?}`): sent to the config server as mongos 8.0 sends them
+/// (`_configsvrMoveRange` with the chunk's bounds, majority write concern); afterwards this
+/// router reloads the collection, as mongos does. Needs a config server (`--configdb`).
+pub async fn move_chunk(
+    cluster: Option<&Arc<ShardedCluster>>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    let cluster = cluster.ok_or_else(no_cluster)?;
+    let body = req.body_document();
+    let cmd = req.name.as_str();
+    let ns = match body.get(cmd) {
+        Some(Bson::String(s)) => s.clone(),
+        _ => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                format!("BSON field '{cmd}.{cmd}' is the wrong type, expected type 'string'"),
+            ))
+        }
+    };
+    if !ns
+        .split_once('.')
+        .is_some_and(|(d, c)| !d.is_empty() && !c.is_empty())
+    {
+        return Err(CommandError::new(
+            ErrorCode::InvalidNamespace,
+            format!("Invalid namespace specified '{ns}'"),
+        ));
+    }
+    if !cluster.has_config_server() {
+        return Err(CommandError::new(
+            ErrorCode::IllegalOperation,
+            format!("{cmd} moves chunks through a config server: start the router with --configdb"),
+        ));
+    }
+    let object = |field: &str| -> Result<Option<Document>, CommandError> {
+        match body.get(field) {
+            None => Ok(None),
+            Some(Bson::Document(d)) => Ok(Some(d.clone())),
+            Some(_) => Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                format!("BSON field '{cmd}.{field}' is the wrong type, expected type 'object'"),
+            )),
+        }
+    };
+    let to_field = if cmd == "moveRange" { "toShard" } else { "to" };
+    let to = match body.get(to_field) {
+        Some(Bson::String(s)) => s.clone(),
+        Some(_) => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                format!("BSON field '{cmd}.{to_field}' is the wrong type, expected type 'string'"),
+            ))
+        }
+        None => {
+            return Err(CommandError::new(
+                ErrorCode(40414),
+                format!("BSON field '{cmd}.{to_field}' is missing but a required field"),
+            ))
+        }
+    };
+    let snapshot = cluster.cluster.routing.lookup(&ns).await?.ok_or_else(|| {
+        CommandError::new(
+            ErrorCode::NamespaceNotSharded,
+            format!("Can't execute {cmd} on unsharded collection {ns}"),
+        )
+    })?;
+    let pattern = &snapshot.pattern;
+    let (min, max, wait_for_delete, force) = if cmd == "moveRange" {
+        let Some(min) = object("min")? else {
+            return Err(CommandError::new(
+                ErrorCode::InvalidOptions,
+                "moveRange needs 'min': a range given by its max only is not supported by this version of Sluice",
+            ));
+        };
+        (
+            min,
+            object("max")?,
+            body.get("waitForDelete").is_some_and(truthy),
+            body.get("forceJumbo").is_some_and(truthy),
+        )
+    } else {
+        let find = object("find")?;
+        let bounds = match body.get("bounds") {
+            None => None,
+            Some(Bson::Array(b)) => match b.as_slice() {
+                [Bson::Document(lo), Bson::Document(hi)] => Some((lo.clone(), hi.clone())),
+                _ => {
+                    return Err(CommandError::new(
+                        ErrorCode::InvalidOptions,
+                        "bounds must be an array of two documents: [min, max]",
+                    ))
+                }
+            },
+            Some(_) => {
+                return Err(CommandError::new(
+                    ErrorCode::TypeMismatch,
+                    format!("BSON field '{cmd}.bounds' is the wrong type, expected type 'array'"),
+                ))
+            }
+        };
+        let chunk = match (find, bounds) {
+            (Some(find), None) => {
+                let mut key = Vec::new();
+                for f in pattern.fields() {
+                    let Some(v) = find.get(&f.path) else {
+                        return Err(CommandError::new(
+                            ErrorCode::ShardKeyNotFound,
+                            format!("no shard key found in chunk query {find}"),
+                        ));
+                    };
+                    key.push(if f.hashed {
+                        Bson::Int64(crate::routing::hash::hash64(v))
+                    } else {
+                        v.clone()
+                    });
+                }
+                snapshot
+                    .chunks
+                    .find(&crate::routing::ShardKey(key))
+                    .cloned()
+            }
+            (None, Some((lo, hi))) => {
+                let exact = match (
+                    pattern.key_from_document(&lo),
+                    pattern.key_from_document(&hi),
+                ) {
+                    (Ok(lo), Ok(hi)) => snapshot
+                        .chunks
+                        .find(&lo)
+                        .filter(|c| c.min == lo && c.max == hi)
+                        .cloned(),
+                    _ => None,
+                };
+                Some(exact.ok_or_else(|| {
+                    CommandError::new(
+                        ErrorCode::InvalidOptions,
+                        format!("no chunk of {ns} has exactly the bounds {lo} - {hi}"),
+                    )
+                })?)
+            }
+            _ => {
+                return Err(CommandError::new(
+                    ErrorCode::InvalidOptions,
+                    "need to specify either a find query, or both lower and upper bounds.",
+                ))
+            }
+        };
+        let chunk = chunk.ok_or_else(|| {
+            CommandError::new(
+                ErrorCode::InternalError,
+                format!("{ns} has no chunk for that key"),
+            )
+        })?;
+        (
+            pattern.key_document(&chunk.min),
+            Some(pattern.key_document(&chunk.max)),
+            body.get("_waitForDelete").is_some_and(truthy),
+            body.get("forceJumbo").is_some_and(truthy),
+        )
+    };
+    let mut request = doc! {"_configsvrMoveRange": &ns, "toShard": &to, "min": min};
+    if let Some(max) = max {
+        request.insert("max", max);
+    }
+    request.insert("waitForDelete", wait_for_delete);
+    request.insert("forceJumbo", if force { 1 } else { 0 });
+    let started = std::time::Instant::now();
+    let result = cluster.config_server_command(request).await;
+    // Whatever the outcome, the next request reads the collection's routing again.
+    cluster.forget_collection(&ns);
+    result?;
+    Ok(if cmd == "moveRange" {
+        Document::new()
+    } else {
+        doc! {"millis": started.elapsed().as_millis() as i64}
+    })
+}
+
 /// `balancerStatus`: Sluice moves no chunks.
 pub fn balancer_status() -> Document {
     doc! {"mode": "off", "inBalancerRound": false, "numBalancerRounds": 0i64}
