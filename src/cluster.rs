@@ -34,12 +34,24 @@ pub struct Cluster {
     pub routing: RoutingTable,
     /// Open transactions and the one shard each runs on.
     pub transactions: TransactionTable,
-    pools: BTreeMap<String, Arc<ShardPool>>,
-    queues: BTreeMap<String, Arc<ShardQueue>>,
+    /// The shards with their pools and queues: set once, at start-up, or (`--configdb`) when
+    /// the config server first answers with its shard list.
+    set: std::sync::OnceLock<ShardSet>,
+    pool_options: PoolOptions,
+    batching: crate::config::BatchingConfig,
     queue_timeout: std::time::Duration,
-    shards: Vec<ShardInfo>,
     stage_memory: std::sync::atomic::AtomicUsize,
 }
+
+/// The shards of a cluster with a pool and a queue each.
+#[derive(Debug)]
+struct ShardSet {
+    pools: BTreeMap<String, Arc<ShardPool>>,
+    queues: BTreeMap<String, Arc<ShardQueue>>,
+    shards: Vec<ShardInfo>,
+}
+
+static NO_POOLS: BTreeMap<String, Arc<ShardPool>> = BTreeMap::new();
 
 impl Cluster {
     /// A cluster over `shards`, routed by `routing`, whose shards are guarded by queues with
@@ -50,6 +62,33 @@ impl Cluster {
         pool_options: PoolOptions,
         batching: &crate::config::BatchingConfig,
     ) -> Cluster {
+        let cluster = Cluster::pending(routing, pool_options, batching);
+        cluster.install_shards(shards);
+        cluster
+    }
+
+    /// A cluster whose shards are not known yet (a `--configdb` router whose config server
+    /// has not answered): it has none until [`Cluster::install_shards`].
+    pub fn pending(
+        routing: RoutingTable,
+        pool_options: PoolOptions,
+        batching: &crate::config::BatchingConfig,
+    ) -> Cluster {
+        Cluster {
+            routing,
+            transactions: Default::default(),
+            set: std::sync::OnceLock::new(),
+            pool_options,
+            batching: batching.clone(),
+            queue_timeout: std::time::Duration::from_millis(batching.queue_timeout_ms),
+            stage_memory: crate::limits::DEFAULT_STAGE_MEMORY_BYTES.into(),
+        }
+    }
+
+    /// Sets the shards, with a pool and a queue each; `false` (and nothing changes) when the
+    /// cluster has its shards already.
+    pub fn install_shards(&self, shards: Vec<ShardInfo>) -> bool {
+        let (pool_options, batching) = (&self.pool_options, &self.batching);
         let queues = shards
             .iter()
             .map(|s| {
@@ -68,15 +107,23 @@ impl Cluster {
                 )
             })
             .collect();
-        Cluster {
-            routing,
-            transactions: Default::default(),
-            pools,
-            queues,
-            queue_timeout: std::time::Duration::from_millis(batching.queue_timeout_ms),
-            shards,
-            stage_memory: crate::limits::DEFAULT_STAGE_MEMORY_BYTES.into(),
-        }
+        self.set
+            .set(ShardSet {
+                pools,
+                queues,
+                shards,
+            })
+            .is_ok()
+    }
+
+    /// Whether the cluster has its shards (always, but for a `--configdb` router whose config
+    /// server has not answered yet).
+    pub fn has_shards(&self) -> bool {
+        self.set.get().is_some()
+    }
+
+    fn pools(&self) -> &BTreeMap<String, Arc<ShardPool>> {
+        self.set.get().map_or(&NO_POOLS, |s| &s.pools)
     }
 
     /// Bytes a blocking aggregation stage run at the router may hold (and the most of the
@@ -93,24 +140,24 @@ impl Cluster {
 
     /// Opens each shard pool's idle connections (start-up).
     pub async fn warm_pools(&self) {
-        for p in self.pools.values() {
+        for p in self.pools().values() {
             p.warm().await;
         }
     }
 
     /// The shards, sorted by id.
     pub fn shards(&self) -> &[ShardInfo] {
-        &self.shards
+        self.set.get().map_or(&[], |s| s.shards.as_slice())
     }
 
     /// The pool of one shard.
     pub fn pool(&self, shard: &str) -> Option<&Arc<ShardPool>> {
-        self.pools.get(shard)
+        self.pools().get(shard)
     }
 
     /// The queue of one shard.
     pub fn queue(&self, shard: &str) -> Option<&Arc<ShardQueue>> {
-        self.queues.get(shard)
+        self.set.get()?.queues.get(shard)
     }
 
     /// Waits for an execution slot on `shard` for `work`, until `max_time` (the client's
@@ -121,7 +168,7 @@ impl Cluster {
         work: SlotRequest<'_>,
         max_time: Option<std::time::Duration>,
     ) -> Result<Option<LimitPermit>, QueueTimeout> {
-        let Some(queue) = self.queues.get(shard) else {
+        let Some(queue) = self.queue(shard) else {
             return Ok(None);
         };
         use std::hash::{Hash, Hasher};
@@ -139,12 +186,14 @@ impl Cluster {
 
     /// Whether `shard` understands `shardVersion`.
     pub fn is_shard_server(&self, shard: &str) -> bool {
-        self.shards.iter().any(|s| s.id == shard && s.shard_server)
+        self.shards()
+            .iter()
+            .any(|s| s.id == shard && s.shard_server)
     }
 
     /// Runs `body` on one shard.
     pub async fn run_on(&self, shard: &str, body: &Document) -> Result<Document, BackendError> {
-        match self.pools.get(shard) {
+        match self.pools().get(shard) {
             Some(p) => p.run_command(body).await,
             None => Err(BackendError::Unreachable(format!("unknown shard {shard}"))),
         }
@@ -156,7 +205,7 @@ impl Cluster {
         body: &Document,
     ) -> Vec<(String, Result<Document, BackendError>)> {
         let futures = self
-            .pools
+            .pools()
             .iter()
             .map(|(id, p)| async move { (id.clone(), p.run_command(body).await) });
         crate::backend::join_all(futures).await

@@ -37,6 +37,11 @@ pub struct Config {
     pub metadata_path: Option<String>,
     /// The shards. Empty: the router runs alone and answers only its own commands.
     pub shards: Vec<ShardConfig>,
+    /// The config server replica set that holds the cluster's routing metadata, as mongos's
+    /// `--configdb`: `"<replica set>/host:port,host:port"` (port 27019 when omitted). With it
+    /// the shards, databases and sharded collections come from the config server, so `shards`,
+    /// `collections` and `metadata_path` must be empty (docs/design/config-server.md).
+    pub configdb: Option<String>,
     /// Collections to shard at start-up (kept as they are if already sharded with this key).
     pub collections: Vec<CollectionConfig>,
     /// When an ORDERED bulk may be sent as one round of per-shard child batches:
@@ -125,6 +130,7 @@ impl Default for Config {
             metrics_listen: "127.0.0.1:9216".to_string(),
             metadata_path: None,
             shards: Vec::new(),
+            configdb: None,
             collections: Vec::new(),
             ordered_rewrite: Policy::RetrySafe,
             pool: PoolConfig::default(),
@@ -408,6 +414,19 @@ impl Config {
                 "max_connections must be at least 1".into(),
             ));
         }
+        if self.configdb.is_some() {
+            let static_part = [
+                (!self.shards.is_empty(), "shards"),
+                (!self.collections.is_empty(), "collections"),
+                (self.metadata_path.is_some(), "metadata_path"),
+            ];
+            if let Some((_, what)) = static_part.iter().find(|(set, _)| *set) {
+                return Err(ConfigError::Invalid(format!(
+                    "configdb and {what} are mutually exclusive: with a config server the \
+                     cluster's shards, databases and collections come from it"
+                )));
+            }
+        }
         let mut ids = std::collections::BTreeSet::new();
         for s in &self.shards {
             if s.id.is_empty() || !ids.insert(s.id.clone()) {
@@ -467,6 +486,26 @@ pub enum Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn configdb_excludes_the_static_cluster() {
+        let c: Config = toml::from_str("configdb = \"configRS/cfg1:27019,cfg2:27019\"\n").unwrap();
+        assert_eq!(
+            c.configdb.as_deref(),
+            Some("configRS/cfg1:27019,cfg2:27019")
+        );
+        c.validate().unwrap();
+        for extra in [
+            "[[shards]]\nid = \"shard0\"\naddress = \"127.0.0.1:27018\"\n",
+            "metadata_path = \"/tmp/m.bson\"\n",
+            "[[collections]]\nns = \"a.b\"\nkey = '{\"_id\": \"hashed\"}'\n",
+        ] {
+            let text = format!("configdb = \"configRS/cfg1:27019\"\n{extra}");
+            let c: Config = toml::from_str(&text).unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("mutually exclusive"), "{e}");
+        }
+    }
 
     #[test]
     fn defaults_and_overrides() {

@@ -22,6 +22,10 @@ struct GlobalArgs {
     /// TOML configuration file (see configs/).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
+    /// The config server replica set to route by, as mongos's `--configdb`:
+    /// `"<replica set>/host:port,host:port"` (overrides `configdb`; excludes `shards`).
+    #[arg(long, global = true)]
+    configdb: Option<String>,
     /// Address to listen on for clients (overrides `listen`).
     #[arg(long, global = true)]
     listen: Option<String>,
@@ -87,6 +91,16 @@ enum Command {
         /// The value, in extended JSON: 42, "abc", {"$oid": "…"}, {"productId": 1, "storeId": 2}.
         value: String,
     },
+    /// Run an embedded config server (in memory, for tests and demos; not for production):
+    /// the cluster's `config.*` documents, read by routers started with `--configdb`.
+    Configsvr {
+        /// Port to listen on (127.0.0.1 unless --listen says otherwise).
+        #[arg(long, default_value_t = 27019)]
+        port: u16,
+        /// Replica set name reported by hello (what `--configdb` names).
+        #[arg(long, default_value = "configRS")]
+        set_name: String,
+    },
     /// Run one embedded shard (in memory, for tests and benchmarks; not for production).
     Shard {
         /// Port to listen on (127.0.0.1 unless --listen says otherwise).
@@ -123,6 +137,9 @@ fn main() -> anyhow::Result<()> {
     };
     if let Some(listen) = &cli.global.listen {
         config.listen = listen.clone();
+    }
+    if let Some(c) = &cli.global.configdb {
+        config.configdb = Some(c.clone());
     }
     if let Some(n) = cli.global.max_connections {
         config.max_connections = n;
@@ -179,6 +196,9 @@ fn main() -> anyhow::Result<()> {
             if shards == 0 {
                 anyhow::bail!("--shards must be at least 1");
             }
+            if config.configdb.is_some() {
+                anyhow::bail!("sluice demo runs its own cluster; --configdb is for `sluice run`");
+            }
             Some(shards)
         }
         Some(Command::Shard {
@@ -200,11 +220,7 @@ fn main() -> anyhow::Result<()> {
                 latency_per_command,
                 latency_per_document,
                 max_concurrency,
-                enable_test_commands: config.enable_test_commands,
-                stage_memory_bytes: config.stage_memory_bytes,
-                key_file: config.security.key_file.clone(),
-                tls: config.tls.clone(),
-                ..Default::default()
+                ..embedded_options(&config)
             };
             if let Some(name) = replset {
                 if members == 0 {
@@ -212,6 +228,19 @@ fn main() -> anyhow::Result<()> {
                 }
                 return runtime()?.block_on(run_replica_set(config, options, name, members));
             }
+            return runtime()?.block_on(run_shard(config, options));
+        }
+        Some(Command::Configsvr { port, set_name }) => {
+            if cli.global.listen.is_none() {
+                config.listen = format!("127.0.0.1:{port}");
+            }
+            config.validate()?;
+            init_logging(&config);
+            let options = sluice::embedded::ShardOptions {
+                set_name,
+                config_server: true,
+                ..embedded_options(&config)
+            };
             return runtime()?.block_on(run_shard(config, options));
         }
         Some(Command::Run) | None => None,
@@ -265,14 +294,30 @@ async fn run_replica_set(
     Ok(())
 }
 
+/// What an embedded server (`sluice shard`, `sluice configsvr`) takes from the configuration.
+fn embedded_options(config: &Config) -> sluice::embedded::ShardOptions {
+    sluice::embedded::ShardOptions {
+        enable_test_commands: config.enable_test_commands,
+        stage_memory_bytes: config.stage_memory_bytes,
+        key_file: config.security.key_file.clone(),
+        tls: config.tls.clone(),
+        ..Default::default()
+    }
+}
+
 async fn run_shard(config: Config, options: sluice::embedded::ShardOptions) -> anyhow::Result<()> {
     let name = options.set_name.clone();
+    let what = if options.config_server {
+        "config server"
+    } else {
+        "shard"
+    };
     let shard = sluice::embedded::EmbeddedShard::start(&config.listen, options)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = shard.local_addr();
-    tracing::info!(%addr, %name, "embedded shard listening (memory only, not for production)");
-    println!("Embedded shard {name} is listening on {addr} (memory only).");
+    tracing::info!(%addr, %name, "embedded {what} listening (memory only, not for production)");
+    println!("Embedded {what} {name} is listening on {addr} (memory only).");
     wait_for_signal().await;
     shard.shutdown().await;
     Ok(())
@@ -343,6 +388,16 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
                 None,
                 &infos,
                 &demo.collections,
+                config.pool_options()?,
+                &config.batching,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?,
+        )
+    } else if let Some(configdb) = &config.configdb {
+        Some(
+            sluice::router::configdb::bootstrap_configdb(
+                configdb,
                 config.pool_options()?,
                 &config.batching,
             )

@@ -42,6 +42,8 @@ async fn pool_reuses_and_evicts() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), ErrorCode::HostUnreachable);
+    // That request reached the shard: it may have been applied.
+    assert!(e.maybe_applied(), "{e:?}");
     assert_eq!(pool.idle_count(), 0);
     assert!(pool
         .run_command(&doc! {"ping": 1, "$db": "admin"})
@@ -57,6 +59,11 @@ async fn pool_reuses_and_evicts() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("cannot connect"), "{e} ({addr})");
+    // A request that never got a connection was never sent: the failure says so as data.
+    assert!(
+        matches!(e, sluice::backend::BackendError::Connect(_)) && !e.maybe_applied(),
+        "{e:?}"
+    );
     assert!(pool.evicted_count() >= 2);
 }
 

@@ -4,6 +4,8 @@
 //! resharding of the collection through "another router" and a malformed document — without
 //! ever writing to `config.*`.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,7 +14,7 @@ use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
 use sluice::backend::topology::Printer;
-use sluice::embedded::{EmbeddedShard, ShardOptions};
+use sluice::embedded::EmbeddedShard;
 use sluice::metadata::configsvr::{
     CatalogCache, ConfigDb, ConfigServerSource, RefreshPolicy, ShardVersion, StaleError,
 };
@@ -40,21 +42,8 @@ struct ConfigServer {
 
 impl ConfigServer {
     async fn start() -> ConfigServer {
-        let shard = EmbeddedShard::start(
-            "127.0.0.1:0",
-            ShardOptions {
-                set_name: "configRS".into(),
-                ..ShardOptions::for_tests()
-            },
-        )
-        .await
-        .expect("config server starts");
+        let (shard, writer) = common::config_server("configRS").await;
         let addr = shard.local_addr();
-        let writer = mongodb::Client::with_uri_str(format!(
-            "mongodb://{addr}/?directConnection=true&serverSelectionTimeoutMS=5000"
-        ))
-        .await
-        .unwrap();
         let configdb = ConfigDb::parse(&format!("configRS/{addr}")).unwrap();
         ConfigServer {
             shard,
@@ -93,16 +82,7 @@ async fn source(cfg: &ConfigServer) -> (ConfigServerSource, Log) {
 const UUID: Uuid = Uuid::from_bytes([4; 16]);
 
 fn chunk(min: Bson, max: Bson, shard: &str, major: u32, minor: u32) -> Document {
-    doc! {
-        "_id": ObjectId::new(),
-        "uuid": UUID,
-        "min": {"x": min},
-        "max": {"x": max},
-        "shard": shard,
-        "lastmod": ts(major, minor),
-        "onCurrentShardSince": ts(50, 1),
-        "history": [{"validAfter": ts(50, 1), "shard": shard}],
-    }
+    common::chunk(UUID, min, max, shard, major, minor)
 }
 
 /// `app.c` sharded on `{x: 1}`: (-inf, 0) on shard0, [0, +inf) on shard1.

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use bson::{doc, Bson, Document};
 use common::Raw;
 use sluice::embedded::{EmbeddedShard, ShardOptions};
-use sluice::wire::OpMsgBuilder;
 
 async fn shard() -> EmbeddedShard {
     EmbeddedShard::start("127.0.0.1:0", ShardOptions::for_tests())
@@ -18,12 +17,8 @@ async fn shard() -> EmbeddedShard {
 
 /// Sends an insert with its documents as a kind-1 sequence.
 async fn insert_seq(raw: &mut Raw, body: Document, docs: &[Document]) -> Document {
-    let mut b = OpMsgBuilder::new(0, &body.to_vec().unwrap());
-    b.begin_sequence("documents");
-    for d in docs {
-        b.push_document(&d.to_vec().unwrap());
-    }
-    raw.send(&b.finish(77, 0)).await;
+    raw.send(&common::msg_with_sequence(0, &body, "documents", docs, 77))
+        .await;
     raw.read_msg().await.2
 }
 

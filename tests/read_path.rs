@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use bson::{doc, Bson, Document};
-use common::{error_code, TestCluster};
+use common::{all, error_code, TestCluster};
 use mongodb::options::FindOptions;
 
 async fn setup() -> (TestCluster, mongodb::Client) {
@@ -23,15 +23,6 @@ async fn setup() -> (TestCluster, mongodb::Client) {
             .unwrap();
     }
     (c, cl)
-}
-
-async fn all(cursor: mongodb::Cursor<Document>) -> Vec<Document> {
-    let mut cursor = cursor;
-    let mut out = Vec::new();
-    while cursor.advance().await.unwrap() {
-        out.push(cursor.deserialize_current().unwrap());
-    }
-    out
 }
 
 #[tokio::test]
@@ -313,13 +304,8 @@ async fn ddl_on_sharded_collections_reaches_every_shard() {
     col.create_index(mongodb::IndexModel::builder().keys(doc! {"g": 1}).build())
         .await
         .unwrap();
-    for s in &c.shards {
-        let direct = mongodb::Client::with_uri_str(format!(
-            "mongodb://{}/?directConnection=true",
-            s.local_addr()
-        ))
-        .await
-        .unwrap();
+    for i in 0..c.shards.len() {
+        let direct = c.direct(i).await;
         let names = direct
             .database("shop")
             .collection::<Document>("items")

@@ -155,12 +155,7 @@ async fn shard_collection_errors() {
         .unwrap();
 
     // A non-empty collection is refused: put a document on one shard directly.
-    let direct = mongodb::Client::with_uri_str(format!(
-        "mongodb://{}/?directConnection=true",
-        c.shards[1].local_addr()
-    ))
-    .await
-    .unwrap();
+    let direct = c.direct(1).await;
     direct
         .database("demo")
         .collection::<Document>("full")

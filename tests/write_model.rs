@@ -249,7 +249,10 @@ fn execute(
     };
     let stats = WriteStats::default();
     let target = |s: &RoutingSnapshot, i: usize| stmts[i].target(s);
-    let refresh = || Some(snap.clone());
+    let refresh = |_: Vec<Document>| -> sluice::frontend::BoxFuture<'_, _> {
+        let s = snap.clone();
+        Box::pin(async move { Some(s) })
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();

@@ -230,12 +230,7 @@ async fn ordered_errors_look_the_same_under_every_policy() {
 #[tokio::test]
 async fn retryable_child_batches_are_resent_after_a_closed_connection() {
     let c = TestCluster::start(3, &[("demo.items", doc! {"_id": "hashed"})]).await;
-    let direct = mongodb::Client::with_uri_str(format!(
-        "mongodb://{}/?directConnection=true",
-        c.shards[1].local_addr()
-    ))
-    .await
-    .unwrap();
+    let direct = c.direct(1).await;
     direct
         .database("admin")
         .run_command(doc! {"configureFailPoint": "failCommand", "mode": {"times": 1}, "data": {"failCommands": ["insert"], "closeConnection": true}})
@@ -375,16 +370,19 @@ async fn targeting_errors_reach_the_client() {
 
 #[tokio::test]
 async fn unacknowledged_writes_reach_the_shards_without_a_reply() {
-    use sluice::wire::{MsgFlags, OpMsgBuilder};
+    use sluice::wire::MsgFlags;
     let c = TestCluster::start(3, &[("demo.items", doc! {"_id": "hashed"})]).await;
     let mut raw = common::Raw::connect(c.addr()).await;
     let body = doc! {"insert": "items", "$db": "demo", "writeConcern": {"w": 0}, "ordered": false};
-    let mut b = OpMsgBuilder::new(MsgFlags::MORE_TO_COME, &body.to_vec().unwrap());
-    b.begin_sequence("documents");
-    for i in 0..50 {
-        b.push_document(&doc! {"_id": i}.to_vec().unwrap());
-    }
-    raw.send(&b.finish(1, 0)).await;
+    let docs: Vec<_> = (0..50).map(|i| doc! {"_id": i}).collect();
+    raw.send(&common::msg_with_sequence(
+        MsgFlags::MORE_TO_COME,
+        &body,
+        "documents",
+        &docs,
+        1,
+    ))
+    .await;
     // The next reply on the connection answers the ping, not the insert.
     let id = raw.send_msg(&doc! {"ping": 1, "$db": "admin"}, 0).await;
     let (h, _, _) = raw.read_msg().await;
@@ -408,12 +406,7 @@ async fn stale_routing_is_retried_then_gives_up_with_no_progress() {
     let cl = common::driver(c.addr(), "").await;
     // A shard that believes in another collection version refuses every versioned write.
     let other = doc! {"e": bson::oid::ObjectId::new(), "t": bson::Timestamp { time: 1, increment: 1 }, "v": bson::Timestamp { time: 9, increment: 0 }};
-    let direct = mongodb::Client::with_uri_str(format!(
-        "mongodb://{}/?directConnection=true",
-        c.shards[0].local_addr()
-    ))
-    .await
-    .unwrap();
+    let direct = c.direct(0).await;
     direct
         .database("admin")
         .run_command(doc! {"sluiceSetShardVersion": "demo.items", "shardVersion": other})

@@ -59,7 +59,11 @@ pub async fn join_all<F: std::future::Future>(
 /// Why a request to a shard failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BackendError {
-    /// The shard could not be reached (connect failed, or the connection broke).
+    /// No connection could be made (connect, TLS or authentication failed): the request was
+    /// never sent, so it cannot have been applied.
+    #[error("{0}")]
+    Connect(String),
+    /// The connection broke: a request on it may have reached the shard.
     #[error("{0}")]
     Unreachable(String),
     /// The shard did not answer in time.
@@ -74,14 +78,39 @@ impl BackendError {
     /// The MongoDB code a client sees for this error (6 HostUnreachable, 89 NetworkTimeout).
     pub fn code(&self) -> ErrorCode {
         match self {
-            BackendError::Unreachable(_) | BackendError::Protocol(_) => ErrorCode::HostUnreachable,
+            BackendError::Connect(_) | BackendError::Unreachable(_) | BackendError::Protocol(_) => {
+                ErrorCode::HostUnreachable
+            }
             BackendError::Timeout(_) => ErrorCode::NetworkTimeout,
         }
     }
 
-    /// Whether the request may have reached the shard (and been applied).
+    /// Whether the request may have reached the shard (and been applied): decided by the
+    /// kind of failure, never by its message.
     pub fn maybe_applied(&self) -> bool {
-        !matches!(self, BackendError::Unreachable(m) if m.starts_with("cannot connect"))
+        !matches!(self, BackendError::Connect(_))
+    }
+}
+
+/// A [`BackendError`] with the shard it came from, as a client is told it: the error keeps its
+/// kind (and so its code and whether the request may have been applied) as its source.
+#[derive(Debug, thiserror::Error)]
+#[error("{source} (shard {shard})")]
+pub struct ShardError {
+    /// The shard's id.
+    pub shard: String,
+    /// What went wrong.
+    #[source]
+    pub source: BackendError,
+}
+
+impl BackendError {
+    /// This error, as it happened on `shard`.
+    pub fn at(self, shard: &str) -> ShardError {
+        ShardError {
+            shard: shard.to_string(),
+            source: self,
+        }
     }
 }
 
@@ -169,31 +198,29 @@ impl ShardConnection {
         let tcp = tokio::time::timeout(timeout, TcpStream::connect(addr))
             .await
             .map_err(|_| {
-                BackendError::Unreachable(format!(
+                BackendError::Connect(format!(
                     "cannot connect to {addr}: timed out after {timeout:?}"
                 ))
             })?
-            .map_err(|e| BackendError::Unreachable(format!("cannot connect to {addr}: {e}")))?;
+            .map_err(|e| BackendError::Connect(format!("cannot connect to {addr}: {e}")))?;
         let _ = tcp.set_nodelay(true);
         let stream = match &security.tls {
             None => Stream::Plain(tcp),
             Some(tls) => {
                 let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr);
                 let host = host.trim_start_matches('[').trim_end_matches(']');
-                let name =
-                    rustls_pki_types::ServerName::try_from(host.to_string()).map_err(|e| {
-                        BackendError::Unreachable(format!("cannot connect to {addr}: {e}"))
-                    })?;
+                let name = rustls_pki_types::ServerName::try_from(host.to_string())
+                    .map_err(|e| BackendError::Connect(format!("cannot connect to {addr}: {e}")))?;
                 let connector = tokio_rustls::TlsConnector::from(tls.clone());
                 let tls = tokio::time::timeout(timeout, connector.connect(name, tcp))
                     .await
                     .map_err(|_| {
-                        BackendError::Unreachable(format!(
+                        BackendError::Connect(format!(
                             "cannot connect to {addr}: TLS handshake timed out after {timeout:?}"
                         ))
                     })?
                     .map_err(|e| {
-                        BackendError::Unreachable(format!(
+                        BackendError::Connect(format!(
                             "cannot connect to {addr}: TLS handshake failed: {e}"
                         ))
                     })?;
@@ -230,7 +257,7 @@ impl ShardConnection {
         timeout: Duration,
     ) -> Result<(), BackendError> {
         let refused = |why: String| {
-            BackendError::Unreachable(format!(
+            BackendError::Connect(format!(
                 "cannot connect to {addr}: authentication as __system failed: {why}"
             ))
         };

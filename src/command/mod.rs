@@ -86,6 +86,26 @@ impl From<EngineError> for CommandError {
     }
 }
 
+impl From<crate::routing::RoutingError> for CommandError {
+    fn from(e: crate::routing::RoutingError) -> Self {
+        CommandError::new(e.code, e.message)
+    }
+}
+
+impl From<crate::auth::AuthError> for CommandError {
+    fn from(e: crate::auth::AuthError) -> Self {
+        CommandError::new(e.code, e.message)
+    }
+}
+
+/// A shard that could not answer: its code (HostUnreachable, NetworkTimeout) and the failure
+/// with the shard's name.
+impl From<crate::backend::ShardError> for CommandError {
+    fn from(e: crate::backend::ShardError) -> Self {
+        CommandError::new(e.source.code(), e.to_string())
+    }
+}
+
 impl From<CommandError> for EngineError {
     fn from(e: CommandError) -> Self {
         EngineError::new(e.code, e.message)

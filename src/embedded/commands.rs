@@ -831,17 +831,7 @@ fn list_collections(
     let mut out = Vec::new();
     if let Some(colls) = cat.dbs.get(&req.db) {
         for (name, c) in colls {
-            let d = if name_only {
-                doc! {"name": name, "type": "collection"}
-            } else {
-                doc! {
-                    "name": name,
-                    "type": "collection",
-                    "options": c.options.clone(),
-                    "info": {"readOnly": false, "uuid": c.uuid},
-                    "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"},
-                }
-            };
+            let d = crate::engine::reads::collection_entry(name, &c.options, c.uuid, name_only);
             if matcher.matches(&d) {
                 out.push(d);
             }
@@ -998,11 +988,9 @@ fn coll_stats(
         ),
         None => (0, 0, 0),
     };
-    let avg = if count > 0 { size / count } else { 0 };
-    Ok(doc! {
-        "ns": ns, "size": size, "count": count, "avgObjSize": avg, "storageSize": size,
-        "nindexes": nindexes, "totalIndexSize": 0i64, "totalSize": size, "indexSizes": {},
-    })
+    Ok(crate::engine::reads::coll_stats_reply(
+        &ns, count, size, nindexes,
+    ))
 }
 
 fn db_stats(svc: &ShardService, req: &CommandRequest) -> Result<Document, EngineError> {
@@ -1016,14 +1004,7 @@ fn db_stats(svc: &ShardService, req: &CommandRequest) -> Result<Document, Engine
             indexes += c.indexes().len() as i64;
         }
     }
-    let avg = if objects > 0 {
-        size as f64 / objects as f64
-    } else {
-        0.0
-    };
-    Ok(doc! {
-        "db": &req.db, "collections": colls, "views": 0i64, "objects": objects, "avgObjSize": avg,
-        "dataSize": size as f64, "storageSize": size as f64, "indexes": indexes, "indexSize": 0.0,
-        "totalSize": size as f64, "scaleFactor": 1i64,
-    })
+    Ok(crate::engine::reads::db_stats_reply(
+        &req.db, colls, objects, size, indexes,
+    ))
 }

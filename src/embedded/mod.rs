@@ -20,6 +20,7 @@
 
 pub mod bulk_write;
 pub mod commands;
+pub mod configsvr;
 pub mod ddl;
 pub mod pipeline_output;
 pub mod replset;
@@ -60,6 +61,9 @@ pub struct ShardOptions {
     /// How long a cursor may sit unread before the shard's cursor monitor drops it (mongod's
     /// `cursorTimeoutMillis`, 10 minutes by default).
     pub cursor_timeout: Duration,
+    /// Run as a config server (`sluice configsvr`): `hello` reports `configsvr: 2` and the
+    /// config server's internal commands are served on the `config.*` documents it holds.
+    pub config_server: bool,
 }
 
 impl Default for ShardOptions {
@@ -74,6 +78,7 @@ impl Default for ShardOptions {
             key_file: None,
             tls: crate::config::TlsConfig::default(),
             cursor_timeout: service::CURSOR_IDLE_TIMEOUT,
+            config_server: false,
         }
     }
 }

@@ -232,6 +232,11 @@ impl ShardService {
         self.options.stage_memory_bytes
     }
 
+    /// The server's cluster time now (what it stamps writes with).
+    pub fn cluster_time(&self) -> bson::Timestamp {
+        self.state.clock.now()
+    }
+
     /// The shard's name (its replica set name).
     pub fn name(&self) -> &str {
         &self.options.set_name
@@ -383,10 +388,24 @@ impl ShardService {
 
     /// Checks a versioned request against the version this shard was given for `ns`.
     pub(super) fn check_version(&self, ns: &str, body: &Document) -> Result<(), EngineError> {
+        let versions = lock(&self.versions);
+        let db = ns.split('.').next().unwrap_or(ns);
+        if let (Some(received), Some(wanted)) = (body.get("databaseVersion"), versions.get(db)) {
+            if !values_equal(received, &Bson::Document(wanted.clone())) {
+                return Err(EngineError::new(
+                    ErrorCode::StaleDbVersion,
+                    format!("version mismatch detected for {db}"),
+                )
+                .with_extra(doc! {
+                    "db": db,
+                    "vReceived": received.clone(),
+                    "vWanted": wanted.clone(),
+                }));
+            }
+        }
         let Some(received) = body.get("shardVersion") else {
             return Ok(());
         };
-        let versions = lock(&self.versions);
         let Some(wanted) = versions.get(ns) else {
             return Ok(());
         };
@@ -512,6 +531,10 @@ impl ShardService {
                 if let Some(link) = &self.member {
                     link.hello_fields(name, &mut d);
                 }
+                if self.options.config_server {
+                    // mongod started with `--configsvr` (`ClusterRole::ConfigServer`).
+                    d.insert("configsvr", 2);
+                }
                 d
             }
             "ping" => Document::new(),
@@ -537,6 +560,9 @@ impl ShardService {
             "getCmdLineOpts" => server_info::get_cmd_line_opts(&self.state),
             "configureFailPoint" => self.failpoints.configure(&body)?,
             "sluiceSetShardVersion" => self.set_shard_version(&body)?,
+            _ if self.options.config_server && super::configsvr::serves(name) => {
+                super::configsvr::run(self, req, &body)?
+            }
             "sluiceSetLatency" => self.set_latency(&body)?,
             "replSetStepDown" | "replSetFreeze" | "replSetGetStatus" if self.member.is_some() => {
                 let member = self.member.as_ref().ok_or_else(|| {
@@ -601,7 +627,14 @@ impl ShardService {
                 "sluiceSetShardVersion takes a namespace string",
             )
         })?;
-        match body.get("shardVersion") {
+        // `{sluiceSetShardVersion: "db", databaseVersion: {uuid, timestamp, lastMod}}`: the
+        // database version this shard checks `databaseVersion` against.
+        let field = if ns.contains('.') {
+            "shardVersion"
+        } else {
+            "databaseVersion"
+        };
+        match body.get(field) {
             Some(Bson::Document(v)) => {
                 lock(&self.versions).insert(ns.to_string(), v.clone());
             }

@@ -65,7 +65,7 @@ impl Collection {
                 name: "_id_".into(),
                 key: doc! {"_id": 1},
                 unique: true,
-                spec: doc! {"v": 2, "key": {"_id": 1}, "name": "_id_"},
+                spec: crate::engine::reads::id_index_spec(),
             }],
             unique_entries: BTreeMap::new(),
         }

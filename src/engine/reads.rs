@@ -259,6 +259,63 @@ impl<'a> AggregateSpec<'a> {
     }
 }
 
+/// The only index a collection without secondary indexes has, as `listIndexes` and
+/// `listCollections`' `idIndex` show it.
+pub fn id_index_spec() -> Document {
+    bson::doc! {"v": 2, "key": {"_id": 1}, "name": "_id_"}
+}
+
+/// One collection's entry in a `listCollections` reply, as mongod gives it (`nameOnly`: the
+/// name and type alone).
+pub fn collection_entry(
+    name: &str,
+    options: &Document,
+    uuid: bson::Uuid,
+    name_only: bool,
+) -> Document {
+    if name_only {
+        return bson::doc! {"name": name, "type": "collection"};
+    }
+    bson::doc! {
+        "name": name,
+        "type": "collection",
+        "options": options.clone(),
+        "info": {"readOnly": false, "uuid": uuid},
+        "idIndex": id_index_spec(),
+    }
+}
+
+/// A `collStats` reply for `ns` (without `ok`): `count` documents of `size` stored bytes
+/// under `nindexes` indexes (all zero for a collection that does not exist, as mongod).
+pub fn coll_stats_reply(ns: &str, count: i64, size: i64, nindexes: i32) -> Document {
+    let avg = if count > 0 { size / count } else { 0 };
+    bson::doc! {
+        "ns": ns, "size": size, "count": count, "avgObjSize": avg, "storageSize": size,
+        "nindexes": nindexes, "totalIndexSize": 0i64, "totalSize": size, "indexSizes": {},
+    }
+}
+
+/// A `dbStats` reply for `db` (without `ok`): `collections` collections holding `objects`
+/// documents of `size` stored bytes under `indexes` indexes.
+pub fn db_stats_reply(
+    db: &str,
+    collections: i64,
+    objects: i64,
+    size: i64,
+    indexes: i64,
+) -> Document {
+    let avg = if objects > 0 {
+        size as f64 / objects as f64
+    } else {
+        0.0
+    };
+    bson::doc! {
+        "db": db, "collections": collections, "views": 0i64, "objects": objects,
+        "avgObjSize": avg, "dataSize": size as f64, "storageSize": size as f64,
+        "indexes": indexes, "indexSize": 0.0, "totalSize": size as f64, "scaleFactor": 1i64,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -347,7 +347,7 @@ impl Security {
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    *reply = CommandError::new(e.code, e.message).to_reply();
+                    *reply = CommandError::from(e).to_reply();
                     return;
                 }
             }

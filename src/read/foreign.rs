@@ -99,7 +99,7 @@ pub async fn fetch(
 ) -> Result<Vec<Document>, CommandError> {
     let ns = format!("{db}.{coll}");
     let cmd = doc! {"aggregate": coll, "pipeline": [], "cursor": {"batchSize": 10_000}};
-    let streams = match cluster.routing.get(&ns)? {
+    let streams = match cluster.routing.lookup(&ns).await? {
         Some(snap) => {
             open_streams(
                 cluster,
@@ -149,7 +149,7 @@ pub async fn write_output(
     results: Vec<Document>,
 ) -> Result<(), CommandError> {
     let ns = format!("{target_db}.{target_coll}");
-    if cluster.routing.get(&ns)?.is_some() {
+    if cluster.routing.lookup(&ns).await?.is_some() {
         return Err(if is_merge {
             CommandError::new(
                 ErrorCode::CommandNotSupported,

@@ -48,10 +48,6 @@ use stream_merge::{Merge, SortKeys};
 /// Default first-batch size, as mongod and mongos.
 const DEFAULT_BATCH: usize = 101;
 
-fn engine_err(e: crate::engine::EngineError) -> CommandError {
-    CommandError::new(e.code, e.message)
-}
-
 /// The filter of a pipeline's leading `$match` (empty when it has none): what targets it.
 pub(crate) fn leading_match(pipeline: &[Bson]) -> Document {
     pipeline
@@ -108,9 +104,9 @@ pub async fn read(
         "find" => async {
             let filter = doc_field(body, "filter", "find")?;
             let sort_doc = doc_field(body, "sort", "find")?;
-            let sort = SortSpec::parse(&sort_doc).map_err(engine_err)?;
+            let sort = SortSpec::parse(&sort_doc).map_err(CommandError::from)?;
             let projection_doc = doc_field(body, "projection", "find")?;
-            let projection = Projection::parse(&projection_doc).map_err(engine_err)?;
+            let projection = Projection::parse(&projection_doc).map_err(CommandError::from)?;
             let skip = number_field(body, "skip").unwrap_or(0).max(0) as usize;
             let mut single = body.get("singleBatch").is_some_and(truthy);
             let limit = match number_field(body, "limit") {
@@ -170,7 +166,7 @@ pub async fn read(
             if body.get("cursor").is_none() && !body.get("explain").is_some_and(truthy) {
                 return Err(CommandError::new(ErrorCode::FailedToParse, "The 'cursor' option is required, except for aggregate with the explain argument"));
             }
-            let (stages, output) = crate::engine::output::split_output(&pipeline, &db).map_err(engine_err)?;
+            let (stages, output) = crate::engine::output::split_output(&pipeline, &db).map_err(CommandError::from)?;
             let split = merge::split_pipeline(stages);
             let filter = leading_match(stages);
             let mut shard_cmd = doc! {"aggregate": &coll, "pipeline": split.shard_part.clone(), "cursor": {"batchSize": 10_000}};
@@ -181,7 +177,7 @@ pub async fn read(
             let stage_memory = cluster.stage_memory();
             let streams = drain(cluster, &db, &coll, streams, stage_memory).await?;
             let merged = match &split.merge_sort {
-                Some(sort) => merge::k_way_merge(&SortSpec::parse(sort).map_err(engine_err)?, streams),
+                Some(sort) => merge::k_way_merge(&SortSpec::parse(sort).map_err(CommandError::from)?, streams),
                 None => streams.into_iter().flatten().collect(),
             };
             let options = crate::engine::aggregate::AggregateOptions::for_request(stage_memory, body);
@@ -191,11 +187,11 @@ pub async fn read(
                 prefetched.0.insert((db.clone(), c), docs);
             }
             let vars = match body.get_document("let") {
-                Ok(l) => crate::engine::aggregate::Variables::new().with_let(l, &Document::new()).map_err(engine_err)?,
+                Ok(l) => crate::engine::aggregate::Variables::new().with_let(l, &Document::new()).map_err(CommandError::from)?,
                 Err(_) => crate::engine::aggregate::Variables::new(),
             };
             let env = crate::engine::aggregate::Env { db: db.clone(), vars, namespaces: Some(&prefetched) };
-            let out = crate::engine::aggregate::run_in(&split.router_part, merged, &options, &env).map_err(engine_err)?;
+            let out = crate::engine::aggregate::run_in(&split.router_part, merged, &options, &env).map_err(CommandError::from)?;
             let out = match (&output, pipeline.last()) {
                 (Some(o), Some(stage)) => {
                     let (tdb, tcoll) = o.target();

@@ -81,9 +81,7 @@ pub(super) async fn read_on(
             Err(_) => Outcome::NotCounted,
         });
     }
-    let reply = result.map_err(|e| {
-        ReadFailure::Unreachable(CommandError::new(e.code(), format!("{e} (shard {shard})")))
-    })?;
+    let reply = result.map_err(|e| ReadFailure::Unreachable(e.at(shard).into()))?;
     if !matches!(reply.raw().get("ok"), Ok(Some(RawBsonRef::Double(ok))) if ok == 1.0) {
         return Err(ReadFailure::Refused(CommandError::from_shard_reply(
             shard,

@@ -78,7 +78,7 @@ pub async fn data_size(
             )
         })?
         .to_string();
-    let Some(snap) = cluster.routing.get(&ns)? else {
+    let Some(snap) = cluster.routing.lookup(&ns).await? else {
         let db = ns.split('.').next().unwrap_or_default();
         return forward(cluster, &primary_of(cluster, store, db)?, req, None).await;
     };
@@ -150,8 +150,8 @@ pub async fn rename_collection(
     }
     let from_db = from.split('.').next().unwrap_or_default();
     let to_db = to.split('.').next().unwrap_or_default();
-    let Some(snap) = cluster.routing.get(from)? else {
-        if cluster.routing.get(to)?.is_some()
+    let Some(snap) = cluster.routing.lookup(from).await? else {
+        if cluster.routing.lookup(to).await?.is_some()
             && !body
                 .get("dropTarget")
                 .is_some_and(crate::value::field::truthy)
@@ -163,13 +163,19 @@ pub async fn rename_collection(
         }
         return forward(cluster, &primary_of(cluster, store, from_db)?, req, None).await;
     };
+    if store.is_mirror() {
+        return Err(super::configdb::not_through_config_server(
+            "renameCollection",
+            &snap.ns,
+        ));
+    }
     if from_db != to_db {
         return Err(CommandError::new(
             ErrorCode::CommandFailed,
             "Source and destination collections must be on the same database.",
         ));
     }
-    if let Some(target) = cluster.routing.get(to)? {
+    if let Some(target) = cluster.routing.lookup(to).await? {
         if !body
             .get("dropTarget")
             .is_some_and(crate::value::field::truthy)
@@ -186,15 +192,15 @@ pub async fn rename_collection(
         return Ok(reply);
     }
     store.rename_collection(from, to)?;
-    cluster.routing.refresh(from)?;
-    cluster.routing.refresh(to)?;
+    cluster.routing.reload(from, &[]).await?;
+    cluster.routing.reload(to, &[]).await?;
     Ok(doc! {"ok": 1.0})
 }
 
 /// An aggregation the primary shard runs whole (on an unsharded collection) may not write a
 /// sharded collection with `$out` (28769, as mongos refuses it) or `$merge` (not supported
 /// yet: the primary shard would write only its own part).
-pub fn check_output_target(
+pub async fn check_output_target(
     cluster: &Arc<Cluster>,
     req: &CommandRequest,
     body: &Document,
@@ -207,7 +213,7 @@ pub fn check_output_target(
     };
     let (db, coll) = stage.target();
     let ns = format!("{db}.{coll}");
-    if cluster.routing.get(&ns)?.is_none() {
+    if cluster.routing.lookup(&ns).await?.is_none() {
         return Ok(());
     }
     Err(match stage {

@@ -6,6 +6,7 @@
 //! It sits above everything it composes: the frontend serves it, the cluster gives it shards,
 //! the read and write paths run its data commands.
 
+pub mod configdb;
 pub mod maintenance;
 pub mod route;
 pub mod sharding;
@@ -375,7 +376,7 @@ async fn run_command(
         Handler::KillSessions => kill_sessions(cluster, req).await,
         Handler::GetCmdLineOpts => Ok(server_info::get_cmd_line_opts(state)),
         Handler::ServerStatus => Ok(server_status(state, cluster)),
-        Handler::EnableSharding => sharding::enable_sharding(cluster, req),
+        Handler::EnableSharding => sharding::enable_sharding(cluster, req).await,
         Handler::ShardCollection => sharding::shard_collection(cluster, req).await,
         Handler::ListShards => sharding::list_shards(cluster),
         Handler::FlushRouterConfig => sharding::flush_router_config(cluster),

@@ -91,7 +91,11 @@ pub enum Forwarded {
 }
 
 /// Routes a command that is not answered by the router itself, classified by the dispatch
-/// table as `how`; returns the full reply (with `ok`).
+/// table as `how`; returns the full reply (with `ok`). With a config server, a command a shard
+/// refused as stale (StaleConfig, StaleEpoch, StaleDbVersion: refused before it ran) is
+/// routed again on the refreshed routing, up to 10 times as mongos does; the client sees the
+/// stale error only when the retries are used up. (Writes on sharded collections retarget
+/// their stale statements in the write path and never end stale here.)
 pub async fn route(
     sharded: &ShardedCluster,
     how: Forwarded,
@@ -99,7 +103,33 @@ pub async fn route(
     req: &CommandRequest,
     client_id: i64,
 ) -> Result<Reply, CommandError> {
+    let mut attempt = 1;
+    loop {
+        let result = route_once(sharded, how, policy, req, client_id).await;
+        if !sharded.has_config_server() || attempt >= super::configdb::MAX_ATTEMPTS {
+            return result;
+        }
+        let Some(stale) = super::configdb::stale_error(&result) else {
+            return result;
+        };
+        let ns = req.namespace.as_deref().unwrap_or(&req.db);
+        metrics::counter!("sluice_stale_retries_total").increment(1);
+        sharded.on_stale(ns, &stale);
+        attempt += 1;
+    }
+}
+
+async fn route_once(
+    sharded: &ShardedCluster,
+    how: Forwarded,
+    policy: Policy,
+    req: &CommandRequest,
+    client_id: i64,
+) -> Result<Reply, CommandError> {
     let (cluster, store) = (&sharded.cluster, &*sharded.metadata);
+    let db_versions = sharded
+        .sync_database(&req.db, CREATING.contains(&req.name.as_str()))
+        .await?;
     if let Forwarded::Write(_) = how {
         if let Some(n) = req.statement_count() {
             let max = crate::limits::MAX_WRITE_BATCH_SIZE;
@@ -131,7 +161,7 @@ pub async fn route(
             .map_err(|m| CommandError::new(ErrorCode::InvalidNamespace, m))?;
     }
     let snapshot = match &req.namespace {
-        Some(ns) => cluster.routing.get(ns)?,
+        Some(ns) => cluster.routing.lookup(ns).await?,
         None => None,
     };
     if in_transaction(&body) || how == Forwarded::EndTransaction {
@@ -179,6 +209,9 @@ pub async fn route(
                     .await
                     .into()))
             }
+            Forwarded::CollectionDdl if req.name == "drop" && store.is_mirror() => {
+                return Err(super::configdb::not_through_config_server("drop", &snap.ns));
+            }
             Forwarded::CollectionDdl => {
                 return broadcast_ddl(cluster, store, req, &snap)
                     .await
@@ -225,11 +258,19 @@ pub async fn route(
             }
         }
         Forwarded::ListDatabases => return list_databases(cluster, req).await.map(Reply::from),
+        Forwarded::DropDatabase if store.is_mirror() => {
+            return Err(super::configdb::not_through_config_server(
+                "dropDatabase",
+                &req.db,
+            ))
+        }
         Forwarded::DropDatabase => {
             return drop_database(cluster, store, req).await.map(Reply::from)
         }
         Forwarded::DbStats => return db_stats(cluster, req).await.map(Reply::from),
-        Forwarded::Aggregate => super::maintenance::check_output_target(cluster, req, &body)?,
+        Forwarded::Aggregate => {
+            super::maintenance::check_output_target(cluster, req, &body).await?
+        }
         _ => {}
     }
     if req.db == "admin" || req.db == "local" {
@@ -255,7 +296,9 @@ pub async fn route(
             }
         },
     };
-    forward(cluster, &primary, req, None).await.map(Reply::from)
+    forward_with(cluster, &primary, req, db_versions)
+        .await
+        .map(Reply::from)
 }
 
 /// `bulkWrite` (MongoDB 8.0): each `nsInfo` namespace resolved to its routing snapshot or its
@@ -280,10 +323,11 @@ pub async fn bulk_write(
         if rank(p) < rank(policy) {
             policy = p;
         }
-        routes.push(match cluster.routing.get(ns)? {
+        let db = ns.split_once('.').map_or(ns.as_str(), |(db, _)| db);
+        sharded.sync_database(db, true).await?;
+        routes.push(match cluster.routing.lookup(ns).await? {
             Some(snap) => crate::write::bulk::NsRoute::Sharded(snap),
             None => {
-                let db = ns.split_once('.').map_or(ns.as_str(), |(db, _)| db);
                 let primary = match store.database(db) {
                     Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
                     None => store
@@ -296,13 +340,16 @@ pub async fn bulk_write(
             }
         });
     }
-    let refresh = |ns: &str| {
-        cluster
-            .routing
-            .refresh(ns)
-            .ok()
-            .flatten()
-            .map(crate::write::bulk::NsRoute::Sharded)
+    let refresh = |ns: String| -> crate::frontend::BoxFuture<'_, _> {
+        Box::pin(async move {
+            cluster
+                .routing
+                .reload(&ns, &[])
+                .await
+                .ok()
+                .flatten()
+                .map(crate::write::bulk::NsRoute::Sharded)
+        })
     };
     let mut reply =
         crate::write::bulk::execute(cluster, &sharded.writes, policy, &bulk, routes, &refresh)
@@ -326,7 +373,7 @@ async fn explain(
         .map(|(k, v)| (k.clone(), v.as_str().map(|s| s.to_string())))?;
     let coll = coll?;
     let ns = format!("{}.{coll}", req.db);
-    let snap = match cluster.routing.get(&ns) {
+    let snap = match cluster.routing.lookup(&ns).await {
         Ok(Some(s)) => s,
         Ok(None) => return None,
         Err(e) => return Some(Err(e.into())),
@@ -461,7 +508,7 @@ async fn drop_database(
         return Ok(failed);
     }
     for ns in store.drop_database(&req.db)? {
-        cluster.routing.refresh(&ns)?;
+        cluster.routing.reload(&ns, &[]).await?;
     }
     Ok(bson::doc! {"dropped": &req.db, "ok": 1.0})
 }
@@ -700,7 +747,7 @@ pub(super) async fn broadcast_ddl(
     }
     if req.name == "drop" {
         store.drop_collection(&snap.ns)?;
-        cluster.routing.refresh(&snap.ns)?;
+        cluster.routing.reload(&snap.ns, &[]).await?;
     }
     Ok(first_ok.unwrap_or_else(|| bson::doc! {"ok": 1.0}))
 }
@@ -712,6 +759,23 @@ pub(super) async fn forward(
     shard: &str,
     req: &CommandRequest,
     shard_version: Option<Document>,
+) -> Result<Document, CommandError> {
+    forward_with(
+        cluster,
+        shard,
+        req,
+        shard_version.map(|v| bson::doc! {"shardVersion": v}),
+    )
+    .await
+}
+
+/// [`forward`] with version fields (`shardVersion`, `databaseVersion`) set on the body,
+/// replacing any the client sent.
+pub(super) async fn forward_with(
+    cluster: &Arc<Cluster>,
+    shard: &str,
+    req: &CommandRequest,
+    versions: Option<Document>,
 ) -> Result<Document, CommandError> {
     let Some(pool) = cluster.pool(shard) else {
         return Err(CommandError::new(
@@ -727,15 +791,15 @@ pub(super) async fn forward(
             .and_then(|wc| wc.get("w").ok().flatten()),
         Some(bson::RawBsonRef::Int32(0) | bson::RawBsonRef::Int64(0))
     );
-    let body_bytes: Vec<u8> = if raise_w0 || shard_version.is_some() {
+    let body_bytes: Vec<u8> = if raise_w0 || versions.is_some() {
         let mut body = req.body_document();
         if raise_w0 {
             if let Ok(wc) = body.get_document_mut("writeConcern") {
                 wc.insert("w", 1);
             }
         }
-        if let Some(v) = shard_version {
-            body.insert("shardVersion", v);
+        for (k, v) in versions.into_iter().flatten() {
+            body.insert(k, v);
         }
         body.to_vec()
             .map_err(|e| CommandError::new(ErrorCode::InternalError, e.to_string()))?
@@ -757,7 +821,7 @@ pub(super) async fn forward(
     }
     .await
     .map_err(|e| {
-        let mut err = CommandError::new(e.code(), format!("{e} (shard {shard})"));
+        let mut err = CommandError::from(e.at(shard));
         if req.body.raw().get("txnNumber").ok().flatten().is_some() {
             err.labels.push("RetryableWriteError".into());
         }

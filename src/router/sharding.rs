@@ -13,17 +13,11 @@ use bson::{doc, Bson, Document};
 
 use crate::command::{CommandError, CommandRequest};
 use crate::routing::chunks::initial_chunks;
-use crate::routing::{RoutingError, ShardKeyPattern};
+use crate::routing::ShardKeyPattern;
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{number_field, truthy};
 
 use super::ShardedCluster;
-
-impl From<RoutingError> for CommandError {
-    fn from(e: RoutingError) -> Self {
-        CommandError::new(e.code, e.message)
-    }
-}
 
 fn no_cluster() -> CommandError {
     CommandError::new(
@@ -61,8 +55,9 @@ pub fn config_read(
     cluster.metadata.config_read(req)
 }
 
-/// `enableSharding`: records the database (with a primary shard) if it is new.
-pub fn enable_sharding(
+/// `enableSharding`: records the database (with a primary shard) if it is new; with a config
+/// server, creates it there (`_configsvrCreateDatabase`, as mongos 8.0 does).
+pub async fn enable_sharding(
     cluster: Option<&Arc<ShardedCluster>>,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
@@ -77,6 +72,10 @@ pub fn enable_sharding(
     };
     check_db_name(&db)?;
     let primary = body.get_str("primaryShard").ok();
+    if cluster.has_config_server() {
+        cluster.create_database(&db, primary).await?;
+        return Ok(Document::new());
+    }
     cluster.metadata.ensure_database(&db, primary)?;
     Ok(Document::new())
 }
@@ -100,6 +99,10 @@ pub async fn shard_collection(
 ) -> Result<Document, CommandError> {
     let cluster = cluster.ok_or_else(no_cluster)?;
     let body = req.body_document();
+    if cluster.has_config_server() {
+        let ns = body.get_str(&req.name).unwrap_or_default();
+        return Err(super::configdb::not_through_config_server(&req.name, ns));
+    }
     let ns = match body.get(&req.name) {
         Some(Bson::String(s)) => s.clone(),
         _ => {
@@ -198,7 +201,7 @@ pub async fn shard_collection(
         .run_on_all(&doc! {"count": coll, "$db": db})
         .await
     {
-        let reply = result.map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
+        let reply = result.map_err(|e| e.at(&shard))?;
         let n = number_field(&reply, "n").unwrap_or(0);
         if n > 0 {
             return Err(CommandError::new(
@@ -223,7 +226,7 @@ pub async fn shard_collection(
             .cluster
             .run_on(shard, &doc! {"create": coll, "$db": db})
             .await
-            .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
+            .map_err(|e| e.at(shard))?;
         if r.get_f64("ok").ok() != Some(1.0)
             && r.get_i32("code").ok() != Some(ErrorCode::NamespaceExists.0)
         {
@@ -234,7 +237,7 @@ pub async fn shard_collection(
                 .cluster
                 .run_on(shard, &doc! {"createIndexes": coll, "indexes": [{"key": pattern.to_document(), "name": &index_name}], "$db": db})
                 .await
-                .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
+                .map_err(|e| e.at(shard))?;
             if r.get_f64("ok").ok() != Some(1.0) {
                 return Err(CommandError::from_shard_reply(shard, &r));
             }
@@ -251,13 +254,13 @@ pub async fn shard_collection(
                 .cluster
                 .run_on(shard, &doc! {"sluiceSetShardVersion": &ns, "shardVersion": snapshot.shard_version(shard), "$db": "admin"})
                 .await
-                .map_err(|e| CommandError::new(e.code(), format!("{shard}: {e}")))?;
+                .map_err(|e| e.at(shard))?;
             if r.get_f64("ok").ok() != Some(1.0) {
                 return Err(CommandError::from_shard_reply(shard, &r));
             }
         }
     }
-    cluster.cluster.routing.refresh(&ns)?;
+    cluster.cluster.routing.reload(&ns, &[]).await?;
     Ok(doc! {"collectionsharded": &ns})
 }
 

@@ -25,6 +25,9 @@ pub struct ShardedCluster {
     /// Write-path counters, reported under `serverStatus().sluice.writes`.
     pub writes: WriteStats,
     coalescer: Option<Coalescer>,
+    /// The config server the routing comes from (`--configdb`); `None` when the metadata is
+    /// the router's own.
+    pub(super) config_server: Option<super::configdb::ConfigServer>,
 }
 
 impl ShardedCluster {
@@ -45,7 +48,19 @@ impl ShardedCluster {
                 max_bytes: batching.max_bytes.max(1),
                 max_wait: std::time::Duration::from_micros(batching.max_wait_us),
             }),
+            config_server: None,
         }
+    }
+
+    /// The same, routed by a config server (`--configdb`).
+    pub fn with_config_server(mut self, config_server: super::configdb::ConfigServer) -> Self {
+        self.config_server = Some(config_server);
+        self
+    }
+
+    /// The config server the routing comes from, if any.
+    pub fn config_server(&self) -> Option<&super::configdb::ConfigServer> {
+        self.config_server.as_ref()
     }
 
     /// The write coalescer (`None` when `batching.max_wait_us` is 0).

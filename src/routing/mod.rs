@@ -16,7 +16,7 @@ pub mod table;
 pub use chunks::{Chunk, ChunkMap, ChunkVersion};
 pub use hash::hash64;
 pub use shard_key::{FilterKeys, ShardKey, ShardKeyPattern};
-pub use table::{RoutingSnapshot, RoutingTable, SnapshotLoader};
+pub use table::{RoutingSnapshot, RoutingSource, RoutingTable, SnapshotLoader};
 
 use crate::value::error_codes::ErrorCode;
 

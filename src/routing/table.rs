@@ -90,10 +90,41 @@ pub type SnapshotLoader =
 /// Sharded namespaces are kept whatever their number: the metadata holds them anyway.
 pub const MAX_UNSHARDED_ENTRIES: usize = 10_000;
 
+/// A boxed future, as the routing source's methods return.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// A routing source that keeps its own cache and loads asynchronously: the config server's
+/// catalog cache (`--configdb`). The table asks it on every lookup (it answers a cached
+/// namespace without waiting) and tells it what the shards said when they found a request
+/// stale.
+pub trait RoutingSource: Send + Sync {
+    /// The routing state of `ns` (`None` when unsharded), loaded on first use.
+    fn snapshot<'a>(
+        &'a self,
+        ns: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Arc<RoutingSnapshot>>, RoutingError>>;
+
+    /// A shard answered a request for `ns` with these stale errors (StaleConfig 13388,
+    /// StaleEpoch 150, StaleDbVersion 249, as the shard sent them, `vWanted` and all): the
+    /// next lookup reads what they ask for. No error document: reload whatever is cached.
+    fn stale(&self, ns: &str, errors: &[Document]);
+
+    /// Forgets everything (`flushRouterConfig`).
+    fn flush(&self);
+}
+
+enum Loader {
+    /// The metadata is the router's own (`--config`, `sluice demo`): read synchronously and
+    /// cached here.
+    Sync(SnapshotLoader),
+    /// The metadata comes from a source with its own cache (`--configdb`).
+    Async(Arc<dyn RoutingSource>),
+}
+
 /// The router's cache of routing snapshots.
 pub struct RoutingTable {
     entries: DashMap<String, Option<Arc<RoutingSnapshot>>>,
-    loader: SnapshotLoader,
+    loader: Loader,
 }
 
 impl std::fmt::Debug for RoutingTable {
@@ -109,11 +140,21 @@ impl RoutingTable {
     pub fn new(loader: SnapshotLoader) -> Self {
         RoutingTable {
             entries: DashMap::new(),
-            loader,
+            loader: Loader::Sync(loader),
         }
     }
 
-    /// The routing state of `ns` (`None` when unsharded), loaded on first use.
+    /// A table over a source with its own cache (the config server's catalog cache).
+    pub fn with_source(source: Arc<dyn RoutingSource>) -> Self {
+        RoutingTable {
+            entries: DashMap::new(),
+            loader: Loader::Async(source),
+        }
+    }
+
+    /// The routing state of `ns` (`None` when unsharded), loaded on first use. Over an
+    /// asynchronous source this answers what the last [`RoutingTable::lookup`] saw (an error
+    /// when nothing was looked up yet): the request path uses `lookup`.
     pub fn get(&self, ns: &str) -> Result<Option<Arc<RoutingSnapshot>>, RoutingError> {
         if let Some(e) = self.entries.get(ns) {
             return Ok(e.clone());
@@ -121,20 +162,71 @@ impl RoutingTable {
         self.refresh(ns)
     }
 
-    /// Reloads `ns` and replaces its snapshot whole.
+    /// Reloads `ns` and replaces its snapshot whole (see [`RoutingTable::get`] for an
+    /// asynchronous source; the request path uses [`RoutingTable::reload`]).
     pub fn refresh(&self, ns: &str) -> Result<Option<Arc<RoutingSnapshot>>, RoutingError> {
+        let Loader::Sync(loader) = &self.loader else {
+            return match self.entries.get(ns) {
+                Some(e) => Ok(e.clone()),
+                None => Err(RoutingError::new(
+                    crate::value::error_codes::ErrorCode::InternalError,
+                    format!("the routing of {ns} is loaded from the config server and was not looked up yet"),
+                )),
+            };
+        };
         metrics::counter!("sluice_routing_refreshes_total").increment(1);
-        let snap = (self.loader)(ns)?.map(Arc::new);
+        let snap = loader(ns)?.map(Arc::new);
+        self.remember(ns, snap.clone());
+        Ok(snap)
+    }
+
+    fn remember(&self, ns: &str, snap: Option<Arc<RoutingSnapshot>>) {
         if snap.is_none() && self.entries.len() >= MAX_UNSHARDED_ENTRIES {
             self.entries.retain(|_, v| v.is_some());
         }
-        self.entries.insert(ns.to_string(), snap.clone());
-        Ok(snap)
+        self.entries.insert(ns.to_string(), snap);
+    }
+
+    /// The routing state of `ns`, from whichever source the table has: what the request path
+    /// routes by.
+    pub async fn lookup(&self, ns: &str) -> Result<Option<Arc<RoutingSnapshot>>, RoutingError> {
+        match &self.loader {
+            Loader::Sync(_) => self.get(ns),
+            Loader::Async(source) => {
+                let snap = source.snapshot(ns).await?;
+                self.remember(ns, snap.clone());
+                Ok(snap)
+            }
+        }
+    }
+
+    /// Reads `ns` again after a shard found a request stale (`errors`: its stale errors) and
+    /// returns the new routing state.
+    pub async fn reload(
+        &self,
+        ns: &str,
+        errors: &[Document],
+    ) -> Result<Option<Arc<RoutingSnapshot>>, RoutingError> {
+        match &self.loader {
+            Loader::Sync(_) => self.refresh(ns),
+            Loader::Async(source) => {
+                source.stale(ns, errors);
+                self.lookup(ns).await
+            }
+        }
+    }
+
+    /// Whether the routing comes from a source with its own cache (the config server).
+    pub fn is_async(&self) -> bool {
+        matches!(self.loader, Loader::Async(_))
     }
 
     /// Forgets every cached snapshot (`flushRouterConfig`).
     pub fn flush(&self) {
         self.entries.clear();
+        if let Loader::Async(source) = &self.loader {
+            source.flush();
+        }
     }
 
     /// Number of cached namespaces.

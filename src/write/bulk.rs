@@ -454,13 +454,13 @@ impl Run<'_> {
 /// Runs a router `bulkWrite` whose namespaces resolve to `routes` (one per `nsInfo` entry) and
 /// returns the client's reply (without `ok`). `refresh` reloads a namespace's route after a
 /// shard answered with stale routing.
-pub async fn execute(
+pub async fn execute<'r>(
     cluster: &Arc<Cluster>,
     stats: &WriteStats,
     policy: Policy,
     bulk: &BulkRequest,
     routes: Vec<NsRoute>,
-    refresh: &(dyn Fn(&str) -> Option<NsRoute> + Sync),
+    refresh: &(dyn Fn(String) -> crate::frontend::BoxFuture<'r, Option<NsRoute>> + Sync + 'r),
 ) -> Result<Document, CommandError> {
     let n = bulk.ops.len();
     let retryable = bulk.options.contains_key("lsid") && bulk.options.contains_key("txnNumber");
@@ -598,7 +598,7 @@ pub async fn execute(
         namespaces.sort_unstable();
         namespaces.dedup();
         for k in namespaces {
-            match refresh(&bulk.namespaces[k]) {
+            match refresh(bulk.namespaces[k].clone()).await {
                 Some(r) => run.routes[k] = r,
                 None => refreshed = false,
             }

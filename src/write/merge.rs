@@ -344,6 +344,17 @@ impl Merger {
         self.stmts.iter().any(|s| matches!(s, Stmt::Stale(_)))
     }
 
+    /// The stale errors statements hit (as the shards sent them), for the routing refresh.
+    pub fn stale_errors(&self) -> Vec<Document> {
+        self.stmts
+            .iter()
+            .filter_map(|s| match s {
+                Stmt::Stale(e) => Some(e.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Statements not finished (pending or stale), in order; stale ones become pending.
     pub fn take_unfinished(&mut self) -> Vec<usize> {
         let mut out = Vec::new();

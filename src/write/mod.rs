@@ -285,6 +285,13 @@ pub struct WriteOutcome {
     pub rounds: u64,
 }
 
+/// How the executor reloads the routing after statements hit stale routing: given the stale
+/// errors the shards sent (with the version they wanted), the collection's new routing, or
+/// `None` when it cannot be had (the stale statements then fail).
+pub type Refresh<'a> = dyn Fn(Vec<Document>) -> crate::frontend::BoxFuture<'a, Option<Arc<RoutingSnapshot>>>
+    + Sync
+    + 'a;
+
 /// Plans, sends and merges a write: the executor loop of docs/design/write-path.md (rounds, stale
 /// routing retries up to NoProgressMade, exact counts for rewritten bulks that hit an error).
 pub async fn run_write(
@@ -292,7 +299,7 @@ pub async fn run_write(
     sender: &dyn ChildSender,
     target: &(dyn Fn(&RoutingSnapshot, usize) -> Targeted + Sync),
     snapshot: Arc<RoutingSnapshot>,
-    refresh: &(dyn Fn() -> Option<Arc<RoutingSnapshot>> + Sync),
+    refresh: &Refresh<'_>,
     stats: &WriteStats,
 ) -> WriteOutcome {
     let ordered = spec.ordered;
@@ -387,7 +394,7 @@ pub async fn run_write(
         if !merger.has_stale() || (ordered && merger.first_error().is_some()) {
             break;
         }
-        snap = match refresh() {
+        snap = match refresh(merger.stale_errors()).await {
             Some(s) => s,
             None => {
                 merger.give_up_stale(&spec.ns);
@@ -1115,7 +1122,10 @@ pub async fn execute(
     };
     let ns = spec.ns.clone();
     let target = |snap: &RoutingSnapshot, i: usize| target_statement(kind, &stmts, snap, i);
-    let refresh = || cluster.routing.refresh(&ns).ok().flatten();
+    let refresh = |errors: Vec<Document>| -> crate::frontend::BoxFuture<'_, _> {
+        let ns = &ns;
+        Box::pin(async move { cluster.routing.reload(ns, &errors).await.ok().flatten() })
+    };
     let outcome = run_write(&spec, &sender, &target, snapshot, &refresh, stats).await;
     let reply = outcome.merger.reply();
     // A bulk whose child batches all timed out in the shards' queues applied nothing: it

@@ -36,6 +36,64 @@ pub async fn start_router_with(mut config: Config) -> RouterHandle {
         .expect("router starts")
 }
 
+/// Every document of a driver cursor, in order.
+pub async fn all(mut cursor: mongodb::Cursor<Document>) -> Vec<Document> {
+    let mut out = Vec::new();
+    while cursor.advance().await.unwrap() {
+        out.push(cursor.deserialize_current().unwrap());
+    }
+    out
+}
+
+/// The embedded config server (replica set `set_name`, holding `config.*` as a 6.0+ config
+/// server writes it), and a plain driver client to write its documents with.
+pub async fn config_server(set_name: &str) -> (sluice::embedded::EmbeddedShard, mongodb::Client) {
+    let shard = sluice::embedded::EmbeddedShard::start(
+        "127.0.0.1:0",
+        sluice::embedded::ShardOptions {
+            set_name: set_name.into(),
+            config_server: true,
+            ..sluice::embedded::ShardOptions::for_tests()
+        },
+    )
+    .await
+    .expect("config server starts");
+    let writer = direct(shard.local_addr()).await;
+    (shard, writer)
+}
+
+/// A `config.chunks` document of the collection `uuid` as a 6.0+ config server writes it,
+/// over `{x: 1}`: [`min`, `max`) on `shard` at version `major|minor`.
+pub fn chunk(
+    uuid: bson::Uuid,
+    min: bson::Bson,
+    max: bson::Bson,
+    shard: &str,
+    major: u32,
+    minor: u32,
+) -> Document {
+    let ts = |time, increment| bson::Timestamp { time, increment };
+    bson::doc! {
+        "_id": bson::oid::ObjectId::new(),
+        "uuid": uuid,
+        "min": {"x": min},
+        "max": {"x": max},
+        "shard": shard,
+        "lastmod": ts(major, minor),
+        "onCurrentShardSince": ts(50, 1),
+        "history": [{"validAfter": ts(50, 1), "shard": shard}],
+    }
+}
+
+/// A driver client connected to one server directly (no replica-set discovery).
+pub async fn direct(addr: SocketAddr) -> mongodb::Client {
+    mongodb::Client::with_uri_str(format!(
+        "mongodb://{addr}/?directConnection=true&serverSelectionTimeoutMS=5000"
+    ))
+    .await
+    .expect("driver client")
+}
+
 /// A client for the stock Rust driver.
 pub async fn driver(addr: SocketAddr, extra: &str) -> mongodb::Client {
     let uri = format!("mongodb://{addr}/?serverSelectionTimeoutMS=5000{extra}");
@@ -126,6 +184,22 @@ pub fn parse_msg_reply(frame: &[u8]) -> (Header, u32, Document) {
 }
 
 /// Sets the header's length field to the frame's real length.
+/// An OP_MSG frame: `body` with `docs` as one kind-1 sequence named `identifier`.
+pub fn msg_with_sequence(
+    flags: u32,
+    body: &Document,
+    identifier: &str,
+    docs: &[Document],
+    request_id: i32,
+) -> Vec<u8> {
+    let mut b = OpMsgBuilder::new(flags, &body.to_vec().unwrap());
+    b.begin_sequence(identifier);
+    for d in docs {
+        b.push_document(&d.to_vec().unwrap());
+    }
+    b.finish(request_id, 0).to_vec()
+}
+
 pub fn fix_length(mut v: Vec<u8>) -> Vec<u8> {
     let len = v.len() as i32;
     v[..4].copy_from_slice(&len.to_le_bytes());
@@ -219,6 +293,11 @@ impl TestCluster {
 
     pub fn addr(&self) -> SocketAddr {
         self.router.local_addr()
+    }
+
+    /// A stock-driver client straight to shard `i`, bypassing the router.
+    pub async fn direct(&self, i: usize) -> mongodb::Client {
+        direct(self.shards[i].local_addr()).await
     }
 
     pub async fn stop(self) {

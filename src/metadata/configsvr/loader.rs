@@ -86,6 +86,31 @@ impl ConfigServerSource {
         })
     }
 
+    /// Runs an internal command (`_configsvrCreateDatabase`, …) on the config server's
+    /// primary, in the `admin` database, as mongos sends them: with a majority write concern.
+    /// The reply of a command that failed is returned as the error it carries.
+    pub async fn run_admin_command(
+        &self,
+        mut command: Document,
+    ) -> Result<Document, MetadataError> {
+        if !command.contains_key("writeConcern") {
+            command.insert("writeConcern", doc! {"w": "majority"});
+        }
+        let reply = self
+            .client
+            .database("admin")
+            .run_command(command)
+            .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+            .await
+            .map_err(|e| from_driver(&self.name, e))?;
+        Ok(reply)
+    }
+
+    /// The config server as `--configdb` named it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// A causally consistent session that reads no older than any earlier read did.
     async fn session(&self) -> Result<ClientSession, MetadataError> {
         let mut session = self

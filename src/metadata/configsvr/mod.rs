@@ -24,6 +24,7 @@ pub use super::error;
 mod fields;
 pub mod loader;
 pub mod request;
+pub mod routing;
 pub mod stale;
 pub mod version;
 
@@ -39,5 +40,6 @@ pub use documents::{ChunkEntry, CollectionEntry, DatabaseEntry, ShardEntry};
 pub use error::MetadataError;
 pub use loader::ConfigServerSource;
 pub use request::{DatabaseRouting, RequestVersions, RoutingInfo};
+pub use routing::CatalogRouting;
 pub use stale::{RefreshAction, StaleError};
 pub use version::{CollectionGeneration, DatabaseVersion, ShardVersion};

@@ -55,6 +55,9 @@ pub struct StaticStore {
     write: Mutex<()>,
     /// Cursors of clients' reads of the config database.
     cursors: DocumentCursors,
+    /// A `--configdb` router's mirror of what its catalog cache read: databases are never
+    /// created here (the config server creates them).
+    mirror: bool,
 }
 
 impl std::fmt::Debug for StaticStore {
@@ -78,6 +81,7 @@ impl StaticStore {
             shard_servers: Mutex::new(BTreeSet::new()),
             write: Mutex::new(()),
             cursors: DocumentCursors::default(),
+            mirror: false,
         };
         let loaded = match &store.path {
             Some(p) if p.exists() => {
@@ -93,6 +97,41 @@ impl StaticStore {
             )?;
         }
         Ok(store)
+    }
+
+    /// The mirror a `--configdb` router keeps of the database entries and shards its catalog
+    /// cache read (in memory only; [`StaticStore::ensure_database`] refuses to create one).
+    pub fn mirror() -> StaticStore {
+        StaticStore {
+            path: None,
+            config: RwLock::new(BTreeMap::new()),
+            shard_servers: Mutex::new(BTreeSet::new()),
+            write: Mutex::new(()),
+            cursors: DocumentCursors::default(),
+            mirror: true,
+        }
+    }
+
+    /// Replaces (or, with `None`, removes) the mirrored `config.databases` entry of `db`.
+    pub fn mirror_database(&self, db: &str, entry: Option<Document>) {
+        let _w = crate::sync::lock(&self.write);
+        let mut all = self.docs("databases");
+        let at = all.iter().position(|d| d.get_str("_id").ok() == Some(db));
+        match (at, entry) {
+            (Some(i), Some(e)) if all[i] == e => return,
+            (Some(i), Some(e)) => all[i] = e,
+            (None, Some(e)) => all.push(e),
+            (Some(i), None) => {
+                all.remove(i);
+            }
+            (None, None) => return,
+        }
+        let _ = self.put("databases", all);
+    }
+
+    /// Whether this is a `--configdb` router's mirror.
+    pub fn is_mirror(&self) -> bool {
+        self.mirror
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, ConfigDatabase> {
@@ -274,6 +313,12 @@ impl StaticStore {
         let _w = crate::sync::lock(&self.write);
         if let Some(d) = self.database(db) {
             return Ok(d);
+        }
+        if self.mirror {
+            return Err(RoutingError::new(
+                ErrorCode::NamespaceNotFound,
+                format!("database {db} not found"),
+            ));
         }
         crate::limits::check_database_name(db)
             .map_err(|m| RoutingError::new(ErrorCode::InvalidNamespace, m))?;

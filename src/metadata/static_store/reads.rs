@@ -9,8 +9,8 @@ use crate::command::{CommandError, CommandRequest};
 use crate::engine::aggregate::{self, AggregateOptions, Env, Namespaces};
 use crate::engine::matcher::Matcher;
 use crate::engine::reads::{
-    document_argument, request_variables, starts_with_documents, AggregateSpec, CountSpec,
-    DistinctSpec, FindSpec,
+    coll_stats_reply, collection_entry, db_stats_reply, document_argument, id_index_spec,
+    request_variables, starts_with_documents, AggregateSpec, CountSpec, DistinctSpec, FindSpec,
 };
 use crate::engine::EngineError;
 use crate::value::error_codes::ErrorCode;
@@ -29,11 +29,6 @@ pub const CONFIG_READS: &[&str] = &[
     "collStats",
     "dbStats",
 ];
-
-/// The only index of a config collection.
-fn id_index() -> Document {
-    doc! {"v": 2, "key": {"_id": 1}, "name": "_id_"}
-}
 
 /// Bytes of a document as stored.
 fn stored_size(d: &Document) -> i64 {
@@ -104,7 +99,7 @@ impl StaticStore {
                 }
                 Ok(self
                     .cursors
-                    .first_batch(ns, vec![id_index()], usize::MAX, true))
+                    .first_batch(ns, vec![id_index_spec()], usize::MAX, true))
             }
             "collStats" => {
                 let coll = req.collection_name(&body)?;
@@ -116,12 +111,12 @@ impl StaticStore {
                     ),
                     None => (0, 0, 0),
                 };
-                let avg = if count > 0 { size / count } else { 0 };
-                Ok(doc! {
-                    "ns": format!("{}.{coll}", req.db), "size": size, "count": count,
-                    "avgObjSize": avg, "storageSize": size, "nindexes": nindexes,
-                    "totalIndexSize": 0i64, "totalSize": size, "indexSizes": {},
-                })
+                Ok(coll_stats_reply(
+                    &format!("{}.{coll}", req.db),
+                    count,
+                    size,
+                    nindexes,
+                ))
             }
             "dbStats" => {
                 let config = self.read();
@@ -132,17 +127,7 @@ impl StaticStore {
                     .flat_map(|c| c.docs.iter())
                     .map(stored_size)
                     .sum();
-                let avg = if objects > 0 {
-                    size as f64 / objects as f64
-                } else {
-                    0.0
-                };
-                Ok(doc! {
-                    "db": &req.db, "collections": colls, "views": 0i64, "objects": objects,
-                    "avgObjSize": avg, "dataSize": size as f64, "storageSize": size as f64,
-                    "indexes": colls, "indexSize": 0.0, "totalSize": size as f64,
-                    "scaleFactor": 1i64,
-                })
+                Ok(db_stats_reply(&req.db, colls, objects, size, colls))
             }
             other => Err(CommandError::new(
                 ErrorCode::IllegalOperation,
@@ -225,19 +210,7 @@ impl StaticStore {
         let out: Vec<Document> = self
             .read()
             .iter()
-            .map(|(name, c)| {
-                if name_only {
-                    doc! {"name": name, "type": "collection"}
-                } else {
-                    doc! {
-                        "name": name,
-                        "type": "collection",
-                        "options": {},
-                        "info": {"readOnly": false, "uuid": c.uuid},
-                        "idIndex": id_index(),
-                    }
-                }
-            })
+            .map(|(name, c)| collection_entry(name, &Document::new(), c.uuid, name_only))
             .filter(|d| matcher.matches(d))
             .collect();
         Ok(self.cursors.first_batch(

@@ -1,0 +1,163 @@
+//! The embedded config server (`sluice configsvr`, and in process): an embedded shard started
+//! with [`super::ShardOptions::config_server`] holds the cluster's `config.*` documents on the
+//! document engine, in the MongoDB 6.0+ schema, so a router reads them with the same loader
+//! (majority `find`s) it uses against a real config server, and answers the config server's
+//! internal commands by writing those documents.
+//!
+//! Served so far: `_configsvrCreateDatabase` (the shape of MongoDB's `create_database.idl`:
+//! `{_configsvrCreateDatabase: <db>, primaryShardId: <shard>?}` on `admin`, replying
+//! `{databaseVersion}`). docs/design/config-server.md, §9 and §13.
+
+use bson::{doc, Bson, Document};
+
+use crate::command::CommandRequest;
+use crate::engine::EngineError;
+use crate::sync::lock;
+use crate::value::error_codes::ErrorCode;
+
+use super::service::ShardService;
+
+/// The internal commands this config server answers.
+const COMMANDS: &[&str] = &["_configsvrCreateDatabase"];
+
+/// Whether `name` is one of them.
+pub fn serves(name: &str) -> bool {
+    COMMANDS.contains(&name)
+}
+
+/// Runs one of [`COMMANDS`].
+pub fn run(
+    svc: &ShardService,
+    req: &CommandRequest,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    if req.db != "admin" {
+        return Err(EngineError::new(
+            ErrorCode::Unauthorized,
+            format!("{} may only be run against the admin database.", req.name),
+        ));
+    }
+    match req.name.as_str() {
+        "_configsvrCreateDatabase" => create_database(svc, body),
+        other => Err(EngineError::new(
+            ErrorCode::CommandNotFound,
+            format!("no such command: '{other}'"),
+        )),
+    }
+}
+
+fn string_field<'a>(
+    body: &'a Document,
+    command: &str,
+    field: &str,
+) -> Result<&'a str, EngineError> {
+    match body.get(field) {
+        Some(Bson::String(s)) => Ok(s),
+        Some(v) => Err(EngineError::new(
+            ErrorCode::TypeMismatch,
+            format!(
+                "BSON field '{command}.{field}' is the wrong type '{}', expected type 'string'",
+                crate::value::field::type_name(v)
+            ),
+        )),
+        None => Err(EngineError::new(
+            ErrorCode(40414),
+            format!("BSON field '{command}.{field}' is missing but a required field"),
+        )),
+    }
+}
+
+/// `_configsvrCreateDatabase`: records `db` in `config.databases` with a primary shard (the
+/// one asked for, or the shard that is primary of the fewest databases, ties by id) and a
+/// new database version; an existing database is answered with its version (an existing one
+/// with another primary than the one asked for is NamespaceExists, as the config server
+/// refuses it).
+fn create_database(svc: &ShardService, body: &Document) -> Result<Document, EngineError> {
+    const CMD: &str = "_configsvrCreateDatabase";
+    let db = string_field(body, CMD, CMD)?.to_string();
+    let wanted = match body.get("primaryShardId") {
+        None => None,
+        Some(_) => Some(string_field(body, CMD, "primaryShardId")?.to_string()),
+    };
+    crate::limits::check_database_name(&db)
+        .map_err(|m| EngineError::new(ErrorCode::InvalidNamespace, m))?;
+    if matches!(db.as_str(), "admin" | "config" | "local") {
+        return Err(EngineError::new(
+            ErrorCode::InvalidOptions,
+            format!("Cannot manually create database '{db}'"),
+        ));
+    }
+    let now = svc.cluster_time();
+    let mut catalog = lock(&svc.catalog);
+    let shards: Vec<String> = catalog
+        .collection("config", "shards")
+        .map(|c| {
+            c.iter()
+                .filter_map(|(_, d)| d.get_str("_id").ok().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let databases: Vec<Document> = catalog
+        .collection("config", "databases")
+        .map(|c| c.iter().map(|(_, d)| d.clone()).collect())
+        .unwrap_or_default();
+    if let Some(existing) = databases
+        .iter()
+        .find(|d| d.get_str("_id").ok() == Some(&db))
+    {
+        let primary = existing.get_str("primary").unwrap_or_default();
+        if wanted.as_deref().is_some_and(|w| w != primary) {
+            return Err(EngineError::new(
+                ErrorCode::NamespaceExists,
+                format!("database {db} already exists with primary shard {primary}"),
+            ));
+        }
+        let version = existing.get("version").cloned().unwrap_or(Bson::Null);
+        return Ok(doc! {"databaseVersion": version});
+    }
+    if let Some(other) = databases
+        .iter()
+        .filter_map(|d| d.get_str("_id").ok())
+        .find(|n| n.eq_ignore_ascii_case(&db) && *n != db)
+    {
+        return Err(EngineError::new(
+            ErrorCode::DatabaseDifferCase,
+            format!("database already exists with different case already have: [{other}] trying to create [{db}]"),
+        ));
+    }
+    let primary = match wanted {
+        Some(w) if shards.contains(&w) => w,
+        Some(w) => {
+            return Err(EngineError::new(
+                ErrorCode::ShardNotFound,
+                format!("Shard {w} not found"),
+            ))
+        }
+        None => {
+            let load = |s: &String| {
+                databases
+                    .iter()
+                    .filter(|d| d.get_str("primary").ok() == Some(s.as_str()))
+                    .count()
+            };
+            let mut candidates = shards.clone();
+            candidates.sort();
+            candidates
+                .into_iter()
+                .min_by_key(|s| load(s))
+                .ok_or_else(|| {
+                    EngineError::new(
+                        ErrorCode::ShardNotFound,
+                        format!("Database {db} could not be created: the cluster has no shards"),
+                    )
+                })?
+        }
+    };
+    let version = doc! {"uuid": bson::Uuid::new(), "timestamp": now, "lastMod": 1};
+    let (coll, _) = catalog.collection_mut("config", "databases");
+    coll.insert(
+        "config.databases",
+        doc! {"_id": &db, "primary": primary, "version": version.clone()},
+    )?;
+    Ok(doc! {"databaseVersion": version})
+}
