@@ -220,6 +220,7 @@ fn main() -> anyhow::Result<()> {
                 latency_per_command,
                 latency_per_document,
                 max_concurrency,
+                configdb: config.configdb.clone(),
                 ..embedded_options(&config)
             };
             if let Some(name) = replset {

@@ -55,15 +55,18 @@ impl Fixture {
     /// [0, 100) on shard1 at 1|1, [100, +inf) on shard1 at 1|2.
     async fn start() -> Fixture {
         let (config, _) = common::config_server("configRS").await;
-        Fixture::populate(config).await
+        Fixture::populate(config, false).await
     }
 
-    /// The same over a config server already started.
-    async fn populate(config: EmbeddedShard) -> Fixture {
+    /// The same over a config server already started; with `shard_server`, the shards check
+    /// requests against the config server's metadata themselves (`sluice shard --configdb`).
+    async fn populate(config: EmbeddedShard, shard_server: bool) -> Fixture {
         let writer = direct(config.local_addr()).await;
-        let shards = EmbeddedShard::start_many(2, ShardOptions::for_tests())
-            .await
-            .unwrap();
+        let options = ShardOptions {
+            configdb: shard_server.then(|| format!("configRS/{}", config.local_addr())),
+            ..ShardOptions::for_tests()
+        };
+        let shards = EmbeddedShard::start_many(2, options).await.unwrap();
         let mut clients = Vec::new();
         for s in &shards {
             clients.push(direct(s.local_addr()).await);
@@ -178,13 +181,19 @@ impl Fixture {
     /// documents copied then deleted on the donor, the chunk at 2|0 on the recipient, the
     /// donor's remaining chunk bumped to 2|1, both shards on their new versions.
     async fn migrate_low_chunk(&self) {
+        // The shards are told first: from now on a request on the old versions is stale.
+        self.set_version(0, "app.c", self.version(2, 0)).await;
+        self.set_version(1, "app.c", self.version(2, 1)).await;
+        self.move_low_chunk().await;
+    }
+
+    /// The documents and `config.chunks` of [`Fixture::migrate_low_chunk`], without telling
+    /// the shards anything.
+    async fn move_low_chunk(&self) {
         let donor = self.direct[1].database("app").collection::<Document>("c");
         let recipient = self.direct[0].database("app").collection::<Document>("c");
         let range = doc! {"x": {"$gte": 0i64, "$lt": 100i64}};
         let moving = all(donor.find(range.clone()).await.unwrap()).await;
-        // The shards are told first: from now on a request on the old versions is stale.
-        self.set_version(0, "app.c", self.version(2, 0)).await;
-        self.set_version(1, "app.c", self.version(2, 1)).await;
         if !moving.is_empty() {
             recipient.insert_many(moving).await.unwrap();
         }
@@ -201,6 +210,33 @@ impl Fixture {
             .update_one(
                 doc! {"min": {"x": 100i64}},
                 doc! {"$set": {"lastmod": ts(2, 1)}},
+            )
+            .await
+            .unwrap();
+    }
+}
+
+impl Fixture {
+    /// movePrimary of `app` to shard1 as the config server commits it: `app.plain` copied to
+    /// shard1 and dropped on shard0, `config.databases` on the new primary at lastMod 2.
+    async fn move_primary(&self) {
+        let moved = self.shards[0].service().documents("app", "plain");
+        self.direct[1]
+            .database("app")
+            .collection::<Document>("plain")
+            .insert_many(moved)
+            .await
+            .unwrap();
+        self.direct[0]
+            .database("app")
+            .collection::<Document>("plain")
+            .drop()
+            .await
+            .unwrap();
+        self.config_coll("databases")
+            .update_one(
+                doc! {"_id": "app"},
+                doc! {"$set": {"primary": "shard1", "version": db_version(2)}},
             )
             .await
             .unwrap();
@@ -428,28 +464,9 @@ async fn stale_db_version_after_the_primary_moved_retargets() {
 
     // movePrimary to shard1, as the config server commits it: a new database version; the
     // old primary refuses the old one.
-    let moved: Vec<Document> = f.shards[0].service().documents("app", "plain");
-    f.direct[1]
-        .database("app")
-        .collection::<Document>("plain")
-        .insert_many(moved)
-        .await
-        .unwrap();
-    f.direct[0]
-        .database("app")
-        .collection::<Document>("plain")
-        .drop()
-        .await
-        .unwrap();
     f.set_version(0, "app", db_version(2)).await;
     f.set_version(1, "app", db_version(2)).await;
-    f.config_coll("databases")
-        .update_one(
-            doc! {"_id": "app"},
-            doc! {"$set": {"primary": "shard1", "version": db_version(2)}},
-        )
-        .await
-        .unwrap();
+    f.move_primary().await;
     let db_reads = stats(&state).database_reads;
 
     plain.insert_one(doc! {"x": 2i64}).await.unwrap();
@@ -514,7 +531,7 @@ async fn an_unreachable_config_server_at_start_up_fails_routed_commands_until_it
     )
     .await
     .unwrap();
-    let f = Fixture::populate(config_server).await;
+    let f = Fixture::populate(config_server, false).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         match c.insert_one(doc! {"x": 5i64}).await {
@@ -601,4 +618,68 @@ async fn databases_are_created_through_the_config_server() {
         .unwrap_err();
     assert_eq!(common::error_code(&e), 48, "NamespaceExists: {e}");
     router.shutdown().await;
+}
+
+/// What a shard does after a migration or DDL commit touching it: reload its metadata.
+async fn flush_shard(f: &Fixture, i: usize, command: &str, target: &str) {
+    f.direct[i]
+        .database("admin")
+        .run_command(doc! {command: target})
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn shard_servers_check_versions_against_the_config_server() {
+    let (config, _) = common::config_server("configRS").await;
+    let f = Fixture::populate(config, true).await;
+    let (ra, _a_state, a) = f.router().await;
+    let (rb, _b_state, b) = f.router().await;
+    let ca = a.database("app").collection::<Document>("c");
+    ca.insert_many(vec![
+        doc! {"x": -5i64},
+        doc! {"x": 5i64},
+        doc! {"x": 50i64},
+        doc! {"x": 150i64},
+    ])
+    .await
+    .unwrap();
+    assert_eq!(f.xs(0, "c"), vec![-5]);
+    assert_eq!(f.xs(1, "c"), vec![5, 50, 150]);
+    let cb = b.database("app").collection::<Document>("c");
+    assert_eq!(cb.count_documents(doc! {}).await.unwrap(), 4);
+
+    // A migration of [0, 100) to shard0, committed on the config server; both shards reload
+    // their metadata as donor and recipient do after the commit. No version is set by hand.
+    f.move_low_chunk().await;
+    for i in 0..2 {
+        flush_shard(&f, i, "_flushRoutingTableCacheUpdates", "app.c").await;
+    }
+
+    // Router A's write on 1|2 is refused by the donor (StaleConfig, vWanted 2|1) and
+    // retargeted; router B's reads on the old routing are refused and retried.
+    ca.insert_one(doc! {"x": 7i64}).await.unwrap();
+    assert_eq!(f.xs(0, "c"), vec![-5, 5, 7, 50]);
+    assert_eq!(f.xs(1, "c"), vec![150]);
+    let xs: Vec<i64> = all(cb.find(doc! {}).sort(doc! {"x": 1}).await.unwrap())
+        .await
+        .iter()
+        .map(|d| d.get_i64("x").unwrap())
+        .collect();
+    assert_eq!(xs, vec![-5, 5, 7, 50, 150]);
+
+    // The database's primary moves to shard1: the old primary refuses the old database
+    // version (StaleDbVersion) and the write follows the primary.
+    let plain = a.database("app").collection::<Document>("plain");
+    plain.insert_one(doc! {"x": 1i64}).await.unwrap();
+    assert_eq!(f.xs(0, "plain"), vec![1]);
+    f.move_primary().await;
+    for i in 0..2 {
+        flush_shard(&f, i, "_flushDatabaseCacheUpdates", "app").await;
+    }
+    plain.insert_one(doc! {"x": 2i64}).await.unwrap();
+    assert_eq!(f.xs(1, "plain"), vec![1, 2]);
+    assert_eq!(f.xs(0, "plain"), Vec::<i64>::new());
+    ra.shutdown().await;
+    rb.shutdown().await;
 }

@@ -95,7 +95,7 @@ fn ordered(body: &Document) -> bool {
 }
 
 /// A write reply with its stale-config error, when the shard version does not match.
-fn stale_write_reply(e: EngineError, with_modified: bool) -> Document {
+pub(super) fn stale_write_reply(e: EngineError, with_modified: bool) -> Document {
     let mut d = doc! {"n": 0};
     if with_modified {
         d.insert("nModified", 0);

@@ -22,6 +22,7 @@ pub mod bulk_write;
 pub mod commands;
 pub mod configsvr;
 pub mod ddl;
+pub mod filtering;
 pub mod pipeline_output;
 pub mod replset;
 pub mod service;
@@ -64,6 +65,9 @@ pub struct ShardOptions {
     /// Run as a config server (`sluice configsvr`): `hello` reports `configsvr: 2` and the
     /// config server's internal commands are served on the `config.*` documents it holds.
     pub config_server: bool,
+    /// Shard-server mode (`sluice shard --configdb …`): the config server whose metadata the
+    /// shard checks requests' `shardVersion` / `databaseVersion` against ([`filtering`]).
+    pub configdb: Option<String>,
 }
 
 impl Default for ShardOptions {
@@ -79,6 +83,7 @@ impl Default for ShardOptions {
             tls: crate::config::TlsConfig::default(),
             cursor_timeout: service::CURSOR_IDLE_TIMEOUT,
             config_server: false,
+            configdb: None,
         }
     }
 }

@@ -186,6 +186,7 @@ pub struct ShardService {
     opcounters: Mutex<BTreeMap<&'static str, i64>>,
     latency: Mutex<(Duration, Duration)>,
     slots: Option<Semaphore>,
+    filtering: Option<super::filtering::Filtering>,
 }
 
 impl ShardService {
@@ -204,6 +205,10 @@ impl ShardService {
         let slots = options.max_concurrency.map(|n| Semaphore::new(n.max(1)));
         let latency = (options.latency_per_command, options.latency_per_document);
         let cursors = command::cursors::DocumentCursors::with_idle_timeout(options.cursor_timeout);
+        let filtering = options
+            .configdb
+            .as_deref()
+            .map(super::filtering::Filtering::new);
         ShardService {
             state,
             options,
@@ -219,6 +224,7 @@ impl ShardService {
             opcounters: Mutex::new(BTreeMap::new()),
             latency: Mutex::new(latency),
             slots,
+            filtering,
         }
     }
 
@@ -412,16 +418,12 @@ impl ShardService {
         if values_equal(received, &Bson::Document(wanted.clone())) {
             return Ok(());
         }
-        Err(EngineError::new(
-            ErrorCode::StaleConfig,
-            format!("version mismatch detected for {ns}"),
-        )
-        .with_extra(doc! {
-            "ns": ns,
-            "vReceived": received.clone(),
-            "vWanted": wanted.clone(),
-            "shardId": &self.options.set_name,
-        }))
+        Err(super::filtering::stale_config(
+            ns,
+            received,
+            wanted.clone(),
+            &self.options.set_name,
+        ))
     }
 
     /// What `hello` reports about this shard's replica set.
@@ -491,6 +493,26 @@ impl ShardService {
 
         if let Some(member) = &self.member {
             member.check(name, &body)?;
+        }
+        if let Some(filtering) = &self.filtering {
+            if matches!(
+                name,
+                "_flushRoutingTableCacheUpdates" | "_flushDatabaseCacheUpdates"
+            ) {
+                return filtering.flush(name, &body).await.map(Some);
+            }
+            if let Some(ns) = req.namespace.as_deref() {
+                if let Err(e) = filtering.check(self.name(), ns, &body).await {
+                    // Writes report it as the first statement's error, as mongod does.
+                    if matches!(name, "insert" | "update" | "delete") {
+                        return Ok(Some(super::commands::stale_write_reply(
+                            e,
+                            name == "update",
+                        )));
+                    }
+                    return Err(e);
+                }
+            }
         }
 
         let _slot = if DATA_COMMANDS.contains(&name) {

@@ -13,14 +13,13 @@ use std::time::Duration;
 
 use bson::{doc, Bson, Document};
 
-use crate::backend::topology::Printer;
 use crate::backend::PoolOptions;
 use crate::cluster::Cluster;
 use crate::command::CommandError;
 use crate::metadata::configsvr::stale::{is_stale_code, MAX_STALE_RETRIES};
 use crate::metadata::configsvr::{
     CatalogCache, CatalogRouting, ConfigDb, ConfigServerSource, DatabaseRouting, MetadataError,
-    RequestVersions, ShardRegistry,
+    RequestVersions, ShardRegistry, PRINTER,
 };
 use crate::metadata::StaticStore;
 use crate::routing::{RoutingTable, ShardInfo};
@@ -28,13 +27,6 @@ use crate::value::error_codes::ErrorCode;
 use crate::wire::Reply;
 
 use super::ShardedCluster;
-
-/// How values are printed in the config documents' error messages.
-pub const PRINTER: Printer = Printer {
-    document: crate::value::render::render_doc,
-    value: crate::value::render::render_value,
-    type_name: crate::value::field::type_name,
-};
 
 /// First and longest wait between attempts to reach the config server at start-up.
 pub const STARTUP_BACKOFF: (Duration, Duration) =

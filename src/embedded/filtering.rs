@@ -1,0 +1,156 @@
+//! Shard-server mode (`sluice shard --configdb …`): the embedded shard's filtering metadata is
+//! the config server's, read through the same loader and catalog cache as the router's. A
+//! request that carries `shardVersion` / `databaseVersion` is checked against it before the
+//! command runs, as mongod checks it:
+//!
+//! - equal: the command runs;
+//! - the request's version is newer than the shard's: the shard refreshes (it is the one
+//!   behind) and checks again;
+//! - otherwise StaleConfig (13388: `ns`, `vReceived`, `vWanted`, `shardId`) or StaleDbVersion
+//!   (249: `db`, `vReceived`, `vWanted`), so the router refreshes and retargets.
+//!
+//! A shard learns of a migration or a DDL change the way mongod does after one:
+//! `_flushRoutingTableCacheUpdates: <ns>` / `_flushDatabaseCacheUpdates: <db>` make it reload.
+
+use std::sync::Arc;
+
+use bson::{doc, Bson, Document};
+
+use crate::engine::EngineError;
+use crate::metadata::configsvr::{
+    CatalogCache, ConfigDb, ConfigServerSource, DatabaseRouting, DatabaseVersion, MetadataError,
+    ShardVersion, PRINTER,
+};
+use crate::value::error_codes::ErrorCode;
+
+/// StaleConfig (13388) as a shard answers it: the namespace, the version received, the one the
+/// shard wanted and the shard's id.
+pub fn stale_config(ns: &str, received: &Bson, wanted: Document, shard: &str) -> EngineError {
+    EngineError::new(
+        ErrorCode::StaleConfig,
+        format!("version mismatch detected for {ns}"),
+    )
+    .with_extra(doc! {
+        "ns": ns,
+        "vReceived": received.clone(),
+        "vWanted": wanted,
+        "shardId": shard,
+    })
+}
+
+/// The filtering metadata of a shard server.
+#[derive(Debug)]
+pub struct Filtering {
+    configdb: String,
+    cache: tokio::sync::OnceCell<CatalogCache>,
+}
+
+fn engine_error(e: MetadataError) -> EngineError {
+    EngineError::new(e.code, e.message)
+}
+
+impl Filtering {
+    /// Filtering metadata read from the config server `configdb` (connected on first use).
+    pub fn new(configdb: &str) -> Self {
+        Filtering {
+            configdb: configdb.to_string(),
+            cache: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn cache(&self) -> Result<&CatalogCache, EngineError> {
+        self.cache
+            .get_or_try_init(|| async {
+                let configdb = ConfigDb::parse(&self.configdb).map_err(engine_error)?;
+                let source = ConfigServerSource::connect(&configdb)
+                    .await
+                    .map_err(engine_error)?;
+                Ok::<_, EngineError>(CatalogCache::new(Arc::new(source), PRINTER))
+            })
+            .await
+    }
+
+    /// The placement version this shard (`shard`) has for `ns`: its chunks' highest version,
+    /// UNSHARDED for an untracked collection.
+    async fn wanted(&self, shard: &str, ns: &str) -> Result<ShardVersion, EngineError> {
+        match self.cache().await?.routing_info(ns).await {
+            Ok(info) => Ok(info
+                .collection
+                .map_or(ShardVersion::unsharded(), |c| c.shard_version(shard))),
+            Err(e) if e.code == ErrorCode::NamespaceNotFound => Ok(ShardVersion::unsharded()),
+            Err(e) => Err(engine_error(e)),
+        }
+    }
+
+    async fn database_version(&self, db: &str) -> Result<Option<DatabaseVersion>, EngineError> {
+        Ok(
+            match self
+                .cache()
+                .await?
+                .database(db)
+                .await
+                .map_err(engine_error)?
+            {
+                Some(DatabaseRouting::Tracked(d)) => Some(d.version),
+                _ => None,
+            },
+        )
+    }
+
+    /// Checks the versions a request for `ns` carries (see the module's rules).
+    pub async fn check(&self, shard: &str, ns: &str, body: &Document) -> Result<(), EngineError> {
+        let db = ns.split('.').next().unwrap_or(ns);
+        if let Some(raw) = body.get("databaseVersion") {
+            let received = DatabaseVersion::from_bson(raw, &PRINTER).map_err(engine_error)?;
+            let mut wanted = self.database_version(db).await?;
+            if wanted.is_none_or(|w| received.is_newer_than(&w)) {
+                self.cache().await?.on_stale_database(db, Some(received));
+                wanted = self.database_version(db).await?;
+            }
+            if wanted != Some(received) {
+                let mut extra = doc! {"db": db, "vReceived": raw.clone()};
+                if let Some(w) = wanted {
+                    extra.insert("vWanted", w.to_document());
+                }
+                return Err(EngineError::new(
+                    ErrorCode::StaleDbVersion,
+                    format!("version mismatch detected for {db}"),
+                )
+                .with_extra(extra));
+            }
+        }
+        let Some(raw) = body.get("shardVersion") else {
+            return Ok(());
+        };
+        let received = ShardVersion::from_bson(raw, &PRINTER).map_err(engine_error)?;
+        let mut wanted = self.wanted(shard, ns).await?;
+        if received != wanted && received.is_newer_than(&wanted) {
+            self.cache().await?.on_stale_collection(ns, Some(received));
+            wanted = self.wanted(shard, ns).await?;
+        }
+        if received == wanted {
+            return Ok(());
+        }
+        Err(stale_config(ns, raw, wanted.to_document(), shard))
+    }
+
+    /// `_flushRoutingTableCacheUpdates: <ns>` and `_flushDatabaseCacheUpdates: <db>`: forget
+    /// what is cached, so the next request reads the config server again.
+    pub async fn flush(&self, command: &str, body: &Document) -> Result<Document, EngineError> {
+        let Some(Bson::String(target)) = body.get(command) else {
+            return Err(EngineError::new(
+                ErrorCode::TypeMismatch,
+                format!(
+                    "BSON field '{command}.{command}' is the wrong type, expected type 'string'"
+                ),
+            ));
+        };
+        let cache = self.cache().await?;
+        if command == "_flushDatabaseCacheUpdates" {
+            cache.flush_database(target);
+        } else {
+            cache.flush_collection(target);
+        }
+        Ok(Document::new())
+    }
+}
