@@ -86,6 +86,20 @@ fn rounds_counts_child_batches_on_the_shards() {
 }
 
 #[test]
+fn bulkwrite_counts_child_bulk_write_commands_on_the_shards() {
+    let (_, v) = run("bulkwrite");
+    let shards = v["shards"].as_f64().expect("shards");
+    let n = v["n"].as_f64().expect("n");
+    assert_eq!(v["namespaces"].as_f64(), Some(2.0));
+    for x in samples(&v["rewrite"]) {
+        assert_eq!(x, shards, "one child bulkWrite per shard: {v}");
+    }
+    for x in samples(&v["mongos_rounds"]) {
+        assert!(x > shards && x <= n, "mongos rounds send many: {v}");
+    }
+}
+
+#[test]
 fn seed_table_times_every_plan_beside_the_limit() {
     let (dir, v) = run("seed-table");
     let variants = v["variants"].as_array().expect("variants");

@@ -1,7 +1,7 @@
 //! `sluice bench <scenario>`: benchmarks that write a JSON result, a Markdown table and, where
 //! a picture helps, an SVG chart into an output directory (see `docs/benchmarks.md`).
 //!
-//! The load scenarios (`rounds`, `seed-table`, `overhead`, `undo`) start what they need from this very
+//! The load scenarios (`rounds`, `bulkwrite`, `seed-table`, `overhead`, `undo`) start what they need from this very
 //! binary: embedded shards as separate `sluice shard` processes and a router process, on
 //! loopback, stopped afterwards; the load goes through the stock Rust driver. `overload` runs
 //! the deterministic simulation of [`crate::backend::sim`]. The micro-benchmarks are criterion
@@ -9,6 +9,7 @@
 //! runs to prove that it still works; the figures worth quoting come from the full mode on a
 //! release build.
 
+pub mod bulk_rounds;
 pub mod fleet;
 pub mod forward;
 pub mod overhead;
@@ -21,12 +22,20 @@ pub mod undo;
 use std::path::Path;
 
 /// The scenarios `sluice bench` knows.
-pub const SCENARIOS: &[&str] = &["rounds", "seed-table", "overhead", "overload", "undo"];
+pub const SCENARIOS: &[&str] = &[
+    "rounds",
+    "bulkwrite",
+    "seed-table",
+    "overhead",
+    "overload",
+    "undo",
+];
 
 /// Runs one scenario and writes its results into `out`; returns its Markdown table.
 pub async fn run(scenario: &str, quick: bool, out: &Path) -> anyhow::Result<String> {
     let report = match scenario {
         "rounds" => rounds::run(quick).await?,
+        "bulkwrite" => bulk_rounds::run(quick).await?,
         "seed-table" => seed::run(quick).await?,
         "overhead" => overhead::run(quick).await?,
         "overload" => overload::report(quick),

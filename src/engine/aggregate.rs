@@ -841,6 +841,86 @@ impl Variables {
         }
     }
 
+    /// Whether `name` is bound (a `let` variable or one bound by an enclosing stage).
+    pub fn is_bound(&self, name: &str) -> bool {
+        self.bound.iter().any(|(n, _)| n == name)
+    }
+
+    /// Checks, before anything is evaluated, that every `$$name` the expression `e` refers to
+    /// is a system variable, bound here, or bound by an enclosing `$let`, `$map`, `$filter` or
+    /// `$reduce` inside `e`: mongod resolves variables when it parses an expression, so an
+    /// undefined one fails the command (17276) even when no document is ever evaluated.
+    pub fn check_references(&self, e: &Bson) -> Result<(), EngineError> {
+        let mut scope: Vec<String> = Vec::new();
+        self.check_in(e, &mut scope)
+    }
+
+    fn check_in(&self, e: &Bson, scope: &mut Vec<String>) -> Result<(), EngineError> {
+        match e {
+            Bson::String(s) => {
+                if let Some(rest) = s.strip_prefix("$$") {
+                    let name = rest.split('.').next().unwrap_or(rest);
+                    let system = matches!(
+                        name,
+                        "ROOT"
+                            | "CURRENT"
+                            | "REMOVE"
+                            | "NOW"
+                            | "CLUSTER_TIME"
+                            | "SEARCH_META"
+                            | "USER_ROLES"
+                            | "DESCEND"
+                            | "PRUNE"
+                            | "KEEP"
+                    );
+                    if !system && !self.is_bound(name) && !scope.iter().any(|n| n == name) {
+                        return Err(err(17276, format!("Use of undefined variable: {name}")));
+                    }
+                }
+                Ok(())
+            }
+            Bson::Array(items) => items.iter().try_for_each(|i| self.check_in(i, scope)),
+            Bson::Document(d) => {
+                let binder = d.len() == 1 && d.keys().next().is_some_and(|k| k.starts_with('$'));
+                if binder && d.contains_key("$literal") {
+                    return Ok(());
+                }
+                if binder {
+                    if let Some((op, Bson::Document(args))) = d.iter().next() {
+                        let names: Option<Vec<String>> = match op.as_str() {
+                            "$let" => args
+                                .get_document("vars")
+                                .ok()
+                                .map(|v| v.keys().cloned().collect()),
+                            "$map" | "$filter" => {
+                                Some(vec![args.get_str("as").unwrap_or("this").to_string()])
+                            }
+                            "$reduce" => Some(vec!["this".into(), "value".into()]),
+                            _ => None,
+                        };
+                        if let Some(names) = names {
+                            let inner = ["in", "cond"];
+                            for (k, v) in args {
+                                if inner.contains(&k.as_str()) {
+                                    let depth = scope.len();
+                                    scope.extend(names.iter().cloned());
+                                    let r = self.check_in(v, scope);
+                                    scope.truncate(depth);
+                                    r?;
+                                } else if k != "as" {
+                                    self.check_in(v, scope)?;
+                                }
+                            }
+                            return Ok(());
+                        }
+                    }
+                }
+                d.values().try_for_each(|v| self.check_in(v, scope))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// A request's `let`: each value is an expression evaluated without a document (it may
     /// use `$$NOW` and earlier variables). Names must start with a lowercase letter (or a
     /// non-ASCII character) and be letters, digits and `_` (mongod's 16866/16867/16868/16870).

@@ -98,8 +98,10 @@ impl Matcher {
         filter: &Document,
         vars: &super::aggregate::Variables,
     ) -> Result<Matcher, EngineError> {
+        let root = parse_doc(filter)?;
+        check_expr_references(&root, vars)?;
         Ok(Matcher {
-            root: parse_doc(filter)?,
+            root,
             vars: vars.clone(),
         })
     }
@@ -115,6 +117,18 @@ impl Matcher {
     /// Whether `doc` matches.
     pub fn matches(&self, doc: &Document) -> bool {
         eval(&self.root, doc, &self.vars)
+    }
+}
+
+/// Every `$expr` of a parsed filter refers only to variables it can see (mongod's 17276 at
+/// parse time).
+fn check_expr_references(e: &Expr, vars: &super::aggregate::Variables) -> Result<(), EngineError> {
+    match e {
+        Expr::Aggregate(x) => vars.check_references(x),
+        Expr::And(subs) | Expr::Or(subs) | Expr::Nor(subs) => {
+            subs.iter().try_for_each(|s| check_expr_references(s, vars))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -573,6 +587,39 @@ pub fn equality_fields(filter: &Document) -> Vec<(String, Bson)> {
 mod tests {
     use super::*;
     use bson::doc;
+
+    #[test]
+    fn undefined_variables_in_expr_fail_at_parse() {
+        let code = |f: Document| Matcher::parse(&f).err().map(|e| e.code.0);
+        assert_eq!(
+            code(doc! {"$expr": {"$eq": ["$_id", "$$id2"]}}),
+            Some(17276),
+            "fails before any document is seen"
+        );
+        assert_eq!(
+            code(doc! {"$or": [{"a": 1}, {"$expr": {"$eq": ["$a", "$$x.y"]}}]}),
+            Some(17276)
+        );
+        assert_eq!(code(doc! {"$expr": {"$eq": ["$a", "$$ROOT.a"]}}), None);
+        assert_eq!(
+            code(doc! {"$expr": {"$let": {"vars": {"x": 1}, "in": {"$eq": ["$a", "$$x"]}}}}),
+            None
+        );
+        assert_eq!(
+            code(
+                doc! {"$expr": {"$anyElementTrue": {"$map": {"input": "$a", "as": "e", "in": {"$gt": ["$$e", 1]}}}}}
+            ),
+            None
+        );
+        assert_eq!(
+            code(doc! {"$expr": {"$eq": [{"$literal": "$$notAVariable"}, "$a"]}}),
+            None
+        );
+        let vars = crate::engine::aggregate::Variables::new()
+            .with_let(&doc! {"id2": 1}, &Document::new())
+            .unwrap();
+        assert!(Matcher::parse_with(&doc! {"$expr": {"$eq": ["$_id", "$$id2"]}}, &vars).is_ok());
+    }
 
     fn m(filter: Document) -> Matcher {
         Matcher::parse(&filter).unwrap()
