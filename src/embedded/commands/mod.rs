@@ -15,6 +15,7 @@ use super::service::{lock, RetryCtx, ShardService};
 use crate::command::CommandRequest;
 use crate::engine::EngineError;
 use crate::value::error_codes::ErrorCode;
+
 use aggregation::aggregate_cmd;
 pub(super) use batch::{run_statements, stale_write_reply};
 use catalog::{coll_stats, create, db_stats, drop_collection, list_collections, list_databases};
