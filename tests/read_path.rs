@@ -286,6 +286,44 @@ async fn transactions_run_on_one_shard_only() {
         .await
         .unwrap_err();
     assert_eq!(error_code(&r), 263);
+    // Each kind of statement is targeted by what it reads the shard key from: an insert by its
+    // documents, an update or delete by each statement's `q`, a count or distinct by its
+    // `query`, a findAndModify by its `query`. One shard passes through (20 from the shard);
+    // several are refused by the router (263).
+    let one_and_many: [(Document, Document); 5] = [
+        (
+            doc! {"insert": "items", "documents": [{"_id": 1000}]},
+            doc! {"insert": "items", "documents": [{"_id": 1000}, {"_id": 1001}, {"_id": 1002}, {"_id": 1003}]},
+        ),
+        (
+            doc! {"update": "items", "updates": [{"q": {"_id": 5}, "u": {"$set": {"t": 1}}}]},
+            doc! {"update": "items", "updates": [{"q": {"g": 1}, "u": {"$set": {"t": 1}}}]},
+        ),
+        (
+            doc! {"delete": "items", "deletes": [{"q": {"_id": 5}, "limit": 1}]},
+            doc! {"delete": "items", "deletes": [{"q": {"g": 1}, "limit": 0}]},
+        ),
+        (
+            doc! {"count": "items", "query": {"_id": 5}},
+            doc! {"distinct": "items", "key": "v", "query": {"g": 1}},
+        ),
+        (
+            doc! {"findAndModify": "items", "query": {"_id": 5}, "update": {"$set": {"t": 1}}},
+            doc! {"findAndModify": "items", "query": {"g": 1}, "update": {"$set": {"t": 1}}},
+        ),
+    ];
+    let mut txn = 10i64;
+    for (one, many) in one_and_many {
+        for (mut cmd, code) in [(one, 20), (many, 263)] {
+            txn += 1;
+            cmd.insert("lsid", lsid.clone());
+            cmd.insert("txnNumber", txn);
+            cmd.insert("startTransaction", true);
+            cmd.insert("autocommit", false);
+            let r = db.run_command(cmd.clone()).await.unwrap_err();
+            assert_eq!(error_code(&r), code, "{cmd}: {r}");
+        }
+    }
     let r = cl
         .database("admin")
         .run_command(
