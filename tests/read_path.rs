@@ -71,22 +71,11 @@ async fn find_sorts_skips_limits_and_projects_like_one_collection() {
 async fn targeted_reads_go_to_one_shard() {
     let (c, cl) = setup().await;
     let db = cl.database("shop");
-    let e = db
-        .run_command(doc! {"explain": {"find": "items", "filter": {"_id": 42}}})
-        .await
-        .unwrap();
-    let plan = e
-        .get_document("queryPlanner")
-        .unwrap()
-        .get_document("winningPlan")
-        .unwrap();
-    assert_eq!(plan.get_str("stage").unwrap(), "SINGLE_SHARD");
-    let shard = plan.get_array("shards").unwrap()[0]
-        .as_document()
-        .unwrap()
-        .get_str("shardName")
-        .unwrap()
-        .to_string();
+    let (stage, shards) =
+        common::explain_shards(&db, doc! {"find": "items", "filter": {"_id": 42}}).await;
+    assert_eq!(stage, "SINGLE_SHARD");
+    assert_eq!(shards.len(), 1, "{shards:?}");
+    let shard = shards[0].clone();
     let owner = c.cluster.routing.get("shop.items").unwrap().unwrap();
     let key =
         sluice::routing::ShardKey(vec![Bson::Int64(sluice::routing::hash64(&Bson::Int32(42)))]);
@@ -98,17 +87,10 @@ async fn targeted_reads_go_to_one_shard() {
         .unwrap()
         .unwrap();
     assert_eq!(one.get_i32("v").unwrap(), 42 * 3 % 50);
-    let e = db
-        .run_command(doc! {"explain": {"find": "items", "filter": {"g": 1}}})
-        .await
-        .unwrap();
-    let plan = e
-        .get_document("queryPlanner")
-        .unwrap()
-        .get_document("winningPlan")
-        .unwrap();
-    assert_eq!(plan.get_str("stage").unwrap(), "SHARD_MERGE");
-    assert_eq!(plan.get_array("shards").unwrap().len(), 3);
+    let (stage, shards) =
+        common::explain_shards(&db, doc! {"find": "items", "filter": {"g": 1}}).await;
+    assert_eq!(stage, "SHARD_MERGE");
+    assert_eq!(shards.len(), 3, "{shards:?}");
     c.stop().await;
 }
 
