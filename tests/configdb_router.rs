@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{all, direct};
+use common::{all, direct, ts};
 
 use std::sync::Arc;
 
@@ -24,10 +24,6 @@ use sluice::config::Config;
 use sluice::embedded::{EmbeddedShard, ShardOptions};
 use sluice::frontend::RouterHandle;
 use sluice::router::ShardedCluster;
-
-fn ts(time: u32, increment: u32) -> Timestamp {
-    Timestamp { time, increment }
-}
 
 const UUID: Uuid = Uuid::from_bytes([7; 16]);
 const DB_UUID: Uuid = Uuid::from_bytes([8; 16]);

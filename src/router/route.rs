@@ -169,7 +169,7 @@ async fn route_once(
         None => None,
     };
     if in_transaction(&body) || how == Forwarded::EndTransaction {
-        return transaction(cluster, store, req, &body, snapshot.as_deref())
+        return transaction(cluster, store, how, req, &body, snapshot.as_deref())
             .await
             .map(Reply::from);
     }
@@ -609,6 +609,7 @@ fn in_transaction(body: &Document) -> bool {
 async fn transaction(
     cluster: &Arc<Cluster>,
     store: &StaticStore,
+    how: Forwarded,
     req: &CommandRequest,
     body: &Document,
     snapshot: Option<&crate::routing::RoutingSnapshot>,
@@ -621,7 +622,7 @@ async fn transaction(
     };
     let session = crate::command::session_id(lsid)?;
     let txn = crate::value::field::number_field(body, "txnNumber").unwrap_or(0);
-    if matches!(req.name.as_str(), "commitTransaction" | "abortTransaction") {
+    if how == Forwarded::EndTransaction {
         let shard = cluster.transactions.end(&session, txn);
         let Some(shard) = shard else {
             return Err(CommandError::new(
@@ -641,7 +642,7 @@ async fn transaction(
                 .to_string(),
         },
         Some(snap) => {
-            let shards = transaction_targets(snap, req, body);
+            let shards = transaction_targets(snap, how, req, body);
             match shards.as_slice() {
                 [one] => one.clone(),
                 _ => {
@@ -675,17 +676,19 @@ async fn transaction(
     reply
 }
 
-/// The shards a transaction statement on a sharded collection touches.
+/// The shards a transaction statement on a sharded collection touches, by the command's kind
+/// in the dispatch table.
 fn transaction_targets(
     snap: &crate::routing::RoutingSnapshot,
+    how: Forwarded,
     req: &CommandRequest,
     body: &Document,
 ) -> Vec<String> {
     let mut shards: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let filter_shards = |f: &Document| crate::read::target_shards(snap, f);
     let statements = |field: &str| req.statement_bytes(field).unwrap_or_default();
-    match req.name.as_str() {
-        "insert" => {
+    match how {
+        Forwarded::Write(WriteKind::Insert) => {
             for raw in statements("documents") {
                 if let Ok(doc) = bson::RawDocument::from_bytes(&raw) {
                     match snap.pattern.extract_from_document(doc) {
@@ -695,20 +698,15 @@ fn transaction_targets(
                 }
             }
         }
-        "update" | "delete" => {
-            let field = if req.name == "update" {
-                "updates"
-            } else {
-                "deletes"
-            };
-            for raw in statements(field) {
+        Forwarded::Write(kind) => {
+            for raw in statements(kind.statements_field()) {
                 let stmt = Document::from_reader(&raw[..]).unwrap_or_default();
                 shards.extend(filter_shards(
                     stmt.get_document("q").unwrap_or(&Document::new()),
                 ));
             }
         }
-        "find" | "count" | "distinct" => {
+        Forwarded::Read => {
             let f = body
                 .get_document("filter")
                 .or_else(|_| body.get_document("query"))
@@ -716,7 +714,7 @@ fn transaction_targets(
                 .unwrap_or_default();
             shards.extend(filter_shards(&f));
         }
-        "findAndModify" | "findandmodify" => shards.extend(filter_shards(
+        Forwarded::FindAndModify => shards.extend(filter_shards(
             &body.get_document("query").cloned().unwrap_or_default(),
         )),
         _ => shards.extend(snap.chunks.shards()),
