@@ -168,11 +168,16 @@ impl Fixture {
         doc! {"e": self.epoch, "t": COLL_TS, "v": ts(major, minor)}
     }
 
-    /// The `x` values of `db.coll` on shard `i`.
+    /// The `x` values of `app.coll` on shard `i`.
     fn xs(&self, i: usize, coll: &str) -> Vec<i64> {
+        self.xs_in(i, "app", coll)
+    }
+
+    /// The `x` values of `db.coll` on shard `i`.
+    fn xs_in(&self, i: usize, db: &str, coll: &str) -> Vec<i64> {
         let mut v: Vec<i64> = self.shards[i]
             .service()
-            .documents("app", coll)
+            .documents(db, coll)
             .iter()
             .filter_map(|d| d.get_i64("x").ok())
             .collect();
@@ -309,31 +314,6 @@ async fn routes_by_the_config_servers_chunks_with_mongos_versions() {
         .unwrap();
     assert_eq!(c.count_documents(doc! {}).await.unwrap(), 3);
     assert!(stats(&sharded).collection_reads > reads);
-
-    // Sharding DDL is not run by a --configdb router yet: refused, nothing half-done.
-    for cmd in [
-        doc! {"shardCollection": "app.d", "key": {"x": 1}},
-        doc! {"dropDatabase": 1},
-    ] {
-        let db = if cmd.contains_key("dropDatabase") {
-            "app"
-        } else {
-            "admin"
-        };
-        let e = client
-            .database(db)
-            .run_command(cmd.clone())
-            .await
-            .unwrap_err();
-        assert_eq!(common::error_code(&e), 115, "{cmd}");
-    }
-    let e = c.drop().await.unwrap_err();
-    assert_eq!(common::error_code(&e), 115);
-    assert_eq!(
-        c.count_documents(doc! {}).await.unwrap(),
-        3,
-        "nothing was dropped"
-    );
 
     // A client may not send the config server's or the shards' internal commands.
     for name in ["_configsvrCreateDatabase", "_shardsvrCreateCollection"] {
@@ -896,4 +876,251 @@ async fn a_migration_under_live_writes_through_two_routers_keeps_every_acknowled
     ra.shutdown().await;
     rb.shutdown().await;
     rc.shutdown().await;
+}
+
+impl Fixture {
+    /// `config.chunks` of `ns` as `(min, max, shard, lastmod)`, by `min`, read on the config
+    /// server.
+    async fn chunks_of(&self, ns: &str) -> Vec<(Document, Document, String, Timestamp)> {
+        let Some(entry) = self
+            .config_coll("collections")
+            .find_one(doc! {"_id": ns})
+            .await
+            .unwrap()
+        else {
+            return Vec::new();
+        };
+        let uuid = entry.get("uuid").cloned().unwrap();
+        let chunks = all(self
+            .config_coll("chunks")
+            .find(doc! {"uuid": uuid})
+            .sort(doc! {"min": 1})
+            .await
+            .unwrap())
+        .await;
+        chunks
+            .into_iter()
+            .map(|c| {
+                (
+                    c.get_document("min").unwrap().clone(),
+                    c.get_document("max").unwrap().clone(),
+                    c.get_str("shard").unwrap().to_string(),
+                    c.get_timestamp("lastmod").unwrap(),
+                )
+            })
+            .collect()
+    }
+}
+
+async fn admin(client: &mongodb::Client, command: Document) -> mongodb::error::Result<Document> {
+    client.database("admin").run_command(command).await
+}
+
+/// shardCollection, split, mergeChunks, drop and dropDatabase through `--configdb` routers, as
+/// mongos 8.0 sends them (`_shardsvrCreateCollection`, `splitChunk`, `mergeChunks`,
+/// `_shardsvrDropCollection`, `_shardsvrDropDatabase` to the shards, which commit on the
+/// config server): router A changes the metadata, router B routes by it on first use.
+#[tokio::test]
+async fn cluster_ddl_through_one_router_is_routed_by_another() {
+    let (config, _) = common::config_server("configRS").await;
+    let f = Fixture::populate(config, true).await;
+    let (ra, _a_state, a) = f.router().await;
+    let (rb, _b_state, b) = f.router().await;
+
+    // A hashed key: MongoDB's pre-split, two chunks per shard, recorded on the config server.
+    let reply = admin(
+        &a,
+        doc! {"shardCollection": "ddl.h", "key": {"_id": "hashed"}},
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.get_str("collectionsharded").unwrap(), "ddl.h");
+    let chunks = f.chunks_of("ddl.h").await;
+    assert_eq!(chunks.len(), 4);
+    let owners: Vec<&str> = chunks.iter().map(|c| c.2.as_str()).collect();
+    assert_eq!(owners, vec!["shard0", "shard0", "shard1", "shard1"]);
+    assert_eq!(chunks[0].0, doc! {"_id": Bson::MinKey});
+    // Router B has never seen ddl.h: its writes spread by the chunks A created.
+    let hb = b.database("ddl").collection::<Document>("h");
+    hb.insert_many((0..200i64).map(|i| doc! {"_id": i}).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let on0 = f.shards[0].service().documents("ddl", "h").len();
+    let on1 = f.shards[1].service().documents("ddl", "h").len();
+    assert_eq!(on0 + on1, 200);
+    assert!(on0 > 50 && on1 > 50, "{on0} / {on1}");
+    let ha = a.database("ddl").collection::<Document>("h");
+    assert_eq!(ha.count_documents(doc! {}).await.unwrap(), 200);
+    // Again with the same key: as the first time; with another key: AlreadyInitialized.
+    admin(
+        &b,
+        doc! {"shardCollection": "ddl.h", "key": {"_id": "hashed"}},
+    )
+    .await
+    .unwrap();
+    let e = admin(&b, doc! {"shardCollection": "ddl.h", "key": {"x": 1}})
+        .await
+        .unwrap_err();
+    assert_eq!(common::error_code(&e), 23);
+
+    // A range key on a collection that already holds documents: one chunk, on the primary.
+    let ra_coll = a.database("ddl").collection::<Document>("r");
+    ra_coll
+        .insert_many((0..100i64).map(|x| doc! {"x": x}).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let primary = f
+        .config_coll("databases")
+        .find_one(doc! {"_id": "ddl"})
+        .await
+        .unwrap()
+        .unwrap()
+        .get_str("primary")
+        .unwrap()
+        .to_string();
+    let (p, other) = if primary == "shard0" { (0, 1) } else { (1, 0) };
+    admin(&a, doc! {"shardCollection": "ddl.r", "key": {"x": 1}})
+        .await
+        .unwrap();
+    let chunks = f.chunks_of("ddl.r").await;
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks[0].2, primary);
+    assert_eq!(chunks[0].3, ts(1, 0));
+
+    // split at 50 (the shard commits it: 1|1 and 1|2), then move [50, +inf) to the other
+    // shard; router B's writes follow.
+    admin(&a, doc! {"split": "ddl.r", "middle": {"x": 50i64}})
+        .await
+        .unwrap();
+    let chunks = f.chunks_of("ddl.r").await;
+    assert_eq!(chunks.len(), 2);
+    assert_eq!(chunks[0].1, doc! {"x": 50i64});
+    assert_eq!((chunks[0].3, chunks[1].3), (ts(1, 1), ts(1, 2)));
+    let e = admin(&a, doc! {"split": "ddl.r", "middle": {"x": 50i64}})
+        .await
+        .unwrap_err();
+    assert_eq!(
+        common::error_code(&e),
+        72,
+        "a split at a chunk boundary is refused"
+    );
+    let other_name = format!("shard{other}");
+    admin(
+        &a,
+        doc! {"moveChunk": "ddl.r", "find": {"x": 70i64}, "to": &other_name},
+    )
+    .await
+    .unwrap();
+    let rb_coll = b.database("ddl").collection::<Document>("r");
+    rb_coll
+        .insert_many((100..120i64).map(|x| doc! {"x": x}).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert_eq!(f.xs_in(other, "ddl", "r"), (50..120).collect::<Vec<i64>>());
+    assert_eq!(f.xs_in(p, "ddl", "r"), (0..50).collect::<Vec<i64>>());
+
+    // mergeChunks: [MinKey, 50) split at 25 and merged back; a range across two shards is
+    // refused.
+    admin(&b, doc! {"split": "ddl.r", "middle": {"x": 25i64}})
+        .await
+        .unwrap();
+    assert_eq!(f.chunks_of("ddl.r").await.len(), 3);
+    admin(
+        &b,
+        doc! {"mergeChunks": "ddl.r", "bounds": [{"x": Bson::MinKey}, {"x": 50i64}]},
+    )
+    .await
+    .unwrap();
+    let chunks = f.chunks_of("ddl.r").await;
+    assert_eq!(chunks.len(), 2);
+    assert_eq!(chunks[0].0, doc! {"x": Bson::MinKey});
+    assert_eq!(chunks[0].1, doc! {"x": 50i64});
+    let e = admin(
+        &b,
+        doc! {"mergeChunks": "ddl.r", "bounds": [{"x": Bson::MinKey}, {"x": Bson::MaxKey}]},
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(common::error_code(&e), 20);
+    // Both routers still read every document once.
+    assert_eq!(ra_coll.count_documents(doc! {}).await.unwrap(), 120);
+    assert_eq!(rb_coll.count_documents(doc! {}).await.unwrap(), 120);
+
+    // drop through B: gone from config.* and from every shard; A (on the old routing) reads
+    // nothing.
+    rb_coll.drop().await.unwrap();
+    assert!(f.chunks_of("ddl.r").await.is_empty());
+    assert_eq!(f.xs_in(0, "ddl", "r"), Vec::<i64>::new());
+    assert_eq!(f.xs_in(1, "ddl", "r"), Vec::<i64>::new());
+    assert_eq!(ra_coll.count_documents(doc! {}).await.unwrap(), 0);
+
+    // dropDatabase through A: the database and ddl.h leave config.* and every shard.
+    a.database("ddl").drop().await.unwrap();
+    assert!(f
+        .config_coll("databases")
+        .find_one(doc! {"_id": "ddl"})
+        .await
+        .unwrap()
+        .is_none());
+    assert!(f.chunks_of("ddl.h").await.is_empty());
+    assert_eq!(f.shards[0].service().documents("ddl", "h").len(), 0);
+    assert_eq!(f.shards[1].service().documents("ddl", "h").len(), 0);
+    assert_eq!(hb.count_documents(doc! {}).await.unwrap(), 0);
+    ra.shutdown().await;
+    rb.shutdown().await;
+}
+
+/// balancerStart / balancerStop / balancerStatus go to the config server
+/// (`_configsvrBalancer*`, the mode kept in `config.settings`), and no client can send the
+/// internal commands of cluster DDL through the router.
+#[tokio::test]
+async fn the_balancer_mode_is_the_config_servers_and_internal_commands_are_refused() {
+    let (config, _) = common::config_server("configRS").await;
+    let f = Fixture::populate(config, true).await;
+    let (ra, _a_state, a) = f.router().await;
+    let (rb, _b_state, b) = f.router().await;
+    let status = admin(&a, doc! {"balancerStatus": 1}).await.unwrap();
+    assert_eq!(status.get_str("mode").unwrap(), "full");
+    admin(&a, doc! {"balancerStop": 1}).await.unwrap();
+    let setting = f
+        .config_coll("settings")
+        .find_one(doc! {"_id": "balancer"})
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(setting.get_str("mode").unwrap(), "off");
+    let status = admin(&b, doc! {"balancerStatus": 1}).await.unwrap();
+    assert_eq!(status.get_str("mode").unwrap(), "off");
+    assert!(status.get("$clusterTime").is_some());
+    admin(&b, doc! {"balancerStart": 1}).await.unwrap();
+    let status = admin(&a, doc! {"balancerStatus": 1}).await.unwrap();
+    assert_eq!(status.get_str("mode").unwrap(), "full");
+
+    for internal in [
+        doc! {"_shardsvrCreateCollection": "c", "shardKey": {"x": 1}},
+        doc! {"_shardsvrDropDatabase": 1},
+        doc! {"_shardsvrDropCollection": "c"},
+        doc! {"_configsvrCommitChunkSplit": "app.c"},
+        doc! {"_configsvrBalancerStop": 1},
+        doc! {"_configsvrCreateDatabase": "x"},
+        doc! {"_sluiceCommitDropDatabase": "app"},
+        doc! {"splitChunk": "app.c"},
+    ] {
+        for db in ["admin", "app"] {
+            let e = a
+                .database(db)
+                .run_command(internal.clone())
+                .await
+                .unwrap_err();
+            assert_eq!(common::error_code(&e), 59, "{internal}");
+        }
+    }
+    assert!(f
+        .config_coll("databases")
+        .find_one(doc! {"_id": "app"})
+        .await
+        .unwrap()
+        .is_some());
+    ra.shutdown().await;
+    rb.shutdown().await;
 }

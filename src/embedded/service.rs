@@ -535,6 +535,15 @@ impl ShardService {
                     };
                     return super::migration::move_range(donor, body).await.map(Some);
                 }
+                _ if super::cluster_ddl::COMMANDS.contains(&name) => {
+                    let shard = super::migration::Donor {
+                        catalog: self.catalog.clone(),
+                        migrations: self.migrations.clone(),
+                        filtering: filtering.clone(),
+                        name: self.name().to_string(),
+                    };
+                    return super::cluster_ddl::run(shard, req, body).await.map(Some);
+                }
                 "_recvChunkStart" => {
                     check_admin(req)?;
                     return self.migrations.recv_start(&body).map(Some);

@@ -231,6 +231,23 @@ impl ShardedCluster {
             .map_err(command_error)
     }
 
+    /// Runs an internal command that takes no write concern on the config server's primary.
+    pub async fn config_server_command_as_is(
+        &self,
+        command: Document,
+    ) -> Result<Document, CommandError> {
+        let Some(cs) = &self.config_server else {
+            return Err(CommandError::new(
+                ErrorCode::InternalError,
+                "no config server to send the command to",
+            ));
+        };
+        cs.source
+            .run_admin_command_as_is(command)
+            .await
+            .map_err(command_error)
+    }
+
     /// Makes the next request for `ns` read its routing from the config server again.
     pub fn forget_collection(&self, ns: &str) {
         if let Some(cs) = &self.config_server {

@@ -6,6 +6,7 @@
 //! It sits above everything it composes: the frontend serves it, the cluster gives it shards,
 //! the read and write paths run its data commands.
 
+pub mod cluster_ddl;
 pub mod configdb;
 pub mod maintenance;
 pub mod route;
@@ -179,8 +180,12 @@ pub enum Handler {
     ListShards,
     /// `flushRouterConfig`.
     FlushRouterConfig,
-    /// `balancerStatus`.
-    BalancerStatus,
+    /// `balancerStatus`, `balancerStart`, `balancerStop`.
+    Balancer,
+    /// `split`.
+    Split,
+    /// `mergeChunks`.
+    MergeChunks,
     /// `moveChunk`, `moveRange`: through the config server.
     MoveChunk,
     /// `bulkWrite` (8.0): the write path, across namespaces.
@@ -213,7 +218,9 @@ impl Handler {
             "shardCollection" | "shardcollection" => ShardCollection,
             "listShards" | "listshards" => ListShards,
             "flushRouterConfig" | "flushrouterconfig" => FlushRouterConfig,
-            "balancerStatus" => BalancerStatus,
+            "balancerStatus" | "balancerStart" | "balancerStop" => Balancer,
+            "split" => Split,
+            "mergeChunks" | "mergechunks" => MergeChunks,
             "moveChunk" | "movechunk" | "moveRange" => MoveChunk,
             "bulkWrite" => BulkWrite,
             "insert" => Forward(F::Write(crate::command::WriteKind::Insert)),
@@ -383,7 +390,9 @@ async fn run_command(
         Handler::ShardCollection => sharding::shard_collection(cluster, req).await,
         Handler::ListShards => sharding::list_shards(cluster),
         Handler::FlushRouterConfig => sharding::flush_router_config(cluster),
-        Handler::BalancerStatus => Ok(sharding::balancer_status()),
+        Handler::Balancer => cluster_ddl::balancer(cluster.map(|c| &**c), req).await,
+        Handler::Split => cluster_ddl::split(cluster.map(|c| &**c), req).await,
+        Handler::MergeChunks => cluster_ddl::merge_chunks(cluster.map(|c| &**c), req).await,
         Handler::MoveChunk => sharding::move_chunk(cluster, req).await,
         Handler::BulkWrite => match cluster {
             Some(cluster) => return route::bulk_write(cluster, &state.config, req).await,
@@ -536,6 +545,16 @@ mod tests {
         for internal in [
             "_shardsvrMoveRange",
             "_configsvrCommitChunkMigration",
+            "_configsvrCommitChunkSplit",
+            "_configsvrCommitChunksMerge",
+            "_configsvrBalancerStart",
+            "_configsvrCreateDatabase",
+            "_shardsvrCreateCollection",
+            "_shardsvrDropCollection",
+            "_shardsvrDropDatabase",
+            "_sluiceCommitShardCollection",
+            "_sluiceCommitDropDatabase",
+            "splitChunk",
             "sluiceSetLatency",
             "sluiceSetShardVersion",
             "configureFailPoint",

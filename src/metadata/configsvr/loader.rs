@@ -96,6 +96,15 @@ impl ConfigServerSource {
         if !command.contains_key("writeConcern") {
             command.insert("writeConcern", doc! {"w": "majority"});
         }
+        self.run_admin_command_as_is(command).await
+    }
+
+    /// [`ConfigServerSource::run_admin_command`] without adding a write concern, for the
+    /// internal commands that take none (`_configsvrBalancerStatus`, …).
+    pub async fn run_admin_command_as_is(
+        &self,
+        command: Document,
+    ) -> Result<Document, MetadataError> {
         let reply = self
             .client
             .database("admin")
