@@ -7,7 +7,7 @@
 //! Served here: `_configsvrCreateDatabase` (the shape of MongoDB's `create_database.idl`:
 //! `{_configsvrCreateDatabase: <db>, primaryShardId: <shard>?}` on `admin`, replying
 //! `{databaseVersion}`), `_configsvrCommitChunkSplit` and `_configsvrCommitChunksMerge` (from
-//! the shard that owns the chunks), `_configsvrBalancerStart` / `Stop` / `Status` (the mode in
+//! the shard that owns the chunks), `_configsvrAddShard` (async, in the service), `_configsvrBalancerStart` / `Stop` / `Status` (the mode in
 //! `config.settings`), and the commits of the primary shard's DDL coordinators
 //! (`_sluiceCommitShardCollection`, `_sluiceCommitDropCollection`,
 //! `_sluiceCommitDropDatabase`: what MongoDB's coordinators write to `config.*` in one
@@ -35,6 +35,18 @@ const COMMANDS: &[&str] = &[
     "_sluiceCommitDropCollection",
     "_sluiceCommitDropDatabase",
 ];
+
+/// What a new config server holds before anything is added: `config.version` with the
+/// cluster's id, as MongoDB's config server writes it when it starts.
+pub fn seed(catalog: &mut super::store::Catalog) {
+    let (version, _) = catalog.collection_mut("config", "version");
+    if version.is_empty() {
+        let _ = version.insert(
+            "config.version",
+            doc! {"_id": 1, "clusterId": bson::oid::ObjectId::new()},
+        );
+    }
+}
 
 /// Whether `name` is one of them.
 pub fn serves(name: &str) -> bool {

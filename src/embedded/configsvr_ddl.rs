@@ -458,3 +458,104 @@ pub fn commit_drop_database(svc: &ShardService, body: &Document) -> Result<Docum
     }
     Ok(doc! {"collections": namespaces})
 }
+
+/// `_configsvrAddShard: "<rs>/host:port,…" | "host:port"` (`name` optional), what mongos's
+/// `addShard` sends: the config server asks the shard who it is (`hello`: a replica set, not a
+/// config server, the set name the connection string names), then records it in
+/// `config.shards` as `{_id: name (the set name by default), host: "<set>/<hosts>", state: 1,
+/// topologyTime}`. Adding the same shard again answers as the first time; another shard under a
+/// taken name is refused. Replies `{shardAdded: name}`. (MongoDB also gives the shard its
+/// identity, `_shardsvrAddShard`; an embedded shard is given the config server when it starts,
+/// `sluice shard --configdb`.)
+pub async fn add_shard(
+    svc: &ShardService,
+    peers: &super::migration::Migrations,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    const CMD: &str = "_configsvrAddShard";
+    let connection = string_field(body, CMD, CMD)?.to_string();
+    let name = match body.get("name") {
+        None => None,
+        Some(_) => Some(string_field(body, CMD, "name")?.to_string()),
+    };
+    let (named_set, hosts) = match connection.split_once('/') {
+        Some((set, hosts)) => (Some(set.to_string()), hosts.to_string()),
+        None => (None, connection.clone()),
+    };
+    let first = hosts
+        .split(',')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    if first.is_empty() {
+        return Err(EngineError::new(
+            ErrorCode::FailedToParse,
+            format!("Invalid connection string {connection}"),
+        ));
+    }
+    let hello = peers
+        .run_on(&first, doc! {"hello": 1})
+        .await
+        .map_err(|e| {
+            EngineError::new(
+                ErrorCode::OperationFailed,
+                format!("failed to run command {{hello: 1}} when attempting to add shard {connection} :: caused by :: {}", e.message),
+            )
+        })?;
+    if hello.contains_key("configsvr") {
+        return Err(EngineError::new(
+            ErrorCode::OperationFailed,
+            format!("Cannot add {connection} as a shard since it is a config server"),
+        ));
+    }
+    let Ok(set) = hello.get_str("setName").map(str::to_string) else {
+        return Err(EngineError::new(
+            ErrorCode::OperationFailed,
+            format!("{connection} is not a replica set: a shard must be one"),
+        ));
+    };
+    if named_set.as_ref().is_some_and(|n| *n != set) {
+        return Err(EngineError::new(
+            ErrorCode::OperationFailed,
+            format!(
+                "the replica set name in the connection string does not match {first}'s set name {set}"
+            ),
+        ));
+    }
+    let id = name.unwrap_or_else(|| set.clone());
+    let host = format!("{set}/{hosts}");
+    let now = svc.cluster_time();
+    let mut catalog = lock(&svc.catalog);
+    let existing = records(&catalog, "shards");
+    if let Some((_, d)) = existing
+        .iter()
+        .find(|(_, d)| d.get_str("_id").ok() == Some(id.as_str()))
+    {
+        if d.get_str("host").ok() == Some(host.as_str()) {
+            return Ok(doc! {"shardAdded": &id});
+        }
+        return Err(EngineError::new(
+            ErrorCode::IllegalOperation,
+            format!("A shard already exists with the name {id} and another host"),
+        ));
+    }
+    if let Some((_, d)) = existing
+        .iter()
+        .find(|(_, d)| d.get_str("host").ok() == Some(host.as_str()))
+    {
+        return Err(EngineError::new(
+            ErrorCode::IllegalOperation,
+            format!(
+                "{host} is already a shard, named {}",
+                d.get_str("_id").unwrap_or_default()
+            ),
+        ));
+    }
+    let (coll, _) = catalog.collection_mut("config", "shards");
+    coll.insert(
+        "config.shards",
+        doc! {"_id": &id, "host": &host, "state": 1, "topologyTime": now},
+    )?;
+    Ok(doc! {"shardAdded": &id})
+}

@@ -36,7 +36,7 @@ const NOT_PASSED_ON: &[&str] = &[
     "opTime",
 ];
 
-fn passed_on(mut reply: Document) -> Document {
+pub(super) fn passed_on(mut reply: Document) -> Document {
     for f in NOT_PASSED_ON {
         reply.remove(*f);
     }

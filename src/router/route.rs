@@ -168,6 +168,9 @@ async fn route_once(
         Some(ns) => cluster.routing.lookup(ns).await?,
         None => None,
     };
+    if let Some(snap) = &snapshot {
+        sharded.know_shards_of(snap).await?;
+    }
     if in_transaction(&body) || how == Forwarded::EndTransaction {
         return transaction(cluster, store, how, req, &body, snapshot.as_deref())
             .await

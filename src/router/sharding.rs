@@ -27,8 +27,9 @@ fn no_cluster() -> CommandError {
     )
 }
 
-/// Serves a command on the `config` database from the metadata store.
-pub fn config_read(
+/// Serves a command on the `config` database: from the metadata store, or with a config
+/// server forwarded to it, as mongos does ([`super::cluster_admin::config_read`]).
+pub async fn config_read(
     cluster: Option<&Arc<ShardedCluster>>,
     req: &CommandRequest,
     router_name: &str,
@@ -51,6 +52,9 @@ pub fn config_read(
                 req.name
             ),
         ));
+    }
+    if cluster.has_config_server() {
+        return super::cluster_admin::config_read(cluster, req).await;
     }
     cluster.metadata.touch_mongos(router_name, uptime_secs);
     cluster.metadata.config_read(req)
@@ -267,16 +271,6 @@ pub fn list_shards(cluster: Option<&Arc<ShardedCluster>>) -> Result<Document, Co
         .map(Bson::Document)
         .collect();
     Ok(doc! {"shards": shards})
-}
-
-/// `flushRouterConfig`: forgets every cached routing snapshot.
-pub fn flush_router_config(
-    cluster: Option<&Arc<ShardedCluster>>,
-) -> Result<Document, CommandError> {
-    if let Some(c) = cluster {
-        c.cluster.routing.flush();
-    }
-    Ok(doc! {"flushed": true})
 }
 
 /// `moveChunk` (`{moveChunk: ns, find | bounds, to}`) and `moveRange` (`{moveRange: ns,

@@ -63,6 +63,16 @@ impl ShardService {
                         .await
                         .map(Some);
                 }
+                "_configsvrAddShard" => {
+                    check_admin(req)?;
+                    return crate::embedded::configsvr_ddl::add_shard(
+                        self,
+                        &self.migrations,
+                        &body,
+                    )
+                    .await
+                    .map(Some);
+                }
                 "_configsvrCommitChunkMigration" => {
                     check_admin(req)?;
                     return crate::embedded::migration::commit_chunk_migration(

@@ -105,9 +105,19 @@ impl ConfigServerSource {
         &self,
         command: Document,
     ) -> Result<Document, MetadataError> {
+        self.run_command_in("admin", command).await
+    }
+
+    /// Runs `command` as it is in the database `db` of the config server's primary (the
+    /// router's forwarded reads of the `config` database).
+    pub async fn run_command_in(
+        &self,
+        db: &str,
+        command: Document,
+    ) -> Result<Document, MetadataError> {
         let reply = self
             .client
-            .database("admin")
+            .database(db)
             .run_command(command)
             .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
             .await
