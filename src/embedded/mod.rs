@@ -22,8 +22,10 @@
 //! language, updates and aggregation are the document engine's ([`crate::engine`]).
 
 pub mod bulk_write;
+pub mod cluster_ddl;
 pub mod commands;
 pub mod configsvr;
+pub mod configsvr_ddl;
 pub mod ddl;
 pub mod filtering;
 pub mod migration;
