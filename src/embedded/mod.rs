@@ -18,8 +18,9 @@
 //! handler, by concern), [`commands`] (the data commands, one file per family),
 //! [`bulk_write`], [`ddl`] (`collMod`, `validate`, `dataSize`, `renameCollection`),
 //! [`pipeline_output`] (`$out`, `$merge`), [`replset`] (embedded replica sets), [`filtering`]
-//! (shard-server mode), [`migration`] and [`configsvr`] (the config server's commands). The query
-//! language, updates and aggregation are the document engine's ([`crate::engine`]).
+//! (shard-server mode), [`cluster_ddl`] (a shard server's side of cluster DDL), [`migration`],
+//! [`configsvr`] and [`configsvr_ddl`] (the config server's commands). The query language,
+//! updates and aggregation are the document engine's ([`crate::engine`]).
 
 pub mod bulk_write;
 pub mod cluster_ddl;
