@@ -242,7 +242,10 @@ fn failover_measures_every_step_down_and_retryable_writes_see_no_error() {
         assert_eq!(errors.len(), 5, "{m}");
         assert!(recovery.iter().all(|x| *x > 0.0), "{m}");
         if m["retryable_writes"].as_bool() == Some(true) {
-            assert!(errors.iter().all(|x| *x == 0.0), "retryable writes: no error {m}");
+            assert!(
+                errors.iter().all(|x| *x == 0.0),
+                "retryable writes: no error {m}"
+            );
         }
     }
 }

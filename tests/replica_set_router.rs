@@ -335,7 +335,13 @@ async fn failover_under_load(policy: Policy) {
     s.stop(p).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     s.restart(p).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The workload goes on after the faults until it has had writes acknowledged (a loaded
+    // machine runs it slowly), at most 20 s.
+    let after_faults = tally.acked_ids.lock().unwrap().len();
+    let limit = Instant::now() + Duration::from_secs(20);
+    while tally.acked_ids.lock().unwrap().len() < after_faults + 30 && Instant::now() < limit {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
     let elapsed = started.elapsed();
