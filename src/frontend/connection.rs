@@ -704,6 +704,10 @@ async fn serve_request(
             security.after(auth, (conn, &peer), req, &mut reply);
             Response::Reply(reply)
         }
+        Ok(Response::Raw(raw)) => {
+            security.observe_raw(auth, req, &raw);
+            Response::Raw(raw)
+        }
         Ok(response) => response,
         Err(panic) => {
             let what = panic_message(panic.as_ref());
