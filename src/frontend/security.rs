@@ -3,13 +3,16 @@
 //! every request passes through before and after the service answers it ([`Security::before`],
 //! [`Security::after`]).
 //!
-//! Before: with authorization enabled the command is checked against the connection's user
-//! (13 Unauthorized with mongod's message); then the authentication commands (`saslStart`,
+//! Before: an admin-only command on another database is refused (always, as mongod does);
+//! with authorization enabled the command is checked against the connection's user (13
+//! Unauthorized with mongod's message), and so is the owner of a `getMore`'s or
+//! `killCursors`'s cursor ([`CursorOwners`]); then the authentication commands (`saslStart`,
 //! `saslContinue`, `authenticate`, `logout`) and the user-management commands (`createUser`,
 //! `updateUser`, `dropUser`, `dropAllUsersFromDatabase`, `usersInfo`) are answered here, since
 //! they concern the connection and the users file, not the service. After: the `hello` family
 //! gets `saslSupportedMechs` and `speculativeAuthenticate`, `connectionStatus` the connection's
-//! `authInfo`. With no `[security]` configured nothing is checked and no user exists, so a
+//! `authInfo`, `listDatabases` only the user's databases, and every cursor handed out is
+//! recorded with its user. With no `[security]` configured nothing is checked and no user exists, so a
 //! client without credentials sees exactly what it saw before.
 
 use std::path::PathBuf;
