@@ -470,13 +470,13 @@ async fn scram_by_hand(
 ) -> (Vec<u8>, bool) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut request_id = 0;
+    let mut request_id: i32 = 0;
     let mut command = |body: bson::Document| {
         request_id += 1;
         let bytes = body.to_vec().unwrap();
         let mut frame = Vec::new();
         frame.extend_from_slice(&((16 + 4 + 1 + bytes.len()) as i32).to_le_bytes());
-        frame.extend_from_slice(&(request_id as i32).to_le_bytes());
+        frame.extend_from_slice(&request_id.to_le_bytes());
         frame.extend_from_slice(&0i32.to_le_bytes());
         frame.extend_from_slice(&2013i32.to_le_bytes());
         frame.extend_from_slice(&0u32.to_le_bytes());
