@@ -1,0 +1,325 @@
+//! Dispatch: the order every command goes through (test-only gate, failpoint, replica-set
+//! member checks, config-server and shard-server internal commands, shard filtering, the
+//! concurrency cap and latency, then the command itself), and the [`Service`] contract.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bson::{doc, Bson, Document};
+
+use super::{ShardService, TEST_ONLY_COMMANDS};
+use crate::command::{
+    self, hello, server_info, BoxFuture, ClientState, CommandRequest, Response, ServerState,
+    Service,
+};
+use crate::engine::EngineError;
+use crate::value::error_codes::ErrorCode;
+
+impl ShardService {
+    async fn run(
+        &self,
+        client: &mut ClientState,
+        req: &CommandRequest,
+    ) -> Result<Option<Document>, EngineError> {
+        let name = req.name.as_str();
+        if TEST_ONLY_COMMANDS.contains(&name) && !self.options.enable_test_commands {
+            return Err(EngineError::new(
+                ErrorCode::CommandNotFound,
+                format!("no such command: '{name}'"),
+            ));
+        }
+        let body = req.body_document();
+        let failpoint = if name == "configureFailPoint" {
+            None
+        } else {
+            self.failpoints.fire(client, name)
+        };
+        if let Some(fp) = &failpoint {
+            if let Some(block) = fp.block {
+                tokio::time::sleep(block).await;
+            }
+            if fp.close_connection {
+                return Ok(None);
+            }
+            if let Some(e) = fp.error(name, &body) {
+                let mut err = EngineError::new(e.code, e.message);
+                if !e.labels.is_empty() {
+                    err = err.with_extra(doc! {"errorLabels": e.labels});
+                }
+                return Err(err);
+            }
+        }
+
+        if let Some(member) = &self.member {
+            member.check(name, &body)?;
+        }
+        if self.options.config_server {
+            match name {
+                "_configsvrMoveRange" => {
+                    check_admin(req)?;
+                    return self
+                        .migrations
+                        .configsvr_move_range(&self.catalog, &body)
+                        .await
+                        .map(Some);
+                }
+                "_configsvrCommitChunkMigration" => {
+                    check_admin(req)?;
+                    return crate::embedded::migration::commit_chunk_migration(
+                        &self.catalog,
+                        &body,
+                        self.cluster_time(),
+                    )
+                    .map(Some);
+                }
+                _ => {}
+            }
+        }
+        // Held while a versioned request runs, so no critical section begins under it.
+        let mut _versioned = None;
+        if let Some(filtering) = &self.filtering {
+            match name {
+                "_flushRoutingTableCacheUpdates" | "_flushDatabaseCacheUpdates" => {
+                    return filtering.flush(name, &body).await.map(Some);
+                }
+                "_shardsvrMoveRange" => {
+                    check_admin(req)?;
+                    let donor = crate::embedded::migration::Donor {
+                        catalog: self.catalog.clone(),
+                        migrations: self.migrations.clone(),
+                        filtering: filtering.clone(),
+                        name: self.name().to_string(),
+                    };
+                    return crate::embedded::migration::move_range(donor, body)
+                        .await
+                        .map(Some);
+                }
+                "_recvChunkStart" => {
+                    check_admin(req)?;
+                    return self.migrations.recv_start(&body).map(Some);
+                }
+                "_sluiceRecvChunkMods" => {
+                    check_admin(req)?;
+                    return self.migrations.recv_mods(&body).map(Some);
+                }
+                "_recvChunkCommit" => {
+                    check_admin(req)?;
+                    return self
+                        .migrations
+                        .recv_commit(&self.catalog, &body)
+                        .await
+                        .map(Some);
+                }
+                "_recvChunkAbort" => {
+                    check_admin(req)?;
+                    return self.migrations.recv_abort(&self.catalog, &body).map(Some);
+                }
+                "_recvChunkReleaseCritSec" => {
+                    check_admin(req)?;
+                    return self
+                        .migrations
+                        .recv_release(filtering, &body)
+                        .await
+                        .map(Some);
+                }
+                _ => {}
+            }
+            if let Some(ns) = req.namespace.as_deref() {
+                if body.contains_key("shardVersion") || body.contains_key("databaseVersion") {
+                    _versioned = Some(self.migrations.enter(ns).await);
+                }
+                if let Err(e) = filtering.check(self.name(), ns, &body).await {
+                    // Writes report it as the first statement's error, as mongod does.
+                    if matches!(name, "insert" | "update" | "delete") {
+                        return Ok(Some(crate::embedded::commands::stale_write_reply(
+                            e,
+                            name == "update",
+                        )));
+                    }
+                    return Err(e);
+                }
+            }
+        }
+
+        let _slot = self.admit(req).await;
+
+        if body
+            .get("startTransaction")
+            .is_some_and(crate::value::field::truthy)
+            || matches!(body.get("autocommit"), Some(Bson::Boolean(false)))
+            || matches!(name, "commitTransaction" | "abortTransaction")
+        {
+            return Err(EngineError::new(
+                ErrorCode::IllegalOperation,
+                "Transactions are not supported by the embedded shard (it is a test and demo backend); real mongod shards run them",
+            ));
+        }
+        let mut reply = match name {
+            "hello" | "isMaster" | "ismaster" => {
+                if let Some(link) = &self.member {
+                    link.await_change(&body, self.state.shutdown_signal()).await;
+                }
+                let member = self.member();
+                let mut d =
+                    hello::hello(&self.state, client, req, hello::Role::Primary(&member)).await?;
+                if let Some(link) = &self.member {
+                    link.hello_fields(name, &mut d);
+                }
+                if self.options.config_server {
+                    // mongod started with `--configsvr` (`ClusterRole::ConfigServer`).
+                    d.insert("configsvr", 2);
+                }
+                d
+            }
+            "ping" => Document::new(),
+            "buildInfo" | "buildinfo" => {
+                let mut b = server_info::build_info();
+                b.insert("storageEngines", vec!["memory"]);
+                b
+            }
+            "serverStatus" => self.server_status(),
+            "getParameter" => server_info::get_parameter(
+                req,
+                &server_info::Parameters {
+                    enable_test_commands: self.options.enable_test_commands,
+                    stage_memory_bytes: self.options.stage_memory_bytes,
+                },
+            )?,
+            "getLog" => server_info::get_log(req)?,
+            "whatsmyuri" => doc! {"you": client.peer.to_string()},
+            "connectionStatus" => server_info::connection_status(req),
+            "endSessions" => server_info::end_sessions(req)?,
+            // The shard's sessions hold only retryable-write history, which outlives a kill.
+            "killAllSessions" | "killAllSessionsByPattern" | "killSessions" => Document::new(),
+            "getCmdLineOpts" => server_info::get_cmd_line_opts(&self.state),
+            "configureFailPoint" => self.failpoints.configure(&body)?,
+            "sluiceSetShardVersion" => self.set_shard_version(&body)?,
+            _ if self.options.config_server && crate::embedded::configsvr::serves(name) => {
+                crate::embedded::configsvr::run(self, req, &body)?
+            }
+            "sluiceSetLatency" => self.set_latency(&body)?,
+            "replSetStepDown" | "replSetFreeze" | "replSetGetStatus" if self.member.is_some() => {
+                let member = self.member.as_ref().ok_or_else(|| {
+                    EngineError::new(ErrorCode::InternalError, "not a replica set member")
+                })?;
+                if req.db != "admin" {
+                    return Err(EngineError::new(
+                        ErrorCode::Unauthorized,
+                        format!("{name} may only be run against the admin database."),
+                    ));
+                }
+                match name {
+                    "replSetStepDown" => member.step_down(&body)?,
+                    "replSetFreeze" => member.freeze(&body)?,
+                    _ => member.status(),
+                }
+            }
+            _ => {
+                let retry = if matches!(
+                    name,
+                    "insert"
+                        | "update"
+                        | "delete"
+                        | "bulkWrite"
+                        | "findAndModify"
+                        | "findandmodify"
+                ) {
+                    let n = crate::embedded::commands::statement_count(req);
+                    self.retry_ctx(&body, n)?
+                } else {
+                    None
+                };
+                let reply = crate::embedded::commands::run(self, req, &body, retry.as_ref())?;
+                if let Some(member) = &self.member {
+                    if crate::embedded::replset::is_write(name) {
+                        match member.take_after_write() {
+                            Some(crate::embedded::replset::AfterWrite::CloseConnection) => {
+                                return Ok(None)
+                            }
+                            Some(crate::embedded::replset::AfterWrite::StepDown) => {
+                                member.step_down_now(Duration::from_secs(10));
+                                return Err(EngineError::new(
+                                    ErrorCode::InterruptedDueToReplStateChange,
+                                    "operation was interrupted because a replica set state change occurred",
+                                ));
+                            }
+                            None => {}
+                        }
+                    }
+                }
+                reply
+            }
+        };
+        if let Some(fp) = &failpoint {
+            fp.decorate(name, &body, &mut reply);
+        }
+        Ok(Some(reply))
+    }
+}
+
+/// Internal commands run on `admin` only.
+fn check_admin(req: &CommandRequest) -> Result<(), EngineError> {
+    if req.db != "admin" {
+        return Err(EngineError::new(
+            ErrorCode::Unauthorized,
+            format!("{} may only be run against the admin database.", req.name),
+        ));
+    }
+    Ok(())
+}
+
+/// Labels a replica-set member's error `RetryableWriteError` when the command is a retryable
+/// write (or a commit or abort) and the code is in the RetriableError category, as mongod does
+/// for its clients, so a driver connected to the set retries a write refused by a member that
+/// stepped down.
+fn label_retryable_write_error(e: &mut EngineError, name: &str, body: &Document) {
+    if !crate::command::failpoint::is_retryable_command(name, body)
+        || !crate::backend::topology::retry::is_retriable_code(e.code.0)
+    {
+        return;
+    }
+    let mut extra = e.extra.take().unwrap_or_default();
+    if !extra.contains_key("errorLabels") {
+        extra.insert(
+            "errorLabels",
+            vec![crate::backend::topology::retry::RETRYABLE_WRITE_ERROR],
+        );
+    }
+    e.extra = Some(extra);
+}
+
+impl Service for ShardService {
+    fn state(&self) -> &Arc<ServerState> {
+        &self.state
+    }
+
+    fn handle<'a>(
+        &'a self,
+        client: &'a mut ClientState,
+        req: &'a CommandRequest,
+    ) -> BoxFuture<'a, Response> {
+        Box::pin(async move {
+            let mut result = self.run(client, req).await;
+            if let (Err(e), Some(_)) = (&mut result, &self.member) {
+                label_retryable_write_error(e, &req.name, &req.body_document());
+            }
+            let mut reply = match result {
+                Ok(None) => {
+                    self.count_command(&req.name, true);
+                    return Response::CloseConnection;
+                }
+                Ok(Some(mut d)) => {
+                    self.count_command(&req.name, false);
+                    d.insert("ok", 1.0);
+                    d
+                }
+                Err(e) => {
+                    self.count_command(&req.name, true);
+                    e.to_reply()
+                }
+            };
+            command::append_cluster_time(&self.state, &mut reply);
+            Response::Reply(reply)
+        })
+    }
+}

@@ -1,0 +1,195 @@
+//! The embedded shard's command handler, by concern: [`dispatch`] (the order a command goes
+//! through, `hello` as a replica-set primary, the `failCommand` failpoint), [`retry`]
+//! (retryable-write records), [`versions`] (shard versions), [`latency`] (injected latency and
+//! the concurrency cap), [`status`] (`serverStatus` and per-command counters) and [`idle`] (the
+//! cursor and session monitor). The data commands themselves are in [`super::commands`].
+
+mod dispatch;
+mod idle;
+mod latency;
+mod retry;
+mod status;
+mod versions;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+pub(super) use crate::sync::lock;
+use std::time::Duration;
+
+use bson::{oid::ObjectId, Document};
+use tokio::sync::Semaphore;
+
+use super::store::Catalog;
+use super::ShardOptions;
+use crate::command::{self, hello, ServerState};
+use crate::engine::EngineError;
+
+/// How long a cursor may sit unread before the shard drops it, unless configured.
+pub use crate::command::cursors::CURSOR_IDLE_TIMEOUT;
+
+pub use crate::command::failpoint::TEST_ONLY_COMMANDS;
+
+pub use idle::{spawn_idle_monitor, MAX_OPEN_CURSORS};
+use retry::SessionRecord;
+pub use retry::{RetryCtx, StmtOutcome, MAX_SESSIONS, SESSION_IDLE_TIMEOUT};
+use status::CommandCount;
+
+/// What a shard's data is: the catalog, the retryable-write records and the shard versions.
+/// One shard owns its own; the members of an embedded replica set share one.
+#[derive(Debug, Default, Clone)]
+pub struct DataSet {
+    catalog: Arc<Mutex<Catalog>>,
+    sessions: Arc<Mutex<HashMap<String, SessionRecord>>>,
+    versions: Arc<Mutex<HashMap<String, Document>>>,
+}
+
+impl DataSet {
+    /// Every document of `db.coll`, in natural order.
+    pub fn documents(&self, db: &str, coll: &str) -> Vec<Document> {
+        lock(&self.catalog)
+            .collection(db, coll)
+            .map(|c| c.iter().map(|(_, d)| d.clone()).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// The embedded shard's command handler.
+#[derive(Debug)]
+pub struct ShardService {
+    state: Arc<ServerState>,
+    options: ShardOptions,
+    address: Mutex<String>,
+    election_id: ObjectId,
+    pub(super) catalog: Arc<Mutex<Catalog>>,
+    pub(super) cursors: command::cursors::DocumentCursors,
+    sessions: Arc<Mutex<HashMap<String, SessionRecord>>>,
+    failpoints: crate::command::failpoint::FailPoints,
+    pub(super) versions: Arc<Mutex<HashMap<String, Document>>>,
+    member: Option<super::replset::MemberLink>,
+    counts: Mutex<BTreeMap<String, CommandCount>>,
+    opcounters: Mutex<BTreeMap<&'static str, i64>>,
+    latency: Mutex<(Duration, Duration)>,
+    slots: Option<Semaphore>,
+    filtering: Option<Arc<super::filtering::Filtering>>,
+    migrations: Arc<super::migration::Migrations>,
+}
+
+impl ShardService {
+    /// A shard with these options.
+    pub fn new(state: Arc<ServerState>, options: ShardOptions) -> Self {
+        Self::with_data(state, options, DataSet::default(), None)
+    }
+
+    /// A shard over `data`; with `member`, a member of an embedded replica set.
+    pub fn with_data(
+        state: Arc<ServerState>,
+        options: ShardOptions,
+        data: DataSet,
+        member: Option<super::replset::MemberLink>,
+    ) -> Self {
+        let slots = options.max_concurrency.map(|n| Semaphore::new(n.max(1)));
+        let latency = (options.latency_per_command, options.latency_per_document);
+        let cursors = command::cursors::DocumentCursors::with_idle_timeout(options.cursor_timeout);
+        let filtering = options
+            .configdb
+            .as_deref()
+            .map(|c| Arc::new(super::filtering::Filtering::new(c)));
+        ShardService {
+            state,
+            options,
+            address: Mutex::new(String::new()),
+            election_id: ObjectId::new(),
+            catalog: data.catalog,
+            cursors,
+            sessions: data.sessions,
+            failpoints: Default::default(),
+            versions: data.versions,
+            member,
+            counts: Mutex::new(BTreeMap::new()),
+            opcounters: Mutex::new(BTreeMap::new()),
+            latency: Mutex::new(latency),
+            slots,
+            filtering,
+            migrations: Arc::default(),
+        }
+    }
+
+    /// Records the address the shard listens on (for `hello`'s `me`, `hosts`, `primary`).
+    pub fn set_address(&self, addr: SocketAddr) {
+        *lock(&self.address) = addr.to_string();
+    }
+
+    /// Bytes a blocking aggregation stage may hold without `allowDiskUse`.
+    pub fn stage_memory(&self) -> usize {
+        self.options.stage_memory_bytes
+    }
+
+    /// The server's cluster time now (what it stamps writes with).
+    pub fn cluster_time(&self) -> bson::Timestamp {
+        self.state.clock.now()
+    }
+
+    /// The shard's name (its replica set name).
+    pub fn name(&self) -> &str {
+        &self.options.set_name
+    }
+
+    /// How long a cursor may sit unread before it is dropped.
+    pub fn cursor_timeout(&self) -> Duration {
+        self.options.cursor_timeout
+    }
+
+    /// Cursors open on this shard.
+    pub fn open_cursors(&self) -> usize {
+        self.cursors.len()
+    }
+
+    /// Documents currently in `db.coll`.
+    pub fn count_documents(&self, db: &str, coll: &str) -> usize {
+        lock(&self.catalog)
+            .collection(db, coll)
+            .map(|c| c.len())
+            .unwrap_or(0)
+    }
+
+    /// Every document of `db.coll`, in natural order (for in-process readers such as the
+    /// tests).
+    pub fn documents(&self, db: &str, coll: &str) -> Vec<Document> {
+        lock(&self.catalog)
+            .collection(db, coll)
+            .map(|c| c.iter().map(|(_, d)| d.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Replaces the contents of `db.coll` with `docs` (in-process writers only).
+    pub fn set_documents(
+        &self,
+        db: &str,
+        coll: &str,
+        docs: Vec<Document>,
+    ) -> Result<(), EngineError> {
+        let mut fresh = super::store::Collection::new(Document::new());
+        let ns = format!("{db}.{coll}");
+        for d in docs {
+            fresh.insert(&ns, d)?;
+        }
+        lock(&self.catalog)
+            .dbs
+            .entry(db.to_string())
+            .or_default()
+            .insert(coll.to_string(), fresh);
+        Ok(())
+    }
+
+    /// What `hello` reports about this shard's replica set.
+    fn member(&self) -> hello::ReplicaSetMember {
+        hello::ReplicaSetMember {
+            set_name: self.options.set_name.clone(),
+            me: lock(&self.address).clone(),
+            election_id: self.election_id,
+            last_write: self.state.clock.now(),
+        }
+    }
+}
