@@ -9,7 +9,8 @@ use bson::Document;
 
 use crate::backend::limiter::{BatchInfo, OpKind};
 use crate::backend::queue::{LimitPermit, QueueTimeout, ShardQueue};
-use crate::backend::{BackendError, PoolOptions, ShardPool};
+use crate::backend::shard::Shard;
+use crate::backend::{BackendError, PoolOptions};
 use crate::routing::{RoutingTable, ShardInfo};
 
 /// A batch asking for an execution slot.
@@ -46,12 +47,12 @@ pub struct Cluster {
 /// The shards of a cluster with a pool and a queue each.
 #[derive(Debug)]
 struct ShardSet {
-    pools: BTreeMap<String, Arc<ShardPool>>,
+    pools: BTreeMap<String, Arc<Shard>>,
     queues: BTreeMap<String, Arc<ShardQueue>>,
     shards: Vec<ShardInfo>,
 }
 
-static NO_POOLS: BTreeMap<String, Arc<ShardPool>> = BTreeMap::new();
+static NO_POOLS: BTreeMap<String, Arc<Shard>> = BTreeMap::new();
 
 impl Cluster {
     /// A cluster over `shards`, routed by `routing`, whose shards are guarded by queues with
@@ -103,7 +104,7 @@ impl Cluster {
             .map(|s| {
                 (
                     s.id.clone(),
-                    Arc::new(ShardPool::new(&s.id, &s.addr, pool_options.clone())),
+                    Arc::new(Shard::new(&s.id, &s.addr, pool_options.clone())),
                 )
             })
             .collect();
@@ -122,7 +123,7 @@ impl Cluster {
         self.set.get().is_some()
     }
 
-    fn pools(&self) -> &BTreeMap<String, Arc<ShardPool>> {
+    fn pools(&self) -> &BTreeMap<String, Arc<Shard>> {
         self.set.get().map_or(&NO_POOLS, |s| &s.pools)
     }
 
@@ -150,8 +151,8 @@ impl Cluster {
         self.set.get().map_or(&[], |s| s.shards.as_slice())
     }
 
-    /// The pool of one shard.
-    pub fn pool(&self, shard: &str) -> Option<&Arc<ShardPool>> {
+    /// One shard: its pool, or for a replica set its monitor and members' pools.
+    pub fn pool(&self, shard: &str) -> Option<&Arc<Shard>> {
         self.pools().get(shard)
     }
 

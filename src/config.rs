@@ -206,6 +206,19 @@ pub struct PoolConfig {
     pub connect_timeout_ms: u64,
     /// Milliseconds allowed for one request to a shard.
     pub request_timeout_ms: u64,
+    /// Replica-set shards: milliseconds between two checks of a member (`hello`) when nothing
+    /// changes (at least 500); members that support it are followed by awaitable `hello` and
+    /// report a change at once.
+    pub heartbeat_frequency_ms: u64,
+    /// Replica-set shards: reads go to a member within this many milliseconds of the nearest
+    /// eligible one.
+    pub local_threshold_ms: u64,
+    /// Replica-set shards: milliseconds a request waits for a member that serves it (a new
+    /// primary after an election) before it fails with FailedToSatisfyReadPreference (133).
+    pub server_selection_timeout_ms: u64,
+    /// Replica-set shards: follow members by awaitable `hello` where they support it (false:
+    /// poll every heartbeat).
+    pub streaming_monitor: bool,
 }
 
 impl Default for PoolConfig {
@@ -215,6 +228,10 @@ impl Default for PoolConfig {
             min_idle: 0,
             connect_timeout_ms: 5_000,
             request_timeout_ms: 60_000,
+            heartbeat_frequency_ms: 10_000,
+            local_threshold_ms: 15,
+            server_selection_timeout_ms: 15_000,
+            streaming_monitor: true,
         }
     }
 }
@@ -228,6 +245,15 @@ impl PoolConfig {
             connect_timeout: std::time::Duration::from_millis(self.connect_timeout_ms),
             request_timeout: std::time::Duration::from_millis(self.request_timeout_ms),
             security: Default::default(),
+            replica_set: crate::backend::topology::TopologySettings {
+                heartbeat_frequency: std::time::Duration::from_millis(self.heartbeat_frequency_ms),
+                local_threshold: std::time::Duration::from_millis(self.local_threshold_ms),
+                find_host_timeout: std::time::Duration::from_millis(
+                    self.server_selection_timeout_ms,
+                ),
+                streaming: self.streaming_monitor,
+                ..Default::default()
+            },
         }
     }
 }
@@ -238,7 +264,9 @@ impl PoolConfig {
 pub struct ShardConfig {
     /// The shard id (`config.shards._id`), e.g. `"shard0"`.
     pub id: String,
-    /// `host:port` of the shard's primary: a `sluice shard` process or a mongod.
+    /// `host:port` of a single server (a `sluice shard` process or a mongod), or a replica
+    /// set's seed list, `"rs0/host1:27018,host2:27018"`, whose members Sluice discovers and
+    /// whose primary it follows.
     pub address: String,
     /// Whether the shard understands `shardVersion` on requests: true for `sluice shard` and
     /// for mongod started as a shard server (`--shardsvr`); false for a plain mongod, which
@@ -414,6 +442,12 @@ impl Config {
                 "max_connections must be at least 1".into(),
             ));
         }
+        if self.pool.heartbeat_frequency_ms < 500 {
+            return Err(ConfigError::Invalid(format!(
+                "pool.heartbeat_frequency_ms = {} is below the minimum of 500",
+                self.pool.heartbeat_frequency_ms
+            )));
+        }
         if self.configdb.is_some() {
             let static_part = [
                 (!self.shards.is_empty(), "shards"),
@@ -441,8 +475,14 @@ impl Config {
                 .is_none()
             {
                 return Err(ConfigError::Invalid(format!(
-                    "shard {}: address {:?} is not host:port",
+                    "shard {}: address {:?} is not host:port or a replica set's seed list",
                     s.id, s.address
+                )));
+            }
+            if let Err(e) = crate::backend::topology::SeedList::parse(&s.address) {
+                return Err(ConfigError::Invalid(format!(
+                    "shard {}: address {:?}: {}",
+                    s.id, s.address, e.message
                 )));
             }
         }

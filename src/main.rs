@@ -284,7 +284,12 @@ async fn run_replica_set(
         },
     )
     .await
-    .with_context(|| format!("cannot listen on {}", listens.join(", ")))?;
+    .with_context(|| {
+        format!(
+            "cannot start the embedded replica set on {}",
+            listens.join(", ")
+        )
+    })?;
     let seeds = set.seed_list();
     tracing::info!(%seeds, "embedded replica set listening (memory only, not for production)");
     println!(
@@ -315,7 +320,7 @@ async fn run_shard(config: Config, options: sluice::embedded::ShardOptions) -> a
     };
     let shard = sluice::embedded::EmbeddedShard::start(&config.listen, options)
         .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
+        .with_context(|| format!("cannot start the embedded {what} on {}", config.listen))?;
     let addr = shard.local_addr();
     tracing::info!(%addr, %name, "embedded {what} listening (memory only, not for production)");
     println!("Embedded {what} {name} is listening on {addr} (memory only).");
@@ -431,7 +436,7 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
     };
     let router = sluice::router::start_router(config, argv, cluster.clone())
         .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
+        .with_context(|| format!("cannot start the router on {listen}"))?;
     let addr = router.local_addr();
     tracing::info!(%addr, "sluice router listening");
     // One line on stdout that tools (`sluice bench`, scripts) can wait for.

@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::{all, direct};
+use common::{all, direct, ts};
 
 use std::sync::Arc;
 
@@ -24,10 +24,6 @@ use sluice::config::Config;
 use sluice::embedded::{EmbeddedShard, ShardOptions};
 use sluice::frontend::RouterHandle;
 use sluice::router::ShardedCluster;
-
-fn ts(time: u32, increment: u32) -> Timestamp {
-    Timestamp { time, increment }
-}
 
 const UUID: Uuid = Uuid::from_bytes([7; 16]);
 const DB_UUID: Uuid = Uuid::from_bytes([8; 16]);
@@ -262,11 +258,12 @@ async fn routes_by_the_config_servers_chunks_with_mongos_versions() {
             .map(|s| (s.id.as_str(), s.addr.clone()))
             .collect::<Vec<_>>(),
         vec![
-            ("shard0", f.shards[0].local_addr().to_string()),
-            ("shard1", f.shards[1].local_addr().to_string())
+            ("shard0", format!("shard0/{}", f.shards[0].local_addr())),
+            ("shard1", format!("shard1/{}", f.shards[1].local_addr()))
         ],
-        "the shard pools come from config.shards"
+        "the shards are config.shards' seed lists: each a replica set followed by its monitor"
     );
+    assert!(sharded.cluster.pool("shard0").unwrap().is_replica_set());
     // Each shard checks the exact versions mongos 6.0+ would send: {e, t, v} with that
     // shard's placement version on the sharded collection; UNSHARDED plus the database
     // version on the primary shard for an unsharded one.

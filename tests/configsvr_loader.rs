@@ -9,7 +9,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Bson, Document, Timestamp, Uuid};
+use bson::{doc, oid::ObjectId, Bson, Document, Uuid};
 use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::ClientOptions;
@@ -23,15 +23,13 @@ use sluice::value::error_codes::ErrorCode;
 use sluice::value::field::type_name;
 use sluice::value::render::{render_doc, render_value};
 
+use common::ts;
+
 const PRINTER: Printer = Printer {
     document: render_doc,
     value: render_value,
     type_name,
 };
-
-fn ts(time: u32, increment: u32) -> Timestamp {
-    Timestamp { time, increment }
-}
 
 /// The embedded config server and a plain driver client to write its documents with.
 struct ConfigServer {

@@ -71,22 +71,11 @@ async fn find_sorts_skips_limits_and_projects_like_one_collection() {
 async fn targeted_reads_go_to_one_shard() {
     let (c, cl) = setup().await;
     let db = cl.database("shop");
-    let e = db
-        .run_command(doc! {"explain": {"find": "items", "filter": {"_id": 42}}})
-        .await
-        .unwrap();
-    let plan = e
-        .get_document("queryPlanner")
-        .unwrap()
-        .get_document("winningPlan")
-        .unwrap();
-    assert_eq!(plan.get_str("stage").unwrap(), "SINGLE_SHARD");
-    let shard = plan.get_array("shards").unwrap()[0]
-        .as_document()
-        .unwrap()
-        .get_str("shardName")
-        .unwrap()
-        .to_string();
+    let (stage, shards) =
+        common::explain_shards(&db, doc! {"find": "items", "filter": {"_id": 42}}).await;
+    assert_eq!(stage, "SINGLE_SHARD");
+    assert_eq!(shards.len(), 1, "{shards:?}");
+    let shard = shards[0].clone();
     let owner = c.cluster.routing.get("shop.items").unwrap().unwrap();
     let key =
         sluice::routing::ShardKey(vec![Bson::Int64(sluice::routing::hash64(&Bson::Int32(42)))]);
@@ -98,17 +87,10 @@ async fn targeted_reads_go_to_one_shard() {
         .unwrap()
         .unwrap();
     assert_eq!(one.get_i32("v").unwrap(), 42 * 3 % 50);
-    let e = db
-        .run_command(doc! {"explain": {"find": "items", "filter": {"g": 1}}})
-        .await
-        .unwrap();
-    let plan = e
-        .get_document("queryPlanner")
-        .unwrap()
-        .get_document("winningPlan")
-        .unwrap();
-    assert_eq!(plan.get_str("stage").unwrap(), "SHARD_MERGE");
-    assert_eq!(plan.get_array("shards").unwrap().len(), 3);
+    let (stage, shards) =
+        common::explain_shards(&db, doc! {"find": "items", "filter": {"g": 1}}).await;
+    assert_eq!(stage, "SHARD_MERGE");
+    assert_eq!(shards.len(), 3, "{shards:?}");
     c.stop().await;
 }
 
@@ -286,6 +268,44 @@ async fn transactions_run_on_one_shard_only() {
         .await
         .unwrap_err();
     assert_eq!(error_code(&r), 263);
+    // Each kind of statement is targeted by what it reads the shard key from: an insert by its
+    // documents, an update or delete by each statement's `q`, a count or distinct by its
+    // `query`, a findAndModify by its `query`. One shard passes through (20 from the shard);
+    // several are refused by the router (263).
+    let one_and_many: [(Document, Document); 5] = [
+        (
+            doc! {"insert": "items", "documents": [{"_id": 1000}]},
+            doc! {"insert": "items", "documents": [{"_id": 1000}, {"_id": 1001}, {"_id": 1002}, {"_id": 1003}]},
+        ),
+        (
+            doc! {"update": "items", "updates": [{"q": {"_id": 5}, "u": {"$set": {"t": 1}}}]},
+            doc! {"update": "items", "updates": [{"q": {"g": 1}, "u": {"$set": {"t": 1}}}]},
+        ),
+        (
+            doc! {"delete": "items", "deletes": [{"q": {"_id": 5}, "limit": 1}]},
+            doc! {"delete": "items", "deletes": [{"q": {"g": 1}, "limit": 0}]},
+        ),
+        (
+            doc! {"count": "items", "query": {"_id": 5}},
+            doc! {"distinct": "items", "key": "v", "query": {"g": 1}},
+        ),
+        (
+            doc! {"findAndModify": "items", "query": {"_id": 5}, "update": {"$set": {"t": 1}}},
+            doc! {"findAndModify": "items", "query": {"g": 1}, "update": {"$set": {"t": 1}}},
+        ),
+    ];
+    let mut txn = 10i64;
+    for (one, many) in one_and_many {
+        for (mut cmd, code) in [(one, 20), (many, 263)] {
+            txn += 1;
+            cmd.insert("lsid", lsid.clone());
+            cmd.insert("txnNumber", txn);
+            cmd.insert("startTransaction", true);
+            cmd.insert("autocommit", false);
+            let r = db.run_command(cmd.clone()).await.unwrap_err();
+            assert_eq!(error_code(&r), code, "{cmd}: {r}");
+        }
+    }
     let r = cl
         .database("admin")
         .run_command(

@@ -310,6 +310,7 @@ async fn sluice_monitors_discover_the_set_and_follow_a_step_down() {
         },
         MonitorOptions {
             connect_timeout: Duration::from_secs(2),
+            ..MonitorOptions::default()
         },
     );
     let primary_is = |want: &str| {

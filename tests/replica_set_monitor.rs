@@ -242,6 +242,7 @@ fn monitor(seeds: &str, settings: TopologySettings) -> ShardMonitor {
         settings,
         MonitorOptions {
             connect_timeout: Duration::from_secs(2),
+            ..MonitorOptions::default()
         },
     )
 }

@@ -11,13 +11,6 @@ async fn client(c: &TestCluster) -> mongodb::Client {
     common::driver(c.addr(), "").await
 }
 
-fn code_of(e: &mongodb::error::Error) -> i32 {
-    match *e.kind {
-        mongodb::error::ErrorKind::Command(ref c) => c.code,
-        ref other => panic!("not a command error: {other:?}"),
-    }
-}
-
 #[tokio::test]
 async fn shard_collection_presplits_like_mongodb() {
     let c = TestCluster::start(4, &[]).await;
@@ -146,7 +139,7 @@ async fn shard_collection_errors() {
     ];
     for (cmd, code) in cases {
         let e = admin.run_command(cmd.clone()).await.unwrap_err();
-        assert_eq!(code_of(&e), code, "{cmd}");
+        assert_eq!(common::command_code(&e), code, "{cmd}");
     }
     // Same key again: accepted, as mongos does.
     admin
@@ -166,7 +159,7 @@ async fn shard_collection_errors() {
         .run_command(doc! {"shardCollection": "demo.full", "key": {"_id": "hashed"}})
         .await
         .unwrap_err();
-    assert_eq!(code_of(&e), 72);
+    assert_eq!(common::command_code(&e), 72);
     assert!(
         e.to_string()
             .contains("already holds 1 documents on shard1"),
@@ -197,7 +190,7 @@ async fn admin_commands_and_hashing_through_the_router() {
         .run_command(doc! {"enableSharding": "bad.name"})
         .await
         .unwrap_err();
-    assert_eq!(code_of(&e), 73);
+    assert_eq!(common::command_code(&e), 73);
     let flushed = admin
         .run_command(doc! {"flushRouterConfig": 1})
         .await
@@ -237,14 +230,6 @@ async fn admin_commands_and_hashing_through_the_router() {
         .insert_one(doc! {"x": 1})
         .await
         .unwrap_err();
-    assert_eq!(code_of_write(&e), 20);
+    assert_eq!(common::error_code(&e), 20);
     c.stop().await;
-}
-
-fn code_of_write(e: &mongodb::error::Error) -> i32 {
-    match *e.kind {
-        mongodb::error::ErrorKind::Command(ref c) => c.code,
-        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(ref w)) => w.code,
-        ref other => panic!("unexpected {other:?}"),
-    }
 }

@@ -1291,7 +1291,7 @@ impl Model<'_> {
                 .run_command(body)
                 .await
                 .expect_err("the oracle refuses a malformed command");
-            return Reply::Failed(command_code(&e));
+            return Reply::Failed(common::command_code(&e));
         }
         let mut exps: Vec<StmtExp> = Vec::new();
         for (i, s) in cmd.stmts.iter().enumerate() {
@@ -1365,13 +1365,6 @@ impl Model<'_> {
     }
 }
 
-fn command_code(e: &mongodb::error::Error) -> i32 {
-    match *e.kind {
-        mongodb::error::ErrorKind::Command(ref c) => c.code,
-        ref other => panic!("not a command error: {other:?}"),
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The configurations
 // ---------------------------------------------------------------------------------------------
@@ -1430,7 +1423,7 @@ impl Conn {
         };
         match result {
             Ok(r) => reply_of(&r),
-            Err(e) => Reply::Failed(command_code(&e)),
+            Err(e) => Reply::Failed(common::command_code(&e)),
         }
     }
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use bson::{doc, Bson, Document};
-use common::TestCluster;
+use common::{next_txn_number, TestCluster};
 use sluice::config::Config;
 use sluice::write::plan::Policy;
 
@@ -19,13 +19,6 @@ fn upserts(n: i32) -> Vec<Bson> {
             })
         })
         .collect()
-}
-
-/// A transaction number no earlier command used: the driver hands a pooled session out again,
-/// and a shard answers a repeated `lsid` + `txnNumber` from its record instead of writing.
-fn next_txn_number() -> i64 {
-    static TXN: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
-    TXN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// One `update` command as a retryable write (`lsid` + `txnNumber`), as drivers send a bulk of

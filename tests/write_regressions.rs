@@ -9,7 +9,7 @@
 mod common;
 
 use bson::{doc, Bson, Document};
-use common::TestCluster;
+use common::{next_txn_number, TestCluster};
 use sluice::config::Config;
 use sluice::write::plan::Policy;
 
@@ -65,13 +65,6 @@ async fn run(cl: &mongodb::Client, body: Document) -> Document {
         .run_command(body.clone())
         .await
         .unwrap_or_else(|e| panic!("{body}: {e}"))
-}
-
-/// A transaction number no earlier command used: the driver hands a pooled session out again,
-/// and a shard answers a repeated `lsid` + `txnNumber` from its record instead of writing.
-fn next_txn_number() -> i64 {
-    static TXN: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
-    TXN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Runs a command as a retryable write (a session and a `txnNumber`), as drivers send a bulk

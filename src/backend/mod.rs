@@ -9,6 +9,7 @@
 
 pub mod limiter;
 pub mod queue;
+pub mod shard;
 pub mod sim;
 pub mod stream;
 pub mod topology;
@@ -72,6 +73,12 @@ pub enum BackendError {
     /// The shard answered something that is not a valid reply.
     #[error("{0}")]
     Protocol(String),
+    /// No member of a replica-set shard serves the request (no primary, no eligible
+    /// secondary) within the selection timeout or the request's `maxTimeMS`: the request was
+    /// never sent. Its code is the selection's (133 FailedToSatisfyReadPreference, 50
+    /// MaxTimeMSExpired, or a read preference's validation error).
+    #[error("{1}")]
+    NoMember(ErrorCode, String),
 }
 
 impl BackendError {
@@ -82,13 +89,14 @@ impl BackendError {
                 ErrorCode::HostUnreachable
             }
             BackendError::Timeout(_) => ErrorCode::NetworkTimeout,
+            BackendError::NoMember(code, _) => *code,
         }
     }
 
     /// Whether the request may have reached the shard (and been applied): decided by the
     /// kind of failure, never by its message.
     pub fn maybe_applied(&self) -> bool {
-        !matches!(self, BackendError::Connect(_))
+        !matches!(self, BackendError::Connect(_) | BackendError::NoMember(..))
     }
 }
 
@@ -146,6 +154,8 @@ pub struct PoolOptions {
     pub request_timeout: Duration,
     /// TLS and internal authentication of every new connection.
     pub security: ShardSecurity,
+    /// Discovery and member selection of replica-set shards.
+    pub replica_set: topology::TopologySettings,
 }
 
 impl Default for PoolOptions {
@@ -156,6 +166,7 @@ impl Default for PoolOptions {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(60),
             security: ShardSecurity::default(),
+            replica_set: topology::TopologySettings::default(),
         }
     }
 }
@@ -406,6 +417,8 @@ pub struct ShardPool {
     slots: Arc<Semaphore>,
     checkouts: AtomicU64,
     evicted: AtomicU64,
+    /// Bumped by [`ShardPool::clear`]: connections checked out before are not reused.
+    generation: AtomicU64,
     metrics: PoolMetrics,
 }
 
@@ -444,6 +457,7 @@ impl ShardPool {
             idle: Mutex::new(Vec::new()),
             checkouts: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
             metrics: PoolMetrics::new(shard),
         }
     }
@@ -466,6 +480,22 @@ impl ShardPool {
     /// The pool's settings.
     pub fn options(&self) -> &PoolOptions {
         &self.options
+    }
+
+    /// The pool's generation: it moves when the pool is cleared.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Closes the idle connections and makes the busy ones close when they come back (the
+    /// member stepped down, shut down or became unreachable: what they were connected to is
+    /// gone or no longer what it was).
+    pub fn clear(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        let dropped = std::mem::take(&mut *crate::sync::lock(&self.idle));
+        self.evicted
+            .fetch_add(dropped.len() as u64, Ordering::Relaxed);
+        self.metrics.idle.set(0.0);
     }
 
     /// Idle connections right now.
@@ -495,6 +525,7 @@ impl ShardPool {
         })?
         .map_err(|_| BackendError::Unreachable("pool closed".into()))?;
         self.checkouts.fetch_add(1, Ordering::Relaxed);
+        let generation = self.generation();
         self.metrics
             .checkout_wait
             .record(waited.elapsed().as_secs_f64());
@@ -506,6 +537,7 @@ impl ShardPool {
                         conn: Some(conn),
                         pool: self.clone(),
                         broken: false,
+                        generation,
                         _permit: permit,
                     })
                 }
@@ -525,6 +557,7 @@ impl ShardPool {
             conn: Some(conn),
             pool: self.clone(),
             broken: false,
+            generation,
             _permit: permit,
         })
     }
@@ -557,6 +590,7 @@ pub struct PooledConnection {
     conn: Option<ShardConnection>,
     pool: Arc<ShardPool>,
     broken: bool,
+    generation: u64,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -592,12 +626,28 @@ impl PooledConnection {
     pub fn next_request_id() -> i32 {
         next_request_id()
     }
+
+    /// The pool the connection came from.
+    pub fn pool(&self) -> &Arc<ShardPool> {
+        &self.pool
+    }
+
+    /// The address this connection goes to (for a replica-set shard, the member's).
+    pub fn addr(&self) -> &str {
+        &self.pool.addr
+    }
+
+    /// Whether the pool was cleared since this connection was checked out (a failure on it
+    /// is old news then).
+    pub fn is_stale(&self) -> bool {
+        self.generation != self.pool.generation()
+    }
 }
 
 impl Drop for PooledConnection {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            if self.broken {
+            if self.broken || self.is_stale() {
                 self.pool.evicted.fetch_add(1, Ordering::Relaxed);
             } else {
                 let mut idle = crate::sync::lock(&self.pool.idle);

@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use bson::{doc, Bson, Document};
 
-use super::shard_io::{batch_of, drain, open_streams, read_on, ReadFailure, ShardStream};
+use super::shard_io::{batch_of, drain, open_streams, read_at, read_on, ReadFailure, ShardStream};
 use crate::cluster::Cluster;
 use crate::command::CommandError;
 use crate::engine::aggregate::Namespaces;
@@ -117,7 +117,7 @@ pub async fn fetch(
             let shard = primaries.primary(db, false)?;
             let mut c = cmd.clone();
             c.insert("$db", db);
-            let reply = read_on(cluster, &shard, &ns, &c)
+            let (reply, member) = read_at(cluster, &shard, None, &ns, &c)
                 .await
                 .map_err(ReadFailure::into_error)?;
             let (buffer, cursor_id) = batch_of(&reply, "firstBatch");
@@ -125,6 +125,7 @@ pub async fn fetch(
                 buffer,
                 cursor_id,
                 shard,
+                member,
             }]
         }
     };

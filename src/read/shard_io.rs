@@ -12,6 +12,7 @@ use bson::{doc, Document, RawBsonRef, RawDocument};
 use bytes::Bytes;
 
 use crate::backend::limiter::{OpKind, Outcome};
+use crate::backend::shard::{need_of, Resend};
 use crate::backend::{BackendError, PooledConnection};
 use crate::cluster::{Cluster, SlotRequest};
 use crate::command::CommandError;
@@ -37,8 +38,16 @@ impl ReadFailure {
     }
 }
 
-/// Sends `cmd` to `shard` on one pooled connection and returns the reply body as it came.
-async fn exchange(cluster: &Cluster, shard: &str, cmd: &Document) -> Result<BsonDoc, BackendError> {
+/// Sends `cmd` to `shard` and returns the reply body as it came, with the member that sent
+/// it: to the member `at` when given (a cursor's `getMore` goes where the cursor is), else to
+/// a member chosen by the command's `$readPreference` (the primary without one), sent again to
+/// another after a retriable failure.
+async fn exchange(
+    cluster: &Cluster,
+    shard: &str,
+    cmd: &Document,
+    at: Option<&str>,
+) -> Result<(BsonDoc, String), BackendError> {
     let Some(pool) = cluster.pool(shard) else {
         return Err(BackendError::Unreachable(format!("unknown shard {shard}")));
     };
@@ -47,8 +56,18 @@ async fn exchange(cluster: &Cluster, shard: &str, cmd: &Document) -> Result<Bson
         .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))?;
     let id = PooledConnection::next_request_id();
     let frame = OpMsgBuilder::new(0, &bytes).finish(id, 0);
-    let mut conn = pool.checkout().await?;
-    conn.request(&frame, id).await
+    if let Some(member) = at {
+        let mut conn = pool.checkout_at(member).await?;
+        let addr = conn.addr().to_string();
+        return conn.request(&frame, id).await.map(|r| (r, addr));
+    }
+    let need = RawDocument::from_bytes(&bytes)
+        .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))
+        .and_then(|raw| need_of(raw).map_err(|e| BackendError::NoMember(e.code, e.message)))?;
+    let deadline = crate::value::field::number_field(cmd, "maxTimeMS")
+        .filter(|m| *m > 0)
+        .map(|m| std::time::Instant::now() + std::time::Duration::from_millis(m as u64));
+    pool.send(&frame, id, &need, deadline, Resend::Read).await
 }
 
 /// Runs one read command on a shard (`ns` names the collection it reads) once the shard's
@@ -59,6 +78,17 @@ pub(super) async fn read_on(
     ns: &str,
     cmd: &Document,
 ) -> Result<BsonDoc, ReadFailure> {
+    read_at(cluster, shard, None, ns, cmd).await.map(|(r, _)| r)
+}
+
+/// [`read_on`] on the member `at` when given, returning the member that answered.
+pub(super) async fn read_at(
+    cluster: &Cluster,
+    shard: &str,
+    at: Option<&str>,
+    ns: &str,
+    cmd: &Document,
+) -> Result<(BsonDoc, String), ReadFailure> {
     let name = cmd.keys().next().map(String::as_str).unwrap_or_default();
     let work = SlotRequest {
         op: OpKind::Read,
@@ -73,7 +103,7 @@ pub(super) async fn read_on(
             e.to_string(),
         ))
     })?;
-    let result = exchange(cluster, shard, cmd).await;
+    let result = exchange(cluster, shard, cmd, at).await;
     if let Some(p) = permit {
         p.finish(match &result {
             Ok(_) => Outcome::Completed,
@@ -81,14 +111,19 @@ pub(super) async fn read_on(
             Err(_) => Outcome::NotCounted,
         });
     }
-    let reply = result.map_err(|e| ReadFailure::Unreachable(e.at(shard).into()))?;
+    let (reply, member) = result.map_err(|e| match e {
+        BackendError::NoMember(code, message) => {
+            ReadFailure::Refused(CommandError::new(code, message))
+        }
+        e => ReadFailure::Unreachable(e.at(shard).into()),
+    })?;
     if !matches!(reply.raw().get("ok"), Ok(Some(RawBsonRef::Double(ok))) if ok == 1.0) {
         return Err(ReadFailure::Refused(CommandError::from_shard_reply(
             shard,
             &reply.to_document(),
         )));
     }
-    Ok(reply)
+    Ok((reply, member))
 }
 
 /// [`read_on`], the reply as a document (replies the router reads field by field).
@@ -121,6 +156,8 @@ pub async fn read_one(
 #[derive(Debug)]
 pub(super) struct ShardStream {
     pub(super) shard: String,
+    /// The member that holds the shard cursor (its `getMore`s and `killCursors` go there).
+    pub(super) member: String,
     pub(super) cursor_id: i64,
     pub(super) buffer: VecDeque<Bytes>,
 }
@@ -177,12 +214,13 @@ pub(super) async fn open_streams(
         }
         let ns = &ns;
         futures.push(async move {
-            let reply = read_on(cluster, &shard, ns, &cmd).await?;
+            let (reply, member) = read_at(cluster, &shard, None, ns, &cmd).await?;
             let (buffer, cursor_id) = batch_of(&reply, "firstBatch");
             Ok(ShardStream {
                 buffer,
                 cursor_id,
                 shard,
+                member,
             })
         });
     }
@@ -212,8 +250,9 @@ pub(super) async fn pull(
     batch: usize,
 ) -> Result<(), CommandError> {
     let cmd = doc! {"getMore": stream.cursor_id, "collection": coll, "batchSize": batch.clamp(1, 100_000) as i64, "$db": db};
-    let more = match read_on(cluster, &stream.shard, &format!("{db}.{coll}"), &cmd).await {
-        Ok(more) => more,
+    let ns = format!("{db}.{coll}");
+    let more = match read_at(cluster, &stream.shard, Some(&stream.member), &ns, &cmd).await {
+        Ok((more, _)) => more,
         Err(ReadFailure::Refused(e)) => {
             // The shard answered with an error: its cursor is gone.
             stream.cursor_id = 0;
@@ -233,12 +272,8 @@ pub(super) async fn kill_streams(cluster: &Cluster, db: &str, coll: &str, stream
         .iter()
         .filter(|s| s.cursor_id != 0)
         .map(|s| async move {
-            let _ = cluster
-                .run_on(
-                    &s.shard,
-                    &doc! {"killCursors": coll, "cursors": [s.cursor_id], "$db": db},
-                )
-                .await;
+            let cmd = doc! {"killCursors": coll, "cursors": [s.cursor_id], "$db": db};
+            let _ = exchange(cluster, &s.shard, &cmd, Some(&s.member)).await;
         });
     crate::backend::join_all(futures).await;
 }

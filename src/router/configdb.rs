@@ -52,18 +52,18 @@ fn command_error(e: MetadataError) -> CommandError {
     CommandError::new(e.code, e.message)
 }
 
-/// The shards of a `config.shards` list as the router connects to them: the first seed of
-/// each (the shard's pool follows its replica set from there). An entry that does not parse
-/// is left out (it is reported when something routes to it).
+/// The shards of a `config.shards` list as the router connects to them: each one's seed list
+/// in its canonical form (a replica set's members are discovered from it and its primary
+/// followed; a single `host:port` is reached as it is). An entry that does not parse is left
+/// out (it is reported when something routes to it).
 pub fn shard_infos(registry: &ShardRegistry) -> Vec<ShardInfo> {
     let mut out: Vec<ShardInfo> = registry
         .shards()
-        .filter_map(|s| {
-            Some(ShardInfo {
-                id: s.id.clone(),
-                addr: s.seeds.hosts.first()?.to_string(),
-                shard_server: true,
-            })
+        .filter(|s| !s.seeds.hosts.is_empty())
+        .map(|s| ShardInfo {
+            id: s.id.clone(),
+            addr: s.seeds.to_string(),
+            shard_server: true,
         })
         .collect();
     out.sort_by(|a, b| a.id.cmp(&b.id));

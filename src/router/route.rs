@@ -10,7 +10,11 @@
 
 use std::sync::Arc;
 
-use bson::{Bson, Document};
+use bson::{Bson, Document, RawBsonRef};
+
+use crate::backend::shard::Resend;
+use crate::backend::topology::retry;
+use crate::backend::topology::Need;
 
 use crate::cluster::Cluster;
 use crate::command::{CommandError, CommandRequest};
@@ -165,7 +169,7 @@ async fn route_once(
         None => None,
     };
     if in_transaction(&body) || how == Forwarded::EndTransaction {
-        return transaction(cluster, store, req, &body, snapshot.as_deref())
+        return transaction(cluster, store, how, req, &body, snapshot.as_deref())
             .await
             .map(Reply::from);
     }
@@ -605,6 +609,7 @@ fn in_transaction(body: &Document) -> bool {
 async fn transaction(
     cluster: &Arc<Cluster>,
     store: &StaticStore,
+    how: Forwarded,
     req: &CommandRequest,
     body: &Document,
     snapshot: Option<&crate::routing::RoutingSnapshot>,
@@ -617,7 +622,7 @@ async fn transaction(
     };
     let session = crate::command::session_id(lsid)?;
     let txn = crate::value::field::number_field(body, "txnNumber").unwrap_or(0);
-    if matches!(req.name.as_str(), "commitTransaction" | "abortTransaction") {
+    if how == Forwarded::EndTransaction {
         let shard = cluster.transactions.end(&session, txn);
         let Some(shard) = shard else {
             return Err(CommandError::new(
@@ -637,7 +642,7 @@ async fn transaction(
                 .to_string(),
         },
         Some(snap) => {
-            let shards = transaction_targets(snap, req, body);
+            let shards = transaction_targets(snap, how, req, body);
             match shards.as_slice() {
                 [one] => one.clone(),
                 _ => {
@@ -671,17 +676,19 @@ async fn transaction(
     reply
 }
 
-/// The shards a transaction statement on a sharded collection touches.
+/// The shards a transaction statement on a sharded collection touches, by the command's kind
+/// in the dispatch table.
 fn transaction_targets(
     snap: &crate::routing::RoutingSnapshot,
+    how: Forwarded,
     req: &CommandRequest,
     body: &Document,
 ) -> Vec<String> {
     let mut shards: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     let filter_shards = |f: &Document| crate::read::target_shards(snap, f);
     let statements = |field: &str| req.statement_bytes(field).unwrap_or_default();
-    match req.name.as_str() {
-        "insert" => {
+    match how {
+        Forwarded::Write(WriteKind::Insert) => {
             for raw in statements("documents") {
                 if let Ok(doc) = bson::RawDocument::from_bytes(&raw) {
                     match snap.pattern.extract_from_document(doc) {
@@ -691,20 +698,15 @@ fn transaction_targets(
                 }
             }
         }
-        "update" | "delete" => {
-            let field = if req.name == "update" {
-                "updates"
-            } else {
-                "deletes"
-            };
-            for raw in statements(field) {
+        Forwarded::Write(kind) => {
+            for raw in statements(kind.statements_field()) {
                 let stmt = Document::from_reader(&raw[..]).unwrap_or_default();
                 shards.extend(filter_shards(
                     stmt.get_document("q").unwrap_or(&Document::new()),
                 ));
             }
         }
-        "find" | "count" | "distinct" => {
+        Forwarded::Read => {
             let f = body
                 .get_document("filter")
                 .or_else(|_| body.get_document("query"))
@@ -712,7 +714,7 @@ fn transaction_targets(
                 .unwrap_or_default();
             shards.extend(filter_shards(&f));
         }
-        "findAndModify" | "findandmodify" => shards.extend(filter_shards(
+        Forwarded::FindAndModify => shards.extend(filter_shards(
             &body.get_document("query").cloned().unwrap_or_default(),
         )),
         _ => shards.extend(snap.chunks.shards()),
@@ -815,23 +817,108 @@ pub(super) async fn forward_with(
     }
     let id = crate::backend::PooledConnection::next_request_id();
     let frame = b.finish(id, 0);
-    let reply = async {
-        let mut conn = pool.checkout().await?;
-        conn.request(&frame, id).await
+    let raw = req.body.raw();
+    let need =
+        crate::backend::shard::need_of(raw).map_err(|e| CommandError::new(e.code, e.message))?;
+    let resend = if crate::backend::shard::batch_session(raw).is_retryable_write() {
+        Resend::RetryableWrite
+    } else if matches!(need, Need::Read(_)) || is_idempotent_read(&req.name) {
+        Resend::Read
+    } else {
+        Resend::Never
+    };
+    let deadline = match raw.get("maxTimeMS") {
+        Ok(Some(RawBsonRef::Int32(m))) if m > 0 => Some(i64::from(m)),
+        Ok(Some(RawBsonRef::Int64(m))) if m > 0 => Some(m),
+        Ok(Some(RawBsonRef::Double(m))) if m >= 1.0 => Some(m as i64),
+        _ => None,
     }
-    .await
-    .map_err(|e| {
-        let mut err = CommandError::from(e.at(shard));
-        if req.body.raw().get("txnNumber").ok().flatten().is_some() {
-            err.labels.push("RetryableWriteError".into());
+    .map(|m| std::time::Instant::now() + std::time::Duration::from_millis(m as u64));
+    // Labels of a shard's error are for its client, the router, which has done the retrying
+    // (docs/design/replica-sets.md §5): none reaches the client.
+    let is_write = matches!(req.name.as_str(), "insert" | "update" | "delete");
+    let reply = match pool.send(&frame, id, &need, deadline, resend).await {
+        Ok((reply, _)) => reply,
+        Err(e) => {
+            let e = match e {
+                crate::backend::BackendError::NoMember(code, message) => {
+                    CommandError::new(code, message)
+                }
+                e => CommandError::from(e.at(shard)),
+            };
+            if is_write {
+                return Ok(as_write_errors(req, e.code.0, &e.message));
+            }
+            return Err(e);
         }
-        err
-    })?;
+    };
     let mut d = reply.to_document();
     for f in SHARD_ONLY_FIELDS {
         d.remove(*f);
     }
+    // A write command a shard refused because its member stopped being primary or is going
+    // away (and that the router could not, or may not, resend): mongos's batch write path
+    // reports it as the statements' write error, without labels.
+    if is_write && d.get_f64("ok").ok() != Some(1.0) {
+        let code = d.get_i32("code").unwrap_or(0);
+        if retry::is_not_primary_code(code)
+            || retry::is_shutdown_code(code)
+            || retry::is_network_code(code)
+        {
+            let message = d.get_str("errmsg").unwrap_or_default().to_string();
+            return Ok(as_write_errors(req, code, &message));
+        }
+    }
     Ok(d)
+}
+
+/// A write command's failure as mongos's batch write path reports it: `ok: 1`, nothing
+/// applied, and the error on the first statement (ordered) or on every statement.
+fn as_write_errors(req: &CommandRequest, code: i32, message: &str) -> Document {
+    let raw = req.body.raw();
+    let field = match req.name.as_str() {
+        "insert" => "documents",
+        "update" => "updates",
+        _ => "deletes",
+    };
+    let in_body = match raw.get(field) {
+        Ok(Some(RawBsonRef::Array(a))) => a.into_iter().count(),
+        _ => 0,
+    };
+    let in_sequence: usize = req
+        .sequences
+        .iter()
+        .filter(|s| s.identifier == field)
+        .map(|s| s.documents.len())
+        .sum();
+    let statements = (in_body + in_sequence).max(1);
+    let ordered = !matches!(raw.get("ordered"), Ok(Some(RawBsonRef::Boolean(false))));
+    let failed = if ordered { 1 } else { statements };
+    let errors: Vec<Bson> = (0..failed)
+        .map(|i| {
+            Bson::Document(bson::doc! {
+                "index": i as i32,
+                "code": code,
+                "codeName": ErrorCode(code).name(),
+                "errmsg": message,
+            })
+        })
+        .collect();
+    let mut d = bson::doc! {"n": 0, "writeErrors": errors};
+    if req.name == "update" {
+        d.insert("nModified", 0);
+    }
+    d.insert("ok", 1.0);
+    d
+}
+
+/// Reads a shard may be asked again after a retriable failure (mongos's idempotent
+/// commands).
+fn is_idempotent_read(name: &str) -> bool {
+    matches!(
+        name,
+        "find" | "count" | "distinct" | "listCollections" | "listIndexes" | "collStats" | "dbStats"
+    )
 }
 
 /// `findAndModify` on a sharded collection: the query must pin the full shard key; the

@@ -25,7 +25,7 @@ use crate::value::error_codes::ErrorCode;
 pub struct ShardInfo {
     /// The shard id (`config.shards._id`).
     pub id: String,
-    /// `host:port` to connect to.
+    /// `host:port` of a single server, or a replica set's seed list (`"rs0/h1:p,h2:p"`).
     pub addr: String,
     /// Whether it understands `shardVersion` (embedded shards and mongod started as shard
     /// servers); a plain mongod rejects the field.

@@ -22,6 +22,8 @@ use bson::{doc, oid::ObjectId, Bson, Document, RawDocument};
 use bytes::Bytes;
 
 use crate::backend::limiter::{OpKind, Outcome};
+use crate::backend::shard::Resend;
+use crate::backend::topology::Need;
 use crate::backend::{BackendError, PooledConnection};
 use crate::cluster::Cluster;
 use crate::command::{CommandError, CommandRequest};
@@ -575,36 +577,34 @@ pub(crate) async fn send_frame(
         }
     };
     pool.count_child_batch();
-    let attempts = if retryable { 2 } else { 1 };
-    let mut last: Option<BackendError> = None;
-    for _ in 0..attempts {
-        let result = async {
-            let mut conn = pool.checkout().await?;
-            conn.request(frame, id).await
+    let resend = if retryable {
+        Resend::RetryableWrite
+    } else {
+        Resend::Never
+    };
+    let deadline = max_time.map(|d| std::time::Instant::now() + d);
+    match pool.send(frame, id, &Need::Write, deadline, resend).await {
+        Ok((reply, _)) => {
+            finish(permit, Outcome::Completed);
+            ChildOutcome::Reply(reply.to_document())
         }
-        .await;
-        match result {
-            Ok(reply) => {
-                finish(permit, Outcome::Completed);
-                return ChildOutcome::Reply(reply.to_document());
-            }
-            Err(e) => {
-                tracing::debug!(shard, error = %e, "child batch failed");
-                last = Some(e);
+        Err(e) => {
+            tracing::debug!(shard, error = %e, "child batch failed");
+            finish(
+                permit,
+                match e {
+                    BackendError::Timeout(_) => Outcome::TimedOut,
+                    _ => Outcome::NotCounted,
+                },
+            );
+            ChildOutcome::Failed {
+                code: e.code(),
+                message: match e {
+                    BackendError::NoMember(_, m) => m,
+                    e => format!("{e} (shard {shard})"),
+                },
             }
         }
-    }
-    let e = last.unwrap_or_else(|| BackendError::Unreachable("no attempt made".into()));
-    finish(
-        permit,
-        match e {
-            BackendError::Timeout(_) => Outcome::TimedOut,
-            _ => Outcome::NotCounted,
-        },
-    );
-    ChildOutcome::Failed {
-        code: e.code(),
-        message: format!("{e} (shard {shard})"),
     }
 }
 

@@ -23,6 +23,53 @@ pub fn error_code(e: &mongodb::error::Error) -> i32 {
     }
 }
 
+/// The code of a command that failed as a whole; panics on any other kind of error (a write
+/// error included), which a test expecting a command error did not expect.
+pub fn command_code(e: &mongodb::error::Error) -> i32 {
+    match *e.kind {
+        mongodb::error::ErrorKind::Command(ref c) => c.code,
+        ref other => panic!("not a command error: {other:?}"),
+    }
+}
+
+/// A fresh `txnNumber` for a retryable write (one counter for the whole test binary, so no
+/// two writes of one session reuse a number).
+pub fn next_txn_number() -> i64 {
+    static TXN: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(1);
+    TXN.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A BSON timestamp.
+pub fn ts(time: u32, increment: u32) -> bson::Timestamp {
+    bson::Timestamp { time, increment }
+}
+
+/// The router's `explain` of `command` on `db`: the winning plan's stage (`SINGLE_SHARD`,
+/// `SHARD_MERGE`) and the shards it names, in order.
+pub async fn explain_shards(db: &mongodb::Database, command: Document) -> (String, Vec<String>) {
+    let e = db
+        .run_command(bson::doc! {"explain": command})
+        .await
+        .expect("explain");
+    let plan = e
+        .get_document("queryPlanner")
+        .and_then(|p| p.get_document("winningPlan"))
+        .unwrap_or_else(|_| panic!("no winning plan in {e}"));
+    let stage = plan.get_str("stage").expect("stage").to_string();
+    let shards = plan
+        .get_array("shards")
+        .expect("shards")
+        .iter()
+        .map(|s| {
+            s.as_document()
+                .and_then(|s| s.get_str("shardName").ok())
+                .expect("shardName")
+                .to_string()
+        })
+        .collect();
+    (stage, shards)
+}
+
 /// Starts a router on 127.0.0.1 with an ephemeral port.
 pub async fn start_router() -> RouterHandle {
     start_router_with(Config::default()).await

@@ -25,7 +25,7 @@ use bson::{doc, Document};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::backend::{BackendError, ShardConnection};
+use crate::backend::{BackendError, ShardConnection, ShardSecurity};
 
 use super::address::{HostAddr, SeedList};
 use super::error::{Printer, TopologyError};
@@ -41,12 +41,16 @@ use super::wait::{MemberWait, Need, WaitStep};
 pub struct MonitorOptions {
     /// Time allowed to connect and shake hands, and to answer a polled `hello` or a `ping`.
     pub connect_timeout: Duration,
+    /// TLS towards the members (monitoring connections do not authenticate: `hello` and
+    /// `ping` need no user).
+    pub security: ShardSecurity,
 }
 
 impl Default for MonitorOptions {
     fn default() -> Self {
         MonitorOptions {
             connect_timeout: Duration::from_secs(5),
+            security: ShardSecurity::default(),
         }
     }
 }
@@ -98,6 +102,10 @@ struct Inner {
     /// Bumped when a check is requested: monitors waiting for a poll wake at once.
     check_requests: watch::Sender<u64>,
     tasks: Mutex<HashMap<HostAddr, MemberTasks>>,
+    /// Per member: woken when the data path marks the member Unknown, to cancel an awaitable
+    /// `hello` in flight (the member may never answer it: a connection it dropped, a state it
+    /// does not know it lost) and poll at once instead.
+    cancels: Mutex<HashMap<HostAddr, Arc<tokio::sync::Notify>>>,
     counts: Mutex<HashMap<HostAddr, MonitorCounts>>,
     options: MonitorOptions,
     stopped: std::sync::atomic::AtomicBool,
@@ -135,6 +143,7 @@ impl ShardMonitor {
             version,
             check_requests,
             tasks: Mutex::new(HashMap::new()),
+            cancels: Mutex::new(HashMap::new()),
             counts: Mutex::new(HashMap::new()),
             options,
             stopped: std::sync::atomic::AtomicBool::new(false),
@@ -183,10 +192,17 @@ impl ShardMonitor {
     /// member when the failure says the member's state changed) and returns it (the caller
     /// clears the member's pool when it says so).
     pub fn report_application_error(&self, addr: &HostAddr, error: &ApplicationError) -> Update {
-        let update = {
+        let (update, unknown) = {
             let mut topology = lock(&self.inner.topology);
-            topology.on_application_error(addr, error, now())
+            let update = topology.on_application_error(addr, error, now());
+            let unknown = topology
+                .member(addr)
+                .is_some_and(|m| m.server_type() == super::hello::ServerType::Unknown);
+            (update, unknown)
         };
+        if update.applied && unknown {
+            cancel_of(&self.inner, addr).notify_waiters();
+        }
         apply(&self.inner, &update);
         update
     }
@@ -301,6 +317,13 @@ fn apply(inner: &Arc<Inner>, update: &Update) {
     }
 }
 
+fn cancel_of(inner: &Inner, addr: &HostAddr) -> Arc<tokio::sync::Notify> {
+    lock(&inner.cancels)
+        .entry(addr.clone())
+        .or_default()
+        .clone()
+}
+
 fn count(inner: &Inner, addr: &HostAddr, f: impl FnOnce(&mut MonitorCounts)) {
     f(lock(&inner.counts).entry(addr.clone()).or_default());
 }
@@ -367,7 +390,7 @@ async fn run_monitor(inner: Arc<Inner>, addr: HostAddr) {
         let fresh = conn.is_none();
         if conn.is_none() {
             count(&inner, &addr, |c| c.connects += 1);
-            match ShardConnection::connect(&target, timeout).await {
+            match ShardConnection::connect_with(&target, timeout, &inner.options.security).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     tracing::debug!(member = %target, error = %e, "monitor cannot connect");
@@ -397,7 +420,22 @@ async fn run_monitor(inner: Arc<Inner>, addr: HostAddr) {
                 c.awaitable += 1
             }
         });
-        let result = c.run(&body, read_timeout).await;
+        let result = if timed {
+            c.run(&body, read_timeout).await
+        } else {
+            let cancel = cancel_of(&inner, &addr);
+            let cancelled = cancel.notified();
+            tokio::pin!(cancelled);
+            cancelled.as_mut().enable();
+            tokio::select! {
+                r = c.run(&body, read_timeout) => r,
+                _ = cancelled => {
+                    // The reply may still come: the connection cannot be reused.
+                    conn = None;
+                    continue;
+                }
+            }
+        };
         let elapsed = started.elapsed();
         match result {
             Ok(reply) => {
@@ -458,7 +496,7 @@ async fn run_rtt(inner: Arc<Inner>, addr: HostAddr) {
             continue;
         }
         if conn.is_none() {
-            match ShardConnection::connect(&target, timeout).await {
+            match ShardConnection::connect_with(&target, timeout, &inner.options.security).await {
                 Ok(c) => conn = Some(c),
                 // The monitor reports reachability; this task only times.
                 Err(_) => continue,

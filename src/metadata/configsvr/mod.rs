@@ -46,8 +46,4 @@ pub use version::{CollectionGeneration, DatabaseVersion, ShardVersion};
 
 /// How values are printed in the config documents' error messages: the project's value
 /// printer, as the router and the embedded shard-server mode lend it to this module.
-pub const PRINTER: crate::backend::topology::Printer = crate::backend::topology::Printer {
-    document: crate::value::render::render_doc,
-    value: crate::value::render::render_value,
-    type_name: crate::value::field::type_name,
-};
+pub const PRINTER: crate::backend::topology::Printer = crate::backend::shard::PRINTER;

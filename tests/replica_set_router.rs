@@ -1,0 +1,385 @@
+//! The router in front of replica-set shards (`[[shards]] address = "rs0/h1:p,h2:p,h3:p"`):
+//! discovery from the seed list, writes to the primary, and failover under a continuous
+//! workload from the stock Rust driver — step-downs, a primary applying a write and stepping
+//! down before it answers, a lost reply, a killed primary. With retryable writes on, every
+//! acknowledged write is present exactly once and every acknowledged `$inc` applied exactly
+//! once, and the client sees no error; with them off, the client sees mongos's write error.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{doc, Bson, Document};
+use sluice::config::{CollectionConfig, Config, Policy, ShardConfig};
+use sluice::embedded::{AfterWrite, EmbeddedReplicaSet, ReplicaSetOptions, ShardOptions};
+
+const ELECTION: Duration = Duration::from_millis(100);
+
+async fn start_set(name: &str) -> EmbeddedReplicaSet {
+    EmbeddedReplicaSet::start(ReplicaSetOptions {
+        members: 3,
+        election_delay: ELECTION,
+        shard: ShardOptions {
+            set_name: name.into(),
+            ..ShardOptions::for_tests()
+        },
+    })
+    .await
+    .expect("replica set starts")
+}
+
+struct Cluster {
+    sets: Vec<EmbeddedReplicaSet>,
+    router: sluice::frontend::RouterHandle,
+}
+
+impl Cluster {
+    /// Two replica-set shards of three members, `test.c` sharded by hashed `_id` (so ordered
+    /// bulks span both), `test.u` unsharded.
+    async fn start(policy: Policy) -> Cluster {
+        let sets = vec![start_set("rs0").await, start_set("rs1").await];
+        let mut config = Config {
+            ordered_rewrite: policy,
+            shards: sets
+                .iter()
+                .map(|s| ShardConfig {
+                    id: s.name().to_string(),
+                    address: s.seed_list(),
+                    shard_server: true,
+                })
+                .collect(),
+            collections: vec![CollectionConfig {
+                ns: "test.c".into(),
+                key: r#"{"_id": "hashed"}"#.into(),
+                unique: false,
+                num_initial_chunks: None,
+            }],
+            ..Config::default()
+        };
+        config.pool.heartbeat_frequency_ms = 500;
+        config.validate().expect("valid configuration");
+        // As `sluice` does with a `[[shards]]` configuration.
+        let infos: Vec<sluice::routing::ShardInfo> = config
+            .shards
+            .iter()
+            .map(|s| sluice::routing::ShardInfo {
+                id: s.id.clone(),
+                addr: s.address.clone(),
+                shard_server: s.shard_server,
+            })
+            .collect();
+        let sharded = sluice::router::bootstrap(
+            None,
+            &infos,
+            &config.collections,
+            config.pool_options().expect("pool options"),
+            &config.batching,
+        )
+        .await
+        .expect("cluster");
+        config.listen = "127.0.0.1:0".into();
+        let router = sluice::router::start_router(config, vec!["sluice".into()], Some(sharded))
+            .await
+            .expect("router");
+        Cluster { sets, router }
+    }
+
+    async fn client(&self, extra: &str) -> mongodb::Client {
+        common::driver(self.router.local_addr(), extra).await
+    }
+
+    fn documents(&self, coll: &str) -> Vec<Document> {
+        self.sets
+            .iter()
+            .flat_map(|s| s.documents("test", coll))
+            .collect()
+    }
+
+    async fn stop(self) {
+        self.router.shutdown().await;
+        for s in self.sets {
+            s.shutdown().await;
+        }
+    }
+}
+
+/// How many documents carry each `_id`.
+fn id_counts(docs: &[Document]) -> std::collections::HashMap<String, usize> {
+    let mut m = std::collections::HashMap::new();
+    for d in docs {
+        if let Some(id) = d.get("_id") {
+            *m.entry(id.to_string()).or_insert(0) += 1;
+        }
+    }
+    m
+}
+
+#[tokio::test]
+async fn a_seed_list_shard_is_discovered_and_written_on_its_primary() {
+    let c = Cluster::start(Policy::RetrySafe).await;
+    let client = c.client("").await;
+    let coll = client.database("test").collection::<Document>("c");
+    coll.insert_many((0..20).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    assert_eq!(c.documents("c").len(), 20);
+    // Every write went to a primary: the secondaries of both sets saw none.
+    for s in &c.sets {
+        let p = s.primary().unwrap();
+        for i in 0..3 {
+            let inserts = s.command_total(i, "insert").await;
+            if i == p {
+                assert!(inserts > 0, "{} primary {i} took the inserts", s.name());
+            } else {
+                assert_eq!(inserts, 0, "{} secondary {i} took no insert", s.name());
+            }
+        }
+    }
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn writes_follow_the_new_primary_after_a_step_down() {
+    let c = Cluster::start(Policy::RetrySafe).await;
+    let client = c.client("&retryWrites=false").await;
+    let coll = client.database("test").collection::<Document>("u");
+    coll.insert_one(doc! {"_id": 0}).await.unwrap();
+    for s in &c.sets {
+        s.step_down(Duration::from_secs(60));
+    }
+    // Without a retryable write the router still waits for the new primary before sending.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for i in 1..5 {
+        coll.insert_one(doc! {"_id": i}).await.unwrap();
+    }
+    assert_eq!(c.documents("u").len(), 5);
+    c.stop().await;
+}
+
+/// A primary that applies a write and then steps down, answering 11602
+/// (InterruptedDueToReplStateChange): with retryable writes on the router resends the batch to
+/// the new primary, whose session table answers with the first result; without them the
+/// client gets mongos's answer, a write error with the code and no label.
+#[tokio::test]
+async fn a_step_down_after_the_write_is_resent_once_or_reported_as_mongos_does() {
+    let c = Cluster::start(Policy::RetrySafe).await;
+    let on = c.client("").await;
+    let off = c.client("&retryWrites=false").await;
+    // Unsharded test.u lives on its database's primary shard.
+    let coll_on = on.database("test").collection::<Document>("u");
+    coll_on
+        .insert_one(doc! {"_id": "seed", "n": 0})
+        .await
+        .unwrap();
+    let owner = c
+        .sets
+        .iter()
+        .find(|s| !s.documents("test", "u").is_empty())
+        .unwrap();
+
+    // Retryable: applied once, acknowledged, no error.
+    owner.after_next_write(owner.primary().unwrap(), AfterWrite::StepDown);
+    coll_on
+        .update_one(doc! {"_id": "seed"}, doc! {"$inc": {"n": 1}})
+        .await
+        .expect("a retryable $inc survives the step-down");
+    owner
+        .wait_for_primary(Duration::from_secs(5))
+        .await
+        .unwrap();
+    owner.after_next_write(owner.primary().unwrap(), AfterWrite::CloseConnection);
+    coll_on
+        .update_one(doc! {"_id": "seed"}, doc! {"$inc": {"n": 1}})
+        .await
+        .expect("a retryable $inc survives a lost reply");
+    let n = owner.documents("test", "u")[0].get_i32("n").unwrap();
+    assert_eq!(n, 2, "each acknowledged $inc applied once");
+
+    // Not retryable: the write error mongos gives, without a label.
+    owner
+        .wait_for_primary(Duration::from_secs(5))
+        .await
+        .unwrap();
+    owner.after_next_write(owner.primary().unwrap(), AfterWrite::StepDown);
+    let coll_off = off.database("test").collection::<Document>("u");
+    let e = coll_off
+        .insert_one(doc! {"_id": "plain"})
+        .await
+        .expect_err("the step-down reaches the client");
+    match *e.kind {
+        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(ref w)) => {
+            assert_eq!(w.code, 11602, "{w:?}");
+        }
+        ref other => panic!("expected a write error, got {other:?}"),
+    }
+    assert!(!e.contains_label("RetryableWriteError"), "{e:?}");
+    c.stop().await;
+}
+
+#[derive(Default)]
+struct Tally {
+    acked_ids: std::sync::Mutex<Vec<String>>,
+    incs: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    errors: std::sync::Mutex<Vec<String>>,
+    ops: AtomicU64,
+}
+
+/// The workload: ordered bulks spanning both shards, single inserts, and `$inc`s on one counter
+/// per shard, each from its own task, until `stop`.
+async fn workload(client: mongodb::Client, tally: Arc<Tally>, stop: Arc<AtomicBool>, tag: &str) {
+    let db = client.database("test");
+    let sharded = db.collection::<Document>("c");
+    let counters = db.collection::<Document>("counters");
+    let mut tasks = Vec::new();
+    {
+        let (coll, tally, stop, tag) = (
+            sharded.clone(),
+            tally.clone(),
+            stop.clone(),
+            tag.to_string(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let ids: Vec<String> = (0..8).map(|j| format!("{tag}-bulk-{k}-{j}")).collect();
+                k += 1;
+                let docs: Vec<Document> = ids.iter().map(|id| doc! {"_id": id}).collect();
+                tally.ops.fetch_add(1, Ordering::Relaxed);
+                match coll.insert_many(docs).await {
+                    Ok(_) => tally.acked_ids.lock().unwrap().extend(ids),
+                    Err(e) => tally.errors.lock().unwrap().push(format!("bulk: {e}")),
+                }
+            }
+        }));
+    }
+    {
+        let (coll, tally, stop, tag) = (
+            sharded.clone(),
+            tally.clone(),
+            stop.clone(),
+            tag.to_string(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let id = format!("{tag}-one-{k}");
+                k += 1;
+                tally.ops.fetch_add(1, Ordering::Relaxed);
+                match coll.insert_one(doc! {"_id": &id}).await {
+                    Ok(_) => tally.acked_ids.lock().unwrap().push(id),
+                    Err(e) => tally.errors.lock().unwrap().push(format!("insert: {e}")),
+                }
+            }
+        }));
+    }
+    for counter in ["a", "b"] {
+        let (coll, tally, stop) = (counters.clone(), tally.clone(), stop.clone());
+        let id = format!("{tag}-{counter}");
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                tally.ops.fetch_add(1, Ordering::Relaxed);
+                match coll
+                    .update_one(doc! {"_id": &id}, doc! {"$inc": {"n": 1}})
+                    .upsert(true)
+                    .await
+                {
+                    Ok(_) => *tally.incs.lock().unwrap().entry(id.clone()).or_insert(0) += 1,
+                    Err(e) => tally.errors.lock().unwrap().push(format!("$inc: {e}")),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// Step-downs and member kills while the workload runs; then every acknowledged write is
+/// present exactly once and every acknowledged `$inc` was applied exactly once.
+async fn failover_under_load(policy: Policy) {
+    let c = Cluster::start(policy).await;
+    let client = c.client("").await;
+    // Create the collections (and their database) before the faults begin.
+    client
+        .database("test")
+        .collection::<Document>("counters")
+        .insert_one(doc! {"_id": "warm"})
+        .await
+        .unwrap();
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(workload(client.clone(), tally.clone(), stop.clone(), "w"));
+    let started = Instant::now();
+    // Step-downs of each set in turn, faults inside writes, then a killed primary.
+    for round in 0..6 {
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let s = &c.sets[round % 2];
+        let Some(p) = s.wait_for_primary(Duration::from_secs(5)).await else {
+            panic!("{} elected no primary", s.name());
+        };
+        match round % 3 {
+            0 => {
+                s.step_down(Duration::from_secs(1));
+            }
+            1 => s.after_next_write(p, AfterWrite::StepDown),
+            _ => s.after_next_write(p, AfterWrite::CloseConnection),
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let s = &c.sets[0];
+    let p = s.wait_for_primary(Duration::from_secs(5)).await.unwrap();
+    s.stop(p).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.restart(p).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    let elapsed = started.elapsed();
+
+    let errors = tally.errors.lock().unwrap().clone();
+    assert!(errors.is_empty(), "client-visible errors: {errors:?}");
+    let acked = tally.acked_ids.lock().unwrap().clone();
+    assert!(
+        acked.len() > 50,
+        "the workload ran ({} writes)",
+        acked.len()
+    );
+    let counts = id_counts(&c.documents("c"));
+    for id in &acked {
+        assert_eq!(
+            counts.get(&Bson::String(id.clone()).to_string()),
+            Some(&1),
+            "{id} present exactly once"
+        );
+    }
+    let counters = c.documents("counters");
+    for (id, n) in tally.incs.lock().unwrap().iter() {
+        let doc = counters
+            .iter()
+            .find(|d| d.get_str("_id").ok() == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("counter {id} exists"));
+        assert_eq!(
+            doc.get_i32("n").unwrap_or(0) as i64,
+            *n,
+            "{id}: every $inc once"
+        );
+    }
+    eprintln!(
+        "{policy:?}: {} operations, {} acknowledged inserts in {elapsed:?}, no error",
+        tally.ops.load(Ordering::Relaxed),
+        acked.len()
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_under_load_with_the_ordered_rewrite() {
+    failover_under_load(Policy::RetrySafe).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_under_load_with_mongos_rounds() {
+    failover_under_load(Policy::Off).await;
+}
