@@ -75,6 +75,18 @@ fn pki(name: &str) -> Pki {
         ],
     );
     std::fs::write(dir.join("client.pem"), client).unwrap();
+    // A cluster member's certificate (server and client alike): the O and OU name the cluster.
+    let (member, _) = leaf(
+        &ca,
+        &ca_key,
+        &["localhost", "127.0.0.1"],
+        &[
+            (DnType::CommonName, "localhost"),
+            (DnType::OrganizationalUnitName, "Cluster"),
+            (DnType::OrganizationName, "Sluice"),
+        ],
+    );
+    std::fs::write(dir.join("member.pem"), member).unwrap();
     let client_subject = sluice::auth::x509::X509Name::from_certificate(&der)
         .unwrap()
         .to_string();
@@ -271,23 +283,30 @@ fn keyfile(dir: &Path, name: &str, key: &str) -> String {
     path.display().to_string()
 }
 
+type Protected = (
+    sluice::frontend::RouterHandle,
+    Vec<sluice::embedded::EmbeddedShard>,
+);
+
 /// Embedded shards started with `shard_tls` and the keyfile, and a router with `router`.
 async fn protected_cluster(
     key_file: Option<&str>,
     shard_tls: sluice::config::TlsConfig,
     router: Config,
-) -> Result<
-    (
-        sluice::frontend::RouterHandle,
-        Vec<sluice::embedded::EmbeddedShard>,
-    ),
-    String,
-> {
+) -> Result<Protected, String> {
     let options = sluice::embedded::ShardOptions {
         key_file: key_file.map(str::to_string),
         tls: shard_tls,
         ..sluice::embedded::ShardOptions::for_tests()
     };
+    protected_cluster_with(options, router).await
+}
+
+/// Two embedded shards started with `options`, and a router with `router`.
+async fn protected_cluster_with(
+    options: sluice::embedded::ShardOptions,
+    router: Config,
+) -> Result<Protected, String> {
     let shards = sluice::embedded::EmbeddedShard::start_many(2, options)
         .await
         .map_err(|e| e.to_string())?;
@@ -696,4 +715,118 @@ async fn authentications_are_counted_and_no_secret_reaches_the_log() {
         assert!(secret.len() >= 16, "{what}");
         assert!(!log.contains(&secret), "{what} is in the log");
     }
+}
+
+/// `clusterAuthMode: x509`: shards that take only certificates naming a cluster member (the
+/// O and OU of their own) for `__system`. The router presenting a member's certificate joins
+/// them; one presenting another certificate, or proving the keyfile instead, is refused; the
+/// shards refuse clients that are not members.
+#[tokio::test]
+async fn the_router_joins_an_x509_cluster_with_a_members_certificate() {
+    use sluice::config::ClusterAuthMode;
+    let p = pki("x509cluster");
+    let member = p.dir.join("member.pem").display().to_string();
+    let mut shard_tls = tls_config(&p, TlsMode::Require).tls;
+    shard_tls.certificate_key_file = Some(member.clone());
+    let shards = sluice::embedded::ShardOptions {
+        cluster_auth_mode: ClusterAuthMode::X509,
+        tls: shard_tls,
+        ..sluice::embedded::ShardOptions::for_tests()
+    };
+    let router_with = |cert: &str, mode: ClusterAuthMode| {
+        let mut router = tls_config(&p, TlsMode::Require);
+        router.tls.certificate_key_file = Some(cert.to_string());
+        router.security.cluster_auth_mode = mode;
+        router
+    };
+    let (handle, members) =
+        protected_cluster_with(shards.clone(), router_with(&member, ClusterAuthMode::X509))
+            .await
+            .unwrap();
+    let client = mongodb::Client::with_uri_str(tls_uri(handle.local_addr().port(), &p.dir, ""))
+        .await
+        .unwrap();
+    let coll = client.database("test").collection::<bson::Document>("t");
+    coll.insert_one(doc! {"_id": 1}).await.unwrap();
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 1);
+    // The shard refuses a client without a certificate, and a certificate that names no member.
+    let port = members[0].local_addr().port();
+    let direct = mongodb::Client::with_uri_str(tls_uri(port, &p.dir, "&directConnection=true"))
+        .await
+        .unwrap();
+    let e = direct
+        .database("test")
+        .collection::<bson::Document>("t")
+        .insert_one(doc! {"_id": 2})
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("Command insert requires authentication"),
+        "{e}"
+    );
+    let outsider = format!(
+        "&directConnection=true&tlsCertificateKeyFile={}&authMechanism=MONGODB-X509",
+        p.dir.join("client.pem").display()
+    );
+    assert!(ping(&tls_uri(port, &p.dir, &outsider)).await.is_err());
+    handle.shutdown().await;
+    for s in members {
+        s.shutdown().await;
+    }
+
+    // A router whose certificate (valid, for localhost) names no member.
+    let outsider_cert = p.dir.join("server.pem").display().to_string();
+    let (handle, members) = protected_cluster_with(
+        shards.clone(),
+        router_with(&outsider_cert, ClusterAuthMode::X509),
+    )
+    .await
+    .unwrap();
+    let client = mongodb::Client::with_uri_str(tls_uri(handle.local_addr().port(), &p.dir, ""))
+        .await
+        .unwrap();
+    let e = client
+        .database("test")
+        .collection::<bson::Document>("t")
+        .insert_one(doc! {"_id": 1})
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("authentication with MONGODB-X509 failed"),
+        "{text}"
+    );
+    handle.shutdown().await;
+    for s in members {
+        s.shutdown().await;
+    }
+
+    // A router proving the keyfile to shards that take certificates only.
+    let key = keyfile(&p.dir, "key", "c2x1aWNlLWNsdXN0ZXIta2V5");
+    let mut keyed = router_with(&member, ClusterAuthMode::KeyFile);
+    keyed.security.key_file = Some(key);
+    let (handle, members) = protected_cluster_with(shards, keyed).await.unwrap();
+    let client = mongodb::Client::with_uri_str(tls_uri(handle.local_addr().port(), &p.dir, ""))
+        .await
+        .unwrap();
+    let e = client
+        .database("test")
+        .collection::<bson::Document>("t")
+        .insert_one(doc! {"_id": 1})
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("authentication as __system failed"),
+        "{e}"
+    );
+    handle.shutdown().await;
+    for s in members {
+        s.shutdown().await;
+    }
+
+    // x509 towards shards needs TLS towards them and a certificate.
+    let mut plain = Config::default();
+    plain.security.cluster_auth_mode = ClusterAuthMode::X509;
+    assert!(plain.pool_options().is_err());
 }

@@ -168,7 +168,7 @@ async fn admit(
                         .increment(1);
                     let certs = stream.get_ref().1.peer_certificates();
                     match crate::auth::tls::peer_subject(certs) {
-                        Some(Ok(name)) => auth.set_peer_subject(Some(name.to_string())),
+                        Some(Ok(name)) => auth.set_peer(security, &name),
                         Some(Err(e)) => {
                             tracing::warn!(%peer, error = %e, "cannot read the client certificate's subject")
                         }

@@ -44,6 +44,9 @@ pub struct Security {
     tls: Option<(tls::TlsMode, tokio_rustls::TlsAcceptor)>,
     /// Who opened each open cursor (kept with authorization enabled).
     cursors: CursorOwners,
+    /// This server's own certificate subject, whose `O`, `OU` and `DC` name the cluster's
+    /// members, and whether members may authenticate by certificate (`clusterAuthMode`).
+    cluster: Option<(crate::auth::x509::X509Name, bool)>,
 }
 
 impl std::fmt::Debug for Security {
@@ -74,18 +77,21 @@ impl Security {
             _ => UsersFile::new(),
         };
         let internal = match &sec.key_file {
-            Some(path) => Some(
+            Some(path) if sec.cluster_auth_mode.accepts_keyfile() => Some(
                 KeyFile::load(std::path::Path::new(path))
                     .and_then(|k| k.internal_credentials())
                     .map_err(|e| e.message)?,
             ),
-            None => None,
+            _ => None,
         };
+        let mut cluster = None;
         let tls = if config.tls.mode.accepts_tls() {
             let Some(cert) = &config.tls.certificate_key_file else {
                 return Err("tls.mode needs tls.certificate_key_file".into());
             };
             let cert = read_file(cert, "the certificate key file")?;
+            let own = tls::own_subject(&cert).map_err(|e| e.message)?;
+            cluster = Some((own, sec.cluster_auth_mode.accepts_x509()));
             let ca = match &config.tls.ca_file {
                 Some(p) => Some(read_file(p, "the CA file")?),
                 None => None,
@@ -110,6 +116,7 @@ impl Security {
             internal,
             tls,
             cursors: CursorOwners::default(),
+            cluster,
         })
     }
 
@@ -185,9 +192,15 @@ pub struct ConnectionAuth {
 }
 
 impl ConnectionAuth {
-    /// Records the verified client certificate's subject.
-    pub fn set_peer_subject(&mut self, subject: Option<String>) {
-        self.session.set_peer_subject(subject);
+    /// Records the verified client certificate's subject, and whether it names a member of
+    /// the cluster (the `O`, `OU` and `DC` of this server's own certificate).
+    pub fn set_peer(&mut self, security: &Security, subject: &crate::auth::x509::X509Name) {
+        self.session.set_peer_subject(Some(subject.to_string()));
+        if let Some((own, accepted)) = &security.cluster {
+            if subject.is_cluster_member_of(own) {
+                self.session.set_peer_cluster_member(Some(*accepted));
+            }
+        }
     }
 }
 
