@@ -38,6 +38,10 @@ pub struct Cluster {
     /// The shards with their pools and queues: set once, at start-up, or (`--configdb`) when
     /// the config server first answers with its shard list.
     set: std::sync::OnceLock<ShardSet>,
+    /// The shard list after shards were added (`--configdb`: `addShard`, a shard list read
+    /// again), replacing `set`. Each list lives as long as the process, so the references
+    /// handed out stay valid; a list is a few hundred bytes and shards are added rarely.
+    grown: std::sync::RwLock<Option<&'static ShardSet>>,
     pool_options: PoolOptions,
     batching: crate::config::BatchingConfig,
     queue_timeout: std::time::Duration,
@@ -79,6 +83,7 @@ impl Cluster {
             routing,
             transactions: Default::default(),
             set: std::sync::OnceLock::new(),
+            grown: std::sync::RwLock::new(None),
             pool_options,
             batching: batching.clone(),
             queue_timeout: std::time::Duration::from_millis(batching.queue_timeout_ms),
@@ -117,6 +122,54 @@ impl Cluster {
             .is_ok()
     }
 
+    /// Adds the shards of `shards` the cluster does not have yet (with a pool and a queue
+    /// each; a known id keeps its pool); returns how many were added. A cluster without shards
+    /// installs the list instead.
+    pub fn add_shards(&self, shards: Vec<ShardInfo>) -> usize {
+        let mut grown = self
+            .grown
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(current) = (*grown).or_else(|| self.set.get()) else {
+            let n = shards.len();
+            return if self.install_shards(shards) { n } else { 0 };
+        };
+        let new: Vec<ShardInfo> = shards
+            .into_iter()
+            .filter(|s| !current.pools.contains_key(&s.id))
+            .collect();
+        if new.is_empty() {
+            return 0;
+        }
+        let mut set = ShardSet {
+            pools: current.pools.clone(),
+            queues: current.queues.clone(),
+            shards: current.shards.clone(),
+        };
+        for s in &new {
+            set.pools.insert(
+                s.id.clone(),
+                Arc::new(Shard::new(&s.id, &s.addr, self.pool_options.clone())),
+            );
+            set.queues.insert(
+                s.id.clone(),
+                Arc::new(ShardQueue::new(&s.id, self.batching.limiter())),
+            );
+        }
+        set.shards.extend(new.iter().cloned());
+        set.shards.sort_by(|a, b| a.id.cmp(&b.id));
+        *grown = Some(Box::leak(Box::new(set)));
+        new.len()
+    }
+
+    fn current(&self) -> Option<&ShardSet> {
+        let grown = *self
+            .grown
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        grown.or_else(|| self.set.get())
+    }
+
     /// Whether the cluster has its shards (always, but for a `--configdb` router whose config
     /// server has not answered yet).
     pub fn has_shards(&self) -> bool {
@@ -124,7 +177,7 @@ impl Cluster {
     }
 
     fn pools(&self) -> &BTreeMap<String, Arc<Shard>> {
-        self.set.get().map_or(&NO_POOLS, |s| &s.pools)
+        self.current().map_or(&NO_POOLS, |s| &s.pools)
     }
 
     /// Bytes a blocking aggregation stage run at the router may hold (and the most of the
@@ -148,7 +201,7 @@ impl Cluster {
 
     /// The shards, sorted by id.
     pub fn shards(&self) -> &[ShardInfo] {
-        self.set.get().map_or(&[], |s| s.shards.as_slice())
+        self.current().map_or(&[], |s| s.shards.as_slice())
     }
 
     /// One shard: its pool, or for a replica set its monitor and members' pools.
@@ -158,7 +211,7 @@ impl Cluster {
 
     /// The queue of one shard.
     pub fn queue(&self, shard: &str) -> Option<&Arc<ShardQueue>> {
-        self.set.get()?.queues.get(shard)
+        self.current()?.queues.get(shard)
     }
 
     /// Waits for an execution slot on `shard` for `work`, until `max_time` (the client's

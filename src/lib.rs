@@ -34,8 +34,9 @@
 //! 8. [`router`]: the router's service — one dispatch, forwarding, sharding administration,
 //!    start-up, and the router-only state (its cursors, the write coalescer, write statistics,
 //!    the metadata store handle: `router::ShardedCluster`).
-//! 9. [`bench`]: the `sluice bench` scenarios; [`fuzz`]: the fuzz targets' entry points (replayed
-//!    by `cargo test`); `main.rs`: the command line.
+//! 9. [`bench`]: the `sluice bench` scenarios; [`demo`]: the embedded cluster of `sluice demo
+//!    --cluster` (config server, shard servers, `--configdb` routers); [`fuzz`]: the fuzz
+//!    targets' entry points (replayed by `cargo test`); `main.rs`: the command line.
 
 pub mod auth;
 pub mod backend;
@@ -43,6 +44,7 @@ pub mod bench;
 pub mod cluster;
 pub mod command;
 pub mod config;
+pub mod demo;
 pub mod embedded;
 pub mod engine;
 pub mod frontend;

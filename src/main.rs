@@ -59,12 +59,20 @@ enum Command {
     /// Run a demo on loopback that mongosh can connect to: embedded shards (in memory) and
     /// the router, with the collections of configs/demo.toml sharded on hashed keys.
     Demo {
-        /// Port for the router.
+        /// Port for the router (the first router; the others listen on the next ports).
         #[arg(long, default_value_t = 27017)]
         port: u16,
         /// Number of embedded shards.
         #[arg(long, default_value_t = 3)]
         shards: usize,
+        /// Run the cluster as MongoDB lays one out: an embedded config server, the shards in
+        /// shard-server mode, and routers in --configdb mode (instead of one router holding
+        /// the metadata itself).
+        #[arg(long)]
+        cluster: bool,
+        /// Number of routers (more than one runs the --cluster layout).
+        #[arg(long, default_value_t = 1)]
+        routers: usize,
     },
     /// Run a benchmark and write its JSON, Markdown and SVG results.
     Bench {
@@ -189,15 +197,34 @@ fn main() -> anyhow::Result<()> {
             println!("{}", sluice::routing::hash64(&bson));
             return Ok(());
         }
-        Some(Command::Demo { port, shards }) => {
+        Some(Command::Demo {
+            port,
+            shards,
+            cluster,
+            routers,
+        }) => {
             if cli.global.listen.is_none() {
                 config.listen = format!("127.0.0.1:{port}");
             }
             if shards == 0 {
                 anyhow::bail!("--shards must be at least 1");
             }
+            if routers == 0 {
+                anyhow::bail!("--routers must be at least 1");
+            }
             if config.configdb.is_some() {
                 anyhow::bail!("sluice demo runs its own cluster; --configdb is for `sluice run`");
+            }
+            let cluster = cluster || routers > 1;
+            if cluster && (config.security.key_file.is_some() || config.tls.mode.accepts_tls()) {
+                anyhow::bail!(
+                    "sluice demo --cluster does not run with a keyfile or TLS yet (the config server and shard servers talk to each other unauthenticated); run the demo without --cluster"
+                );
+            }
+            if cluster {
+                config.validate()?;
+                init_logging(&config);
+                return runtime()?.block_on(run_cluster_demo(config, shards, routers));
             }
             Some(shards)
         }
@@ -470,6 +497,86 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
     for shard in embedded {
         shard.shutdown().await;
     }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// `sluice demo --cluster` (`--routers N`): the embedded cluster of [`sluice::demo`], each
+/// router announced as `sluice run` announces itself.
+async fn run_cluster_demo(config: Config, shards: usize, routers: usize) -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    install_metrics(&config.metrics_listen);
+    let first: std::net::SocketAddr = config
+        .listen
+        .parse()
+        .with_context(|| format!("invalid listen address {:?}", config.listen))?;
+    let mut configs = Vec::with_capacity(routers);
+    for i in 0..routers {
+        // Port 0: every router on an ephemeral port of its own.
+        let offset = if first.port() == 0 { 0 } else { i };
+        let port = u16::try_from(first.port() as usize + offset).map_err(|_| {
+            anyhow::anyhow!(
+                "--routers {routers} from port {} passes 65535",
+                first.port()
+            )
+        })?;
+        configs.push(Config {
+            listen: std::net::SocketAddr::new(first.ip(), port).to_string(),
+            ..config.clone()
+        });
+    }
+    let options = sluice::embedded::ShardOptions {
+        enable_test_commands: config.enable_test_commands,
+        stage_memory_bytes: config.stage_memory_bytes,
+        ..Default::default()
+    };
+    let demo: Config = toml::from_str(include_str!("../configs/demo.toml"))
+        .context("configs/demo.toml is invalid")?;
+    let cluster =
+        sluice::demo::DemoCluster::start(shards, options, configs, argv, &demo.collections)
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?;
+    let addrs: Vec<String> = cluster
+        .routers
+        .iter()
+        .map(|(r, _)| r.local_addr().to_string())
+        .collect();
+    for addr in &addrs {
+        tracing::info!(%addr, "sluice router listening");
+        println!(
+            "Sluice {} is listening on {addr}.",
+            env!("CARGO_PKG_VERSION")
+        );
+    }
+    let shard_list: Vec<String> = cluster
+        .shards
+        .iter()
+        .map(|s| format!("{} at {}", s.service().name(), s.local_addr()))
+        .collect();
+    println!(
+        "Embedded config server (in memory, not for production): {}",
+        cluster.configdb()
+    );
+    println!(
+        "Embedded shards (in memory, not for production): {}",
+        shard_list.join(", ")
+    );
+    println!(
+        "Sharded on hashed keys: demo.store_inventory {{_id: \"hashed\"}}, demo.orders {{customerId: \"hashed\"}}"
+    );
+    let first = addrs.first().cloned().unwrap_or_default();
+    println!("Connection string: mongodb://{first}/");
+    if addrs.len() > 1 {
+        println!(
+            "Every router:      mongodb://{}/ (a driver spreads its requests over them)",
+            addrs.join(",")
+        );
+    }
+    println!("Try:               mongosh \"mongodb://{first}/demo\" --eval 'sh.status()'");
+    println!("Stop with Ctrl-C.");
+    wait_for_signal().await;
+    tracing::info!("shutting down: no new connections, finishing requests in flight");
+    cluster.shutdown().await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -42,6 +42,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("router", 8),
     // 9: benchmarks, the fuzz entry points, the binary.
     ("bench", 9),
+    ("demo", 9),
     ("fuzz", 9),
     ("main", 9),
 ];

@@ -4,9 +4,15 @@
 //! (majority `find`s) it uses against a real config server, and answers the config server's
 //! internal commands by writing those documents.
 //!
-//! Served so far: `_configsvrCreateDatabase` (the shape of MongoDB's `create_database.idl`:
+//! Served here: `_configsvrCreateDatabase` (the shape of MongoDB's `create_database.idl`:
 //! `{_configsvrCreateDatabase: <db>, primaryShardId: <shard>?}` on `admin`, replying
-//! `{databaseVersion}`). docs/design/config-server.md, §9 and §13.
+//! `{databaseVersion}`), `_configsvrCommitChunkSplit` and `_configsvrCommitChunksMerge` (from
+//! the shard that owns the chunks), `_configsvrAddShard` (async, in the service), `_configsvrBalancerStart` / `Stop` / `Status` (the mode in
+//! `config.settings`), and the commits of the primary shard's DDL coordinators
+//! (`_sluiceCommitShardCollection`, `_sluiceCommitDropCollection`,
+//! `_sluiceCommitDropDatabase`: what MongoDB's coordinators write to `config.*` in one
+//! transaction on the config server, applied here as one command under the catalog's lock).
+//! Migrations are in [`super::migration`]. docs/design/config-server.md, §9 and §13.
 
 use bson::{doc, Bson, Document};
 
@@ -18,7 +24,29 @@ use crate::value::error_codes::ErrorCode;
 use super::service::ShardService;
 
 /// The internal commands this config server answers.
-const COMMANDS: &[&str] = &["_configsvrCreateDatabase"];
+const COMMANDS: &[&str] = &[
+    "_configsvrCreateDatabase",
+    "_configsvrCommitChunkSplit",
+    "_configsvrCommitChunksMerge",
+    "_configsvrBalancerStart",
+    "_configsvrBalancerStop",
+    "_configsvrBalancerStatus",
+    "_sluiceCommitShardCollection",
+    "_sluiceCommitDropCollection",
+    "_sluiceCommitDropDatabase",
+];
+
+/// What a new config server holds before anything is added: `config.version` with the
+/// cluster's id, as MongoDB's config server writes it when it starts.
+pub fn seed(catalog: &mut super::store::Catalog) {
+    let (version, _) = catalog.collection_mut("config", "version");
+    if version.is_empty() {
+        let _ = version.insert(
+            "config.version",
+            doc! {"_id": 1, "clusterId": bson::oid::ObjectId::new()},
+        );
+    }
+}
 
 /// Whether `name` is one of them.
 pub fn serves(name: &str) -> bool {
@@ -39,6 +67,14 @@ pub fn run(
     }
     match req.name.as_str() {
         "_configsvrCreateDatabase" => create_database(svc, body),
+        "_configsvrCommitChunkSplit" => super::configsvr_ddl::commit_split(svc, body),
+        "_configsvrCommitChunksMerge" => super::configsvr_ddl::commit_merge(svc, body),
+        "_configsvrBalancerStart" | "_configsvrBalancerStop" | "_configsvrBalancerStatus" => {
+            super::configsvr_ddl::balancer(svc, &req.name)
+        }
+        "_sluiceCommitShardCollection" => super::configsvr_ddl::commit_shard_collection(svc, body),
+        "_sluiceCommitDropCollection" => super::configsvr_ddl::commit_drop_collection(svc, body),
+        "_sluiceCommitDropDatabase" => super::configsvr_ddl::commit_drop_database(svc, body),
         other => Err(EngineError::new(
             ErrorCode::CommandNotFound,
             format!("no such command: '{other}'"),
@@ -46,7 +82,7 @@ pub fn run(
     }
 }
 
-fn string_field<'a>(
+pub(super) fn string_field<'a>(
     body: &'a Document,
     command: &str,
     field: &str,

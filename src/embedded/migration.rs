@@ -216,7 +216,7 @@ fn driver_error(host: &str, e: mongodb::error::Error) -> EngineError {
 }
 
 /// The first `host:port` of a `config.shards` `host` (`"rs/h1:p,h2:p"` or `"h:p"`).
-fn first_host(host: &str) -> &str {
+pub(super) fn first_host(host: &str) -> &str {
     let hosts = host.split_once('/').map_or(host, |(_, h)| h);
     hosts.split(',').next().unwrap_or(hosts)
 }
@@ -261,6 +261,16 @@ impl Migrations {
 
     /// Runs `command` on the `admin` database of `host` (a peer shard or config server).
     pub async fn run_on(&self, host: &str, command: Document) -> Result<Document, EngineError> {
+        self.run_on_db(host, "admin", command).await
+    }
+
+    /// Runs `command` on the database `db` of `host`.
+    pub async fn run_on_db(
+        &self,
+        host: &str,
+        db: &str,
+        command: Document,
+    ) -> Result<Document, EngineError> {
         let cached = lock(&self.peers).get(host).cloned();
         let client = match cached {
             Some(c) => c,
@@ -276,7 +286,7 @@ impl Migrations {
             }
         };
         client
-            .database("admin")
+            .database(db)
             .run_command(command)
             .await
             .map_err(|e| driver_error(host, e))
@@ -467,7 +477,7 @@ async fn transfer_and_commit(
     }
 }
 
-fn now_secs() -> u32 {
+pub(super) fn now_secs() -> u32 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as u32)

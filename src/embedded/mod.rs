@@ -19,8 +19,10 @@
 //! [`path`] (dotted paths), [`render`] (values in error messages), [`service`] (commands).
 
 pub mod bulk_write;
+pub mod cluster_ddl;
 pub mod commands;
 pub mod configsvr;
+pub mod configsvr_ddl;
 pub mod ddl;
 pub mod filtering;
 pub mod migration;

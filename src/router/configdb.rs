@@ -74,6 +74,11 @@ pub fn shard_infos(registry: &ShardRegistry) -> Vec<ShardInfo> {
 /// anyway (it keeps trying in the background).
 pub const STARTUP_WAIT: Duration = Duration::from_secs(2);
 
+/// How often a router reads `config.shards` again on its own (mongos's shard registry
+/// reloads on a period too); `addShard` through it, `flushRouterConfig`, and a database
+/// primary or chunk owner it does not know make it read the list at once.
+pub const SHARD_LIST_REFRESH: Duration = Duration::from_secs(30);
+
 /// Connects to the config server `configdb` (mongos's `--configdb` form) and builds the
 /// router's cluster over it. The shard list is read by a task that retries with backoff (100
 /// ms doubling to 5 s, each failure logged) until the config server answers; start-up waits
@@ -111,6 +116,7 @@ pub async fn bootstrap_configdb_with(
     );
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
     let name = configdb.to_string();
+    let weak = Arc::downgrade(&sharded);
     tokio::spawn(async move {
         let mut wait = STARTUP_BACKOFF.0;
         let registry = loop {
@@ -132,6 +138,16 @@ pub async fn bootstrap_configdb_with(
         cluster.install_shards(shards);
         cluster.warm_pools().await;
         let _ = ready_tx.send(());
+        // Shards added later: the list is read again on a period.
+        loop {
+            tokio::time::sleep(SHARD_LIST_REFRESH).await;
+            let Some(sharded) = weak.upgrade() else {
+                return;
+            };
+            if let Err(e) = sharded.refresh_shards().await {
+                tracing::warn!(error = %e.message, "cannot read the shard list again");
+            }
+        }
     });
     if tokio::time::timeout(startup_wait, ready_rx).await.is_err() {
         tracing::warn!(config_server = %configdb, "the config server has not answered yet; listening anyway");
@@ -174,6 +190,9 @@ impl ShardedCluster {
             self.metadata.mirror_database(db, None);
             return Ok(None);
         };
+        if self.cluster.pool(&entry.primary).is_none() {
+            self.refresh_shards().await?;
+        }
         self.metadata.mirror_database(
             db,
             Some(doc! {
@@ -189,6 +208,46 @@ impl ShardedCluster {
         let mut fields = Document::new();
         versions.apply_to(&mut fields);
         Ok(Some(fields))
+    }
+
+    /// Reads `config.shards` again and adds the shards this router does not have yet (with a
+    /// pool each) to its cluster and to the mirror `listShards` answers from.
+    pub async fn refresh_shards(&self) -> Result<(), CommandError> {
+        let Some(cs) = &self.config_server else {
+            return Ok(());
+        };
+        cs.cache().flush_shards();
+        let registry = cs.cache().shards().await.map_err(command_error)?;
+        let shards = shard_infos(&registry);
+        let added = self.cluster.add_shards(shards);
+        if added > 0 {
+            tracing::info!(added, "shards added from the config server's list");
+            let all = self.cluster.shards().to_vec();
+            self.metadata
+                .set_shards(&all)
+                .map_err(|e| CommandError::new(e.code, e.message))?;
+        }
+        Ok(())
+    }
+
+    /// Reads the shard list again when `snapshot` places chunks on a shard this router does
+    /// not know yet (added after it started).
+    pub async fn know_shards_of(
+        &self,
+        snapshot: &crate::routing::RoutingSnapshot,
+    ) -> Result<(), CommandError> {
+        if self.config_server.is_none() {
+            return Ok(());
+        }
+        let unknown = snapshot
+            .chunks
+            .owners()
+            .iter()
+            .any(|s| self.cluster.pool(s).is_none());
+        if unknown {
+            self.refresh_shards().await?;
+        }
+        Ok(())
     }
 
     /// Creates `db` through the config server (`_configsvrCreateDatabase`, with the primary
@@ -227,6 +286,23 @@ impl ShardedCluster {
         };
         cs.source
             .run_admin_command(command)
+            .await
+            .map_err(command_error)
+    }
+
+    /// Runs an internal command that takes no write concern on the config server's primary.
+    pub async fn config_server_command_as_is(
+        &self,
+        command: Document,
+    ) -> Result<Document, CommandError> {
+        let Some(cs) = &self.config_server else {
+            return Err(CommandError::new(
+                ErrorCode::InternalError,
+                "no config server to send the command to",
+            ));
+        };
+        cs.source
+            .run_admin_command_as_is(command)
             .await
             .map_err(command_error)
     }

@@ -6,6 +6,8 @@
 //! It sits above everything it composes: the frontend serves it, the cluster gives it shards,
 //! the read and write paths run its data commands.
 
+pub mod cluster_admin;
+pub mod cluster_ddl;
 pub mod configdb;
 pub mod maintenance;
 pub mod route;
@@ -177,10 +179,16 @@ pub enum Handler {
     ShardCollection,
     /// `listShards`.
     ListShards,
+    /// `addShard`.
+    AddShard,
     /// `flushRouterConfig`.
     FlushRouterConfig,
-    /// `balancerStatus`.
-    BalancerStatus,
+    /// `balancerStatus`, `balancerStart`, `balancerStop`.
+    Balancer,
+    /// `split`.
+    Split,
+    /// `mergeChunks`.
+    MergeChunks,
     /// `moveChunk`, `moveRange`: through the config server.
     MoveChunk,
     /// `bulkWrite` (8.0): the write path, across namespaces.
@@ -212,8 +220,11 @@ impl Handler {
             "enableSharding" | "enablesharding" => EnableSharding,
             "shardCollection" | "shardcollection" => ShardCollection,
             "listShards" | "listshards" => ListShards,
+            "addShard" | "addshard" => AddShard,
             "flushRouterConfig" | "flushrouterconfig" => FlushRouterConfig,
-            "balancerStatus" => BalancerStatus,
+            "balancerStatus" | "balancerStart" | "balancerStop" => Balancer,
+            "split" => Split,
+            "mergeChunks" | "mergechunks" => MergeChunks,
             "moveChunk" | "movechunk" | "moveRange" => MoveChunk,
             "bulkWrite" => BulkWrite,
             "insert" => Forward(F::Write(crate::command::WriteKind::Insert)),
@@ -360,6 +371,7 @@ async fn run_command(
             &name,
             state.started.elapsed().as_secs() as i64,
         )
+        .await
         .map(Reply::from);
     }
     let Some(handler) = handler else {
@@ -382,8 +394,13 @@ async fn run_command(
         Handler::EnableSharding => sharding::enable_sharding(cluster, req).await,
         Handler::ShardCollection => sharding::shard_collection(cluster, req).await,
         Handler::ListShards => sharding::list_shards(cluster),
-        Handler::FlushRouterConfig => sharding::flush_router_config(cluster),
-        Handler::BalancerStatus => Ok(sharding::balancer_status()),
+        Handler::FlushRouterConfig => {
+            cluster_admin::flush_router_config(cluster.map(|c| &**c), req).await
+        }
+        Handler::AddShard => cluster_admin::add_shard(cluster.map(|c| &**c), req).await,
+        Handler::Balancer => cluster_ddl::balancer(cluster.map(|c| &**c), req).await,
+        Handler::Split => cluster_ddl::split(cluster.map(|c| &**c), req).await,
+        Handler::MergeChunks => cluster_ddl::merge_chunks(cluster.map(|c| &**c), req).await,
         Handler::MoveChunk => sharding::move_chunk(cluster, req).await,
         Handler::BulkWrite => match cluster {
             Some(cluster) => return route::bulk_write(cluster, &state.config, req).await,
@@ -494,6 +511,16 @@ pub async fn bootstrap(
     let cluster = Arc::new(Cluster::new(store.shards(), routing, pool, batching));
     cluster.warm_pools().await;
     let cluster = Arc::new(ShardedCluster::new(cluster, store, batching));
+    shard_collections(&cluster, collections).await?;
+    Ok(cluster)
+}
+
+/// Shards the collections of a configuration (`[[collections]]`) through `cluster`, as
+/// `shardCollection` does (through the config server in `--configdb` mode).
+pub async fn shard_collections(
+    cluster: &Arc<ShardedCluster>,
+    collections: &[crate::config::CollectionConfig],
+) -> Result<(), String> {
     for c in collections {
         let key = c.key_document().map_err(|e| e.to_string())?;
         let mut body =
@@ -502,11 +529,11 @@ pub async fn bootstrap(
             body.insert("numInitialChunks", n as i64);
         }
         let req = CommandRequest::from_document("admin", &body).map_err(|e| e.message)?;
-        sharding::shard_collection(Some(&cluster), &req)
+        sharding::shard_collection(Some(cluster), &req)
             .await
             .map_err(|e| format!("cannot shard {}: {}", c.ns, e.message))?;
     }
-    Ok(cluster)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -536,6 +563,17 @@ mod tests {
         for internal in [
             "_shardsvrMoveRange",
             "_configsvrCommitChunkMigration",
+            "_configsvrCommitChunkSplit",
+            "_configsvrCommitChunksMerge",
+            "_configsvrBalancerStart",
+            "_configsvrCreateDatabase",
+            "_shardsvrCreateCollection",
+            "_shardsvrDropCollection",
+            "_shardsvrDropDatabase",
+            "_sluiceCommitShardCollection",
+            "_sluiceCommitDropDatabase",
+            "splitChunk",
+            "_configsvrAddShard",
             "sluiceSetLatency",
             "sluiceSetShardVersion",
             "configureFailPoint",

@@ -168,6 +168,9 @@ async fn route_once(
         Some(ns) => cluster.routing.lookup(ns).await?,
         None => None,
     };
+    if let Some(snap) = &snapshot {
+        sharded.know_shards_of(snap).await?;
+    }
     if in_transaction(&body) || how == Forwarded::EndTransaction {
         return transaction(cluster, store, how, req, &body, snapshot.as_deref())
             .await
@@ -214,7 +217,9 @@ async fn route_once(
                     .into()))
             }
             Forwarded::CollectionDdl if req.name == "drop" && store.is_mirror() => {
-                return Err(super::configdb::not_through_config_server("drop", &snap.ns));
+                return super::cluster_ddl::drop_collection(sharded, &snap.ns)
+                    .await
+                    .map(Reply::from);
             }
             Forwarded::CollectionDdl => {
                 return broadcast_ddl(cluster, store, req, &snap)
@@ -263,10 +268,9 @@ async fn route_once(
         }
         Forwarded::ListDatabases => return list_databases(cluster, req).await.map(Reply::from),
         Forwarded::DropDatabase if store.is_mirror() => {
-            return Err(super::configdb::not_through_config_server(
-                "dropDatabase",
-                &req.db,
-            ))
+            return super::cluster_ddl::drop_database(sharded, &req.db)
+                .await
+                .map(Reply::from)
         }
         Forwarded::DropDatabase => {
             return drop_database(cluster, store, req).await.map(Reply::from)

@@ -1,5 +1,6 @@
 //! Sharding administration through the router: `enableSharding`, `shardCollection`,
-//! `listShards`, `flushRouterConfig`, `balancerStatus`, and reads of the `config` database.
+//! `listShards`, `flushRouterConfig`, `balancerStatus`, and reads of the `config` database
+//! (with a config server, `shardCollection` goes to it: [`super::cluster_ddl`]).
 //!
 //! Choices where mongos differs or Sluice is narrower: `shardCollection` only shards an empty
 //! collection (a non-empty one is refused with InvalidOptions, since moving existing data is
@@ -26,8 +27,9 @@ fn no_cluster() -> CommandError {
     )
 }
 
-/// Serves a command on the `config` database from the metadata store.
-pub fn config_read(
+/// Serves a command on the `config` database: from the metadata store, or with a config
+/// server forwarded to it, as mongos does ([`super::cluster_admin::config_read`]).
+pub async fn config_read(
     cluster: Option<&Arc<ShardedCluster>>,
     req: &CommandRequest,
     router_name: &str,
@@ -50,6 +52,9 @@ pub fn config_read(
                 req.name
             ),
         ));
+    }
+    if cluster.has_config_server() {
+        return super::cluster_admin::config_read(cluster, req).await;
     }
     cluster.metadata.touch_mongos(router_name, uptime_secs);
     cluster.metadata.config_read(req)
@@ -99,10 +104,6 @@ pub async fn shard_collection(
 ) -> Result<Document, CommandError> {
     let cluster = cluster.ok_or_else(no_cluster)?;
     let body = req.body_document();
-    if cluster.has_config_server() {
-        let ns = body.get_str(&req.name).unwrap_or_default();
-        return Err(super::configdb::not_through_config_server(&req.name, ns));
-    }
     let ns = match body.get(&req.name) {
         Some(Bson::String(s)) => s.clone(),
         _ => {
@@ -175,6 +176,10 @@ pub async fn shard_collection(
         },
     };
 
+    if cluster.has_config_server() {
+        return super::cluster_ddl::shard_collection(cluster, &ns, &pattern, unique, num_initial)
+            .await;
+    }
     if let Some(existing) = cluster.metadata.collection(&ns) {
         let same_key = existing.get_document("key").ok() == Some(&pattern.to_document());
         let same_unique = existing.get_bool("unique").unwrap_or(false) == unique;
@@ -212,15 +217,7 @@ pub async fn shard_collection(
     }
 
     // Every shard gets the collection and the shard key index.
-    let index_name = pattern
-        .to_document()
-        .iter()
-        .map(|(k, v)| match v {
-            Bson::String(s) => format!("{k}_{s}"),
-            _ => format!("{k}_1"),
-        })
-        .collect::<Vec<_>>()
-        .join("_");
+    let index_name = pattern.index_name();
     for shard in &shard_ids {
         let r = cluster
             .cluster
@@ -274,16 +271,6 @@ pub fn list_shards(cluster: Option<&Arc<ShardedCluster>>) -> Result<Document, Co
         .map(Bson::Document)
         .collect();
     Ok(doc! {"shards": shards})
-}
-
-/// `flushRouterConfig`: forgets every cached routing snapshot.
-pub fn flush_router_config(
-    cluster: Option<&Arc<ShardedCluster>>,
-) -> Result<Document, CommandError> {
-    if let Some(c) = cluster {
-        c.cluster.routing.flush();
-    }
-    Ok(doc! {"flushed": true})
 }
 
 /// `moveChunk` (`{moveChunk: ns, find | bounds, to}`) and `moveRange` (`{moveRange: ns,

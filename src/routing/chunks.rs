@@ -57,6 +57,8 @@ pub struct Chunk {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChunkMap {
     by_max: BTreeMap<ShardKey, Chunk>,
+    /// The shards that own at least one chunk, sorted (the map never changes once built).
+    owners: Vec<String>,
 }
 
 impl ChunkMap {
@@ -92,8 +94,12 @@ impl ChunkMap {
                 "the last chunk does not end at MaxKey",
             ));
         }
+        let mut owners: Vec<String> = chunks.iter().map(|c| c.shard.clone()).collect();
+        owners.sort_unstable();
+        owners.dedup();
         Ok(ChunkMap {
             by_max: chunks.into_iter().map(|c| (c.max.clone(), c)).collect(),
+            owners,
         })
     }
 
@@ -124,7 +130,12 @@ impl ChunkMap {
 
     /// The shards that own at least one chunk, sorted.
     pub fn shards(&self) -> BTreeSet<String> {
-        self.by_max.values().map(|c| c.shard.clone()).collect()
+        self.owners.iter().cloned().collect()
+    }
+
+    /// The shards that own at least one chunk, sorted, without copying them.
+    pub fn owners(&self) -> &[String] {
+        &self.owners
     }
 
     /// The collection version: the highest chunk version.

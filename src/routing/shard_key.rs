@@ -134,6 +134,21 @@ impl ShardKeyPattern {
         d
     }
 
+    /// The name mongod gives the shard key's index (`x_1_y_hashed`).
+    pub fn index_name(&self) -> String {
+        self.fields
+            .iter()
+            .map(|f| {
+                if f.hashed {
+                    format!("{}_hashed", f.path)
+                } else {
+                    format!("{}_1", f.path)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("_")
+    }
+
     /// Whether the first field is hashed (the pre-split applies).
     pub fn is_hashed_prefix(&self) -> bool {
         self.fields.first().is_some_and(|f| f.hashed)

@@ -63,6 +63,16 @@ impl ShardService {
                         .await
                         .map(Some);
                 }
+                "_configsvrAddShard" => {
+                    check_admin(req)?;
+                    return crate::embedded::configsvr_ddl::add_shard(
+                        self,
+                        &self.migrations,
+                        &body,
+                    )
+                    .await
+                    .map(Some);
+                }
                 "_configsvrCommitChunkMigration" => {
                     check_admin(req)?;
                     return crate::embedded::migration::commit_chunk_migration(
@@ -91,6 +101,17 @@ impl ShardService {
                         name: self.name().to_string(),
                     };
                     return crate::embedded::migration::move_range(donor, body)
+                        .await
+                        .map(Some);
+                }
+                _ if crate::embedded::cluster_ddl::COMMANDS.contains(&name) => {
+                    let shard = crate::embedded::migration::Donor {
+                        catalog: self.catalog.clone(),
+                        migrations: self.migrations.clone(),
+                        filtering: filtering.clone(),
+                        name: self.name().to_string(),
+                    };
+                    return crate::embedded::cluster_ddl::run(shard, req, body)
                         .await
                         .map(Some);
                 }

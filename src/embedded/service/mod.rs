@@ -96,6 +96,9 @@ impl ShardService {
             .configdb
             .as_deref()
             .map(|c| Arc::new(super::filtering::Filtering::new(c)));
+        if options.config_server {
+            super::configsvr::seed(&mut lock(&data.catalog));
+        }
         ShardService {
             state,
             options,

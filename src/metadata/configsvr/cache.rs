@@ -500,6 +500,11 @@ impl CatalogCache {
         self.inner.shards.demand(None, |_, _| true, |_, _| false);
     }
 
+    /// Forgets the shard list (a shard was added); the next use reads `config.shards` again.
+    pub fn flush_shards(&self) {
+        self.inner.shards.demand(None, |_, _| true, |_, _| false);
+    }
+
     /// `flushRouterConfig: "db"` (and `dropDatabase`): forgets the database and its collections.
     pub fn flush_database(&self, db: &str) {
         lock(&self.inner.databases).remove(db);

@@ -96,9 +96,28 @@ impl ConfigServerSource {
         if !command.contains_key("writeConcern") {
             command.insert("writeConcern", doc! {"w": "majority"});
         }
+        self.run_admin_command_as_is(command).await
+    }
+
+    /// [`ConfigServerSource::run_admin_command`] without adding a write concern, for the
+    /// internal commands that take none (`_configsvrBalancerStatus`, …).
+    pub async fn run_admin_command_as_is(
+        &self,
+        command: Document,
+    ) -> Result<Document, MetadataError> {
+        self.run_command_in("admin", command).await
+    }
+
+    /// Runs `command` as it is in the database `db` of the config server's primary (the
+    /// router's forwarded reads of the `config` database).
+    pub async fn run_command_in(
+        &self,
+        db: &str,
+        command: Document,
+    ) -> Result<Document, MetadataError> {
         let reply = self
             .client
-            .database("admin")
+            .database(db)
             .run_command(command)
             .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
             .await

@@ -259,7 +259,8 @@ impl StaticStore {
     pub fn set_shards(&self, shards: &[ShardInfo]) -> Result<(), RoutingError> {
         let _w = crate::sync::lock(&self.write);
         let existing = self.shards();
-        if !existing.is_empty() {
+        // A mirror's shard list follows the config server's (shards are added there).
+        if !existing.is_empty() && !self.is_mirror() {
             let same = existing.len() == shards.len()
                 && existing
                     .iter()

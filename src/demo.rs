@@ -1,0 +1,133 @@
+//! The embedded cluster `sluice demo --cluster` runs (and the tests start in process): an
+//! embedded config server, embedded shards in shard-server mode, and one or more routers in
+//! `--configdb` mode over them, as a MongoDB sharded cluster is laid out. The shards are added
+//! through the config server (`_configsvrAddShard`, as `addShard` does), and the configured
+//! collections are sharded through the first router (`_shardsvrCreateCollection` on the
+//! database's primary shard). Memory only, not for production. docs/design/config-server.md,
+//! §13.
+
+use std::sync::Arc;
+
+use bson::doc;
+
+use crate::config::{CollectionConfig, Config};
+use crate::embedded::{EmbeddedShard, ShardOptions};
+use crate::frontend::RouterHandle;
+use crate::router::ShardedCluster;
+
+/// The replica set name of the demo's config server.
+pub const CONFIG_SET_NAME: &str = "configRS";
+
+/// A running embedded cluster.
+#[derive(Debug)]
+pub struct DemoCluster {
+    /// The config server.
+    pub config_server: EmbeddedShard,
+    /// The shards, `shard0`, `shard1`, ….
+    pub shards: Vec<EmbeddedShard>,
+    /// The routers, with the cluster each routes by.
+    pub routers: Vec<(RouterHandle, Arc<ShardedCluster>)>,
+}
+
+/// Every failure of the demo's start-up, as one message.
+fn failed(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
+}
+
+impl DemoCluster {
+    /// Starts the config server and `shards` shards (from `shard` options, on loopback
+    /// ports), adds the shards, then one router per configuration in `routers` (each with
+    /// `argv` for `getCmdLineOpts`), and shards `collections` through the first router.
+    pub async fn start(
+        shards: usize,
+        shard: ShardOptions,
+        routers: Vec<Config>,
+        argv: Vec<String>,
+        collections: &[CollectionConfig],
+    ) -> Result<DemoCluster, String> {
+        let config_server = EmbeddedShard::start(
+            "127.0.0.1:0",
+            ShardOptions {
+                set_name: CONFIG_SET_NAME.to_string(),
+                config_server: true,
+                ..shard.clone()
+            },
+        )
+        .await
+        .map_err(|e| failed("cannot start the embedded config server", e))?;
+        let configdb = format!("{CONFIG_SET_NAME}/{}", config_server.local_addr());
+        let shards = EmbeddedShard::start_many(
+            shards,
+            ShardOptions {
+                configdb: Some(configdb.clone()),
+                ..shard
+            },
+        )
+        .await
+        .map_err(|e| failed("cannot start the embedded shards", e))?;
+        let mut cluster = DemoCluster {
+            config_server,
+            shards,
+            routers: Vec::new(),
+        };
+        let client = mongodb::Client::with_uri_str(format!(
+            "mongodb://{}/?directConnection=true&serverSelectionTimeoutMS=10000&appName=sluice-demo",
+            cluster.config_server.local_addr()
+        ))
+        .await
+        .map_err(|e| failed("cannot reach the embedded config server", e))?;
+        for s in &cluster.shards {
+            let host = format!("{}/{}", s.service().name(), s.local_addr());
+            client
+                .database("admin")
+                .run_command(doc! {"_configsvrAddShard": &host, "writeConcern": {"w": "majority"}})
+                .await
+                .map_err(|e| failed(&format!("cannot add the shard {host}"), e))?;
+        }
+        for config in routers {
+            cluster.start_router(config, argv.clone()).await?;
+        }
+        if let Some((_, first)) = cluster.routers.first() {
+            crate::router::shard_collections(first, collections).await?;
+        }
+        Ok(cluster)
+    }
+
+    /// The config server as `--configdb` names it.
+    pub fn configdb(&self) -> String {
+        format!("{CONFIG_SET_NAME}/{}", self.config_server.local_addr())
+    }
+
+    /// Starts one more router over the cluster with `config` (its `listen` and settings).
+    pub async fn start_router(
+        &mut self,
+        config: Config,
+        argv: Vec<String>,
+    ) -> Result<&(RouterHandle, Arc<ShardedCluster>), String> {
+        let listen = config.listen.clone();
+        let pool = config
+            .pool_options()
+            .map_err(|e| failed("invalid pool settings", e))?;
+        let sharded =
+            crate::router::configdb::bootstrap_configdb(&self.configdb(), pool, &config.batching)
+                .await?;
+        let handle = crate::router::start_router(config, argv, Some(sharded.clone()))
+            .await
+            .map_err(|e| failed(&format!("cannot listen on {listen}"), e))?;
+        self.routers.push((handle, sharded));
+        self.routers
+            .last()
+            .ok_or_else(|| "no router was started".to_string())
+    }
+
+    /// Stops the routers, then the shards and the config server.
+    pub async fn shutdown(self) {
+        for (r, _) in self.routers {
+            r.shutdown().await;
+        }
+        for s in self.shards {
+            s.shutdown().await;
+        }
+        self.config_server.shutdown().await;
+    }
+}

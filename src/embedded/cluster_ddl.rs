@@ -1,0 +1,461 @@
+//! Cluster DDL on an embedded shard server (`sluice shard --configdb …`), as a MongoDB shard
+//! takes part in it (docs/design/config-server.md, §13):
+//!
+//! - the database's primary shard coordinates `_shardsvrCreateCollection` (shardCollection),
+//!   `_shardsvrDropCollection` and `_shardsvrDropDatabase`, which mongos 8.0 sends it with the
+//!   database's version: it creates or drops the collection on the shards (through their
+//!   ordinary `create` / `createIndexes` / `drop` / `dropDatabase`), records the change on the
+//!   config server, and has every shard reload its metadata
+//!   (`_flushRoutingTableCacheUpdates` / `_flushDatabaseCacheUpdates`);
+//! - the shard that owns a chunk runs `splitChunk` and `mergeChunks`, committing them on the
+//!   config server (`_configsvrCommitChunkSplit`, `_configsvrCommitChunksMerge`) and reloading.
+//!
+//! Where it is simpler than MongoDB's coordinators: no critical section spans the shards
+//! while a collection or database is dropped (a write racing the drop may land before or
+//! after it), and the `config.*` changes are one embedded command
+//! (`_sluiceCommit*`) instead of a transaction on the config server.
+
+use bson::{doc, oid::ObjectId, Bson, Document};
+
+use crate::command::CommandRequest;
+use crate::engine::EngineError;
+use crate::routing::chunks::initial_chunks;
+use crate::routing::ShardKeyPattern;
+use crate::sync::lock;
+use crate::value::error_codes::ErrorCode;
+use crate::value::field::{number_field, truthy};
+
+use super::filtering::engine_error;
+use super::migration::{first_host, now_secs, Donor};
+
+/// The commands of this module.
+pub const COMMANDS: &[&str] = &[
+    "_shardsvrCreateCollection",
+    "_shardsvrDropCollection",
+    "_shardsvrDropDatabase",
+    "splitChunk",
+    "mergeChunks",
+];
+
+/// Runs one of [`COMMANDS`] on the shard server `shard`.
+pub async fn run(
+    shard: Donor,
+    req: &CommandRequest,
+    body: Document,
+) -> Result<Document, EngineError> {
+    let name = req.name.as_str();
+    let admin_only = matches!(name, "splitChunk" | "mergeChunks");
+    if admin_only != (req.db == "admin") {
+        return Err(EngineError::new(
+            if admin_only {
+                ErrorCode::Unauthorized
+            } else {
+                ErrorCode::InvalidNamespace
+            },
+            if admin_only {
+                format!("{name} may only be run against the admin database.")
+            } else {
+                format!("{name} is run against the database it changes, not admin")
+            },
+        ));
+    }
+    if let Some(v) = body.get("databaseVersion") {
+        shard
+            .filtering
+            .check(&shard.name, &req.db, &doc! {"databaseVersion": v.clone()})
+            .await?;
+    }
+    match name {
+        "_shardsvrCreateCollection" => create_collection(&shard, &req.db, &body).await,
+        "_shardsvrDropCollection" => drop_collection(&shard, &req.db, &body).await,
+        "_shardsvrDropDatabase" => drop_database(&shard, &req.db).await,
+        "splitChunk" => split_chunk(&shard, &body).await,
+        _ => merge_chunks(&shard, &body).await,
+    }
+}
+
+fn string<'a>(body: &'a Document, command: &str, field: &str) -> Result<&'a str, EngineError> {
+    super::configsvr::string_field(body, command, field)
+}
+
+fn object<'a>(body: &'a Document, command: &str, field: &str) -> Result<&'a Document, EngineError> {
+    match body.get(field) {
+        Some(Bson::Document(d)) => Ok(d),
+        Some(v) => Err(EngineError::new(
+            ErrorCode::TypeMismatch,
+            format!(
+                "BSON field '{command}.{field}' is the wrong type '{}', expected type 'object'",
+                crate::value::field::type_name(v)
+            ),
+        )),
+        None => Err(EngineError::new(
+            ErrorCode(40414),
+            format!("BSON field '{command}.{field}' is missing but a required field"),
+        )),
+    }
+}
+
+/// Every shard of the cluster as `(id, host to connect to)`, sorted by id.
+async fn shards(d: &Donor) -> Result<Vec<(String, String)>, EngineError> {
+    let registry = d
+        .filtering
+        .cache()
+        .await?
+        .shards()
+        .await
+        .map_err(engine_error)?;
+    let mut out: Vec<(String, String)> = registry
+        .shards()
+        .map(|s| (s.id.clone(), first_host(&s.host).to_string()))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// Fails with the shard's error unless the reply is `ok` (or one of the codes `accept`).
+fn checked(reply: Result<Document, EngineError>, accept: &[ErrorCode]) -> Result<(), EngineError> {
+    match reply {
+        Ok(_) => Ok(()),
+        Err(e) if accept.contains(&e.code) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Has every shard (this one included) reload what it caches of `ns` (a collection) or of a
+/// database; a shard that cannot be told reloads on the next stale request instead.
+async fn flush_everywhere(d: &Donor, all: &[(String, String)], command: &str, target: &str) {
+    if let Ok(cache) = d.filtering.cache().await {
+        if command == "_flushDatabaseCacheUpdates" {
+            cache.flush_database(target);
+        } else {
+            cache.flush_collection(target);
+        }
+    }
+    for (id, host) in all {
+        if *id == d.name {
+            continue;
+        }
+        if let Err(e) = d.migrations.run_on(host, doc! {command: target}).await {
+            tracing::warn!(shard = %id, target, error = %e.message,
+                "a shard could not be told to reload its metadata");
+        }
+    }
+}
+
+fn already_sharded(ns: &str, key: &Bson, unique: bool) -> EngineError {
+    EngineError::new(
+        ErrorCode(23),
+        format!(
+            "sharding already enabled for collection {ns} with options {}",
+            crate::value::render::render_doc(&doc! {"key": key.clone(), "unique": unique})
+        ),
+    )
+}
+
+/// `_shardsvrCreateCollection: <coll>` on the database (`shardKey`, `unique`,
+/// `numInitialChunks`): shards the collection with MongoDB's initial chunks. An empty
+/// collection gets the pre-split of [`initial_chunks`] (a hashed prefix: `numInitialChunks`,
+/// two per shard by default, spread over the shards; otherwise one chunk on the primary); a
+/// collection with documents gets one chunk on this shard (the primary, where they are), as
+/// MongoDB does. The collection and its shard key index are created on every shard that gets
+/// a chunk; `config.chunks` then `config.collections` are written on the config server; every
+/// shard reloads. Sharding again with the same key and `unique` answers as the first time.
+async fn create_collection(d: &Donor, db: &str, body: &Document) -> Result<Document, EngineError> {
+    const CMD: &str = "_shardsvrCreateCollection";
+    let coll = string(body, CMD, CMD)?;
+    let ns = format!("{db}.{coll}");
+    super::store::check_namespace(db, coll)?;
+    let key = object(body, CMD, "shardKey")?;
+    let pattern = ShardKeyPattern::parse(key).map_err(|e| EngineError::new(e.code, e.message))?;
+    let unique = body.get("unique").is_some_and(truthy);
+    let num_initial = number_field(body, "numInitialChunks")
+        .filter(|n| *n > 0)
+        .map(|n| n as u32);
+    let cache = d.filtering.cache().await?;
+    cache.flush_collection(&ns);
+    let info = cache.routing_info(&ns).await.map_err(engine_error)?;
+    if let Some(existing) = info.collection {
+        let same = existing.snapshot.pattern.to_document() == pattern.to_document()
+            && existing.snapshot.unique == unique;
+        if same {
+            return Ok(doc! {"collectionsharded": &ns, "collectionUUID": existing.snapshot.uuid});
+        }
+        return Err(already_sharded(
+            &ns,
+            &Bson::Document(existing.snapshot.pattern.to_document()),
+            existing.snapshot.unique,
+        ));
+    }
+    let all = shards(d).await?;
+    let ids: Vec<String> = all.iter().map(|(id, _)| id.clone()).collect();
+    let holds_documents = lock(&d.catalog)
+        .collection(db, coll)
+        .is_some_and(|c| !c.is_empty());
+    let chunks = if holds_documents {
+        vec![crate::routing::Chunk {
+            id: ObjectId::new(),
+            min: pattern.min_key(),
+            max: pattern.max_key(),
+            shard: d.name.clone(),
+            version: crate::routing::ChunkVersion { major: 1, minor: 0 },
+        }]
+    } else {
+        initial_chunks(&pattern, &ids, &d.name, num_initial)
+    };
+    let mut owners: Vec<&str> = chunks.iter().map(|c| c.shard.as_str()).collect();
+    owners.push(&d.name);
+    owners.sort_unstable();
+    owners.dedup();
+    for owner in owners {
+        let Some((_, host)) = all.iter().find(|(id, _)| id == owner) else {
+            return Err(EngineError::new(
+                ErrorCode::ShardNotFound,
+                format!("Shard {owner} not found"),
+            ));
+        };
+        checked(
+            d.migrations
+                .run_on_db(host, db, doc! {"create": coll})
+                .await,
+            &[ErrorCode::NamespaceExists],
+        )?;
+        if pattern.to_document() != doc! {"_id": 1} {
+            let mut index = doc! {"key": pattern.to_document(), "name": pattern.index_name()};
+            if unique {
+                index.insert("unique", true);
+            }
+            checked(
+                d.migrations
+                    .run_on_db(host, db, doc! {"createIndexes": coll, "indexes": [index]})
+                    .await,
+                &[],
+            )?;
+        }
+    }
+    let epoch = ObjectId::new();
+    let timestamp = bson::Timestamp {
+        time: now_secs(),
+        increment: 1,
+    };
+    let uuid = bson::Uuid::new();
+    let entry = doc! {
+        "_id": &ns,
+        "lastmodEpoch": epoch,
+        "lastmod": bson::DateTime::now(),
+        "timestamp": timestamp,
+        "uuid": uuid,
+        "key": pattern.to_document(),
+        "unique": unique,
+        "noBalance": false,
+    };
+    let chunk_docs: Vec<Bson> = chunks
+        .iter()
+        .map(|c| {
+            Bson::Document(doc! {
+                "_id": c.id,
+                "uuid": uuid,
+                "min": pattern.key_document(&c.min),
+                "max": pattern.key_document(&c.max),
+                "shard": &c.shard,
+                "lastmod": c.version.timestamp(),
+                "onCurrentShardSince": timestamp,
+                "history": [{"validAfter": timestamp, "shard": &c.shard}],
+            })
+        })
+        .collect();
+    let reply = d
+        .filtering
+        .run_on_config_server(doc! {
+            "_sluiceCommitShardCollection": &ns,
+            "collection": entry,
+            "chunks": chunk_docs
+        })
+        .await?;
+    flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", &ns).await;
+    if let Ok(existing) = reply.get_document("existing") {
+        // Sharded meanwhile by another request: the same as the first time, or refused.
+        let key = existing.get("key").cloned().unwrap_or(Bson::Null);
+        let other_unique = existing.get_bool("unique").unwrap_or(false);
+        if key == Bson::Document(pattern.to_document()) && other_unique == unique {
+            let uuid = existing.get("uuid").cloned().unwrap_or(Bson::Null);
+            return Ok(doc! {"collectionsharded": &ns, "collectionUUID": uuid});
+        }
+        return Err(already_sharded(&ns, &key, other_unique));
+    }
+    Ok(doc! {"collectionsharded": &ns, "collectionUUID": uuid})
+}
+
+/// `_shardsvrDropCollection: <coll>` on the database: a sharded collection leaves
+/// `config.*` and then every shard; an unsharded one is dropped here (the primary). Every
+/// shard reloads. Dropping a collection that does not exist succeeds, as in MongoDB 7.0+.
+async fn drop_collection(d: &Donor, db: &str, body: &Document) -> Result<Document, EngineError> {
+    const CMD: &str = "_shardsvrDropCollection";
+    let coll = string(body, CMD, CMD)?;
+    let ns = format!("{db}.{coll}");
+    super::store::check_namespace(db, coll)?;
+    let cache = d.filtering.cache().await?;
+    cache.flush_collection(&ns);
+    let tracked = cache
+        .routing_info(&ns)
+        .await
+        .map_err(engine_error)?
+        .collection
+        .is_some();
+    let all = shards(d).await?;
+    if tracked {
+        d.filtering
+            .run_on_config_server(doc! {"_sluiceCommitDropCollection": &ns})
+            .await?;
+    }
+    for (id, host) in &all {
+        if !tracked && *id != d.name {
+            continue;
+        }
+        checked(
+            d.migrations.run_on_db(host, db, doc! {"drop": coll}).await,
+            &[ErrorCode::NamespaceNotFound],
+        )?;
+    }
+    flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", &ns).await;
+    Ok(doc! {"ns": &ns})
+}
+
+/// `_shardsvrDropDatabase: 1` on the database: its sharded collections and its entry leave
+/// `config.*`, then the database is dropped on every shard, and every shard reloads.
+async fn drop_database(d: &Donor, db: &str) -> Result<Document, EngineError> {
+    if matches!(db, "admin" | "config" | "local") {
+        return Err(EngineError::new(
+            ErrorCode::IllegalOperation,
+            format!("Cannot drop the {db} database"),
+        ));
+    }
+    let all = shards(d).await?;
+    let reply = d
+        .filtering
+        .run_on_config_server(doc! {
+            "_sluiceCommitDropDatabase": db
+        })
+        .await?;
+    for (_, host) in &all {
+        checked(
+            d.migrations
+                .run_on_db(host, db, doc! {"dropDatabase": 1})
+                .await,
+            &[],
+        )?;
+    }
+    let dropped: Vec<String> = reply
+        .get_array("collections")
+        .map(|a| {
+            a.iter()
+                .filter_map(|b| b.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    for ns in &dropped {
+        flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", ns).await;
+    }
+    flush_everywhere(d, &all, "_flushDatabaseCacheUpdates", db).await;
+    Ok(doc! {"dropped": db})
+}
+
+/// `splitChunk {splitChunk: ns, from, keyPattern, epoch, timestamp, min, max, splitKeys}` (what
+/// mongos sends the shard that owns the chunk): committed on the config server as
+/// `_configsvrCommitChunkSplit`, then this shard reloads the collection.
+async fn split_chunk(d: &Donor, body: &Document) -> Result<Document, EngineError> {
+    const CMD: &str = "splitChunk";
+    let ns = string(body, CMD, CMD)?;
+    let from = string(body, CMD, "from")?;
+    if from != d.name {
+        return Err(EngineError::new(
+            ErrorCode::IllegalOperation,
+            format!("this shard is {}, not {from}", d.name),
+        ));
+    }
+    let min = object(body, CMD, "min")?;
+    let max = object(body, CMD, "max")?;
+    let Some(Bson::Array(keys)) = body.get("splitKeys") else {
+        return Err(EngineError::new(
+            ErrorCode(40414),
+            format!("BSON field '{CMD}.splitKeys' is missing but a required field"),
+        ));
+    };
+    let mut commit = doc! {"_configsvrCommitChunkSplit": ns};
+    if let Some(e) = body.get("epoch") {
+        commit.insert("collEpoch", e.clone());
+    }
+    if let Some(t) = body.get("timestamp") {
+        commit.insert("collTimestamp", t.clone());
+    }
+    commit.insert("min", min.clone());
+    commit.insert("max", max.clone());
+    commit.insert("splitPoints", keys.clone());
+    commit.insert("shard", &d.name);
+    let result = d.filtering.run_on_config_server(commit).await;
+    d.filtering.cache().await?.flush_collection(ns);
+    let reply = result?;
+    Ok(doc! {"shardVersion": reply.get("shardVersion").cloned().unwrap_or(Bson::Null)})
+}
+
+/// `mergeChunks {mergeChunks: ns, bounds: [min, max], shardName, epoch, timestamp}` (what
+/// mongos sends the shard that owns the first chunk): committed on the config server as
+/// `_configsvrCommitChunksMerge`, then this shard reloads the collection.
+async fn merge_chunks(d: &Donor, body: &Document) -> Result<Document, EngineError> {
+    const CMD: &str = "mergeChunks";
+    let ns = string(body, CMD, CMD)?;
+    if let Ok(name) = body.get_str("shardName") {
+        if name != d.name {
+            return Err(EngineError::new(
+                ErrorCode::IllegalOperation,
+                format!("this shard is {}, not {name}", d.name),
+            ));
+        }
+    }
+    let (min, max) = match body.get("bounds") {
+        Some(Bson::Array(b)) => match b.as_slice() {
+            [Bson::Document(lo), Bson::Document(hi)] => (lo.clone(), hi.clone()),
+            _ => {
+                return Err(EngineError::new(
+                    ErrorCode::InvalidOptions,
+                    "only a min and max bound may be specified",
+                ))
+            }
+        },
+        _ => {
+            return Err(EngineError::new(
+                ErrorCode(40414),
+                format!("BSON field '{CMD}.bounds' is missing but a required field"),
+            ))
+        }
+    };
+    let cache = d.filtering.cache().await?;
+    cache.flush_collection(ns);
+    let info = cache.routing_info(ns).await.map_err(engine_error)?;
+    let Some(coll) = info.collection else {
+        return Err(EngineError::new(
+            ErrorCode::NamespaceNotSharded,
+            format!("{ns} is not sharded"),
+        ));
+    };
+    if let Some(e) = body.get("epoch") {
+        if *e != Bson::ObjectId(coll.snapshot.epoch) {
+            return Err(EngineError::new(
+                ErrorCode::StaleEpoch,
+                format!("{ns} was dropped or sharded again"),
+            ));
+        }
+    }
+    let result = d
+        .filtering
+        .run_on_config_server(doc! {
+            "_configsvrCommitChunksMerge": ns,
+            "collUUID": coll.snapshot.uuid,
+            "chunkRange": {"min": min, "max": max},
+            "shard": &d.name,
+            "validAfter": bson::Timestamp { time: now_secs(), increment: 0 }
+        })
+        .await;
+    cache.flush_collection(ns);
+    let reply = result?;
+    Ok(doc! {"shardVersion": reply.get("shardVersion").cloned().unwrap_or(Bson::Null)})
+}

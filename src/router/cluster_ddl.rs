@@ -1,0 +1,412 @@
+//! Cluster DDL through a `--configdb` router, sent as mongos 8.0 sends it
+//! (docs/design/config-server.md, §13):
+//!
+//! - `shardCollection` → `_shardsvrCreateCollection` to the database's primary shard;
+//! - `drop` of a sharded collection → `_shardsvrDropCollection`, `dropDatabase` →
+//!   `_shardsvrDropDatabase`, both to the primary shard;
+//! - `split` → `splitChunk` to the shard that owns the chunk, `mergeChunks` → `mergeChunks` to
+//!   the shard that owns the range (each commits on the config server);
+//! - `balancerStart` / `balancerStop` / `balancerStatus` → `_configsvrBalancer*` on the config
+//!   server.
+//!
+//! Commands to the primary shard carry the database's version (`databaseVersion`); a
+//! StaleDbVersion answer refreshes the database and sends the command again, at most
+//! [`super::configdb::MAX_ATTEMPTS`] times. Afterwards the router forgets what it cached of
+//! the collection or database, so its next request reads the config server.
+
+use bson::{doc, Bson, Document};
+
+use crate::command::{CommandError, CommandRequest};
+use crate::metadata::configsvr::stale::is_stale_code;
+use crate::routing::{ShardKey, ShardKeyPattern};
+use crate::value::error_codes::ErrorCode;
+
+use super::ShardedCluster;
+
+/// Fields of a config server's or shard's reply that the router does not pass on.
+const NOT_PASSED_ON: &[&str] = &[
+    "ok",
+    "$clusterTime",
+    "operationTime",
+    "$configServerState",
+    "$gleStats",
+    "$topologyTime",
+    "lastCommittedOpTime",
+    "electionId",
+    "opTime",
+];
+
+pub(super) fn passed_on(mut reply: Document) -> Document {
+    for f in NOT_PASSED_ON {
+        reply.remove(*f);
+    }
+    reply
+}
+
+fn reply_code(reply: &Document) -> Option<ErrorCode> {
+    match reply.get("code") {
+        Some(Bson::Int32(c)) => Some(ErrorCode(*c)),
+        Some(Bson::Int64(c)) => Some(ErrorCode(*c as i32)),
+        _ => None,
+    }
+}
+
+/// Runs `command` on `db`'s primary shard with the database's version, creating the database
+/// first when `create`. `None` when the database does not exist (and was not created).
+async fn to_primary(
+    sharded: &ShardedCluster,
+    db: &str,
+    command: &Document,
+    create: bool,
+) -> Result<Option<Document>, CommandError> {
+    let mut attempt = 1;
+    loop {
+        let Some(versions) = sharded.sync_database(db, create).await? else {
+            return Ok(None);
+        };
+        let primary = sharded
+            .metadata
+            .database(db)
+            .and_then(|d| d.get_str("primary").ok().map(str::to_string))
+            .ok_or_else(|| {
+                CommandError::new(
+                    ErrorCode::NamespaceNotFound,
+                    format!("database {db} not found"),
+                )
+            })?;
+        let mut body = command.clone();
+        if let Some(v) = versions.get("databaseVersion") {
+            body.insert("databaseVersion", v.clone());
+        }
+        body.insert("writeConcern", doc! {"w": "majority"});
+        body.insert("$db", db);
+        let reply = sharded
+            .cluster
+            .run_on(&primary, &body)
+            .await
+            .map_err(|e| e.at(&primary))?;
+        if reply.get_f64("ok").ok() == Some(1.0) {
+            return Ok(Some(reply));
+        }
+        let stale = reply_code(&reply).is_some_and(is_stale_code);
+        if !stale || attempt >= super::configdb::MAX_ATTEMPTS {
+            return Err(CommandError::from_shard_reply(&primary, &reply));
+        }
+        metrics::counter!("sluice_stale_retries_total").increment(1);
+        sharded.on_stale(db, &reply);
+        attempt += 1;
+    }
+}
+
+/// `shardCollection` with a config server: `_shardsvrCreateCollection` to the primary shard
+/// (which pre-splits, creates the collection on the shards and commits on the config server).
+pub async fn shard_collection(
+    sharded: &ShardedCluster,
+    ns: &str,
+    pattern: &ShardKeyPattern,
+    unique: bool,
+    num_initial_chunks: Option<u32>,
+) -> Result<Document, CommandError> {
+    let (db, coll) = ns.split_once('.').unwrap_or((ns, ""));
+    let mut command = doc! {
+        "_shardsvrCreateCollection": coll,
+        "shardKey": pattern.to_document(),
+        "unique": unique,
+        "presplitHashedZones": false,
+    };
+    if let Some(n) = num_initial_chunks {
+        command.insert("numInitialChunks", n as i64);
+    }
+    let result = to_primary(sharded, db, &command, true).await;
+    sharded.forget_collection(ns);
+    let reply = result?.ok_or_else(|| {
+        CommandError::new(
+            ErrorCode::NamespaceNotFound,
+            format!("database {db} not found"),
+        )
+    })?;
+    let mut out = doc! {"collectionsharded": ns};
+    if let Some(uuid) = reply.get("collectionUUID") {
+        out.insert("collectionUUID", uuid.clone());
+    }
+    Ok(out)
+}
+
+/// `drop` of a sharded collection with a config server: `_shardsvrDropCollection` to the
+/// primary shard.
+pub async fn drop_collection(sharded: &ShardedCluster, ns: &str) -> Result<Document, CommandError> {
+    let (db, coll) = ns.split_once('.').unwrap_or((ns, ""));
+    let result = to_primary(sharded, db, &doc! {"_shardsvrDropCollection": coll}, false).await;
+    sharded.forget_collection(ns);
+    result?;
+    Ok(doc! {"ns": ns})
+}
+
+/// `dropDatabase` with a config server: `_shardsvrDropDatabase` to the primary shard; a
+/// database the config server does not know is answered `{}` (nothing to drop).
+pub async fn drop_database(sharded: &ShardedCluster, db: &str) -> Result<Document, CommandError> {
+    if matches!(db, "admin" | "config") {
+        return Err(CommandError::new(
+            ErrorCode::IllegalOperation,
+            format!("Cannot drop the {db} database"),
+        ));
+    }
+    let result = to_primary(sharded, db, &doc! {"_shardsvrDropDatabase": 1}, false).await;
+    if let Some(cs) = sharded.config_server() {
+        cs.cache().flush_database(db);
+    }
+    sharded.metadata.mirror_database(db, None);
+    Ok(match result? {
+        Some(_) => doc! {"dropped": db},
+        None => Document::new(),
+    })
+}
+
+fn namespace_arg(req: &CommandRequest, body: &Document) -> Result<String, CommandError> {
+    let cmd = req.name.as_str();
+    match body.get(cmd) {
+        Some(Bson::String(s))
+            if s.split_once('.')
+                .is_some_and(|(d, c)| !d.is_empty() && !c.is_empty()) =>
+        {
+            Ok(s.clone())
+        }
+        Some(Bson::String(s)) => Err(CommandError::new(
+            ErrorCode::InvalidNamespace,
+            format!("Invalid namespace specified '{s}'"),
+        )),
+        _ => Err(CommandError::new(
+            ErrorCode::TypeMismatch,
+            format!("BSON field '{cmd}.{cmd}' is the wrong type, expected type 'string'"),
+        )),
+    }
+}
+
+fn needs_config_server(cmd: &str) -> CommandError {
+    CommandError::new(
+        ErrorCode::IllegalOperation,
+        format!("{cmd} changes chunks through a config server: start the router with --configdb"),
+    )
+}
+
+async fn sharded_snapshot(
+    sharded: &ShardedCluster,
+    cmd: &str,
+    ns: &str,
+) -> Result<std::sync::Arc<crate::routing::RoutingSnapshot>, CommandError> {
+    sharded.cluster.routing.lookup(ns).await?.ok_or_else(|| {
+        CommandError::new(
+            ErrorCode::NamespaceNotSharded,
+            format!("Can't execute {cmd} on unsharded collection {ns}"),
+        )
+    })
+}
+
+/// Runs `command` on the `admin` database of `shard` and returns its reply, or its error.
+async fn on_shard(
+    sharded: &ShardedCluster,
+    shard: &str,
+    mut command: Document,
+) -> Result<Document, CommandError> {
+    command.insert("$db", "admin");
+    let reply = sharded
+        .cluster
+        .run_on(shard, &command)
+        .await
+        .map_err(|e| e.at(shard))?;
+    if reply.get_f64("ok").ok() != Some(1.0) {
+        return Err(CommandError::from_shard_reply(shard, &reply));
+    }
+    Ok(reply)
+}
+
+/// `split {split: ns, middle}`: the chunk holding `middle` is split there, by the shard that
+/// owns it (`splitChunk`, committed on the config server as `_configsvrCommitChunkSplit`).
+/// `middle` is a whole shard key, in hashed values for a hashed field, as mongos takes it.
+pub async fn split(
+    sharded: Option<&ShardedCluster>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    let body = req.body_document();
+    let ns = namespace_arg(req, &body)?;
+    let Some(sharded) = sharded.filter(|s| s.has_config_server()) else {
+        return Err(needs_config_server("split"));
+    };
+    let middle = match (body.get("middle"), body.get("find"), body.get("bounds")) {
+        (Some(Bson::Document(m)), None, None) => m.clone(),
+        (Some(Bson::Document(_)), _, _) => {
+            return Err(CommandError::new(
+                ErrorCode::InvalidOptions,
+                "cannot specify find or bounds together with middle",
+            ))
+        }
+        (None, Some(_), _) | (None, _, Some(_)) => {
+            return Err(CommandError::new(
+                ErrorCode::CommandNotSupported,
+                "split by 'find' or 'bounds' (at the chunk's median) is not supported by this version of Sluice: give the split point as 'middle'",
+            ))
+        }
+        (Some(_), _, _) => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                "BSON field 'split.middle' is the wrong type, expected type 'object'",
+            ))
+        }
+        (None, None, None) => {
+            return Err(CommandError::new(
+                ErrorCode::InvalidOptions,
+                "need to specify find/bounds or middle",
+            ))
+        }
+    };
+    let snapshot = sharded_snapshot(sharded, "split", &ns).await?;
+    let pattern = &snapshot.pattern;
+    let key: ShardKey = pattern.key_from_document(&middle).map_err(|_| {
+        CommandError::new(
+            ErrorCode::InvalidOptions,
+            format!(
+                "new split key {middle} is not valid for shard key pattern {}",
+                pattern.to_document()
+            ),
+        )
+    })?;
+    let chunk = snapshot.chunks.find(&key).cloned().ok_or_else(|| {
+        CommandError::new(
+            ErrorCode::InternalError,
+            format!("{ns} has no chunk for that key"),
+        )
+    })?;
+    if chunk.min == key || chunk.max == key {
+        return Err(CommandError::new(
+            ErrorCode::InvalidOptions,
+            format!(
+                "new split key {middle} is a boundary key of existing chunk [{},{})",
+                pattern.key_document(&chunk.min),
+                pattern.key_document(&chunk.max)
+            ),
+        ));
+    }
+    let command = doc! {
+        "splitChunk": &ns,
+        "from": &chunk.shard,
+        "keyPattern": pattern.to_document(),
+        "epoch": snapshot.epoch,
+        "timestamp": snapshot.timestamp,
+        "min": pattern.key_document(&chunk.min),
+        "max": pattern.key_document(&chunk.max),
+        "splitKeys": [pattern.key_document(&key)],
+    };
+    let result = on_shard(sharded, &chunk.shard, command).await;
+    sharded.forget_collection(&ns);
+    result?;
+    Ok(Document::new())
+}
+
+/// `mergeChunks {mergeChunks: ns, bounds: [min, max]}`: the chunks exactly covering the range,
+/// all on one shard, become one (`mergeChunks` to that shard, committed on the config server
+/// as `_configsvrCommitChunksMerge`).
+pub async fn merge_chunks(
+    sharded: Option<&ShardedCluster>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    let body = req.body_document();
+    let ns = namespace_arg(req, &body)?;
+    let Some(sharded) = sharded.filter(|s| s.has_config_server()) else {
+        return Err(needs_config_server("mergeChunks"));
+    };
+    let (min, max) = match body.get("bounds") {
+        Some(Bson::Array(b)) => match b.as_slice() {
+            [Bson::Document(lo), Bson::Document(hi)] if !lo.is_empty() && !hi.is_empty() => {
+                (lo.clone(), hi.clone())
+            }
+            [_, _] => {
+                return Err(CommandError::new(
+                    ErrorCode::InvalidOptions,
+                    "no min key or max key specified",
+                ))
+            }
+            _ => {
+                return Err(CommandError::new(
+                    ErrorCode::InvalidOptions,
+                    "only a min and max bound may be specified",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                "BSON field 'mergeChunks.bounds' is the wrong type, expected type 'array'",
+            ))
+        }
+        None => {
+            return Err(CommandError::new(
+                ErrorCode::InvalidOptions,
+                "no bounds were specified",
+            ))
+        }
+    };
+    let snapshot = sharded_snapshot(sharded, "mergeChunks", &ns).await?;
+    let pattern = &snapshot.pattern;
+    let invalid = || {
+        CommandError::new(
+            ErrorCode::InvalidOptions,
+            format!(
+                "shard key bounds [{min},{max}) are not valid for shard key pattern {}",
+                pattern.to_document()
+            ),
+        )
+    };
+    let lo = pattern.key_from_document(&min).map_err(|_| invalid())?;
+    pattern.key_from_document(&max).map_err(|_| invalid())?;
+    let first = snapshot.chunks.find(&lo).cloned().ok_or_else(invalid)?;
+    let config = sharded
+        .config_server()
+        .map(|cs| cs.source.name().to_string())
+        .unwrap_or_default();
+    let command = doc! {
+        "mergeChunks": &ns,
+        "bounds": [min, max],
+        "config": config,
+        "shardName": &first.shard,
+        "epoch": snapshot.epoch,
+        "timestamp": snapshot.timestamp,
+    };
+    let result = on_shard(sharded, &first.shard, command).await;
+    sharded.forget_collection(&ns);
+    result?;
+    Ok(Document::new())
+}
+
+/// `balancerStart`, `balancerStop`, `balancerStatus`: `_configsvrBalancerStart` / `Stop` /
+/// `Status` on the config server, its reply passed on. Without a config server Sluice has no
+/// balancer: the status is `off` and starting or stopping it is refused.
+pub async fn balancer(
+    sharded: Option<&ShardedCluster>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    let name = req.name.as_str();
+    if req.db != "admin" {
+        return Err(CommandError::new(
+            ErrorCode::Unauthorized,
+            format!("{name} may only be run against the admin database."),
+        ));
+    }
+    let Some(sharded) = sharded.filter(|s| s.has_config_server()) else {
+        if name == "balancerStatus" {
+            return Ok(super::sharding::balancer_status());
+        }
+        return Err(CommandError::new(
+            ErrorCode::IllegalOperation,
+            format!("{name}: a router without a config server (--configdb) has no balancer"),
+        ));
+    };
+    let command = match name {
+        "balancerStart" => "_configsvrBalancerStart",
+        "balancerStop" => "_configsvrBalancerStop",
+        _ => "_configsvrBalancerStatus",
+    };
+    let reply = sharded
+        .config_server_command_as_is(doc! {command: 1})
+        .await?;
+    Ok(passed_on(reply))
+}
