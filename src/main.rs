@@ -65,6 +65,11 @@ enum Command {
         /// Number of embedded shards.
         #[arg(long, default_value_t = 3)]
         shards: usize,
+        /// Members of each shard's replica set (embedded, sharing one data set: a test
+        /// backend, not replication); 1 runs each shard as a single server. Not with
+        /// --cluster, whose shard servers are single servers.
+        #[arg(long, default_value_t = 3)]
+        members: usize,
         /// Run the cluster as MongoDB lays one out: an embedded config server, the shards in
         /// shard-server mode, and routers in --configdb mode (instead of one router holding
         /// the metadata itself).
@@ -76,7 +81,7 @@ enum Command {
     },
     /// Run a benchmark and write its JSON, Markdown and SVG results.
     Bench {
-        /// The scenario: rounds, bulkwrite, seed-table, overhead, overload or undo (`cargo bench --bench micro`
+        /// The scenario: rounds, bulkwrite, seed-table, overhead, overload, undo or failover (`cargo bench --bench micro`
         /// runs the micro-benchmarks).
         scenario: String,
         /// A short run (what CI does).
@@ -200,6 +205,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Demo {
             port,
             shards,
+            members,
             cluster,
             routers,
         }) => {
@@ -208,6 +214,9 @@ fn main() -> anyhow::Result<()> {
             }
             if shards == 0 {
                 anyhow::bail!("--shards must be at least 1");
+            }
+            if members == 0 {
+                anyhow::bail!("--members must be at least 1");
             }
             if routers == 0 {
                 anyhow::bail!("--routers must be at least 1");
@@ -226,7 +235,7 @@ fn main() -> anyhow::Result<()> {
                 init_logging(&config);
                 return runtime()?.block_on(run_cluster_demo(config, shards, routers));
             }
-            Some(shards)
+            Some((shards, members))
         }
         Some(Command::Shard {
             port,
@@ -390,12 +399,13 @@ fn install_metrics(addr: &str) {
     }
 }
 
-async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
+async fn run(config: Config, demo_shards: Option<(usize, usize)>) -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     install_metrics(&config.metrics_listen);
     let listen = config.listen.clone();
     let mut embedded = Vec::new();
-    let cluster = if let Some(n) = demo_shards {
+    let mut sets = Vec::new();
+    let cluster = if let Some((n, members)) = demo_shards {
         let options = sluice::embedded::ShardOptions {
             enable_test_commands: config.enable_test_commands,
             stage_memory_bytes: config.stage_memory_bytes,
@@ -405,17 +415,43 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
             tls: config.tls.clone(),
             ..Default::default()
         };
-        embedded = sluice::embedded::EmbeddedShard::start_many(n, options)
-            .await
-            .context("cannot start the embedded shards")?;
-        let infos: Vec<ShardInfo> = embedded
-            .iter()
-            .map(|s| ShardInfo {
-                id: s.service().name().to_string(),
-                addr: s.local_addr().to_string(),
-                shard_server: true,
-            })
-            .collect();
+        let infos: Vec<ShardInfo> = if members == 1 {
+            embedded = sluice::embedded::EmbeddedShard::start_many(n, options)
+                .await
+                .context("cannot start the embedded shards")?;
+            embedded
+                .iter()
+                .map(|s| ShardInfo {
+                    id: s.service().name().to_string(),
+                    addr: s.local_addr().to_string(),
+                    shard_server: true,
+                })
+                .collect()
+        } else {
+            // Each shard a replica set, given to the router as its seed list.
+            for i in 0..n {
+                let set = sluice::embedded::EmbeddedReplicaSet::start(
+                    sluice::embedded::ReplicaSetOptions {
+                        members,
+                        shard: sluice::embedded::ShardOptions {
+                            set_name: format!("shard{i}"),
+                            ..options.clone()
+                        },
+                        ..Default::default()
+                    },
+                )
+                .await
+                .context("cannot start the embedded replica sets")?;
+                sets.push(set);
+            }
+            sets.iter()
+                .map(|s| ShardInfo {
+                    id: s.name().to_string(),
+                    addr: s.seed_list(),
+                    shard_server: true,
+                })
+                .collect()
+        };
         let demo: Config = toml::from_str(include_str!("../configs/demo.toml"))
             .context("configs/demo.toml is invalid")?;
         Some(
@@ -481,7 +517,7 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
             .map(|s| format!("{} at {}", s.id, s.addr))
             .collect();
         println!(
-            "Embedded shards (in memory, not for production): {}",
+            "Embedded shards (in memory, replica sets sharing one data set; not for production): {}",
             shards.join(", ")
         );
         println!(
@@ -496,6 +532,9 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
     router.shutdown().await;
     for shard in embedded {
         shard.shutdown().await;
+    }
+    for set in sets {
+        set.shutdown().await;
     }
     tracing::info!("stopped");
     Ok(())

@@ -14,9 +14,12 @@
 //! MongoDB's `failCommand` failpoint, and injected latency and a concurrency cap to model a
 //! slow or saturated shard.
 //!
-//! Modules: [`store`] (catalog, collections, unique indexes), [`matcher`] (query language),
-//! [`update`] (update operators), [`query`] (sort, projection), [`aggregate`] (pipelines),
-//! [`path`] (dotted paths), [`render`] (values in error messages), [`service`] (commands).
+//! Modules: [`store`] (catalog, collections, unique indexes), [`service`] (the command
+//! handler, by concern), [`commands`] (the data commands, one file per family),
+//! [`bulk_write`], [`ddl`] (`collMod`, `validate`, `dataSize`, `renameCollection`),
+//! [`pipeline_output`] (`$out`, `$merge`), [`replset`] (embedded replica sets), [`filtering`]
+//! (shard-server mode), [`migration`] and [`configsvr`] (the config server's commands). The query
+//! language, updates and aggregation are the document engine's ([`crate::engine`]).
 
 pub mod bulk_write;
 pub mod cluster_ddl;
