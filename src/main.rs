@@ -342,6 +342,7 @@ fn embedded_options(config: &Config) -> sluice::embedded::ShardOptions {
         enable_test_commands: config.enable_test_commands,
         stage_memory_bytes: config.stage_memory_bytes,
         key_file: config.security.key_file.clone(),
+        cluster_auth_mode: config.security.cluster_auth_mode,
         tls: config.tls.clone(),
         ..Default::default()
     }
@@ -410,6 +411,7 @@ async fn run(config: Config, demo_shards: Option<(usize, usize)>) -> anyhow::Res
             stage_memory_bytes: config.stage_memory_bytes,
             // The demo's shards require what the router proves: the keyfile and TLS.
             key_file: config.security.key_file.clone(),
+            cluster_auth_mode: config.security.cluster_auth_mode,
             tls: config.tls.clone(),
             ..Default::default()
         };

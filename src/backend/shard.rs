@@ -234,6 +234,7 @@ impl Shard {
                         security: ShardSecurity {
                             tls: self.options.security.tls.clone(),
                             keyfile: None,
+                            x509: false,
                         },
                     },
                 )
