@@ -234,18 +234,7 @@ async fn create_collection(d: &Donor, db: &str, body: &Document) -> Result<Docum
     };
     let chunk_docs: Vec<Bson> = chunks
         .iter()
-        .map(|c| {
-            Bson::Document(doc! {
-                "_id": c.id,
-                "uuid": uuid,
-                "min": pattern.key_document(&c.min),
-                "max": pattern.key_document(&c.max),
-                "shard": &c.shard,
-                "lastmod": c.version.timestamp(),
-                "onCurrentShardSince": timestamp,
-                "history": [{"validAfter": timestamp, "shard": &c.shard}],
-            })
-        })
+        .map(|c| Bson::Document(c.config_document(uuid, &pattern, timestamp)))
         .collect();
     let reply = d
         .filtering

@@ -424,16 +424,7 @@ impl StaticStore {
         colls.push(entry);
         let mut all_chunks = self.docs("chunks");
         for c in chunks {
-            all_chunks.push(doc! {
-                "_id": c.id,
-                "uuid": uuid,
-                "min": pattern.key_document(&c.min),
-                "max": pattern.key_document(&c.max),
-                "shard": &c.shard,
-                "lastmod": c.version.timestamp(),
-                "onCurrentShardSince": timestamp,
-                "history": [{"validAfter": timestamp, "shard": &c.shard}],
-            });
+            all_chunks.push(c.config_document(uuid, pattern, timestamp));
         }
         self.put("collections", colls)?;
         self.put("chunks", all_chunks)?;
