@@ -42,8 +42,9 @@ soak:
 
 # Coverage-guided fuzzing (cargo-fuzz, libFuzzer) of every target in fuzz/fuzz_targets/, one
 # after the other: `make fuzz SECONDS=60` runs each for 60 s, `make fuzz RUNS=10000000` for that
-# many executions. New inputs go to fuzz/work/<target>/ (not committed); a crash is written to
-# fuzz/artifacts/<target>/ and stops the run: keep it in fuzz/regressions/<target>/ with the fix.
+# many executions, at the lowest priority (builds and tests come first). New inputs go to
+# fuzz/work/<target>/ (not committed); a crash is written to fuzz/artifacts/<target>/ and stops
+# the run: keep it in fuzz/regressions/<target>/ with the fix.
 # The stable toolchain builds libFuzzer's instrumentation with RUSTC_BOOTSTRAP=1 (cargo-fuzz
 # passes nightly-only flags); cargo-fuzz itself comes from crates.io on first use.
 # `cargo test` (tests/fuzz_corpus.rs) replays fuzz/corpus/ and fuzz/regressions/.
@@ -53,6 +54,10 @@ RUNS ?=
 FUZZ_BUILD = RUSTC_BOOTSTRAP=1 cargo fuzz build -O --debug-assertions --sanitizer none
 FUZZ_HOST = $(shell rustc -vV | sed -n "s/host: //p")
 FUZZ_LIMIT = $(if $(RUNS),-runs=$(RUNS),-max_total_time=$(SECONDS))
+# Longest input libFuzzer makes: by default the longest committed seed of the target, at least
+# 4096 bytes (the generator's node budget reads fewer), so inputs kept in fuzz/work/ cannot raise
+# it (libFuzzer would take the longest file it loads, up to 1 MiB). FUZZ_MAX_LEN=N overrides.
+FUZZ_MAX_LEN ?=
 
 fuzz-build:
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
@@ -62,8 +67,11 @@ fuzz: fuzz-build
 	set -e; for t in $(FUZZ_TARGETS); do \
 		mkdir -p fuzz/work/$$t fuzz/regressions/$$t fuzz/artifacts/$$t; \
 		echo "== $$t"; \
-		nice -n 10 fuzz/target/$(FUZZ_HOST)/release/$$t \
+		len=$(FUZZ_MAX_LEN); [ -n "$$len" ] || len=$$(for f in fuzz/corpus/$$t/*; do \
+			wc -c < $$f; done | awk 'BEGIN {m = 4096} $$1 > m {m = $$1} END {print m}'); \
+		nice -n 19 fuzz/target/$(FUZZ_HOST)/release/$$t \
 			-artifact_prefix=fuzz/artifacts/$$t/ -timeout=20 -rss_limit_mb=4096 \
+			-max_len=$$len \
 			-print_final_stats=1 $(FUZZ_LIMIT) \
 			fuzz/work/$$t fuzz/corpus/$$t fuzz/regressions/$$t; \
 	done

@@ -12,7 +12,8 @@
 //! error), and no answer within `--stall-secs` is a stall: the message is saved and the process
 //! is probed on a fresh connection, where no answer is a hang and fails the run.
 //!
-//! At the end every connection is closed, the databases the run created are dropped, and the
+//! At the end every connection is closed, the cursors its messages opened are killed (as a
+//! driver kills the cursors it leaves unread), the databases the run created are dropped, and the
 //! process's resident memory (VmRSS) must come back within `--rss-tolerance` of what it was
 //! after the warm-up. The run fails if the process exits, hangs, or logs a panic.
 
@@ -231,13 +232,12 @@ enum Reply {
 }
 
 /// Whether an OP_MSG reply opened a cursor.
-fn opens_cursor(frame: &[u8]) -> bool {
-    frame.len() > 21
-        && bson::RawDocument::from_bytes(&frame[21..])
-            .ok()
-            .and_then(|d| d.get_document("cursor").ok())
-            .and_then(|c| c.get_i64("id").ok())
-            .is_some_and(|id| id != 0)
+/// The namespace and id of the cursor an OP_MSG reply opened, if it opened one.
+fn opened_cursor(frame: &[u8]) -> Option<(String, i64)> {
+    let reply = bson::RawDocument::from_bytes(frame.get(21..)?).ok()?;
+    let cursor = reply.get_document("cursor").ok()?;
+    let id = cursor.get_i64("id").ok().filter(|id| *id != 0)?;
+    Some((cursor.get_str("ns").ok()?.to_string(), id))
 }
 
 /// Whether an OP_MSG reply has the moreToCome flag.
@@ -279,6 +279,20 @@ async fn run_commands(addr: SocketAddr, bodies: &[Document]) -> anyhow::Result<V
     Ok(out)
 }
 
+/// The resident memory by kind (`RssAnon` is the heap and stacks, `RssFile` the mapped binary)
+/// and the thread count, as `/proc/<pid>/status` has them.
+fn memory_breakdown(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    ["RssAnon:", "RssFile:", "Threads:"]
+        .iter()
+        .filter_map(|k| {
+            let v = status.lines().find_map(|l| l.strip_prefix(k))?;
+            Some(format!("{} {}", k.trim_end_matches(':'), v.trim()))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
@@ -300,6 +314,9 @@ async fn start_demo(args: &Args) -> anyhow::Result<(Child, SocketAddr, Vec<Socke
             "0",
             "--shards",
             "2",
+            // Single-server shards: a message sent straight to a shard reaches its primary.
+            "--members",
+            "1",
             "--metrics-listen",
             "",
             "--log-level",
@@ -320,8 +337,10 @@ async fn start_demo(args: &Args) -> anyhow::Result<(Child, SocketAddr, Vec<Socke
             if let Some(rest) = line.split(" listening on ").nth(1) {
                 router = rest.trim_end_matches('.').parse().ok();
             }
-            if let Some(rest) =
-                line.strip_prefix("Embedded shards (in memory, not for production): ")
+            // "Embedded shards (<what they are>): shard0 at <address>, shard1 at <address>"
+            if let Some((_, rest)) = line
+                .strip_prefix("Embedded shards (")
+                .and_then(|l| l.split_once("): "))
             {
                 shards = rest
                     .split(", ")
@@ -351,6 +370,9 @@ struct Shared {
     stall: Duration,
     counts: Counts,
     out: PathBuf,
+    /// Cursors the messages opened (target, namespace, id): killed at the end, as a driver
+    /// kills the cursors it leaves unread, so what they buffer does not count as kept memory.
+    open_cursors: std::sync::Mutex<Vec<(usize, String, i64)>>,
 }
 
 /// One connection's share of the run.
@@ -391,8 +413,11 @@ async fn sender(id: u64, messages: u64, run: Arc<Shared>) -> anyhow::Result<()> 
                     Some(f) if more_to_come(&f) => return Reply::Exhaust,
                     Some(f) => {
                         counts.replies.fetch_add(1, Ordering::Relaxed);
-                        if opens_cursor(&f) {
+                        if let Some((ns, id)) = opened_cursor(&f) {
                             counts.cursors.fetch_add(1, Ordering::Relaxed);
+                            if let Ok(mut open) = run.open_cursors.lock() {
+                                open.push((t, ns, id));
+                            }
                         }
                     }
                     None => return Reply::Closed,
@@ -453,6 +478,7 @@ async fn main() -> anyhow::Result<()> {
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_start = rss_kib(pid)?;
+    let breakdown_start = memory_breakdown(pid);
 
     let mut targets = vec![router];
     targets.extend(&shards);
@@ -463,6 +489,7 @@ async fn main() -> anyhow::Result<()> {
         stall: Duration::from_secs(args.stall_secs),
         counts: Counts::default(),
         out: args.out.clone(),
+        open_cursors: Default::default(),
     });
     let started = Instant::now();
     let peak = Arc::new(AtomicU64::new(rss_start));
@@ -509,8 +536,25 @@ async fn main() -> anyhow::Result<()> {
         return Err(e);
     }
 
-    // Every connection of the run is closed now; drop what the run stored.
+    // Every connection of the run is closed now; kill the cursors it left open and drop what
+    // it stored.
     let rss_after_run = rss_kib(pid)?;
+    let open_cursors = run
+        .open_cursors
+        .lock()
+        .map(|open| open.clone())
+        .unwrap_or_default();
+    for (t, addr) in targets.iter().enumerate() {
+        let kills: Vec<Document> = open_cursors
+            .iter()
+            .filter(|(target, _, _)| *target == t)
+            .filter_map(|(_, ns, id)| {
+                let (db, coll) = ns.split_once('.')?;
+                Some(doc! {"killCursors": coll, "cursors": [*id], "$db": db})
+            })
+            .collect();
+        run_commands(*addr, &kills).await?;
+    }
     for addr in &targets {
         let listed = run_commands(
             *addr,
@@ -555,6 +599,11 @@ async fn main() -> anyhow::Result<()> {
         rss_end = rss_kib(pid)?;
     }
     sampler.abort();
+    let breakdown_end = memory_breakdown(pid);
+    if let Ok(secs) = std::env::var("MUTATION_RUN_HOLD_SECS") {
+        eprintln!("holding pid {pid} for {secs} s");
+        tokio::time::sleep(Duration::from_secs(secs.parse().unwrap_or(0))).await;
+    }
     let log = std::fs::read_to_string(args.out.join("server.log")).unwrap_or_default();
     let panics = log.lines().filter(|l| l.contains("panic")).count();
     let alive = answers(router, Duration::from_secs(10)).await;
@@ -575,7 +624,7 @@ async fn main() -> anyhow::Result<()> {
         elapsed.as_secs_f64(),
         c(&counts.sent) as f64 / elapsed.as_secs_f64()
     );
-    println!("RSS start              {rss_start} KiB");
+    println!("RSS start              {rss_start} KiB ({breakdown_start})");
     println!(
         "RSS peak               {} KiB",
         peak.load(Ordering::Relaxed)
@@ -585,6 +634,7 @@ async fn main() -> anyhow::Result<()> {
         "RSS at the end         {rss_end} KiB ({:+.1} %)",
         growth * 100.0
     );
+    println!("  by kind at the end   {breakdown_end}");
     println!("panics logged          {panics}");
     println!("process answers        {alive}");
     let _ = child.kill().await;

@@ -225,8 +225,20 @@ const STRINGS: &[&str] = &[
     "",
     "^a.*$",
     "(",
-    "a{1000}{1000}",
+    COSTLY_PATTERN,
 ];
+
+/// A pattern whose compilation runs into the regex engine's size limit: milliseconds per
+/// compilation, so the generator keeps it to one draw in eight (see [`Gen::costly_or`]).
+const COSTLY_PATTERN: &str = "a{1000}{1000}";
+
+/// `parts` components `a` joined by dots (`a.a.a`), built in one allocation: the long paths
+/// are drawn often enough that joining a vector of parts was a large share of every input.
+fn dotted_path(parts: usize) -> String {
+    let mut path = "a.".repeat(parts.max(1));
+    path.pop();
+    path
+}
 
 impl<'a> Gen<'a> {
     /// A generator over `data`.
@@ -252,6 +264,16 @@ impl<'a> Gen<'a> {
             16.min(large)
         };
         self.below(bound)
+    }
+
+    /// `drawn`, unless it is [`COSTLY_PATTERN`] and this is not its one draw in eight:
+    /// then `instead`.
+    fn costly_or<'s>(&mut self, drawn: &'s str, instead: &'s str) -> &'s str {
+        if drawn == COSTLY_PATTERN && self.byte() >= 32 {
+            instead
+        } else {
+            drawn
+        }
     }
 
     /// A number below `n` (0 when `n` is 0).
@@ -282,8 +304,8 @@ impl<'a> Gen<'a> {
     /// A field name or path: from the dictionary, or a long path, or a number.
     pub fn key(&mut self) -> String {
         match self.below(16) {
-            0 => vec!["a"; 1 + self.below(300)].join("."),
-            1 if self.byte() < 16 => vec!["a"; 20_000].join("."),
+            0 => dotted_path(1 + self.below(300)),
+            1 if self.byte() < 16 => dotted_path(20_000),
             2 => self.below(3_000_000).to_string(),
             _ => self
                 .pick_joined(&[
@@ -342,7 +364,10 @@ impl<'a> Gen<'a> {
                     .map(Bson::Decimal128)
                     .unwrap_or(Bson::Null)
             }
-            4 => Bson::String(self.pick(STRINGS).to_string()),
+            4 => {
+                let s = self.pick(STRINGS);
+                Bson::String(self.costly_or(s, "^a.*$").to_string())
+            }
             5 => Bson::String(format!("${}", self.key())),
             6 => Bson::Boolean(self.byte() & 1 == 1),
             7 => Bson::Null,
@@ -379,7 +404,8 @@ impl<'a> Gen<'a> {
                 Bson::Array(vec![item; n])
             }
             12 => {
-                let pattern = self.pick(&["^a", "(", "x*", "a{1000}{1000}"]).to_string();
+                let pattern = self.pick(&["^a", "(", "x*", COSTLY_PATTERN]);
+                let pattern = self.costly_or(pattern, "x*").to_string();
                 let options = self.pick(&["", "i", "z", "imsx"]).to_string();
                 match (pattern.try_into(), options.try_into()) {
                     (Ok(pattern), Ok(options)) => {
@@ -532,7 +558,14 @@ pub fn wire_decode(data: &[u8]) {
             }
         }
         let mut frame = b.finish(1, 0).to_vec();
-        if g.byte() & 1 == 1 {
+        // Compressing a large frame (zlib, instrumented) costs more than all the rest of an
+        // input, so a large one is compressed one draw in eight, a small one every other.
+        let compress = if frame.len() > 16 * 1024 {
+            g.byte() < 32
+        } else {
+            g.byte() & 1 == 1
+        };
+        if compress {
             let c = Compressor::SUPPORTED[g.below(3)];
             if let Ok(packed) = wire::encode_compressed(&frame, c) {
                 frame = packed.to_vec();
@@ -645,7 +678,7 @@ pub fn command_envelope(data: &[u8]) {
     let Ok(req) = crate::command::CommandRequest::from_op_msg(&msg) else {
         return;
     };
-    if crate::command::hello::is_awaitable(&req.body_document()) {
+    if crate::command::hello::is_awaitable(req.body.raw()) {
         // Waits maxAwaitTimeMS by design; the wait itself is covered by the frontend tests.
         return;
     }

@@ -561,6 +561,45 @@ async fn row11_invalid_and_huge_names_are_refused_before_anything_is_recorded() 
 }
 
 #[tokio::test]
+async fn dropped_databases_leave_no_cached_names_behind() {
+    let c = TestCluster::start(2, &sharded()).await;
+    let mut raw = Raw::connect(c.addr()).await;
+    let cached = c.cluster.routing.len();
+    for i in 0..50 {
+        let r = raw
+            .command(&doc! {"insert": format!("c{i}"), "documents": [{"_id": 1}], "$db": "scratch"})
+            .await;
+        assert_eq!(r.get_i32("n").unwrap(), 1, "{r}");
+    }
+    assert!(
+        c.cluster.routing.len() >= cached + 50,
+        "each namespace is cached as unsharded"
+    );
+    let r = raw
+        .command(&doc! {"dropDatabase": 1, "$db": "scratch"})
+        .await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    assert_eq!(
+        c.cluster.routing.len(),
+        cached,
+        "the dropped database's names are forgotten"
+    );
+    let r = raw
+        .command(&doc! {"find": "c0", "filter": {}, "$db": "scratch"})
+        .await;
+    assert_eq!(
+        r.get_document("cursor")
+            .unwrap()
+            .get_array("firstBatch")
+            .unwrap()
+            .len(),
+        0
+    );
+    assert_cluster_serves(&c).await;
+    c.stop().await;
+}
+
+#[tokio::test]
 async fn row12_drop_database_of_admin_and_local_is_refused() {
     let c = TestCluster::start(3, &sharded()).await;
     let mut raw = Raw::connect(c.addr()).await;

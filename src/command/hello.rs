@@ -32,8 +32,9 @@ pub const LOGICAL_SESSION_TIMEOUT_MINUTES: i32 = 30;
 
 /// Whether a request is an awaitable hello (it carries both `topologyVersion` and
 /// `maxAwaitTimeMS`).
-pub fn is_awaitable(body: &Document) -> bool {
-    body.contains_key("topologyVersion") && body.contains_key("maxAwaitTimeMS")
+pub fn is_awaitable(body: &bson::RawDocument) -> bool {
+    let has = |key| matches!(body.get(key), Ok(Some(_)));
+    has("topologyVersion") && has("maxAwaitTimeMS")
 }
 
 /// Which server answers the handshake, and what only that kind of server reports.

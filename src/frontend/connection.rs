@@ -99,6 +99,7 @@ impl Drop for OpenConnection<'_> {
             .counters
             .connections_current
             .fetch_sub(1, Ordering::Relaxed);
+        super::memory::note_activity();
     }
 }
 
@@ -333,6 +334,7 @@ impl Session<'_> {
     async fn handle_frame(&mut self, frame: Bytes) -> std::io::Result<Flow> {
         let counters = &self.state.counters;
         counters.requests.fetch_add(1, Ordering::Relaxed);
+        super::memory::note_activity();
         counters
             .bytes_in
             .fetch_add(frame.len() as u64, Ordering::Relaxed);
@@ -421,7 +423,7 @@ impl Session<'_> {
         let exhaust = msg.flags.exhaust_allowed()
             && !more_to_come
             && OP_QUERY_COMMANDS.contains(&req.name.as_str())
-            && hello::is_awaitable(&req.body_document());
+            && hello::is_awaitable(req.body.raw());
 
         let started = std::time::Instant::now();
         let label = command_label(&req.name);

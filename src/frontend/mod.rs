@@ -8,6 +8,7 @@
 
 mod connection;
 mod listener;
+pub mod memory;
 pub mod security;
 
 use std::net::SocketAddr;
@@ -110,6 +111,7 @@ fn start_service_on(
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ServerState::new(config, argv, rx.clone()));
     let service = make(state.clone());
+    memory::start_idle_trimmer();
     let task = tokio::spawn(listener::accept_loop(listener, service, security, rx));
     Ok(RouterHandle {
         addr,

@@ -155,6 +155,7 @@ pub async fn drop_database(sharded: &ShardedCluster, db: &str) -> Result<Documen
     if let Some(cs) = sharded.config_server() {
         cs.cache().flush_database(db);
     }
+    sharded.cluster.routing.forget_database(db);
     sharded.metadata.mirror_database(db, None);
     Ok(match result? {
         Some(_) => doc! {"dropped": db},

@@ -518,6 +518,7 @@ async fn drop_database(
     for ns in store.drop_database(&req.db)? {
         cluster.routing.reload(&ns, &[]).await?;
     }
+    cluster.routing.forget_database(&req.db);
     Ok(bson::doc! {"dropped": &req.db, "ok": 1.0})
 }
 

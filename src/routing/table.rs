@@ -183,6 +183,7 @@ impl RoutingTable {
     fn remember(&self, ns: &str, snap: Option<Arc<RoutingSnapshot>>) {
         if snap.is_none() && self.entries.len() >= MAX_UNSHARDED_ENTRIES {
             self.entries.retain(|_, v| v.is_some());
+            self.entries.shrink_to_fit();
         }
         self.entries.insert(ns.to_string(), snap);
     }
@@ -226,6 +227,17 @@ impl RoutingTable {
         self.entries.clear();
         if let Loader::Async(source) = &self.loader {
             source.flush();
+        }
+    }
+
+    /// Forgets every namespace of `db` (after `dropDatabase`): they are loaded again on use,
+    /// so a client that creates and drops databases does not leave their names behind.
+    pub fn forget_database(&self, db: &str) {
+        let before = self.entries.len();
+        self.entries
+            .retain(|ns, _| ns.split_once('.').map(|(d, _)| d) != Some(db));
+        if self.entries.len() < before {
+            self.entries.shrink_to_fit();
         }
     }
 
