@@ -342,13 +342,17 @@ impl Shard {
         }
     }
 
-    /// Reports a failure seen on a connection to `addr` (`stale`: its pool was cleared since
-    /// it was checked out, so the failure is old news).
+    /// Reports a failure seen on a connection to `addr`. `stale`: its pool was cleared since
+    /// it was checked out, so a broken connection is old news (the clear already accounted
+    /// for it). An error the member answered is reported whatever the connection's age: it
+    /// says what the member is now (a NotPrimary refusal after a step-down), and its
+    /// `topologyVersion` already lets the monitor ignore what it knows; ignoring it would
+    /// leave the member primary in the topology and send the resend straight back to it.
     fn report(&self, addr: &HostAddr, stale: bool, failure: &Failure<'_>) {
         let Some(monitor) = self.monitor() else {
             return;
         };
-        if stale {
+        if stale && matches!(failure, Failure::Network(..)) {
             return;
         }
         let Some(generation) =
