@@ -127,7 +127,10 @@ async fn a_handshake_cut_short_is_a_failure_to_connect() {
             match how {
                 "close" => drop(socket),
                 "reset" => {
-                    socket.set_linger(Some(Duration::ZERO)).unwrap();
+                    // A zero linger makes the close a reset.
+                    socket2::SockRef::from(&socket)
+                        .set_linger(Some(Duration::ZERO))
+                        .unwrap();
                     drop(socket);
                 }
                 _ => {
