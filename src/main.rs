@@ -56,8 +56,10 @@ struct GlobalArgs {
 enum Command {
     /// Run the router (the default).
     Run,
-    /// Run a demo on loopback that mongosh can connect to: embedded shards (in memory) and
-    /// the router, with the collections of configs/demo.toml sharded on hashed keys.
+    /// Run a demo on loopback that mongosh can connect to: an embedded cluster laid out as
+    /// MongoDB's (config server, shards, routers in --configdb mode; in memory), with the
+    /// collections of configs/demo.toml sharded on hashed keys. With a keyfile or TLS, or
+    /// --static, one router holding the metadata itself instead.
     Demo {
         /// Port for the router (the first router; the others listen on the next ports).
         #[arg(long, default_value_t = 27017)]
@@ -65,12 +67,14 @@ enum Command {
         /// Number of embedded shards.
         #[arg(long, default_value_t = 3)]
         shards: usize,
-        /// Run the cluster as MongoDB lays one out: an embedded config server, the shards in
-        /// shard-server mode, and routers in --configdb mode (instead of one router holding
-        /// the metadata itself).
-        #[arg(long)]
+        /// The cluster layout (the default without a keyfile or TLS): an embedded config
+        /// server, the shards in shard-server mode, and routers in --configdb mode.
+        #[arg(long, conflicts_with = "static_layout")]
         cluster: bool,
-        /// Number of routers (more than one runs the --cluster layout).
+        /// One router holding the metadata itself (static mode), as `sluice --config` runs.
+        #[arg(long = "static", id = "static_layout")]
+        static_layout: bool,
+        /// Number of routers (the cluster layout).
         #[arg(long, default_value_t = 1)]
         routers: usize,
     },
@@ -201,6 +205,7 @@ fn main() -> anyhow::Result<()> {
             port,
             shards,
             cluster,
+            static_layout,
             routers,
         }) => {
             if cli.global.listen.is_none() {
@@ -215,12 +220,17 @@ fn main() -> anyhow::Result<()> {
             if config.configdb.is_some() {
                 anyhow::bail!("sluice demo runs its own cluster; --configdb is for `sluice run`");
             }
-            let cluster = cluster || routers > 1;
-            if cluster && (config.security.key_file.is_some() || config.tls.mode.accepts_tls()) {
+            let secured = config.security.key_file.is_some() || config.tls.mode.accepts_tls();
+            if static_layout && routers > 1 {
+                anyhow::bail!("--routers needs the cluster layout; leave out --static");
+            }
+            if (cluster || routers > 1) && secured {
                 anyhow::bail!(
-                    "sluice demo --cluster does not run with a keyfile or TLS yet (the config server and shard servers talk to each other unauthenticated); run the demo without --cluster"
+                    "the cluster layout of sluice demo does not run with a keyfile or TLS yet (the config server and shard servers talk to each other unauthenticated); use --static"
                 );
             }
+            // A keyfile or TLS: the single-router layout, whose shards require them.
+            let cluster = !static_layout && !secured;
             if cluster {
                 config.validate()?;
                 init_logging(&config);
