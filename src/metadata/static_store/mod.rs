@@ -288,15 +288,7 @@ impl StaticStore {
             };
             let docs = shards
                 .iter()
-                .map(|s| {
-                    // An address that is a seed list already names its replica set.
-                    let host = if s.addr.contains('/') {
-                        s.addr.clone()
-                    } else {
-                        format!("{}/{}", s.id, s.addr)
-                    };
-                    doc! {"_id": &s.id, "host": host, "state": 1, "topologyTime": now}
-                })
+                .map(|s| doc! {"_id": &s.id, "host": format!("{}/{}", s.id, s.addr), "state": 1, "topologyTime": now})
                 .collect();
             self.put("shards", docs)?;
         }
