@@ -85,6 +85,48 @@ pub struct SecurityConfig {
     /// The cluster keyfile (mongod's `security.keyFile`): Sluice authenticates to its shards
     /// as `__system` with it, and accepts `__system` clients that prove it.
     pub key_file: Option<String>,
+    /// How cluster members prove themselves to each other (mongod's
+    /// `security.clusterAuthMode`): `"keyFile"` (the default: SCRAM as `__system` with the
+    /// keyfile), `"sendKeyFile"` (send the keyfile, accept X.509 members too), `"sendX509"`
+    /// (send the TLS certificate, accept both) or `"x509"` (X.509 only). X.509 membership is
+    /// mongod's rule: a peer whose certificate subject has the `O`, `OU` and `DC` of this
+    /// server's own certificate is `__system`.
+    pub cluster_auth_mode: ClusterAuthMode,
+}
+
+/// `security.cluster_auth_mode`, as mongod's `clusterAuthMode`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+pub enum ClusterAuthMode {
+    /// Members authenticate with the keyfile only.
+    #[default]
+    #[serde(rename = "keyFile")]
+    KeyFile,
+    /// Send the keyfile; accept the keyfile and X.509 members.
+    #[serde(rename = "sendKeyFile")]
+    SendKeyFile,
+    /// Send the TLS certificate; accept the keyfile and X.509 members.
+    #[serde(rename = "sendX509")]
+    SendX509,
+    /// X.509 members only.
+    #[serde(rename = "x509")]
+    X509,
+}
+
+impl ClusterAuthMode {
+    /// Whether Sluice proves itself to shards with its certificate (else with the keyfile).
+    pub fn sends_x509(self) -> bool {
+        matches!(self, ClusterAuthMode::SendX509 | ClusterAuthMode::X509)
+    }
+
+    /// Whether a peer proving the keyfile is accepted as `__system`.
+    pub fn accepts_keyfile(self) -> bool {
+        self != ClusterAuthMode::X509
+    }
+
+    /// Whether a peer whose certificate names a cluster member is accepted as `__system`.
+    pub fn accepts_x509(self) -> bool {
+        self != ClusterAuthMode::KeyFile
+    }
 }
 
 /// `security.authorization`.
@@ -389,10 +431,24 @@ impl Config {
             std::fs::read(path)
                 .map_err(|e| ConfigError::Invalid(format!("cannot read {what} {path}: {e}")))
         };
-        if let Some(path) = &self.security.key_file {
-            let keyfile = crate::auth::keyfile::KeyFile::load(Path::new(path))
-                .map_err(|e| ConfigError::Invalid(e.message))?;
-            options.security.keyfile = Some(std::sync::Arc::new(keyfile));
+        let mode = self.security.cluster_auth_mode;
+        match &self.security.key_file {
+            Some(path) if !mode.sends_x509() => {
+                let keyfile = crate::auth::keyfile::KeyFile::load(Path::new(path))
+                    .map_err(|e| ConfigError::Invalid(e.message))?;
+                options.security.keyfile = Some(std::sync::Arc::new(keyfile));
+            }
+            _ => {}
+        }
+        if mode.sends_x509() {
+            if !self.tls.mode.outgoing_tls() || self.tls.certificate_key_file.is_none() {
+                return Err(ConfigError::Invalid(
+                    "security.cluster_auth_mode sendX509 and x509 need TLS towards the shards \
+                     (tls.mode prefer or require) and tls.certificate_key_file"
+                        .into(),
+                ));
+            }
+            options.security.x509 = true;
         }
         if self.tls.mode.outgoing_tls() {
             let ca = match &self.tls.ca_file {

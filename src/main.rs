@@ -67,6 +67,10 @@ enum Command {
         /// Number of embedded shards.
         #[arg(long, default_value_t = 3)]
         shards: usize,
+        /// Members of each shard's replica set (embedded, sharing one data set: a test
+        /// backend, not replication); 1 runs each shard as a single server.
+        #[arg(long, default_value_t = 3)]
+        members: usize,
         /// The cluster layout (the default without a keyfile or TLS): an embedded config
         /// server, the shards in shard-server mode, and routers in --configdb mode.
         #[arg(long, conflicts_with = "static_layout")]
@@ -80,7 +84,7 @@ enum Command {
     },
     /// Run a benchmark and write its JSON, Markdown and SVG results.
     Bench {
-        /// The scenario: rounds, bulkwrite, seed-table, overhead, overload or undo (`cargo bench --bench micro`
+        /// The scenario: rounds, bulkwrite, seed-table, overhead, overload, undo or failover (`cargo bench --bench micro`
         /// runs the micro-benchmarks).
         scenario: String,
         /// A short run (what CI does).
@@ -204,6 +208,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Demo {
             port,
             shards,
+            members,
             cluster,
             static_layout,
             routers,
@@ -213,6 +218,9 @@ fn main() -> anyhow::Result<()> {
             }
             if shards == 0 {
                 anyhow::bail!("--shards must be at least 1");
+            }
+            if members == 0 {
+                anyhow::bail!("--members must be at least 1");
             }
             if routers == 0 {
                 anyhow::bail!("--routers must be at least 1");
@@ -234,9 +242,9 @@ fn main() -> anyhow::Result<()> {
             if cluster {
                 config.validate()?;
                 init_logging(&config);
-                return runtime()?.block_on(run_cluster_demo(config, shards, routers));
+                return runtime()?.block_on(run_cluster_demo(config, shards, members, routers));
             }
-            Some(shards)
+            Some((shards, members))
         }
         Some(Command::Shard {
             port,
@@ -343,6 +351,7 @@ fn embedded_options(config: &Config) -> sluice::embedded::ShardOptions {
         enable_test_commands: config.enable_test_commands,
         stage_memory_bytes: config.stage_memory_bytes,
         key_file: config.security.key_file.clone(),
+        cluster_auth_mode: config.security.cluster_auth_mode,
         tls: config.tls.clone(),
         ..Default::default()
     }
@@ -399,31 +408,59 @@ fn install_metrics(addr: &str) {
     }
 }
 
-async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
+async fn run(config: Config, demo_shards: Option<(usize, usize)>) -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     install_metrics(&config.metrics_listen);
     let listen = config.listen.clone();
     let mut embedded = Vec::new();
-    let cluster = if let Some(n) = demo_shards {
+    let mut sets = Vec::new();
+    let cluster = if let Some((n, members)) = demo_shards {
         let options = sluice::embedded::ShardOptions {
             enable_test_commands: config.enable_test_commands,
             stage_memory_bytes: config.stage_memory_bytes,
             // The demo's shards require what the router proves: the keyfile and TLS.
             key_file: config.security.key_file.clone(),
+            cluster_auth_mode: config.security.cluster_auth_mode,
             tls: config.tls.clone(),
             ..Default::default()
         };
-        embedded = sluice::embedded::EmbeddedShard::start_many(n, options)
-            .await
-            .context("cannot start the embedded shards")?;
-        let infos: Vec<ShardInfo> = embedded
-            .iter()
-            .map(|s| ShardInfo {
-                id: s.service().name().to_string(),
-                addr: s.local_addr().to_string(),
-                shard_server: true,
-            })
-            .collect();
+        let infos: Vec<ShardInfo> = if members == 1 {
+            embedded = sluice::embedded::EmbeddedShard::start_many(n, options)
+                .await
+                .context("cannot start the embedded shards")?;
+            embedded
+                .iter()
+                .map(|s| ShardInfo {
+                    id: s.service().name().to_string(),
+                    addr: s.local_addr().to_string(),
+                    shard_server: true,
+                })
+                .collect()
+        } else {
+            // Each shard a replica set, given to the router as its seed list.
+            for i in 0..n {
+                let set = sluice::embedded::EmbeddedReplicaSet::start(
+                    sluice::embedded::ReplicaSetOptions {
+                        members,
+                        shard: sluice::embedded::ShardOptions {
+                            set_name: format!("shard{i}"),
+                            ..options.clone()
+                        },
+                        ..Default::default()
+                    },
+                )
+                .await
+                .context("cannot start the embedded replica sets")?;
+                sets.push(set);
+            }
+            sets.iter()
+                .map(|s| ShardInfo {
+                    id: s.name().to_string(),
+                    addr: s.seed_list(),
+                    shard_server: true,
+                })
+                .collect()
+        };
         let demo: Config = toml::from_str(include_str!("../configs/demo.toml"))
             .context("configs/demo.toml is invalid")?;
         Some(
@@ -489,7 +526,7 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
             .map(|s| format!("{} at {}", s.id, s.addr))
             .collect();
         println!(
-            "Embedded shards (in memory, not for production): {}",
+            "Embedded shards (in memory, replica sets sharing one data set; not for production): {}",
             shards.join(", ")
         );
         println!(
@@ -505,13 +542,21 @@ async fn run(config: Config, demo_shards: Option<usize>) -> anyhow::Result<()> {
     for shard in embedded {
         shard.shutdown().await;
     }
+    for set in sets {
+        set.shutdown().await;
+    }
     tracing::info!("stopped");
     Ok(())
 }
 
 /// `sluice demo --cluster` (`--routers N`): the embedded cluster of [`sluice::demo`], each
 /// router announced as `sluice run` announces itself.
-async fn run_cluster_demo(config: Config, shards: usize, routers: usize) -> anyhow::Result<()> {
+async fn run_cluster_demo(
+    config: Config,
+    shards: usize,
+    members: usize,
+    routers: usize,
+) -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     install_metrics(&config.metrics_listen);
     let first: std::net::SocketAddr = config
@@ -541,9 +586,16 @@ async fn run_cluster_demo(config: Config, shards: usize, routers: usize) -> anyh
     let demo: Config = toml::from_str(include_str!("../configs/demo.toml"))
         .context("configs/demo.toml is invalid")?;
     let cluster =
-        sluice::demo::DemoCluster::start(shards, options, configs, argv, &demo.collections)
-            .await
-            .map_err(|e| anyhow::anyhow!(e))?;
+        sluice::demo::DemoCluster::start_with_members(
+            shards,
+            members,
+            options,
+            configs,
+            argv,
+            &demo.collections,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!(e))?;
     let addrs: Vec<String> = cluster
         .routers
         .iter()
@@ -556,17 +608,18 @@ async fn run_cluster_demo(config: Config, shards: usize, routers: usize) -> anyh
             env!("CARGO_PKG_VERSION")
         );
     }
-    let shard_list: Vec<String> = cluster
-        .shards
-        .iter()
-        .map(|s| format!("{} at {}", s.service().name(), s.local_addr()))
-        .collect();
+    let shard_list = cluster.shard_hosts();
     println!(
         "Embedded config server (in memory, not for production): {}",
         cluster.configdb()
     );
+    let kind = if members > 1 {
+        "replica sets sharing one data set per set; "
+    } else {
+        ""
+    };
     println!(
-        "Embedded shards (in memory, not for production): {}",
+        "Embedded shards (in memory, {kind}not for production): {}",
         shard_list.join(", ")
     );
     println!(

@@ -229,3 +229,23 @@ fn an_unknown_scenario_is_refused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown benchmark scenario"));
 }
+
+#[test]
+fn failover_measures_every_step_down_and_retryable_writes_see_no_error() {
+    let (_dir, v) = run("failover");
+    let modes = v["modes"].as_array().expect("modes");
+    assert_eq!(modes.len(), 2, "{v}");
+    for m in modes {
+        let recovery = samples(&m["recovery_ms"]);
+        let errors = samples(&m["errors_per_step_down"]);
+        assert_eq!(recovery.len(), 5, "{m}");
+        assert_eq!(errors.len(), 5, "{m}");
+        assert!(recovery.iter().all(|x| *x > 0.0), "{m}");
+        if m["retryable_writes"].as_bool() == Some(true) {
+            assert!(
+                errors.iter().all(|x| *x == 0.0),
+                "retryable writes: no error {m}"
+            );
+        }
+    }
+}

@@ -12,10 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, Document};
+use mongodb::options::{ReadPreference, ReadPreferenceOptions, SelectionCriteria};
 use sluice::config::{CollectionConfig, Config, Policy, ShardConfig};
 use sluice::embedded::{AfterWrite, EmbeddedReplicaSet, ReplicaSetOptions, ShardOptions};
 
 const ELECTION: Duration = Duration::from_millis(100);
+/// Acknowledged inserts a failover run must reach; the workload runs until it has them (or 20 s),
+/// so a slow machine takes longer rather than failing.
+const MIN_ACKED: usize = 51;
 
 async fn start_set(name: &str) -> EmbeddedReplicaSet {
     EmbeddedReplicaSet::start(ReplicaSetOptions {
@@ -59,6 +63,7 @@ impl Cluster {
             ..Config::default()
         };
         config.pool.heartbeat_frequency_ms = 500;
+        config.pool.server_selection_timeout_ms = 3_000;
         config.validate().expect("valid configuration");
         // As `sluice` does with a `[[shards]]` configuration.
         let infos: Vec<sluice::routing::ShardInfo> = config
@@ -333,7 +338,14 @@ async fn failover_under_load(policy: Policy) {
     s.stop(p).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     s.restart(p).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The workload goes on after the faults until it has had writes acknowledged (a loaded
+    // machine runs it slowly), at most 20 s.
+    let after_faults = tally.acked_ids.lock().unwrap().len();
+    let wanted = (after_faults + 30).max(MIN_ACKED);
+    let limit = Instant::now() + Duration::from_secs(20);
+    while tally.acked_ids.lock().unwrap().len() < wanted && Instant::now() < limit {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop.store(true, Ordering::Relaxed);
     load.await.unwrap();
     let elapsed = started.elapsed();
@@ -342,7 +354,7 @@ async fn failover_under_load(policy: Policy) {
     assert!(errors.is_empty(), "client-visible errors: {errors:?}");
     let acked = tally.acked_ids.lock().unwrap().clone();
     assert!(
-        acked.len() > 50,
+        acked.len() >= MIN_ACKED,
         "the workload ran ({} writes)",
         acked.len()
     );
@@ -382,4 +394,237 @@ async fn failover_under_load_with_the_ordered_rewrite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_under_load_with_mongos_rounds() {
     failover_under_load(Policy::Off).await;
+}
+
+/// Each member's `find` and `getMore` counters, per set.
+async fn counters(c: &Cluster, name: &str) -> Vec<Vec<i64>> {
+    let mut out = Vec::new();
+    for s in &c.sets {
+        let mut v = Vec::new();
+        for i in 0..3 {
+            v.push(s.command_total(i, name).await);
+        }
+        out.push(v);
+    }
+    out
+}
+
+/// Which kinds of member (primary, secondary) served `find`s between `before` and now.
+async fn served_by(c: &Cluster, before: &[Vec<i64>]) -> (i64, i64, Vec<(usize, usize)>) {
+    let after = counters(c, "find").await;
+    let (mut primaries, mut secondaries, mut members) = (0, 0, Vec::new());
+    for (k, s) in c.sets.iter().enumerate() {
+        let p = s.primary().unwrap();
+        for i in 0..3 {
+            let d = after[k][i] - before[k][i];
+            if d > 0 {
+                members.push((k, i));
+                if i == p {
+                    primaries += d;
+                } else {
+                    secondaries += d;
+                }
+            }
+        }
+    }
+    (primaries, secondaries, members)
+}
+
+fn pref(p: ReadPreference) -> SelectionCriteria {
+    SelectionCriteria::ReadPreference(p)
+}
+
+fn opts(
+    tags: Option<Vec<std::collections::HashMap<String, String>>>,
+    staleness: Option<Duration>,
+) -> Option<ReadPreferenceOptions> {
+    Some(
+        ReadPreferenceOptions::builder()
+            .tag_sets(tags)
+            .max_staleness(staleness)
+            .build(),
+    )
+}
+
+#[tokio::test]
+async fn reads_land_on_the_member_kind_their_read_preference_asks_for() {
+    let c = Cluster::start(Policy::RetrySafe).await;
+    let client = c.client("").await;
+    let coll = client.database("test").collection::<Document>("c");
+    coll.insert_many((0..40).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    let cases = [
+        ("primary", ReadPreference::Primary, Some(true)),
+        (
+            "primaryPreferred",
+            ReadPreference::PrimaryPreferred { options: None },
+            Some(true),
+        ),
+        (
+            "secondary",
+            ReadPreference::Secondary { options: None },
+            Some(false),
+        ),
+        (
+            "secondaryPreferred",
+            ReadPreference::SecondaryPreferred { options: None },
+            Some(false),
+        ),
+        ("nearest", ReadPreference::Nearest { options: None }, None),
+        (
+            "secondary with a tag set matching all",
+            ReadPreference::Secondary {
+                options: opts(Some(vec![Default::default()]), None),
+            },
+            Some(false),
+        ),
+    ];
+    for (label, p, on_primary) in cases {
+        let before = counters(&c, "find").await;
+        let docs = common::all(
+            coll.find(doc! {})
+                .selection_criteria(pref(p))
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(docs.len(), 40, "{label}");
+        let (primaries, secondaries, _) = served_by(&c, &before).await;
+        assert_eq!(primaries + secondaries, 2, "{label}: one find per shard");
+        match on_primary {
+            Some(true) => assert_eq!(primaries, 2, "{label}"),
+            Some(false) => assert_eq!(secondaries, 2, "{label}"),
+            None => {}
+        }
+    }
+    // maxStalenessSeconds: a secondary 200 s behind is not eligible; the other one serves.
+    for s in &c.sets {
+        let p = s.primary().unwrap();
+        let lagging = (p + 1) % 3;
+        s.set_lag(lagging, Duration::from_secs(200));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for _ in 0..4 {
+        let before = counters(&c, "find").await;
+        let p = ReadPreference::Secondary {
+            options: opts(None, Some(Duration::from_secs(90))),
+        };
+        common::all(
+            coll.find(doc! {})
+                .selection_criteria(pref(p))
+                .await
+                .unwrap(),
+        )
+        .await;
+        let (primaries, _, members) = served_by(&c, &before).await;
+        assert_eq!(primaries, 0);
+        for (k, i) in members {
+            let p = c.sets[k].primary().unwrap();
+            assert_ne!(
+                i,
+                (p + 1) % 3,
+                "the lagging secondary serves no staleness-bounded read"
+            );
+        }
+    }
+    // A tag set no member has (sent as a command: the driver's own tag options are its own
+    // server selection's): nothing eligible, the selection gives up with 133.
+    let e = client
+        .database("test")
+        .run_command(doc! {"find": "c", "filter": {}, "$readPreference": {"mode": "secondary", "tags": [{"dc": "nowhere"}]}})
+        .await
+        .expect_err("no member has the tag");
+    assert_eq!(common::error_code(&e), 133, "{e:?}");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_cursor_stays_on_its_member_through_another_members_step_down_and_fails_when_it_dies() {
+    let c = Cluster::start(Policy::RetrySafe).await;
+    let client = c.client("").await;
+    for coll in ["c", "u"] {
+        let coll = client.database("test").collection::<Document>(coll);
+        coll.insert_many((0..30).map(|i| doc! {"_id": i}))
+            .await
+            .unwrap();
+    }
+    // A sharded collection's cursor (the router's own) and an unsharded one's (forwarded).
+    for name in ["c", "u"] {
+        let coll = client.database("test").collection::<Document>(name);
+        let before = counters(&c, "getMore").await;
+        let finds = counters(&c, "find").await;
+        let mut cursor = coll
+            .find(doc! {})
+            .batch_size(4)
+            .selection_criteria(pref(ReadPreference::Secondary { options: None }))
+            .await
+            .unwrap();
+        let (primaries, _, openers) = served_by(&c, &finds).await;
+        assert_eq!(primaries, 0, "{name}: opened on secondaries");
+        let mut n = 0;
+        for _ in 0..6 {
+            assert!(cursor.advance().await.unwrap());
+            n += 1;
+        }
+        // Step every primary down: the cursors are on secondaries and keep working.
+        for s in &c.sets {
+            s.step_down(Duration::from_secs(1));
+        }
+        while cursor.advance().await.unwrap() {
+            n += 1;
+        }
+        assert_eq!(n, 30, "{name}: every document, across the step-downs");
+        let after = counters(&c, "getMore").await;
+        let mut getmores = 0;
+        for k in 0..2 {
+            for i in 0..3 {
+                let d = after[k][i] - before[k][i];
+                if d > 0 {
+                    assert!(
+                        openers.contains(&(k, i)),
+                        "{name}: getMore only where the cursor is"
+                    );
+                    getmores += d;
+                }
+            }
+        }
+        assert!(
+            getmores > 0,
+            "{name}: getMores went to the cursors' members"
+        );
+        for s in &c.sets {
+            s.wait_for_primary(Duration::from_secs(5)).await.unwrap();
+        }
+    }
+    // The cursor's own member dies: the next getMore fails, clearly.
+    let coll = client.database("test").collection::<Document>("u");
+    let owner = c
+        .sets
+        .iter()
+        .find(|s| !s.documents("test", "u").is_empty())
+        .unwrap();
+    let before = counters(&c, "find").await;
+    let mut cursor = coll
+        .find(doc! {})
+        .batch_size(4)
+        .selection_criteria(pref(ReadPreference::Secondary { options: None }))
+        .await
+        .unwrap();
+    let (_, _, members) = served_by(&c, &before).await;
+    let (_, member) = members
+        .into_iter()
+        .find(|(k, _)| std::ptr::eq(&c.sets[*k], owner))
+        .expect("the cursor's member");
+    for _ in 0..4 {
+        assert!(cursor.advance().await.unwrap());
+    }
+    owner.stop(member).await;
+    let e = cursor
+        .advance()
+        .await
+        .expect_err("the cursor's member is gone");
+    let code = common::error_code(&e);
+    assert!([6, 89, 43].contains(&code), "{e:?}");
+    c.stop().await;
 }

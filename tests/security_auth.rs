@@ -502,3 +502,255 @@ async fn broken_conversations_leave_the_router_serving() {
     common::assert_still_serving(c.addr()).await;
     c.stop().await;
 }
+
+/// Authenticates a raw connection as `user` (carol with SCRAM-SHA-1, the others with
+/// SCRAM-SHA-256), after a `logout`, so one connection can be several users in turn.
+async fn raw_login(raw: &mut common::Raw, user: &str, pw: &str) {
+    let bin = |bytes: Vec<u8>| bson::Binary {
+        subtype: bson::spec::BinarySubtype::Generic,
+        bytes,
+    };
+    raw.command(&doc! {"logout": 1, "$db": "admin"}).await;
+    let mechanism = if user == "carol" {
+        ScramMechanism::Sha1
+    } else {
+        ScramMechanism::Sha256
+    };
+    let mut conv = ClientConversation::new(mechanism, user, pw, "cursorownernonce").unwrap();
+    let first = raw
+        .command(&doc! {"saslStart": 1, "mechanism": mechanism.name(),
+        "payload": bin(conv.client_first()), "options": {"skipEmptyExchange": true},
+        "$db": "admin"})
+        .await;
+    let fin = conv
+        .client_final(
+            first
+                .get_binary_generic("payload")
+                .unwrap_or_else(|_| panic!("{user}: {first}")),
+        )
+        .unwrap();
+    let done = raw
+        .command(
+            &doc! {"saslContinue": 1, "conversationId": 1, "payload": bin(fin), "$db": "admin"},
+        )
+        .await;
+    assert!(done.get_bool("done").unwrap(), "{user}: {done}");
+}
+
+fn code_and_message(reply: &Document) -> (i32, &str) {
+    (
+        reply.get_i32("code").unwrap_or(0),
+        reply.get_str("errmsg").unwrap_or(""),
+    )
+}
+
+/// A cursor belongs to the user who opened it, on a sharded collection (the router's own
+/// cursor) and on an unsharded one (the shard's cursor passed through): another user's
+/// `getMore` and `killCursors` get mongod's 13, the owner goes on, and a holder of
+/// `killAnyCursor` may kill it.
+#[tokio::test]
+async fn cursors_belong_to_the_user_who_opened_them() {
+    let users = users_file("cursors");
+    let c = cluster(&users, Authorization::Enabled).await;
+    let alice = client(c.addr(), "alice:secret", "").await;
+    for coll in ["c", "u"] {
+        let docs: Vec<Document> = (0..10).map(|i| doc! {"_id": i}).collect();
+        alice
+            .database("test")
+            .collection::<Document>(coll)
+            .insert_many(docs)
+            .await
+            .unwrap();
+    }
+    let mut raw = common::Raw::connect(c.addr()).await;
+    let mut other = common::Raw::connect(c.addr()).await;
+    raw_login(&mut other, "bob", "bobpw").await;
+    for coll in ["c", "u"] {
+        raw_login(&mut raw, "bob", "bobpw").await;
+        let found = raw
+            .command(&doc! {"find": coll, "batchSize": 2, "$db": "test"})
+            .await;
+        let id = found.get_document("cursor").unwrap().get_i64("id").unwrap();
+        assert_ne!(id, 0, "{found}");
+        let get_more = doc! {"getMore": id, "collection": coll, "batchSize": 2, "$db": "test"};
+
+        raw_login(&mut raw, "carol", "carolpw").await;
+        let reply = raw.command(&get_more).await;
+        let expected = format!("cursor id {id} was not created by the authenticated user");
+        assert_eq!(code_and_message(&reply), (13, expected.as_str()), "{coll}");
+        let reply = raw
+            .command(&doc! {"killCursors": coll, "cursors": [id], "$db": "test"})
+            .await;
+        let expected = format!("not authorized to kill cursor on test.{coll}");
+        assert_eq!(code_and_message(&reply), (13, expected.as_str()), "{coll}");
+        raw.command(&doc! {"logout": 1, "$db": "admin"}).await;
+        let reply = raw.command(&get_more).await;
+        assert_eq!(reply.get_i32("code").unwrap(), 13, "{coll}: {reply}");
+
+        // The owner goes on where it left off, after the refusals.
+        raw_login(&mut raw, "bob", "bobpw").await;
+        let reply = raw.command(&get_more).await;
+        let batch = reply
+            .get_document("cursor")
+            .unwrap()
+            .get_array("nextBatch")
+            .unwrap();
+        assert_eq!(batch.len(), 2, "{coll}: {reply}");
+        if coll == "u" {
+            // The same user on another connection (a driver's pool) may go on too.
+            let reply = other.command(&get_more).await;
+            assert_eq!(reply.get_f64("ok").unwrap(), 1.0, "{reply}");
+        }
+
+        // root holds killAnyCursor: it may kill bob's cursor, not read it.
+        raw_login(&mut raw, "alice", "secret").await;
+        let reply = raw.command(&get_more).await;
+        assert_eq!(reply.get_i32("code").unwrap(), 13, "{coll}: {reply}");
+        let reply = raw
+            .command(&doc! {"killCursors": coll, "cursors": [id], "$db": "test"})
+            .await;
+        assert_eq!(
+            reply.get_array("cursorsKilled").unwrap(),
+            &vec![Bson::Int64(id)],
+            "{coll}: {reply}"
+        );
+        raw_login(&mut raw, "bob", "bobpw").await;
+        let reply = raw.command(&get_more).await;
+        assert_eq!(reply.get_i32("code").unwrap(), 43, "{coll}: {reply}");
+    }
+    // Drivers page through their own cursors as before.
+    let bob = client(c.addr(), "bob:bobpw", "").await;
+    for coll in ["c", "u"] {
+        let cursor = bob
+            .database("test")
+            .collection::<Document>(coll)
+            .find(doc! {})
+            .batch_size(3)
+            .await
+            .unwrap();
+        assert_eq!(common::all(cursor).await.len(), 10, "{coll}");
+    }
+    c.stop().await;
+}
+
+/// `listDatabases` shows a user only the databases it has privileges in, unless it may list
+/// them all; `authorizedDatabases: false` without that privilege is mongod's 13.
+#[tokio::test]
+async fn list_databases_shows_a_user_its_databases() {
+    let users = users_file("listdbs");
+    let c = cluster(&users, Authorization::Enabled).await;
+    let alice = client(c.addr(), "alice:secret", "").await;
+    for db in ["test", "other", "third"] {
+        alice
+            .database(db)
+            .collection::<Document>("x")
+            .insert_one(doc! {"_id": 1})
+            .await
+            .unwrap();
+    }
+    let names = |reply: &Document| -> Vec<String> {
+        reply
+            .get_array("databases")
+            .unwrap()
+            .iter()
+            .map(|d| {
+                d.as_document()
+                    .unwrap()
+                    .get_str("name")
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    let all = alice
+        .database("admin")
+        .run_command(doc! {"listDatabases": 1})
+        .await
+        .unwrap();
+    for db in ["test", "other", "third"] {
+        assert!(names(&all).contains(&db.to_string()), "{all}");
+    }
+    // root asking for its authorized databases sees them all too (any database).
+    let mine = alice
+        .database("admin")
+        .run_command(doc! {"listDatabases": 1, "authorizedDatabases": true, "nameOnly": true})
+        .await
+        .unwrap();
+    assert!(names(&mine).contains(&"third".to_string()), "{mine}");
+
+    let bob = client(c.addr(), "bob:bobpw", "").await;
+    let admin = bob.database("admin");
+    let reply = admin.run_command(doc! {"listDatabases": 1}).await.unwrap();
+    assert_eq!(names(&reply), vec!["test".to_string()], "{reply}");
+    let size = reply.get_array("databases").unwrap()[0]
+        .as_document()
+        .unwrap()
+        .get_i64("sizeOnDisk")
+        .unwrap();
+    assert_eq!(reply.get_i64("totalSize").unwrap(), size, "{reply}");
+    let reply = admin
+        .run_command(doc! {"listDatabases": 1, "nameOnly": true})
+        .await
+        .unwrap();
+    assert_eq!(
+        reply.get_array("databases").unwrap(),
+        &vec![Bson::Document(doc! {"name": "test"})]
+    );
+    let e = admin
+        .run_command(doc! {"listDatabases": 1, "authorizedDatabases": false})
+        .await
+        .unwrap_err();
+    assert_eq!(
+        command_error(&e),
+        (13, "Insufficient permissions to list all databases".into())
+    );
+    // The driver's own call reads the same filtered list.
+    assert_eq!(
+        bob.list_database_names().await.unwrap(),
+        vec!["test".to_string()]
+    );
+    c.stop().await;
+}
+
+/// An admin-only command on another database is mongod's 13 whether or not authorization is
+/// enabled.
+#[tokio::test]
+async fn admin_only_commands_need_the_admin_database_without_authorization_too() {
+    let users = users_file("adminonly");
+    for authorization in [Authorization::Disabled, Authorization::Enabled] {
+        let c = cluster(&users, authorization).await;
+        let alice = client(c.addr(), "alice:secret", "").await;
+        let anon = common::driver(c.addr(), "").await;
+        for (who, client) in [("alice", &alice), ("anonymous", &anon)] {
+            for cmd in [
+                doc! {"listDatabases": 1},
+                doc! {"getParameter": 1, "featureCompatibilityVersion": 1},
+                doc! {"shardCollection": "test.x", "key": {"_id": 1}},
+                doc! {"renameCollection": "test.a", "to": "test.b"},
+            ] {
+                let name = cmd.keys().next().unwrap().clone();
+                let e = client
+                    .database("test")
+                    .run_command(cmd.clone())
+                    .await
+                    .unwrap_err();
+                assert_eq!(
+                    command_error(&e),
+                    (
+                        13,
+                        format!("{name} may only be run against the admin database.")
+                    ),
+                    "{who} {authorization:?}"
+                );
+            }
+            if authorization == Authorization::Disabled || who == "alice" {
+                client
+                    .database("admin")
+                    .run_command(doc! {"listDatabases": 1})
+                    .await
+                    .unwrap();
+            }
+        }
+        c.stop().await;
+    }
+}

@@ -75,6 +75,18 @@ fn pki(name: &str) -> Pki {
         ],
     );
     std::fs::write(dir.join("client.pem"), client).unwrap();
+    // A cluster member's certificate (server and client alike): the O and OU name the cluster.
+    let (member, _) = leaf(
+        &ca,
+        &ca_key,
+        &["localhost", "127.0.0.1"],
+        &[
+            (DnType::CommonName, "localhost"),
+            (DnType::OrganizationalUnitName, "Cluster"),
+            (DnType::OrganizationName, "Sluice"),
+        ],
+    );
+    std::fs::write(dir.join("member.pem"), member).unwrap();
     let client_subject = sluice::auth::x509::X509Name::from_certificate(&der)
         .unwrap()
         .to_string();
@@ -271,23 +283,30 @@ fn keyfile(dir: &Path, name: &str, key: &str) -> String {
     path.display().to_string()
 }
 
+type Protected = (
+    sluice::frontend::RouterHandle,
+    Vec<sluice::embedded::EmbeddedShard>,
+);
+
 /// Embedded shards started with `shard_tls` and the keyfile, and a router with `router`.
 async fn protected_cluster(
     key_file: Option<&str>,
     shard_tls: sluice::config::TlsConfig,
     router: Config,
-) -> Result<
-    (
-        sluice::frontend::RouterHandle,
-        Vec<sluice::embedded::EmbeddedShard>,
-    ),
-    String,
-> {
+) -> Result<Protected, String> {
     let options = sluice::embedded::ShardOptions {
         key_file: key_file.map(str::to_string),
         tls: shard_tls,
         ..sluice::embedded::ShardOptions::for_tests()
     };
+    protected_cluster_with(options, router).await
+}
+
+/// Two embedded shards started with `options`, and a router with `router`.
+async fn protected_cluster_with(
+    options: sluice::embedded::ShardOptions,
+    router: Config,
+) -> Result<Protected, String> {
     let shards = sluice::embedded::EmbeddedShard::start_many(2, options)
         .await
         .map_err(|e| e.to_string())?;
@@ -425,4 +444,389 @@ async fn the_router_speaks_tls_to_shards_that_require_it() {
     for s in shards {
         s.shutdown().await;
     }
+}
+
+/// A free loopback port (bound, then released for the process under test).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The `sluice_authentications_total` counters of a Prometheus scrape, by (mechanism, outcome).
+async fn auth_counters(metrics: u16) -> std::collections::HashMap<(String, String), u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", metrics))
+        .await
+        .unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    let label = |line: &str, name: &str| -> String {
+        let from = line.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+        line[from..].split('"').next().unwrap().to_string()
+    };
+    text.lines()
+        .filter(|l| l.starts_with("sluice_authentications_total{"))
+        .map(|l| {
+            let value = l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64;
+            ((label(l, "mechanism"), label(l, "outcome")), value)
+        })
+        .collect()
+}
+
+/// One SCRAM conversation by hand on a plain connection; returns the client-final message
+/// (which holds the proof) and whether the server accepted it.
+async fn scram_by_hand(
+    addr: std::net::SocketAddr,
+    mechanism: sluice::auth::scram::ScramMechanism,
+    user: &str,
+    pw: &str,
+) -> (Vec<u8>, bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut request_id: i32 = 0;
+    let mut command = |body: bson::Document| {
+        request_id += 1;
+        let bytes = body.to_vec().unwrap();
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&((16 + 4 + 1 + bytes.len()) as i32).to_le_bytes());
+        frame.extend_from_slice(&request_id.to_le_bytes());
+        frame.extend_from_slice(&0i32.to_le_bytes());
+        frame.extend_from_slice(&2013i32.to_le_bytes());
+        frame.extend_from_slice(&0u32.to_le_bytes());
+        frame.push(0);
+        frame.extend_from_slice(&bytes);
+        frame
+    };
+    async fn exchange(s: &mut tokio::net::TcpStream, frame: Vec<u8>) -> bson::Document {
+        s.write_all(&frame).await.unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).await.unwrap();
+        let mut rest = vec![0u8; i32::from_le_bytes(len) as usize - 4];
+        s.read_exact(&mut rest).await.unwrap();
+        bson::Document::from_reader(&rest[17..]).unwrap()
+    }
+    let bin = |bytes: Vec<u8>| bson::Binary {
+        subtype: bson::spec::BinarySubtype::Generic,
+        bytes,
+    };
+    let mut conv =
+        sluice::auth::scram::ClientConversation::new(mechanism, user, pw, "logcheckclientnonce1")
+            .unwrap();
+    let first = exchange(
+        &mut s,
+        command(doc! {"saslStart": 1, "mechanism": mechanism.name(),
+        "payload": bin(conv.client_first()), "options": {"skipEmptyExchange": true},
+        "$db": "admin"}),
+    )
+    .await;
+    let fin = conv
+        .client_final(first.get_binary_generic("payload").unwrap())
+        .unwrap();
+    let done = exchange(
+        &mut s,
+        command(
+            doc! {"saslContinue": 1, "conversationId": 1, "payload": bin(fin.clone()),
+            "$db": "admin"},
+        ),
+    )
+    .await;
+    (fin, done.get_f64("ok").unwrap() == 1.0)
+}
+
+/// `sluice demo` as a process, with a keyfile, TLS (`allow`) and users: SCRAM (both
+/// mechanisms) and X.509 logins that fail and succeed are counted by mechanism and outcome at
+/// the metrics endpoint, and the process's log, at debug level, never holds a password, a
+/// SCRAM proof or payload, or the keyfile's content.
+#[tokio::test]
+async fn authentications_are_counted_and_no_secret_reaches_the_log() {
+    use base64::Engine as _;
+    use sluice::auth::scram::ScramMechanism;
+    let p = pki("logs");
+    const PASSWORD: &str = "Alice-Pa55word-7f3c";
+    const WRONG: &str = "Wrong-Pa55word-91d2";
+    const NEW_USER_PASSWORD: &str = "NewUser-Pa55word-c0de";
+    const KEY: &str = "a2V5ZmlsZS1jb250ZW50LW5ldmVyLWxvZ2dlZA";
+    let mut users = UsersFile::new();
+    users
+        .insert(
+            UserDocument::new_scram(
+                sluice::auth::UserName::new("alice", "admin"),
+                PASSWORD,
+                &ScramMechanism::ALL,
+                vec![RoleName::new("root", "admin")],
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    users
+        .insert(UserDocument::new_external(
+            &p.client_subject,
+            vec![RoleName::new("readWrite", "test")],
+        ))
+        .unwrap();
+    let users_path = p.dir.join("users.json");
+    std::fs::write(&users_path, users.to_text()).unwrap();
+    let key = keyfile(&p.dir, "key", KEY);
+    let config_path = p.dir.join("sluice.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "[security]\nauthorization = \"enabled\"\nusers_file = {:?}\nkey_file = {:?}\n\
+             [tls]\nmode = \"allow\"\ncertificate_key_file = {:?}\nca_file = {:?}\n\
+             allow_connections_without_certificates = true\n",
+            users_path.display().to_string(),
+            key,
+            p.dir.join("server.pem").display().to_string(),
+            p.dir.join("ca.pem").display().to_string(),
+        ),
+    )
+    .unwrap();
+    let (port, metrics) = (free_port(), free_port());
+    let log_path = p.dir.join("sluice.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("--config")
+        .arg(&config_path)
+        .args(["--log-level", "debug"])
+        .arg("--metrics-listen")
+        .arg(format!("127.0.0.1:{metrics}"))
+        .args(["demo", "--shards", "1", "--port", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut ready = false;
+    for _ in 0..300 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", metrics))
+            .await
+            .is_ok()
+            && tokio::net::TcpStream::connect(addr).await.is_ok()
+        {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(ready, "sluice demo did not start");
+    let before = auth_counters(metrics).await;
+
+    // SCRAM by hand: a wrong password (SHA-256) and a right one (SHA-1).
+    let (wrong_final, accepted) = scram_by_hand(addr, ScramMechanism::Sha256, "alice", WRONG).await;
+    assert!(!accepted);
+    let (right_final, accepted) =
+        scram_by_hand(addr, ScramMechanism::Sha1, "alice", PASSWORD).await;
+    assert!(accepted);
+    // The stock driver: SCRAM-SHA-256 with the right password, SCRAM-SHA-1 with a wrong one.
+    let uri = |cred: &str, mech: &str| {
+        format!("mongodb://{cred}@{addr}/?authSource=admin&authMechanism={mech}&serverSelectionTimeoutMS=5000")
+    };
+    let alice = mongodb::Client::with_uri_str(uri(&format!("alice:{PASSWORD}"), "SCRAM-SHA-256"))
+        .await
+        .unwrap();
+    alice
+        .database("test")
+        .collection::<bson::Document>("t")
+        .insert_one(doc! {"_id": 1})
+        .await
+        .unwrap();
+    let wrong = mongodb::Client::with_uri_str(uri(&format!("alice:{WRONG}"), "SCRAM-SHA-1"))
+        .await
+        .unwrap();
+    assert!(wrong
+        .database("admin")
+        .run_command(doc! {"ping": 1})
+        .await
+        .is_err());
+    // X.509: the client certificate's subject, and a TLS client without a certificate.
+    let cert = format!(
+        "&tlsCertificateKeyFile={}&authMechanism=MONGODB-X509",
+        p.dir.join("client.pem").display()
+    );
+    let x509 = mongodb::Client::with_uri_str(tls_uri(port, &p.dir, &cert))
+        .await
+        .unwrap();
+    let x509_db = x509.database("test");
+    x509_db
+        .collection::<bson::Document>("t")
+        .insert_one(doc! {"_id": 2})
+        .await
+        .unwrap();
+    // An unauthorized createUser is logged with its password replaced.
+    let e = x509_db
+        .run_command(doc! {"createUser": "eve", "pwd": NEW_USER_PASSWORD, "roles": []})
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("not authorized"), "{e}");
+    let no_cert = mongodb::Client::with_uri_str(tls_uri(
+        port,
+        &p.dir,
+        "&authMechanism=MONGODB-X509&authSource=$external",
+    ))
+    .await
+    .unwrap();
+    assert!(no_cert
+        .database("admin")
+        .run_command(doc! {"ping": 1})
+        .await
+        .is_err());
+
+    let after = auth_counters(metrics).await;
+    let delta = |mech: &str, outcome: &str| {
+        let k = (mech.to_string(), outcome.to_string());
+        after.get(&k).copied().unwrap_or(0) - before.get(&k).copied().unwrap_or(0)
+    };
+    assert_eq!(delta("SCRAM-SHA-256", "failure"), 1, "{after:?}");
+    assert_eq!(delta("SCRAM-SHA-1", "success"), 1, "{after:?}");
+    assert_eq!(delta("SCRAM-SHA-1", "failure"), 1, "{after:?}");
+    assert_eq!(delta("MONGODB-X509", "success"), 1, "{after:?}");
+    assert_eq!(delta("MONGODB-X509", "failure"), 1, "{after:?}");
+    // The driver's SCRAM-SHA-256 login, and the router's own __system logins to its shard.
+    assert!(delta("SCRAM-SHA-256", "success") >= 1, "{after:?}");
+
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    // The events are there, so the log really is the one the logins went to.
+    assert!(log.contains("authentication failed"), "{log}");
+    assert!(log.contains("authentication succeeded"), "{log}");
+    assert!(log.contains("unauthorized"), "{log}");
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let proof = |fin: &[u8]| {
+        let text = String::from_utf8(fin.to_vec()).unwrap();
+        text.rsplit(",p=").next().unwrap().to_string()
+    };
+    let secrets = [
+        ("the password", PASSWORD.to_string()),
+        ("the wrong password", WRONG.to_string()),
+        ("createUser's password", NEW_USER_PASSWORD.to_string()),
+        ("the keyfile", KEY.to_string()),
+        ("a failed login's proof", proof(&wrong_final)),
+        ("a successful login's proof", proof(&right_final)),
+        ("a failed login's payload", b64(&wrong_final)),
+        ("a successful login's payload", b64(&right_final)),
+    ];
+    for (what, secret) in secrets {
+        assert!(secret.len() >= 16, "{what}");
+        assert!(!log.contains(&secret), "{what} is in the log");
+    }
+}
+
+/// `clusterAuthMode: x509`: shards that take only certificates naming a cluster member (the
+/// O and OU of their own) for `__system`. The router presenting a member's certificate joins
+/// them; one presenting another certificate, or proving the keyfile instead, is refused; the
+/// shards refuse clients that are not members.
+#[tokio::test]
+async fn the_router_joins_an_x509_cluster_with_a_members_certificate() {
+    use sluice::config::ClusterAuthMode;
+    let p = pki("x509cluster");
+    let member = p.dir.join("member.pem").display().to_string();
+    let mut shard_tls = tls_config(&p, TlsMode::Require).tls;
+    shard_tls.certificate_key_file = Some(member.clone());
+    let shards = sluice::embedded::ShardOptions {
+        cluster_auth_mode: ClusterAuthMode::X509,
+        tls: shard_tls,
+        ..sluice::embedded::ShardOptions::for_tests()
+    };
+    let router_with = |cert: &str, mode: ClusterAuthMode| {
+        let mut router = tls_config(&p, TlsMode::Require);
+        router.tls.certificate_key_file = Some(cert.to_string());
+        router.security.cluster_auth_mode = mode;
+        router
+    };
+    let (handle, members) =
+        protected_cluster_with(shards.clone(), router_with(&member, ClusterAuthMode::X509))
+            .await
+            .unwrap();
+    let client = mongodb::Client::with_uri_str(tls_uri(handle.local_addr().port(), &p.dir, ""))
+        .await
+        .unwrap();
+    let coll = client.database("test").collection::<bson::Document>("t");
+    coll.insert_one(doc! {"_id": 1}).await.unwrap();
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 1);
+    // The shard refuses a client without a certificate, and a certificate that names no member.
+    let port = members[0].local_addr().port();
+    let direct = mongodb::Client::with_uri_str(tls_uri(port, &p.dir, "&directConnection=true"))
+        .await
+        .unwrap();
+    let e = direct
+        .database("test")
+        .collection::<bson::Document>("t")
+        .insert_one(doc! {"_id": 2})
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("Command insert requires authentication"),
+        "{e}"
+    );
+    let outsider = format!(
+        "&directConnection=true&tlsCertificateKeyFile={}&authMechanism=MONGODB-X509",
+        p.dir.join("client.pem").display()
+    );
+    assert!(ping(&tls_uri(port, &p.dir, &outsider)).await.is_err());
+    handle.shutdown().await;
+    for s in members {
+        s.shutdown().await;
+    }
+
+    // A router whose certificate (valid, for localhost) names no member.
+    let outsider_cert = p.dir.join("server.pem").display().to_string();
+    let (handle, members) = protected_cluster_with(
+        shards.clone(),
+        router_with(&outsider_cert, ClusterAuthMode::X509),
+    )
+    .await
+    .unwrap();
+    let client = mongodb::Client::with_uri_str(tls_uri(handle.local_addr().port(), &p.dir, ""))
+        .await
+        .unwrap();
+    let e = client
+        .database("test")
+        .collection::<bson::Document>("t")
+        .insert_one(doc! {"_id": 1})
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("authentication with MONGODB-X509 failed"),
+        "{text}"
+    );
+    handle.shutdown().await;
+    for s in members {
+        s.shutdown().await;
+    }
+
+    // A router proving the keyfile to shards that take certificates only.
+    let key = keyfile(&p.dir, "key", "c2x1aWNlLWNsdXN0ZXIta2V5");
+    let mut keyed = router_with(&member, ClusterAuthMode::KeyFile);
+    keyed.security.key_file = Some(key);
+    let (handle, members) = protected_cluster_with(shards, keyed).await.unwrap();
+    let client = mongodb::Client::with_uri_str(tls_uri(handle.local_addr().port(), &p.dir, ""))
+        .await
+        .unwrap();
+    let e = client
+        .database("test")
+        .collection::<bson::Document>("t")
+        .insert_one(doc! {"_id": 1})
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("authentication as __system failed"),
+        "{e}"
+    );
+    handle.shutdown().await;
+    for s in members {
+        s.shutdown().await;
+    }
+
+    // x509 towards shards needs TLS towards them and a certificate.
+    let mut plain = Config::default();
+    plain.security.cluster_auth_mode = ClusterAuthMode::X509;
+    assert!(plain.pool_options().is_err());
 }

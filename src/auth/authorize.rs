@@ -101,7 +101,6 @@ pub fn canonical_name(name: &str) -> &str {
         "moveprimary" => "movePrimary",
         "removeshard" => "removeShard",
         "addshard" => "addShard",
-        "splitChunk" => "split",
         "killop" => "killOp",
         "getparameter" => "getParameter",
         "setparameter" => "setParameter",

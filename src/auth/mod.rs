@@ -15,6 +15,7 @@
 //! | [`keyfile`] | the cluster keyfile as mongod reads it, and the `__system@local` credentials derived from it |
 //! | [`roles`] | actions, resource patterns, privileges and MongoDB's built-in roles |
 //! | [`authorize`] | the per-command authorization checks and mongod's `Unauthorized` messages |
+//! | [`cursors`] | who opened each cursor: only that user continues or kills it |
 //! | [`render`] | BSON rendered the way mongod prints it in error messages |
 //! | [`user_admin`] | `createUser`, `updateUser`, `dropUser`, `dropAllUsersFromDatabase`, `usersInfo` on the users of static and demo mode |
 //! | [`tls`] | rustls server and client configurations, the `tls_mode` values, telling TLS from plain on one port |
@@ -22,6 +23,7 @@
 
 pub mod authorize;
 pub mod credentials;
+pub mod cursors;
 pub mod keyfile;
 pub mod render;
 pub mod roles;

@@ -25,7 +25,7 @@ use super::roles::{Principal, RoleName};
 use super::scram::{
     server_nonce, ClientFirst, ScramError, ScramMechanism, ServerConversation, ServerStep,
 };
-use super::{AuthError, Mechanism, UserName, EXTERNAL_DB};
+use super::{AuthError, Mechanism, UserName, EXTERNAL_DB, INTERNAL_DB, INTERNAL_USER};
 use crate::value::error_codes::ErrorCode;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
@@ -77,6 +77,10 @@ pub struct AuthSession {
     principal: Option<Principal>,
     /// The verified client certificate's subject (RFC 2253), when the client presented one.
     peer_subject: Option<String>,
+    /// Whether that certificate names a member of the cluster: `Some(true)` when members may
+    /// authenticate by certificate (`clusterAuthMode` other than `keyFile`), `Some(false)`
+    /// when they may not, `None` for any other certificate.
+    peer_member: Option<bool>,
 }
 
 impl std::fmt::Debug for AuthSession {
@@ -148,6 +152,12 @@ impl AuthSession {
     /// Records the subject of the client certificate the TLS handshake verified.
     pub fn set_peer_subject(&mut self, subject: Option<String>) {
         self.peer_subject = subject;
+    }
+
+    /// Records that the client certificate names a member of the cluster, and whether
+    /// members may authenticate by certificate (see [`AuthSession::authenticate`]).
+    pub fn set_peer_cluster_member(&mut self, accepted: Option<bool>) {
+        self.peer_member = accepted;
     }
 
     /// The client certificate's subject, when there is one.
@@ -376,6 +386,30 @@ impl AuthSession {
                 );
                 return failed(x509, Some(UserName::new(claimed, EXTERNAL_DB)), e);
             }
+        }
+        // A cluster member's certificate is `__system`, as on mongod; where members may not
+        // use certificates it authenticates no one.
+        match self.peer_member {
+            Some(true) => {
+                self.principal = Some(Principal::internal());
+                return (
+                    Ok(doc! {"dbname": EXTERNAL_DB, "user": subject}),
+                    Outcome::Succeeded {
+                        user: UserName::new(INTERNAL_USER, INTERNAL_DB),
+                        mechanism: Mechanism::MongodbX509,
+                    },
+                );
+            }
+            Some(false) => {
+                let e = AuthError::new(
+                    ErrorCode::AuthenticationFailed,
+                    "The provided certificate can only be used for cluster authentication, not \
+                     client authentication. The current configuration does not allow x.509 \
+                     cluster authentication, check the --clusterAuthMode flag",
+                );
+                return failed(x509, None, e);
+            }
+            None => {}
         }
         let name = UserName::new(subject.clone(), EXTERNAL_DB);
         match self.principal_for(&name, users) {

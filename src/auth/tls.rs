@@ -260,6 +260,17 @@ pub fn peer_subject(
     Some(X509Name::from_certificate(leaf))
 }
 
+/// The subject of the first certificate of a PEM file (this server's own certificate, whose
+/// `O`, `OU` and `DC` name the cluster's members).
+pub fn own_subject(pem: &[u8]) -> Result<X509Name, AuthError> {
+    let cert = CertificateDer::pem_slice_iter(pem)
+        .next()
+        .ok_or_else(|| config_error("the certificate key file holds no certificate"))?
+        .map_err(|e| config_error(format!("the certificate key file: {e}")))?;
+    X509Name::from_certificate(&cert)
+        .map_err(|e| config_error(format!("the certificate key file's subject: {e}")))
+}
+
 /// Sluice's TLS settings towards shards and config servers.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ClientTlsSettings<'a> {

@@ -130,6 +130,10 @@ pub struct ShardSecurity {
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// The keyfile: every new connection authenticates as `__system@local` with SCRAM-SHA-256.
     pub keyfile: Option<Arc<KeyFile>>,
+    /// Cluster membership by certificate (`clusterAuthMode` `sendX509`/`x509`): every new
+    /// connection authenticates with MONGODB-X509, the TLS client certificate's subject
+    /// naming a member of the cluster.
+    pub x509: bool,
 }
 
 impl std::fmt::Debug for ShardSecurity {
@@ -137,6 +141,7 @@ impl std::fmt::Debug for ShardSecurity {
         f.debug_struct("ShardSecurity")
             .field("tls", &self.tls.is_some())
             .field("keyfile", &self.keyfile.is_some())
+            .field("x509", &self.x509)
             .finish()
     }
 }
@@ -253,10 +258,30 @@ impl ShardConnection {
                 "{addr} refused the handshake: {reply}"
             )));
         }
-        if let Some(keyfile) = &security.keyfile {
+        if security.x509 {
+            conn.authenticate_x509(addr, timeout).await?;
+        } else if let Some(keyfile) = &security.keyfile {
             conn.authenticate_internal(addr, keyfile, timeout).await?;
         }
         Ok(conn)
+    }
+
+    /// MONGODB-X509 with the TLS client certificate: the shard takes its subject for a
+    /// member of the cluster (`__system`).
+    async fn authenticate_x509(
+        &mut self,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<(), BackendError> {
+        let request = doc! {"authenticate": 1, "mechanism": "MONGODB-X509", "$db": "$external"};
+        let reply = self.run(&request, timeout).await?;
+        if reply.get_f64("ok").ok() == Some(1.0) {
+            return Ok(());
+        }
+        Err(BackendError::Connect(format!(
+            "cannot connect to {addr}: authentication with MONGODB-X509 failed: {}",
+            reply.get_str("errmsg").unwrap_or("the shard refused")
+        )))
     }
 
     /// SCRAM-SHA-256 as `__system@local` with the keyfile's first key, verifying the shard's

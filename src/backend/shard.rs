@@ -99,7 +99,17 @@ pub struct Shard {
     options: PoolOptions,
     child_batches: metrics::Counter,
     kind: Kind,
+    /// Cursors of forwarded commands on a replica set's members: cursor id → the member that
+    /// holds it (and when it was last used), so that `getMore` and `killCursors` go there.
+    cursors: Mutex<HashMap<i64, (String, Instant)>>,
 }
+
+/// Pinned cursors a shard keeps before it forgets the ones idle longer than
+/// [`PINNED_CURSOR_IDLE`] (a client that went away without killing its cursor).
+const MAX_PINNED_CURSORS: usize = 10_000;
+/// How long a pinned cursor may go unused before it may be forgotten (mongod's cursor
+/// timeout).
+const PINNED_CURSOR_IDLE: std::time::Duration = std::time::Duration::from_secs(600);
 
 #[derive(Debug)]
 enum Kind {
@@ -133,7 +143,62 @@ impl Shard {
             child_batches: metrics::counter!("sluice_child_batches_total", "shard" => id.to_string()),
             options,
             kind,
+            cursors: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Records that cursor `id` lives on `member` (replica sets only: a single server holds
+    /// every cursor).
+    pub fn pin_cursor(&self, id: i64, member: &str) {
+        if !self.is_replica_set() || id == 0 {
+            return;
+        }
+        let mut cursors = crate::sync::lock(&self.cursors);
+        if cursors.len() >= MAX_PINNED_CURSORS {
+            cursors.retain(|_, (_, used)| used.elapsed() < PINNED_CURSOR_IDLE);
+        }
+        if cursors.len() < MAX_PINNED_CURSORS {
+            cursors.insert(id, (member.to_string(), Instant::now()));
+        }
+    }
+
+    /// The member holding cursor `id`, if it was pinned.
+    pub fn cursor_member(&self, id: i64) -> Option<String> {
+        let mut cursors = crate::sync::lock(&self.cursors);
+        let entry = cursors.get_mut(&id)?;
+        entry.1 = Instant::now();
+        Some(entry.0.clone())
+    }
+
+    /// Forgets cursor `id` (exhausted or killed).
+    pub fn unpin_cursor(&self, id: i64) {
+        crate::sync::lock(&self.cursors).remove(&id);
+    }
+
+    /// Sends `frame` to the member at `member` itself — no selection, no resend (a cursor's
+    /// `getMore`: only that member holds the cursor); a failure is reported as any other.
+    pub async fn send_to(
+        &self,
+        member: &str,
+        frame: &Bytes,
+        id: i32,
+    ) -> Result<(BsonDoc, String), BackendError> {
+        let mut conn = self.checkout_at(member).await?;
+        let addr = HostAddr::parse(conn.addr()).ok();
+        let result = conn.request(frame, id).await;
+        let stale = conn.is_stale();
+        drop(conn);
+        if let Some(m) = &addr {
+            match &result {
+                Ok(reply) => {
+                    if let Some((_, code, tv)) = reply_failure(reply) {
+                        self.report(m, stale, &Failure::Reply(code, tv));
+                    }
+                }
+                Err(e) => self.report(m, stale, &Failure::Network(e, false)),
+            }
+        }
+        result.map(|r| (r, member.to_string()))
     }
 
     /// The shard's id.
@@ -169,6 +234,7 @@ impl Shard {
                         security: ShardSecurity {
                             tls: self.options.security.tls.clone(),
                             keyfile: None,
+                            x509: false,
                         },
                     },
                 )

@@ -4,12 +4,14 @@
 //! The load scenarios (`rounds`, `bulkwrite`, `seed-table`, `overhead`, `undo`) start what they need from this very
 //! binary: embedded shards as separate `sluice shard` processes and a router process, on
 //! loopback, stopped afterwards; the load goes through the stock Rust driver. `overload` runs
-//! the deterministic simulation of [`crate::backend::sim`]. The micro-benchmarks are criterion
+//! the deterministic simulation of [`crate::backend::sim`]. `failover` runs a replica-set
+//! shard, the router and the driver in this process and steps the primary down under load. The micro-benchmarks are criterion
 //! benchmarks (`cargo bench --bench micro`). Every scenario has a `--quick` mode, which CI
 //! runs to prove that it still works; the figures worth quoting come from the full mode on a
 //! release build.
 
 pub mod bulk_rounds;
+pub mod failover;
 pub mod fleet;
 pub mod forward;
 pub mod overhead;
@@ -29,6 +31,7 @@ pub const SCENARIOS: &[&str] = &[
     "overhead",
     "overload",
     "undo",
+    "failover",
 ];
 
 /// Runs one scenario and writes its results into `out`; returns its Markdown table.
@@ -40,6 +43,7 @@ pub async fn run(scenario: &str, quick: bool, out: &Path) -> anyhow::Result<Stri
         "overhead" => overhead::run(quick).await?,
         "overload" => overload::report(quick),
         "undo" => undo::run(quick).await?,
+        "failover" => failover::run(quick).await?,
         other => anyhow::bail!(
             "unknown benchmark scenario {other:?} (available: {})",
             SCENARIOS.join(", ")

@@ -25,6 +25,7 @@ use crate::sync::lock;
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{number_field, truthy};
 
+use super::configsvr::object_field;
 use super::filtering::engine_error;
 use super::migration::{first_host, now_secs, Donor};
 
@@ -76,23 +77,6 @@ pub async fn run(
 
 fn string<'a>(body: &'a Document, command: &str, field: &str) -> Result<&'a str, EngineError> {
     super::configsvr::string_field(body, command, field)
-}
-
-fn object<'a>(body: &'a Document, command: &str, field: &str) -> Result<&'a Document, EngineError> {
-    match body.get(field) {
-        Some(Bson::Document(d)) => Ok(d),
-        Some(v) => Err(EngineError::new(
-            ErrorCode::TypeMismatch,
-            format!(
-                "BSON field '{command}.{field}' is the wrong type '{}', expected type 'object'",
-                crate::value::field::type_name(v)
-            ),
-        )),
-        None => Err(EngineError::new(
-            ErrorCode(40414),
-            format!("BSON field '{command}.{field}' is missing but a required field"),
-        )),
-    }
 }
 
 /// Every shard of the cluster as `(id, host to connect to)`, sorted by id.
@@ -165,7 +149,7 @@ async fn create_collection(d: &Donor, db: &str, body: &Document) -> Result<Docum
     let coll = string(body, CMD, CMD)?;
     let ns = format!("{db}.{coll}");
     super::store::check_namespace(db, coll)?;
-    let key = object(body, CMD, "shardKey")?;
+    let key = object_field(body, CMD, "shardKey")?;
     let pattern = ShardKeyPattern::parse(key).map_err(|e| EngineError::new(e.code, e.message))?;
     let unique = body.get("unique").is_some_and(truthy);
     let num_initial = number_field(body, "numInitialChunks")
@@ -250,18 +234,7 @@ async fn create_collection(d: &Donor, db: &str, body: &Document) -> Result<Docum
     };
     let chunk_docs: Vec<Bson> = chunks
         .iter()
-        .map(|c| {
-            Bson::Document(doc! {
-                "_id": c.id,
-                "uuid": uuid,
-                "min": pattern.key_document(&c.min),
-                "max": pattern.key_document(&c.max),
-                "shard": &c.shard,
-                "lastmod": c.version.timestamp(),
-                "onCurrentShardSince": timestamp,
-                "history": [{"validAfter": timestamp, "shard": &c.shard}],
-            })
-        })
+        .map(|c| Bson::Document(c.config_document(uuid, &pattern, timestamp)))
         .collect();
     let reply = d
         .filtering
@@ -372,8 +345,8 @@ async fn split_chunk(d: &Donor, body: &Document) -> Result<Document, EngineError
             format!("this shard is {}, not {from}", d.name),
         ));
     }
-    let min = object(body, CMD, "min")?;
-    let max = object(body, CMD, "max")?;
+    let min = object_field(body, CMD, "min")?;
+    let max = object_field(body, CMD, "max")?;
     let Some(Bson::Array(keys)) = body.get("splitKeys") else {
         return Err(EngineError::new(
             ErrorCode(40414),

@@ -103,6 +103,29 @@ pub(super) fn string_field<'a>(
     }
 }
 
+/// A required object field of an internal command, with mongod's errors for a missing field or
+/// the wrong type.
+pub(super) fn object_field<'a>(
+    body: &'a Document,
+    command: &str,
+    field: &str,
+) -> Result<&'a Document, EngineError> {
+    match body.get(field) {
+        Some(Bson::Document(d)) => Ok(d),
+        Some(v) => Err(EngineError::new(
+            ErrorCode::TypeMismatch,
+            format!(
+                "BSON field '{command}.{field}' is the wrong type '{}', expected type 'object'",
+                crate::value::field::type_name(v)
+            ),
+        )),
+        None => Err(EngineError::new(
+            ErrorCode(40414),
+            format!("BSON field '{command}.{field}' is missing but a required field"),
+        )),
+    }
+}
+
 /// `_configsvrCreateDatabase`: records `db` in `config.databases` with a primary shard (the
 /// one asked for, or the shard that is primary of the fewest databases, ties by id) and a
 /// new database version; an existing database is answered with its version (an existing one

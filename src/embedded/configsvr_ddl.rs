@@ -13,26 +13,9 @@ use crate::sync::lock;
 use crate::value::compare::values_equal;
 use crate::value::error_codes::ErrorCode;
 
-use super::configsvr::string_field;
+use super::configsvr::{object_field, string_field};
 use super::service::ShardService;
 use super::store::{Catalog, RecordId};
-
-fn object<'a>(body: &'a Document, command: &str, field: &str) -> Result<&'a Document, EngineError> {
-    match body.get(field) {
-        Some(Bson::Document(d)) => Ok(d),
-        Some(v) => Err(EngineError::new(
-            ErrorCode::TypeMismatch,
-            format!(
-                "BSON field '{command}.{field}' is the wrong type '{}', expected type 'object'",
-                crate::value::field::type_name(v)
-            ),
-        )),
-        None => Err(EngineError::new(
-            ErrorCode(40414),
-            format!("BSON field '{command}.{field}' is missing but a required field"),
-        )),
-    }
-}
 
 fn records(catalog: &Catalog, coll: &str) -> Vec<(RecordId, Document)> {
     catalog
@@ -130,8 +113,8 @@ pub fn commit_split(svc: &ShardService, body: &Document) -> Result<Document, Eng
     const CMD: &str = "_configsvrCommitChunkSplit";
     let ns = string_field(body, CMD, CMD)?;
     let shard = string_field(body, CMD, "shard")?;
-    let min = object(body, CMD, "min")?;
-    let max = object(body, CMD, "max")?;
+    let min = object_field(body, CMD, "min")?;
+    let max = object_field(body, CMD, "max")?;
     let points: Vec<Document> = match body.get("splitPoints") {
         Some(Bson::Array(a)) => a
             .iter()
@@ -230,9 +213,9 @@ pub fn commit_merge(svc: &ShardService, body: &Document) -> Result<Document, Eng
     const CMD: &str = "_configsvrCommitChunksMerge";
     let ns = string_field(body, CMD, CMD)?;
     let shard = string_field(body, CMD, "shard")?;
-    let range = object(body, CMD, "chunkRange")?;
-    let min = object(range, "chunkRange", "min")?;
-    let max = object(range, "chunkRange", "max")?;
+    let range = object_field(body, CMD, "chunkRange")?;
+    let min = object_field(range, "chunkRange", "min")?;
+    let max = object_field(range, "chunkRange", "max")?;
     let mut catalog = lock(&svc.catalog);
     let (entry, pattern) = sharded_entry(&catalog, ns, None)?;
     let uuid = entry.get("uuid").cloned().unwrap_or(Bson::Null);
@@ -367,7 +350,7 @@ pub fn commit_shard_collection(
 ) -> Result<Document, EngineError> {
     const CMD: &str = "_sluiceCommitShardCollection";
     let ns = string_field(body, CMD, CMD)?;
-    let entry = object(body, CMD, "collection")?;
+    let entry = object_field(body, CMD, "collection")?;
     let chunks = match body.get("chunks") {
         Some(Bson::Array(a)) if !a.is_empty() => a.clone(),
         _ => {

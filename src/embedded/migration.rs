@@ -36,6 +36,7 @@ use crate::sync::lock;
 use crate::value::compare::values_equal;
 use crate::value::error_codes::ErrorCode;
 
+use super::configsvr::{object_field, string_field};
 use super::filtering::Filtering;
 use super::store::Catalog;
 
@@ -168,41 +169,6 @@ fn id_key(id: &Bson) -> Vec<u8> {
         .unwrap_or_default()
 }
 
-fn string<'a>(body: &'a Document, command: &str, field: &str) -> Result<&'a str, EngineError> {
-    match body.get(field) {
-        Some(Bson::String(s)) => Ok(s),
-        Some(v) => Err(EngineError::new(
-            ErrorCode::TypeMismatch,
-            format!(
-                "BSON field '{command}.{field}' is the wrong type '{}', expected type 'string'",
-                crate::value::field::type_name(v)
-            ),
-        )),
-        None => Err(missing(command, field)),
-    }
-}
-
-fn object<'a>(body: &'a Document, command: &str, field: &str) -> Result<&'a Document, EngineError> {
-    match body.get(field) {
-        Some(Bson::Document(d)) => Ok(d),
-        Some(v) => Err(EngineError::new(
-            ErrorCode::TypeMismatch,
-            format!(
-                "BSON field '{command}.{field}' is the wrong type '{}', expected type 'object'",
-                crate::value::field::type_name(v)
-            ),
-        )),
-        None => Err(missing(command, field)),
-    }
-}
-
-fn missing(command: &str, field: &str) -> EngineError {
-    EngineError::new(
-        ErrorCode(40414),
-        format!("BSON field '{command}.{field}' is missing but a required field"),
-    )
-}
-
 fn driver_error(host: &str, e: mongodb::error::Error) -> EngineError {
     match e.kind.as_ref() {
         mongodb::error::ErrorKind::Command(c) => {
@@ -310,11 +276,11 @@ pub struct Donor {
 /// connection cannot stop it halfway) and answers when it ended.
 pub async fn move_range(donor: Donor, body: Document) -> Result<Document, EngineError> {
     const CMD: &str = "_shardsvrMoveRange";
-    let ns = string(&body, CMD, CMD)?.to_string();
-    let to = string(&body, CMD, "toShard")?.to_string();
-    let from = string(&body, CMD, "fromShard")?.to_string();
-    let min = object(&body, CMD, "min")?.clone();
-    let max = object(&body, CMD, "max")?.clone();
+    let ns = string_field(&body, CMD, CMD)?.to_string();
+    let to = string_field(&body, CMD, "toShard")?.to_string();
+    let from = string_field(&body, CMD, "fromShard")?.to_string();
+    let min = object_field(&body, CMD, "min")?.clone();
+    let max = object_field(&body, CMD, "max")?.clone();
     if from != donor.name {
         return Err(EngineError::new(
             ErrorCode::IllegalOperation,
@@ -551,13 +517,13 @@ impl Migrations {
     /// `_recvChunkStart`: opens the staging area of a range.
     pub fn recv_start(&self, body: &Document) -> Result<Document, EngineError> {
         const CMD: &str = "_recvChunkStart";
-        let ns = string(body, CMD, CMD)?;
-        let session = string(body, CMD, "sessionId")?;
+        let ns = string_field(body, CMD, CMD)?;
+        let session = string_field(body, CMD, "sessionId")?;
         let range = Range::parse(
             ns,
-            object(body, CMD, "shardKeyPattern")?,
-            object(body, CMD, "min")?,
-            object(body, CMD, "max")?,
+            object_field(body, CMD, "shardKeyPattern")?,
+            object_field(body, CMD, "min")?,
+            object_field(body, CMD, "max")?,
         )?;
         let mut incoming = lock(&self.incoming);
         if incoming.contains_key(ns) {
@@ -582,8 +548,8 @@ impl Migrations {
     /// `_sluiceRecvChunkMods`: documents to (re)load and `_id`s deleted, into the staging area.
     pub fn recv_mods(&self, body: &Document) -> Result<Document, EngineError> {
         const CMD: &str = "_sluiceRecvChunkMods";
-        let ns = string(body, CMD, CMD)?;
-        let session = string(body, CMD, "sessionId")?;
+        let ns = string_field(body, CMD, CMD)?;
+        let session = string_field(body, CMD, "sessionId")?;
         let mut incoming = lock(&self.incoming);
         let inc = Self::incoming_for(&mut incoming, ns, session)?;
         for d in body
@@ -617,8 +583,8 @@ impl Migrations {
         body: &Document,
     ) -> Result<Document, EngineError> {
         const CMD: &str = "_recvChunkCommit";
-        let ns = string(body, CMD, CMD)?.to_string();
-        let session = string(body, CMD, "sessionId")?.to_string();
+        let ns = string_field(body, CMD, CMD)?.to_string();
+        let session = string_field(body, CMD, "sessionId")?.to_string();
         Self::incoming_for(&mut lock(&self.incoming), &ns, &session)?;
         let critical = self.critical_section(&ns).await?;
         let mut incoming = lock(&self.incoming);
@@ -642,8 +608,8 @@ impl Migrations {
         body: &Document,
     ) -> Result<Document, EngineError> {
         const CMD: &str = "_recvChunkAbort";
-        let ns = string(body, CMD, CMD)?;
-        let session = string(body, CMD, "sessionId")?;
+        let ns = string_field(body, CMD, CMD)?;
+        let session = string_field(body, CMD, "sessionId")?;
         let mut incoming = lock(&self.incoming);
         Self::incoming_for(&mut incoming, ns, session)?;
         if let Some(inc) = incoming.remove(ns) {
@@ -662,8 +628,8 @@ impl Migrations {
         body: &Document,
     ) -> Result<Document, EngineError> {
         const CMD: &str = "_recvChunkReleaseCritSec";
-        let ns = string(body, CMD, CMD)?.to_string();
-        let session = string(body, CMD, "sessionId")?.to_string();
+        let ns = string_field(body, CMD, CMD)?.to_string();
+        let session = string_field(body, CMD, "sessionId")?.to_string();
         Self::incoming_for(&mut lock(&self.incoming), &ns, &session)?;
         filtering.cache().await?.flush_collection(&ns);
         let done = lock(&self.incoming).remove(&ns);
@@ -682,12 +648,12 @@ impl Migrations {
         body: &Document,
     ) -> Result<Document, EngineError> {
         const CMD: &str = "_configsvrMoveRange";
-        let ns = string(body, CMD, CMD)?.to_string();
-        let to = string(body, CMD, "toShard")?.to_string();
-        let min = object(body, CMD, "min")?.clone();
+        let ns = string_field(body, CMD, CMD)?.to_string();
+        let to = string_field(body, CMD, "toShard")?.to_string();
+        let min = object_field(body, CMD, "min")?.clone();
         let max = match body.get("max") {
             None => None,
-            Some(_) => Some(object(body, CMD, "max")?.clone()),
+            Some(_) => Some(object_field(body, CMD, "max")?.clone()),
         };
         let wait_for_delete = body
             .get("waitForDelete")
@@ -791,13 +757,13 @@ pub fn commit_chunk_migration(
     now: bson::Timestamp,
 ) -> Result<Document, EngineError> {
     const CMD: &str = "_configsvrCommitChunkMigration";
-    let ns = string(body, CMD, CMD)?;
-    let from = string(body, CMD, "fromShard")?;
-    let to = string(body, CMD, "toShard")?;
-    let moved = object(body, CMD, "migratedChunk")?;
+    let ns = string_field(body, CMD, CMD)?;
+    let from = string_field(body, CMD, "fromShard")?;
+    let to = string_field(body, CMD, "toShard")?;
+    let moved = object_field(body, CMD, "migratedChunk")?;
     let min = moved.get("min").cloned().unwrap_or(Bson::Null);
     let max = moved.get("max").cloned().unwrap_or(Bson::Null);
-    let from_version = object(body, CMD, "fromShardCollectionVersion")?;
+    let from_version = object_field(body, CMD, "fromShardCollectionVersion")?;
     let mut catalog = lock(catalog);
     let entry = catalog
         .collection("config", "collections")

@@ -18,8 +18,9 @@
 //! handler, by concern), [`commands`] (the data commands, one file per family),
 //! [`bulk_write`], [`ddl`] (`collMod`, `validate`, `dataSize`, `renameCollection`),
 //! [`pipeline_output`] (`$out`, `$merge`), [`replset`] (embedded replica sets), [`filtering`]
-//! (shard-server mode), [`migration`] and [`configsvr`] (the config server's commands). The query
-//! language, updates and aggregation are the document engine's ([`crate::engine`]).
+//! (shard-server mode), [`cluster_ddl`] (a shard server's side of cluster DDL), [`migration`],
+//! [`configsvr`] and [`configsvr_ddl`] (the config server's commands). The query language,
+//! updates and aggregation are the document engine's ([`crate::engine`]).
 
 pub mod bulk_write;
 pub mod cluster_ddl;
@@ -63,6 +64,10 @@ pub struct ShardOptions {
     /// The cluster keyfile: with it the shard requires authentication, as mongod started with
     /// `security.keyFile` does (authorization on; only `__system` may run internal commands).
     pub key_file: Option<String>,
+    /// How members prove themselves (`clusterAuthMode`); with `x509` the shard requires
+    /// authentication without a keyfile too, and takes a certificate naming a member of the
+    /// cluster (its own certificate's `O`, `OU`, `DC`) for `__system`.
+    pub cluster_auth_mode: crate::config::ClusterAuthMode,
     /// The shard's TLS listener settings (disabled by default).
     pub tls: crate::config::TlsConfig,
     /// How long a cursor may sit unread before the shard's cursor monitor drops it (mongod's
@@ -86,6 +91,7 @@ impl Default for ShardOptions {
             enable_test_commands: false,
             stage_memory_bytes: crate::limits::DEFAULT_STAGE_MEMORY_BYTES,
             key_file: None,
+            cluster_auth_mode: crate::config::ClusterAuthMode::KeyFile,
             tls: crate::config::TlsConfig::default(),
             cursor_timeout: service::CURSOR_IDLE_TIMEOUT,
             config_server: false,
@@ -95,6 +101,19 @@ impl Default for ShardOptions {
 }
 
 impl ShardOptions {
+    /// What the shard requires of its clients, as mongod started with `security.keyFile` or
+    /// `clusterAuthMode: x509`: authorization on, and the cluster's members known.
+    fn protect(&self, config: &mut Config) {
+        config.security.cluster_auth_mode = self.cluster_auth_mode;
+        if let Some(key_file) = &self.key_file {
+            config.security.key_file = Some(key_file.clone());
+        }
+        if self.key_file.is_some() || self.cluster_auth_mode == crate::config::ClusterAuthMode::X509
+        {
+            config.security.authorization = crate::config::Authorization::Enabled;
+        }
+    }
+
     /// The default options with test commands enabled (what the tests start shards with).
     pub fn for_tests() -> ShardOptions {
         ShardOptions {
@@ -119,10 +138,7 @@ impl EmbeddedShard {
             tls: options.tls.clone(),
             ..Config::default()
         };
-        if let Some(key_file) = &options.key_file {
-            config.security.key_file = Some(key_file.clone());
-            config.security.authorization = crate::config::Authorization::Enabled;
-        }
+        options.protect(&mut config);
         let mut made: Option<Arc<ShardService>> = None;
         let handle = crate::frontend::start_service(
             config,
@@ -155,10 +171,7 @@ impl EmbeddedShard {
             shutdown_timeout_secs: 0,
             ..Config::default()
         };
-        if let Some(key_file) = &options.key_file {
-            config.security.key_file = Some(key_file.clone());
-            config.security.authorization = crate::config::Authorization::Enabled;
-        }
+        options.protect(&mut config);
         let mut made: Option<Arc<ShardService>> = None;
         let handle = crate::frontend::start_service_on_listener(
             listener,

@@ -168,7 +168,7 @@ async fn admit(
                         .increment(1);
                     let certs = stream.get_ref().1.peer_certificates();
                     match crate::auth::tls::peer_subject(certs) {
-                        Some(Ok(name)) => auth.set_peer_subject(Some(name.to_string())),
+                        Some(Ok(name)) => auth.set_peer(security, &name),
                         Some(Err(e)) => {
                             tracing::warn!(%peer, error = %e, "cannot read the client certificate's subject")
                         }
@@ -703,6 +703,10 @@ async fn serve_request(
             let mut reply = Reply::Raw(raw).into_document();
             security.after(auth, (conn, &peer), req, &mut reply);
             Response::Reply(reply)
+        }
+        Ok(Response::Raw(raw)) => {
+            security.observe_raw(auth, req, &raw);
+            Response::Raw(raw)
         }
         Ok(response) => response,
         Err(panic) => {

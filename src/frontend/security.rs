@@ -3,13 +3,16 @@
 //! every request passes through before and after the service answers it ([`Security::before`],
 //! [`Security::after`]).
 //!
-//! Before: with authorization enabled the command is checked against the connection's user
-//! (13 Unauthorized with mongod's message); then the authentication commands (`saslStart`,
+//! Before: an admin-only command on another database is refused (always, as mongod does);
+//! with authorization enabled the command is checked against the connection's user (13
+//! Unauthorized with mongod's message), and so is the owner of a `getMore`'s or
+//! `killCursors`'s cursor ([`CursorOwners`]); then the authentication commands (`saslStart`,
 //! `saslContinue`, `authenticate`, `logout`) and the user-management commands (`createUser`,
 //! `updateUser`, `dropUser`, `dropAllUsersFromDatabase`, `usersInfo`) are answered here, since
 //! they concern the connection and the users file, not the service. After: the `hello` family
 //! gets `saslSupportedMechs` and `speculativeAuthenticate`, `connectionStatus` the connection's
-//! `authInfo`. With no `[security]` configured nothing is checked and no user exists, so a
+//! `authInfo`, `listDatabases` only the user's databases, and every cursor handed out is
+//! recorded with its user. With no `[security]` configured nothing is checked and no user exists, so a
 //! client without credentials sees exactly what it saw before.
 
 use std::path::PathBuf;
@@ -18,8 +21,11 @@ use std::sync::{Arc, Mutex};
 
 use bson::{Bson, Document, RawDocument};
 
-use crate::auth::authorize::{authorize, CommandView};
+use crate::auth::authorize::{
+    authorize, check_admin_only, list_databases_filter, CommandView, DatabaseFilter,
+};
 use crate::auth::credentials::{UserDocument, UsersFile};
+use crate::auth::cursors::CursorOwners;
 use crate::auth::keyfile::{InternalCredentials, KeyFile};
 use crate::auth::session::{AuthSession, Outcome, UserLookup};
 use crate::auth::{tls, user_admin, AuthError, UserName};
@@ -36,6 +42,11 @@ pub struct Security {
     generation: AtomicU64,
     internal: Option<InternalCredentials>,
     tls: Option<(tls::TlsMode, tokio_rustls::TlsAcceptor)>,
+    /// Who opened each open cursor (kept with authorization enabled).
+    cursors: CursorOwners,
+    /// This server's own certificate subject, whose `O`, `OU` and `DC` name the cluster's
+    /// members, and whether members may authenticate by certificate (`clusterAuthMode`).
+    cluster: Option<(crate::auth::x509::X509Name, bool)>,
 }
 
 impl std::fmt::Debug for Security {
@@ -66,18 +77,21 @@ impl Security {
             _ => UsersFile::new(),
         };
         let internal = match &sec.key_file {
-            Some(path) => Some(
+            Some(path) if sec.cluster_auth_mode.accepts_keyfile() => Some(
                 KeyFile::load(std::path::Path::new(path))
                     .and_then(|k| k.internal_credentials())
                     .map_err(|e| e.message)?,
             ),
-            None => None,
+            _ => None,
         };
+        let mut cluster = None;
         let tls = if config.tls.mode.accepts_tls() {
             let Some(cert) = &config.tls.certificate_key_file else {
                 return Err("tls.mode needs tls.certificate_key_file".into());
             };
             let cert = read_file(cert, "the certificate key file")?;
+            let own = tls::own_subject(&cert).map_err(|e| e.message)?;
+            cluster = Some((own, sec.cluster_auth_mode.accepts_x509()));
             let ca = match &config.tls.ca_file {
                 Some(p) => Some(read_file(p, "the CA file")?),
                 None => None,
@@ -101,6 +115,8 @@ impl Security {
             generation: AtomicU64::new(0),
             internal,
             tls,
+            cursors: CursorOwners::default(),
+            cluster,
         })
     }
 
@@ -176,9 +192,15 @@ pub struct ConnectionAuth {
 }
 
 impl ConnectionAuth {
-    /// Records the verified client certificate's subject.
-    pub fn set_peer_subject(&mut self, subject: Option<String>) {
-        self.session.set_peer_subject(subject);
+    /// Records the verified client certificate's subject, and whether it names a member of
+    /// the cluster (the `O`, `OU` and `DC` of this server's own certificate).
+    pub fn set_peer(&mut self, security: &Security, subject: &crate::auth::x509::X509Name) {
+        self.session.set_peer_subject(Some(subject.to_string()));
+        if let Some((own, accepted)) = &security.cluster {
+            if subject.is_cluster_member_of(own) {
+                self.session.set_peer_cluster_member(Some(*accepted));
+            }
+        }
     }
 }
 
@@ -287,8 +309,17 @@ impl Security {
         req: &CommandRequest,
     ) -> Option<Document> {
         self.refresh(auth);
+        // mongod refuses an admin-only command on another database whether or not
+        // authorization is enabled.
+        if req.db != "admin" {
+            if let Err(e) = check_admin_only(&req.name, &req.db) {
+                return Some(error_reply(state, &e));
+            }
+        }
         if self.authorization && !self.localhost_exception(conn.1, req) {
-            if let Err(e) = authorize(auth.session.principal(), &View(req)) {
+            let checked = authorize(auth.session.principal(), &View(req))
+                .and_then(|()| self.run_time_checks(auth, req));
+            if let Err(e) = checked {
                 tracing::debug!(conn = conn.0, command = %req.name, error = %e.message, "unauthorized");
                 return Some(error_reply(state, &e));
             }
@@ -321,10 +352,107 @@ impl Security {
         })
     }
 
+    /// The checks mongod makes when the command runs rather than before: the owner of the
+    /// cursor of a `getMore` or `killCursors`, and whether `listDatabases` may list every
+    /// database when the client insists (`authorizedDatabases: false`).
+    fn run_time_checks(
+        &self,
+        auth: &ConnectionAuth,
+        req: &CommandRequest,
+    ) -> Result<(), AuthError> {
+        let principal = auth.session.principal();
+        let body = req.body.raw();
+        match req.name.as_str() {
+            "getMore" => match body.get("getMore") {
+                Ok(Some(bson::RawBsonRef::Int64(id))) => self.cursors.check_get_more(principal, id),
+                // A malformed id is the command parser's to refuse.
+                _ => Ok(()),
+            },
+            "killCursors" => {
+                let ids: Vec<i64> = match body.get("cursors") {
+                    Ok(Some(bson::RawBsonRef::Array(a))) => a
+                        .into_iter()
+                        .filter_map(|v| match v {
+                            Ok(bson::RawBsonRef::Int64(id)) => Some(id),
+                            _ => None,
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                self.cursors.check_kill(principal, &ids)
+            }
+            "listDatabases" => match principal {
+                Some(p) => {
+                    list_databases_filter(&p.privileges, authorized_databases(body)).map(|_| ())
+                }
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    }
+
+    /// Records the cursor an encoded reply hands out (see [`CursorOwners`]); called for every
+    /// reply [`Security::after`] does not see.
+    pub fn observe_raw(&self, auth: &ConnectionAuth, req: &CommandRequest, reply: &RawDocument) {
+        if !self.authorization {
+            return;
+        }
+        let cursor = match reply.get("cursor") {
+            Ok(Some(bson::RawBsonRef::Document(c))) => Some(c),
+            _ => None,
+        };
+        let id = cursor.and_then(|c| c.get_i64("id").ok());
+        let ns = cursor.and_then(|c| c.get_str("ns").ok()).unwrap_or("");
+        let ok = matches!(reply.get("ok"), Ok(Some(v)) if v.as_f64() == Some(1.0) || v.as_i32() == Some(1));
+        let gone = reply.get_i32("code").ok().is_some_and(cursor_gone);
+        self.note_cursors(auth, req, (ok, gone), id, ns);
+    }
+
+    /// Keeps the cursor owners in step with one reply (`ok`, and whether it failed because
+    /// the cursor is gone): a cursor handed out is recorded, an exhausted one, one a
+    /// `getMore` no longer finds, and the killed ones are forgotten.
+    fn note_cursors(
+        &self,
+        auth: &ConnectionAuth,
+        req: &CommandRequest,
+        (ok, gone): (bool, bool),
+        id: Option<i64>,
+        ns: &str,
+    ) {
+        let body = req.body.raw();
+        match req.name.as_str() {
+            "getMore" => {
+                let Ok(Some(bson::RawBsonRef::Int64(asked))) = body.get("getMore") else {
+                    return;
+                };
+                if gone || (ok && id == Some(0)) {
+                    self.cursors.forget([asked]);
+                } else if let Some(id) = id {
+                    self.cursors.record(auth.session.principal(), id, ns);
+                }
+            }
+            "killCursors" if ok => {
+                if let Ok(Some(bson::RawBsonRef::Array(a))) = body.get("cursors") {
+                    self.cursors.forget(a.into_iter().filter_map(|v| match v {
+                        Ok(bson::RawBsonRef::Int64(id)) => Some(id),
+                        _ => None,
+                    }));
+                }
+            }
+            _ => {
+                if let (true, Some(id)) = (ok, id) {
+                    self.cursors.record(auth.session.principal(), id, ns);
+                }
+            }
+        }
+    }
+
     /// Whether [`Security::after`] may change the reply to the command `name` (an encoded
     /// reply is decoded for it only then).
     pub fn edits_reply(&self, name: &str) -> bool {
-        is_hello(name) || name == "connectionStatus"
+        is_hello(name)
+            || name == "connectionStatus"
+            || (self.authorization && name == "listDatabases")
     }
 
     /// Runs after the service answered: the `hello` family's authentication fields and
@@ -336,8 +464,25 @@ impl Security {
         req: &CommandRequest,
         reply: &mut Document,
     ) {
+        if self.authorization {
+            let ok = reply.get_f64("ok").ok() == Some(1.0) || reply.get_i32("ok").ok() == Some(1);
+            let gone = reply.get_i32("code").ok().is_some_and(cursor_gone);
+            let cursor = reply.get_document("cursor").ok();
+            let id = cursor.and_then(|c| c.get_i64("id").ok());
+            let ns = cursor.and_then(|c| c.get_str("ns").ok()).unwrap_or("");
+            self.note_cursors(auth, req, (ok, gone), id, ns);
+        }
         if reply.get_f64("ok").ok() != Some(1.0) {
             return;
+        }
+        if self.authorization && req.name == "listDatabases" {
+            if let Some(p) = auth.session.principal() {
+                let asked = authorized_databases(req.body.raw());
+                if let Ok(DatabaseFilter::Authorized) = list_databases_filter(&p.privileges, asked)
+                {
+                    filter_databases(reply, |db| p.privileges.has_any_privilege_in_db(db));
+                }
+            }
         }
         if is_hello(&req.name) {
             let body = req.body_document();
@@ -372,6 +517,50 @@ impl Security {
             reply.insert("authInfo", auth.session.auth_info(show));
         }
     }
+}
+
+/// Whether an error code says the cursor no longer exists (CursorNotFound, CursorKilled).
+fn cursor_gone(code: i32) -> bool {
+    matches!(code, 43 | 237)
+}
+
+/// `listDatabases`'s `authorizedDatabases` (absent or null: the server decides).
+fn authorized_databases(body: &RawDocument) -> Option<bool> {
+    match body.get("authorizedDatabases") {
+        Ok(Some(bson::RawBsonRef::Null)) | Ok(None) | Err(_) => None,
+        Ok(Some(v)) => Bson::try_from(v)
+            .ok()
+            .map(|v| crate::value::field::truthy(&v)),
+    }
+}
+
+/// Keeps in a `listDatabases` reply only the databases `keep` admits, with `totalSize` (and
+/// `totalSizeMb`) over those, as mongod computes them for a filtered list.
+fn filter_databases(reply: &mut Document, keep: impl Fn(&str) -> bool) {
+    let Ok(databases) = reply.get_array("databases") else {
+        return;
+    };
+    let kept: Vec<Bson> = databases
+        .iter()
+        .filter(|d| {
+            d.as_document()
+                .and_then(|d| d.get_str("name").ok())
+                .is_some_and(&keep)
+        })
+        .cloned()
+        .collect();
+    if reply.contains_key("totalSize") {
+        let total: i64 = kept
+            .iter()
+            .filter_map(|d| d.as_document())
+            .filter_map(|d| crate::value::field::number_field(d, "sizeOnDisk"))
+            .sum();
+        reply.insert("totalSize", total);
+        if reply.contains_key("totalSizeMb") {
+            reply.insert("totalSizeMb", total / (1024 * 1024));
+        }
+    }
+    reply.insert("databases", kept);
 }
 
 /// The listener's security, shared by its connections.

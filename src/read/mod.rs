@@ -74,6 +74,16 @@ pub(crate) fn target_shards(snap: &RoutingSnapshot, filter: &Document) -> Vec<St
     }
 }
 
+/// What every shard command of a read carries from the client's request, as mongos attaches
+/// it: `$readPreference` (each shard picks its member by it) and `readConcern`.
+fn read_envelope(cmd: &mut Document, body: &Document) {
+    for k in ["$readPreference", "readConcern"] {
+        if let Some(v) = body.get(k) {
+            cmd.insert(k, v.clone());
+        }
+    }
+}
+
 fn doc_field(body: &Document, field: &str, cmd: &str) -> Result<Document, CommandError> {
     match body.get(field) {
         None | Some(Bson::Null) => Ok(Document::new()),
@@ -99,6 +109,14 @@ pub async fn read(
     let coll = body.get_str(&req.name).unwrap_or("").to_string();
     let db = req.db.clone();
     let ns = format!("{db}.{coll}");
+    if matches!(
+        req.name.as_str(),
+        "find" | "aggregate" | "count" | "distinct"
+    ) {
+        if let Err(e) = crate::backend::shard::need_of(req.body.raw()) {
+            return Some(Err(CommandError::new(e.code, e.message)));
+        }
+    }
     cursors.reap(cluster).await;
     Some(match req.name.as_str() {
         "find" => async {
@@ -139,7 +157,7 @@ pub async fn read(
             if push_projection {
                 shard_cmd.insert("projection", projection_doc.clone());
             }
-            for k in ["collation", "hint", "maxTimeMS", "comment", "readConcern", "let"] {
+            for k in ["collation", "hint", "maxTimeMS", "comment", "readConcern", "$readPreference", "let"] {
                 if let Some(v) = body.get(k) {
                     shard_cmd.insert(k, v.clone());
                 }
@@ -173,6 +191,7 @@ pub async fn read(
             if let Some(l) = body.get("let") {
                 shard_cmd.insert("let", l.clone());
             }
+            read_envelope(&mut shard_cmd, body);
             let (streams, _) = open_streams(cluster, snap, target_shards(snap, &filter), &db, &coll, &shard_cmd, false).await?;
             let stage_memory = cluster.stage_memory();
             let streams = drain(cluster, &db, &coll, streams, stage_memory).await?;
@@ -227,6 +246,7 @@ pub async fn read(
             if let Some(l) = limit {
                 cmd.insert("limit", l.saturating_add(skip));
             }
+            read_envelope(&mut cmd, body);
             let replies = on_each(cluster, snap, target_shards(snap, &query), &db, &cmd).await?;
             let total: i64 = replies
                 .iter()
@@ -245,7 +265,8 @@ pub async fn read(
                 .map_err(|_| CommandError::new(ErrorCode(40414), "BSON field 'distinct.key' is missing but a required field"))?
                 .to_string();
             let query = doc_field(body, "query", "distinct")?;
-            let cmd = doc! {"distinct": &coll, "key": &key, "query": query.clone()};
+            let mut cmd = doc! {"distinct": &coll, "key": &key, "query": query.clone()};
+            read_envelope(&mut cmd, body);
             let replies = on_each(cluster, snap, target_shards(snap, &query), &db, &cmd).await?;
             let mut values: std::collections::BTreeSet<crate::value::compare::OrdBson> = Default::default();
             for r in &replies {

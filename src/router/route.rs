@@ -841,8 +841,50 @@ pub(super) async fn forward_with(
     // Labels of a shard's error are for its client, the router, which has done the retrying
     // (docs/design/replica-sets.md §5): none reaches the client.
     let is_write = matches!(req.name.as_str(), "insert" | "update" | "delete");
-    let reply = match pool.send(&frame, id, &need, deadline, resend).await {
-        Ok((reply, _)) => reply,
+    // A cursor's `getMore` / `killCursors` go to the member that holds it.
+    let cursor = match req.name.as_str() {
+        "getMore" => match raw.get("getMore") {
+            Ok(Some(RawBsonRef::Int64(c))) => Some(c),
+            _ => None,
+        },
+        "killCursors" => match raw.get("cursors") {
+            Ok(Some(RawBsonRef::Array(a))) => a.into_iter().flatten().find_map(|c| match c {
+                RawBsonRef::Int64(c) => Some(c),
+                _ => None,
+            }),
+            _ => None,
+        },
+        _ => None,
+    };
+    let pinned = cursor.and_then(|c| pool.cursor_member(c));
+    let sent = match &pinned {
+        Some(member) => pool.send_to(member, &frame, id).await,
+        None => pool.send(&frame, id, &need, deadline, resend).await,
+    };
+    let reply = match sent {
+        Ok((reply, member)) => {
+            if pool.is_replica_set() {
+                let open = match reply.raw().get_document("cursor").map(|c| c.get("id")) {
+                    Ok(Ok(Some(RawBsonRef::Int64(c)))) => c,
+                    _ => 0,
+                };
+                match (req.name.as_str(), cursor) {
+                    ("killCursors", _) => {
+                        if let Ok(Some(RawBsonRef::Array(a))) = raw.get("cursors") {
+                            for c in a.into_iter().flatten() {
+                                if let RawBsonRef::Int64(c) = c {
+                                    pool.unpin_cursor(c);
+                                }
+                            }
+                        }
+                    }
+                    ("getMore", Some(c)) if open == 0 => pool.unpin_cursor(c),
+                    _ if open != 0 => pool.pin_cursor(open, &member),
+                    _ => {}
+                }
+            }
+            reply
+        }
         Err(e) => {
             let e = match e {
                 crate::backend::BackendError::NoMember(code, message) => {

@@ -53,6 +53,28 @@ pub struct Chunk {
     pub version: ChunkVersion,
 }
 
+impl Chunk {
+    /// The chunk as a `config.chunks` document of collection `uuid` (MongoDB 6.0+ schema),
+    /// placed on its shard at `since`.
+    pub fn config_document(
+        &self,
+        uuid: bson::Uuid,
+        pattern: &ShardKeyPattern,
+        since: Timestamp,
+    ) -> bson::Document {
+        bson::doc! {
+            "_id": self.id,
+            "uuid": uuid,
+            "min": pattern.key_document(&self.min),
+            "max": pattern.key_document(&self.max),
+            "shard": &self.shard,
+            "lastmod": self.version.timestamp(),
+            "onCurrentShardSince": since,
+            "history": [{"validAfter": since, "shard": &self.shard}],
+        }
+    }
+}
+
 /// A collection's chunks, ordered by max bound.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChunkMap {

@@ -90,9 +90,14 @@ class Demo(Process):
     """`sluice demo` (3 embedded shards) with a configuration file for its policies."""
 
     def shard_clients(self):
-        """Direct connections to the demo's shards, from listShards."""
+        """Direct connections to every member of the demo's shards (replica sets), from
+        listShards: counters summed over them are the shards' totals."""
         client = self.client()
-        hosts = [s["host"].split("/", 1)[1] for s in client.admin.command("listShards")["shards"]]
+        hosts = [
+            h
+            for s in client.admin.command("listShards")["shards"]
+            for h in s["host"].split("/", 1)[-1].split(",")
+        ]
         client.close()
         return [pymongo.MongoClient(f"mongodb://{h}/?directConnection=true") for h in hosts]
 

@@ -376,3 +376,28 @@ fn x509_authenticates_the_certificate_subject_only() {
         "authenticatedUserPrivileges": []}
     );
 }
+
+#[test]
+fn a_cluster_members_certificate_is_system_where_members_may_use_certificates() {
+    let u = users();
+    let cmd = doc! {"authenticate": 1, "mechanism": "MONGODB-X509"};
+    let mut s = AuthSession::new();
+    s.set_peer_subject(Some("CN=router,OU=Cluster,O=Sluice".into()));
+    s.set_peer_cluster_member(Some(true));
+    let (r, outcome) = s.authenticate("$external", &cmd, &u);
+    assert!(r.is_ok());
+    assert!(matches!(outcome, Outcome::Succeeded { ref user, .. } if user.is_internal()));
+    assert!(s.principal().is_some_and(|p| p.user.is_internal()));
+
+    // clusterAuthMode keyFile: mongod's refusal, whatever users exist.
+    let mut s = AuthSession::new();
+    s.set_peer_subject(Some("CN=client,O=Sluice".into()));
+    s.set_peer_cluster_member(Some(false));
+    let (r, _) = s.authenticate("$external", &cmd, &u);
+    let e = r.unwrap_err();
+    assert_eq!(e.code, ErrorCode::AuthenticationFailed);
+    assert!(e
+        .message
+        .starts_with("The provided certificate can only be used for cluster authentication"));
+    assert!(s.principal().is_none());
+}

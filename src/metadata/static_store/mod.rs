@@ -51,6 +51,9 @@ pub struct StaticStore {
     config: RwLock<ConfigDatabase>,
     /// The shards that understand `shardVersion`.
     shard_servers: Mutex<BTreeSet<String>>,
+    /// Each shard's address as configured (a seed list for a replica set), which the
+    /// `config.shards` host form does not always tell apart from a single server.
+    shard_addrs: Mutex<std::collections::BTreeMap<String, String>>,
     /// Serialises read-modify-write changes (and their persisting).
     write: Mutex<()>,
     /// Cursors of clients' reads of the config database.
@@ -79,6 +82,7 @@ impl StaticStore {
             path,
             config: RwLock::new(BTreeMap::new()),
             shard_servers: Mutex::new(BTreeSet::new()),
+            shard_addrs: Mutex::new(Default::default()),
             write: Mutex::new(()),
             cursors: DocumentCursors::default(),
             mirror: false,
@@ -106,6 +110,7 @@ impl StaticStore {
             path: None,
             config: RwLock::new(BTreeMap::new()),
             shard_servers: Mutex::new(BTreeSet::new()),
+            shard_addrs: Mutex::new(Default::default()),
             write: Mutex::new(()),
             cursors: DocumentCursors::default(),
             mirror: true,
@@ -235,14 +240,17 @@ impl StaticStore {
     /// The shards, sorted by id.
     pub fn shards(&self) -> Vec<ShardInfo> {
         let servers = crate::sync::lock(&self.shard_servers).clone();
+        let addrs = crate::sync::lock(&self.shard_addrs).clone();
         let mut out: Vec<ShardInfo> = self
             .docs("shards")
             .iter()
             .filter_map(|d| {
                 let id = d.get_str("_id").ok()?.to_string();
                 let host = d.get_str("host").ok()?;
-                let addr = host.split_once('/').map(|(_, h)| h).unwrap_or(host);
-                let addr = addr.split(',').next().unwrap_or(addr).to_string();
+                let addr = match addrs.get(&id) {
+                    Some(a) => a.clone(),
+                    None => addr_of_host(&id, host),
+                };
                 Some(ShardInfo {
                     shard_server: servers.contains(&id),
                     id,
@@ -261,10 +269,18 @@ impl StaticStore {
         let existing = self.shards();
         // A mirror's shard list follows the config server's (shards are added there).
         if !existing.is_empty() && !self.is_mirror() {
+            let hosts = self.docs("shards");
             let same = existing.len() == shards.len()
-                && existing
-                    .iter()
-                    .all(|e| shards.iter().any(|s| s.id == e.id && s.addr == e.addr));
+                && existing.iter().all(|e| {
+                    shards.iter().any(|s| {
+                        s.id == e.id
+                            && hosts.iter().any(|d| {
+                                d.get_str("_id").ok() == Some(s.id.as_str())
+                                    && d.get_str("host").ok()
+                                        == Some(host_of(&s.id, &s.addr).as_str())
+                            })
+                    })
+                });
             if !same {
                 let show = |l: &[ShardInfo]| {
                     l.iter()
@@ -288,10 +304,14 @@ impl StaticStore {
             };
             let docs = shards
                 .iter()
-                .map(|s| doc! {"_id": &s.id, "host": format!("{}/{}", s.id, s.addr), "state": 1, "topologyTime": now})
+                .map(|s| doc! {"_id": &s.id, "host": host_of(&s.id, &s.addr), "state": 1, "topologyTime": now})
                 .collect();
             self.put("shards", docs)?;
         }
+        *crate::sync::lock(&self.shard_addrs) = shards
+            .iter()
+            .map(|s| (s.id.clone(), s.addr.clone()))
+            .collect();
         *crate::sync::lock(&self.shard_servers) = shards
             .iter()
             .filter(|s| s.shard_server)
@@ -404,16 +424,7 @@ impl StaticStore {
         colls.push(entry);
         let mut all_chunks = self.docs("chunks");
         for c in chunks {
-            all_chunks.push(doc! {
-                "_id": c.id,
-                "uuid": uuid,
-                "min": pattern.key_document(&c.min),
-                "max": pattern.key_document(&c.max),
-                "shard": &c.shard,
-                "lastmod": c.version.timestamp(),
-                "onCurrentShardSince": timestamp,
-                "history": [{"validAfter": timestamp, "shard": &c.shard}],
-            });
+            all_chunks.push(c.config_document(uuid, pattern, timestamp));
         }
         self.put("collections", colls)?;
         self.put("chunks", all_chunks)?;
@@ -633,6 +644,26 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+/// The `config.shards` host of shard `id` at `addr`: a replica set's seed list as it is
+/// (`rs0/h1:p,h2:p`), a single server as `<id>/<host:port>` (the form mongos shows).
+fn host_of(id: &str, addr: &str) -> String {
+    if addr.contains('/') {
+        addr.to_string()
+    } else {
+        format!("{id}/{addr}")
+    }
+}
+
+/// The address a `config.shards` host stands for, when the configuration does not say: the
+/// single server of `<id>/<host:port>`, or the seed list itself.
+fn addr_of_host(id: &str, host: &str) -> String {
+    match host.split_once('/') {
+        Some((set, rest)) if set == id && !rest.contains(',') => rest.to_string(),
+        Some(_) => host.to_string(),
+        None => host.to_string(),
+    }
 }
 
 #[cfg(test)]
