@@ -585,17 +585,16 @@ async fn run_cluster_demo(
     };
     let demo: Config = toml::from_str(include_str!("../configs/demo.toml"))
         .context("configs/demo.toml is invalid")?;
-    let cluster =
-        sluice::demo::DemoCluster::start_with_members(
-            shards,
-            members,
-            options,
-            configs,
-            argv,
-            &demo.collections,
-        )
-        .await
-        .map_err(|e| anyhow::anyhow!(e))?;
+    let cluster = sluice::demo::DemoCluster::start_with_members(
+        shards,
+        members,
+        options,
+        configs,
+        argv,
+        &demo.collections,
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!(e))?;
     let addrs: Vec<String> = cluster
         .routers
         .iter()
