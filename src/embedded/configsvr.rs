@@ -12,7 +12,9 @@
 //! (`_sluiceCommitShardCollection`, `_sluiceCommitDropCollection`,
 //! `_sluiceCommitDropDatabase`: what MongoDB's coordinators write to `config.*` in one
 //! transaction on the config server, applied here as one command under the catalog's lock).
-//! Migrations are in [`super::migration`]. docs/design/config-server.md, §9 and §13.
+//! Migrations are in [`super::migration`], `_configsvrRemoveShard` in [`super::remove_shard`].
+//! With a metadata path, the `config` database is kept in a file ([`MetadataFile`]).
+//! docs/design/config-server.md, §9 and §13.
 
 use bson::{doc, Bson, Document};
 
@@ -156,6 +158,16 @@ fn create_database(svc: &ShardService, body: &Document) -> Result<Document, Engi
                 .collect()
         })
         .unwrap_or_default();
+    // A shard being removed is not given a new database.
+    let draining: Vec<String> = catalog
+        .collection("config", "shards")
+        .map(|c| {
+            c.iter()
+                .filter(|(_, d)| d.get("draining").is_some_and(crate::value::field::truthy))
+                .filter_map(|(_, d)| d.get_str("_id").ok().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
     let databases: Vec<Document> = catalog
         .collection("config", "databases")
         .map(|c| c.iter().map(|(_, d)| d.clone()).collect())
@@ -199,7 +211,11 @@ fn create_database(svc: &ShardService, body: &Document) -> Result<Document, Engi
                     .filter(|d| d.get_str("primary").ok() == Some(s.as_str()))
                     .count()
             };
-            let mut candidates = shards.clone();
+            let mut candidates: Vec<String> = shards
+                .iter()
+                .filter(|s| !draining.contains(s))
+                .cloned()
+                .collect();
             candidates.sort();
             candidates
                 .into_iter()

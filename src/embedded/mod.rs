@@ -31,6 +31,7 @@ pub mod ddl;
 pub mod filtering;
 pub mod migration;
 pub mod pipeline_output;
+pub mod remove_shard;
 pub mod replset;
 pub mod service;
 pub mod store;

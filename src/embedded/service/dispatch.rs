@@ -73,6 +73,16 @@ impl ShardService {
                     .await
                     .map(Some);
                 }
+                "_configsvrRemoveShard" => {
+                    check_admin(req)?;
+                    return crate::embedded::remove_shard::remove_shard(
+                        &self.catalog,
+                        &self.migrations,
+                        &self.drains,
+                        &body,
+                    )
+                    .map(Some);
+                }
                 "_configsvrCommitChunkMigration" => {
                     check_admin(req)?;
                     return crate::embedded::migration::commit_chunk_migration(

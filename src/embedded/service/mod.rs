@@ -80,6 +80,7 @@ pub struct ShardService {
     filtering: Option<Arc<super::filtering::Filtering>>,
     migrations: Arc<super::migration::Migrations>,
     metadata_file: Option<super::configsvr::MetadataFile>,
+    pub(super) drains: Arc<super::remove_shard::Drains>,
 }
 
 impl ShardService {
@@ -123,6 +124,7 @@ impl ShardService {
             filtering,
             migrations: Arc::default(),
             metadata_file: None,
+            drains: Arc::default(),
         }
     }
 
