@@ -112,6 +112,20 @@ pub fn check_namespace(db: &str, coll: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The collection part of the namespaces a server gives the cursors of collection-less
+/// commands (`db.aggregate`, `listCollections`): drivers name them in `getMore` and
+/// `killCursors`, where mongod accepts them although they are no collection's.
+pub const COLLECTIONLESS_CURSOR_COLLECTIONS: &[&str] = &["$cmd.aggregate", "$cmd.listCollections"];
+
+/// [`check_namespace`] for the namespace of a cursor, which may also be a collection-less
+/// command's ([`COLLECTIONLESS_CURSOR_COLLECTIONS`]).
+pub fn check_cursor_namespace(db: &str, coll: &str) -> Result<(), String> {
+    if COLLECTIONLESS_CURSOR_COLLECTIONS.contains(&coll) {
+        return check_database_name(db);
+    }
+    check_namespace(db, coll)
+}
+
 /// What [`measure`] found: the deepest nesting (a document holding only scalars is level 1)
 /// and the encoded size in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

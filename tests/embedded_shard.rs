@@ -205,6 +205,40 @@ async fn documents_over_16_mib_are_rejected() {
 /// another cursor being opened (mongod's cursor monitor); a getMore on it then answers 43
 /// CursorNotFound, and a cursor still being read is kept.
 #[tokio::test]
+async fn a_collectionless_aggregate_cursor_is_killed_by_its_namespace() {
+    let s = EmbeddedShard::start("127.0.0.1:0", ShardOptions::for_tests())
+        .await
+        .expect("shard starts");
+    let mut raw = Raw::connect(s.local_addr()).await;
+    let r = raw
+        .command(&doc! {"aggregate": 1, "pipeline": [{"$documents": [{"arr": (0..300).collect::<Vec<i32>>()}]}, {"$unwind": "$arr"}], "cursor": {"batchSize": 2}, "$db": "d"})
+        .await;
+    let cursor = r.get_document("cursor").unwrap();
+    assert_eq!(cursor.get_str("ns").unwrap(), "d.$cmd.aggregate");
+    let id = cursor.get_i64("id").unwrap();
+    assert_ne!(id, 0);
+    assert_eq!(s.service().open_cursors(), 1);
+    // What a driver sends for a `db.aggregate` cursor it leaves unread.
+    let r = raw
+        .command(&doc! {"killCursors": "$cmd.aggregate", "cursors": [id], "$db": "d"})
+        .await;
+    assert_eq!(
+        r.get_array("cursorsKilled").unwrap(),
+        &vec![Bson::Int64(id)],
+        "{r}"
+    );
+    assert_eq!(
+        s.service().open_cursors(),
+        0,
+        "its buffered documents are released"
+    );
+    let r = raw
+        .command(&doc! {"killCursors": "$x", "cursors": [id], "$db": "d"})
+        .await;
+    assert_eq!(r.get_i32("code").unwrap(), 73, "{r}");
+}
+
+#[tokio::test]
 async fn idle_cursors_are_reaped_on_a_timer() {
     let options = ShardOptions {
         cursor_timeout: Duration::from_millis(400),

@@ -1,6 +1,6 @@
 //! `find`, `getMore`, `killCursors`, `count` and `distinct`.
 
-use bson::{doc, Document};
+use bson::{doc, Bson, Document};
 
 use super::collection_name;
 use crate::command::CommandRequest;
@@ -8,6 +8,7 @@ use crate::embedded::service::{lock, ShardService};
 use crate::engine::matcher::Matcher;
 use crate::engine::reads::{CountSpec, DistinctSpec, FindSpec};
 use crate::engine::EngineError;
+use crate::value::error_codes::ErrorCode;
 
 /// The reply to a read whose result is `docs`: the first batch, the rest kept as a cursor.
 pub(super) fn cursor_reply(
@@ -75,7 +76,18 @@ pub(super) fn kill_cursors(
     req: &CommandRequest,
     body: &Document,
 ) -> Result<Document, EngineError> {
-    collection_name(req, body)?;
+    match body.get(&req.name) {
+        // A collection-less command's cursor (`db.aggregate`): drivers kill it by this name.
+        Some(Bson::String(coll))
+            if crate::limits::COLLECTIONLESS_CURSOR_COLLECTIONS.contains(&coll.as_str()) =>
+        {
+            crate::limits::check_cursor_namespace(&req.db, coll)
+                .map_err(|m| EngineError::new(ErrorCode::InvalidNamespace, m))?;
+        }
+        _ => {
+            collection_name(req, body)?;
+        }
+    }
     Ok(svc.cursors.kill(body)?)
 }
 
