@@ -310,6 +310,9 @@ async fn start_demo(args: &Args) -> anyhow::Result<(Child, SocketAddr, Vec<Socke
     let mut child = Command::new(&args.sluice)
         .args([
             "demo",
+            // One router holding the metadata itself, as the run was first measured (no
+            // embedded config server).
+            "--static",
             "--port",
             "0",
             "--shards",
@@ -337,14 +340,21 @@ async fn start_demo(args: &Args) -> anyhow::Result<(Child, SocketAddr, Vec<Socke
             if let Some(rest) = line.split(" listening on ").nth(1) {
                 router = rest.trim_end_matches('.').parse().ok();
             }
-            // "Embedded shards (<what they are>): shard0 at <address>, shard1 at <address>"
+            // "Embedded shards (<what they are>): <shard>, <shard>"
             if let Some((_, rest)) = line
                 .strip_prefix("Embedded shards (")
                 .and_then(|l| l.split_once("): "))
             {
                 shards = rest
                     .split(", ")
-                    .filter_map(|s| s.split(" at ").nth(1)?.parse().ok())
+                    // "shard0 at <address>", or "shard0/<address>"
+                    .filter_map(|s| {
+                        let addr = match s.split_once(" at ") {
+                            Some((_, a)) => a,
+                            None => s.split_once('/')?.1,
+                        };
+                        addr.parse().ok()
+                    })
                     .collect();
                 return anyhow::Ok(());
             }
