@@ -82,6 +82,16 @@ pub struct SecurityConfig {
     /// `updateUser`, `dropUser` and `dropAllUsersFromDatabase` rewrite it (atomically, mode
     /// 0600). Unset: users live in memory only, starting with none.
     pub users_file: Option<String>,
+    /// A JSON array of `admin.system.roles` documents: the custom roles of static and demo
+    /// mode, rewritten by the role commands as the users file is. Unset: custom roles live in
+    /// memory only, and with a users file `createRole` is refused (a user kept in the file
+    /// must not hold a role the next start would not know).
+    pub roles_file: Option<String>,
+    /// How often a `--configdb` router reads the config server's users and roles again
+    /// (mongos's `userCacheInvalidationIntervalSecs`, 30 by default, 1 at least): a user
+    /// created, changed or dropped through another router is seen here at most this long
+    /// after; changes made through this router are seen at once.
+    pub user_cache_invalidation_interval_secs: Option<u64>,
     /// The cluster keyfile (mongod's `security.keyFile`): Sluice authenticates to its shards
     /// as `__system` with it, and accepts `__system` clients that prove it.
     pub key_file: Option<String>,

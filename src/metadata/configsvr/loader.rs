@@ -125,6 +125,36 @@ impl ConfigServerSource {
         Ok(reply)
     }
 
+    /// Reads every `admin.system.users` and `admin.system.roles` document (majority, from the
+    /// primary, in one causally consistent session): the users and custom roles of the
+    /// cluster, which mongos reads from the config server too.
+    pub async fn read_authorization(
+        &self,
+    ) -> Result<(Vec<Document>, Vec<Document>), MetadataError> {
+        let mut session = self.session().await?;
+        let admin = self.client.database_with_options(
+            "admin",
+            DatabaseOptions::builder()
+                .read_concern(ReadConcern::majority())
+                .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+                .build(),
+        );
+        let mut out = (Vec::new(), Vec::new());
+        for (coll, into) in [("system.users", &mut out.0), ("system.roles", &mut out.1)] {
+            let mut cursor = admin
+                .collection::<Document>(coll)
+                .find(doc! {})
+                .session(&mut session)
+                .await
+                .map_err(|e| from_driver(&self.name, e))?;
+            while let Some(d) = cursor.next(&mut session).await {
+                into.push(d.map_err(|e| from_driver(&self.name, e))?);
+            }
+        }
+        self.note(&session);
+        Ok(out)
+    }
+
     /// The config server as `--configdb` named it.
     pub fn name(&self) -> &str {
         &self.name
