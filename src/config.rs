@@ -526,6 +526,16 @@ impl Config {
                      cluster's shards, databases and collections come from it"
                 )));
             }
+            let files = [
+                (self.security.users_file.is_some(), "security.users_file"),
+                (self.security.roles_file.is_some(), "security.roles_file"),
+            ];
+            if let Some((_, what)) = files.iter().find(|(set, _)| *set) {
+                return Err(ConfigError::Invalid(format!(
+                    "configdb and {what} are mutually exclusive: with a config server the \
+                     users and roles are its admin.system.users and admin.system.roles"
+                )));
+            }
         }
         let mut ids = std::collections::BTreeSet::new();
         for s in &self.shards {
@@ -605,6 +615,8 @@ mod tests {
             "[[shards]]\nid = \"shard0\"\naddress = \"127.0.0.1:27018\"\n",
             "metadata_path = \"/tmp/m.bson\"\n",
             "[[collections]]\nns = \"a.b\"\nkey = '{\"_id\": \"hashed\"}'\n",
+            "[security]\nusers_file = \"users.json\"\n",
+            "[security]\nroles_file = \"roles.json\"\n",
         ] {
             let text = format!("configdb = \"configRS/cfg1:27019\"\n{extra}");
             let c: Config = toml::from_str(&text).unwrap();
