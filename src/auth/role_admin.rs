@@ -590,7 +590,7 @@ mod tests {
             .as_document()
             .unwrap()
             .clone();
-        assert_eq!(r.get_bool("isBuiltin").unwrap(), false);
+        assert!(!r.get_bool("isBuiltin").unwrap());
         assert_eq!(
             r.get_array("inheritedRoles").unwrap(),
             &vec![Bson::Document(doc! {"role": "readC", "db": "test"})]

@@ -72,6 +72,9 @@ impl std::fmt::Debug for UserStore {
     }
 }
 
+/// Every `admin.system.users` and `admin.system.roles` document of a deployment.
+pub type AuthorizationDocuments = (Vec<Document>, Vec<Document>);
+
 /// The server that holds the users and roles of a router (the config server).
 pub trait RemoteUsers: Send + Sync {
     /// Its name, for the log.
@@ -84,5 +87,5 @@ pub trait RemoteUsers: Send + Sync {
         command: Document,
     ) -> BoxFuture<'a, Result<Document, super::CommandError>>;
     /// Reads every user and role document (`admin.system.users`, `admin.system.roles`).
-    fn load(&self) -> BoxFuture<'_, Result<(Vec<Document>, Vec<Document>), String>>;
+    fn load(&self) -> BoxFuture<'_, Result<AuthorizationDocuments, String>>;
 }
