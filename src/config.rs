@@ -158,8 +158,14 @@ pub struct TlsConfig {
     /// TLS to shards) or `"require"` (TLS clients only, TLS to shards), as mongod's
     /// `net.tls.mode`.
     pub mode: crate::auth::tls::TlsMode,
-    /// PEM holding the server's certificate chain and private key (needed unless disabled).
+    /// PEM holding the server's certificate chain and private key (needed unless disabled):
+    /// what clients are shown, and what Sluice presents to shards and config servers unless
+    /// `cluster_file` is set.
     pub certificate_key_file: Option<String>,
+    /// PEM holding the certificate chain and key Sluice presents on its own connections to
+    /// shards and config servers (mongod's `net.tls.clusterFile`): the certificate of x509
+    /// cluster authentication. Unset: `certificate_key_file`.
+    pub cluster_file: Option<String>,
     /// PEM of the CA that client certificates (MONGODB-X509) and shard certificates must chain
     /// to. With it, clients are asked for a certificate.
     pub ca_file: Option<String>,
@@ -450,11 +456,18 @@ impl Config {
             }
             _ => {}
         }
+        // The certificate presented to shards: the cluster certificate, else the server's.
+        let outgoing_cert = self
+            .tls
+            .cluster_file
+            .as_ref()
+            .or(self.tls.certificate_key_file.as_ref());
         if mode.sends_x509() {
-            if !self.tls.mode.outgoing_tls() || self.tls.certificate_key_file.is_none() {
+            if !self.tls.mode.outgoing_tls() || outgoing_cert.is_none() {
                 return Err(ConfigError::Invalid(
                     "security.cluster_auth_mode sendX509 and x509 need TLS towards the shards \
-                     (tls.mode prefer or require) and tls.certificate_key_file"
+                     (tls.mode prefer or require) and tls.cluster_file or \
+                     tls.certificate_key_file"
                         .into(),
                 ));
             }
@@ -465,9 +478,10 @@ impl Config {
                 Some(p) => Some(read(p, "the CA file")?),
                 None => None,
             };
-            let cert = match &self.tls.certificate_key_file {
-                Some(p) => Some(read(p, "the certificate key file")?),
-                None => None,
+            let cert = match (&self.tls.cluster_file, outgoing_cert) {
+                (Some(p), _) => Some(read(p, "the cluster certificate file")?),
+                (None, Some(p)) => Some(read(p, "the certificate key file")?),
+                (None, None) => None,
             };
             let client = crate::auth::tls::client_config(&crate::auth::tls::ClientTlsSettings {
                 ca_pem: ca.as_deref(),

@@ -830,3 +830,61 @@ async fn the_router_joins_an_x509_cluster_with_a_members_certificate() {
     plain.security.cluster_auth_mode = ClusterAuthMode::X509;
     assert!(plain.pool_options().is_err());
 }
+
+/// `tls.cluster_file` (mongod's `net.tls.clusterFile`): the router shows clients its server
+/// certificate and presents the cluster certificate on its connections to shards, which take
+/// only certificates naming a cluster member (`clusterAuthMode: x509`).
+#[tokio::test]
+async fn the_router_presents_its_cluster_certificate_to_shards_and_its_own_to_clients() {
+    use sluice::config::ClusterAuthMode;
+    let p = pki("clusterfile");
+    let member = p.dir.join("member.pem").display().to_string();
+    let mut shard_tls = tls_config(&p, TlsMode::Require).tls;
+    shard_tls.certificate_key_file = Some(member.clone());
+    let shards = sluice::embedded::ShardOptions {
+        cluster_auth_mode: ClusterAuthMode::X509,
+        tls: shard_tls,
+        ..sluice::embedded::ShardOptions::for_tests()
+    };
+    // Clients see server.pem (CN=localhost, no O or OU: not a member's certificate).
+    let mut router = tls_config(&p, TlsMode::Require);
+    router.security.cluster_auth_mode = ClusterAuthMode::X509;
+    router.tls.cluster_file = Some(member);
+    let (handle, members) = protected_cluster_with(shards, router).await.unwrap();
+    let client = mongodb::Client::with_uri_str(tls_uri(handle.local_addr().port(), &p.dir, ""))
+        .await
+        .unwrap();
+    let coll = client.database("test").collection::<bson::Document>("t");
+    coll.insert_one(doc! {"_id": 1})
+        .await
+        .expect("the shards accept the cluster certificate");
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 1);
+
+    // The certificate a client is shown is the server's, not the cluster's.
+    let ca = std::fs::read(p.dir.join("ca.pem")).unwrap();
+    let tls = sluice::auth::tls::client_config(&sluice::auth::tls::ClientTlsSettings {
+        ca_pem: Some(&ca),
+        certificate_key_pem: None,
+        allow_invalid_certificates: false,
+        allow_invalid_hostnames: false,
+    })
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(handle.local_addr())
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake with the router");
+    let shown = stream.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    let subject = sluice::auth::x509::X509Name::from_certificate(&shown)
+        .unwrap()
+        .to_string();
+    assert_eq!(subject, "CN=localhost");
+    drop(stream);
+    handle.shutdown().await;
+    for s in members {
+        s.shutdown().await;
+    }
+}
