@@ -361,3 +361,71 @@ async fn custom_roles_are_kept_on_the_config_server_and_enforced_by_every_router
     );
     c.shutdown().await;
 }
+
+/// The cluster layout given a users file (as `sluice demo` with `security.users_file`): the
+/// config server holds it, every router authenticates its users, and a user created through a
+/// router is written to it.
+#[tokio::test]
+async fn a_users_file_given_to_the_cluster_layout_is_the_config_servers() {
+    use sluice::auth::credentials::{UserDocument, UsersFile};
+    use sluice::auth::roles::RoleName;
+    use sluice::auth::scram::ScramMechanism;
+    use sluice::auth::UserName;
+    let dir = std::env::temp_dir().join(format!("sluice-cluster-users-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("users.json");
+    let mut users = UsersFile::new();
+    users
+        .insert(
+            UserDocument::new_scram(
+                UserName::new("admin", "admin"),
+                "adminpw",
+                &ScramMechanism::ALL,
+                vec![RoleName::new("root", "admin")],
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    std::fs::write(&path, users.to_text()).unwrap();
+    let configs = (0..2)
+        .map(|_| Config {
+            listen: "127.0.0.1:0".into(),
+            security: SecurityConfig {
+                authorization: Authorization::Enabled,
+                users_file: Some(path.display().to_string()),
+                user_cache_invalidation_interval_secs: Some(1),
+                ..SecurityConfig::default()
+            },
+            ..Config::default()
+        })
+        .collect();
+    let c = sluice::demo::DemoCluster::start(
+        1,
+        ShardOptions::for_tests(),
+        configs,
+        vec!["sluice".into()],
+        &[],
+    )
+    .await
+    .expect("the embedded cluster starts");
+    for i in 0..2 {
+        let addr = router(&c, i);
+        let ok = eventually(Duration::from_secs(5), || async {
+            authenticates(addr, "admin", "adminpw", "admin").await.then_some(())
+        })
+        .await;
+        assert!(ok.is_some(), "router {i} authenticates the file's user");
+    }
+    client(router(&c, 1), "admin:adminpw@", "admin")
+        .await
+        .database("test")
+        .run_command(doc! {"createUser": "erin", "pwd": "erinpw", "roles": ["read"]})
+        .await
+        .expect("createUser");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("\"test.erin\""), "{text}");
+    assert!(!text.contains("erinpw"));
+    assert!(authenticates(router(&c, 1), "erin", "erinpw", "test").await);
+    c.shutdown().await;
+}
