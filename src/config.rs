@@ -491,6 +491,11 @@ impl Config {
             })
             .map_err(|e| ConfigError::Invalid(e.message))?;
             options.security.tls = Some(client);
+            options.security.tls_files = Some(crate::backend::TlsFiles {
+                ca_file: self.tls.ca_file.as_ref().map(std::path::PathBuf::from),
+                certificate_key_file: outgoing_cert.map(std::path::PathBuf::from),
+                allow_invalid_certificates: self.tls.allow_invalid_certificates,
+            });
         }
         Ok(options)
     }

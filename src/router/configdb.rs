@@ -101,7 +101,7 @@ pub async fn bootstrap_configdb_with(
 ) -> Result<Arc<ShardedCluster>, String> {
     let configdb = ConfigDb::parse(configdb).map_err(|e| e.message)?;
     let source = Arc::new(
-        ConfigServerSource::connect(&configdb)
+        ConfigServerSource::connect_secured(&configdb, &pool.security)
             .await
             .map_err(|e| e.message)?,
     );
