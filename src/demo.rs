@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bson::doc;
 
 use crate::config::{CollectionConfig, Config};
-use crate::embedded::{EmbeddedShard, ShardOptions};
+use crate::embedded::{EmbeddedReplicaSet, EmbeddedShard, ReplicaSetOptions, ShardOptions};
 use crate::frontend::RouterHandle;
 use crate::router::ShardedCluster;
 
@@ -23,8 +23,11 @@ pub const CONFIG_SET_NAME: &str = "configRS";
 pub struct DemoCluster {
     /// The config server.
     pub config_server: EmbeddedShard,
-    /// The shards, `shard0`, `shard1`, ….
+    /// The shards, `shard0`, `shard1`, … (single servers; empty when the shards are
+    /// replica sets).
     pub shards: Vec<EmbeddedShard>,
+    /// The shards as replica sets, `shard0`, `shard1`, … (empty with single servers).
+    pub sets: Vec<EmbeddedReplicaSet>,
     /// The routers, with the cluster each routes by.
     pub routers: Vec<(RouterHandle, Arc<ShardedCluster>)>,
 }
@@ -35,15 +38,28 @@ fn failed(what: &str, e: impl std::fmt::Display) -> String {
 }
 
 impl DemoCluster {
-    /// Starts the config server and `shards` shards (from `shard` options, on loopback
-    /// ports), adds the shards, then one router per configuration in `routers` (each with
-    /// `argv` for `getCmdLineOpts`), and shards `collections` through the first router.
+    /// Starts the config server and `shards` single-server shards (from `shard` options, on
+    /// loopback ports), adds the shards, then one router per configuration in `routers` (each
+    /// with `argv` for `getCmdLineOpts`), and shards `collections` through the first router.
     ///
     /// A `security.users_file` / `roles_file` in the routers' configuration is the config
     /// server's: it holds the cluster's users and roles (in its `admin.system.users` and
     /// `admin.system.roles`, and in the files), and the routers read them from it.
     pub async fn start(
         shards: usize,
+        shard: ShardOptions,
+        routers: Vec<Config>,
+        argv: Vec<String>,
+        collections: &[CollectionConfig],
+    ) -> Result<DemoCluster, String> {
+        Self::start_with_members(shards, 1, shard, routers, argv, collections).await
+    }
+
+    /// As [`DemoCluster::start`], each shard a replica set of `members` members (embedded,
+    /// sharing one data set) when `members` is more than 1, added by its seed list.
+    pub async fn start_with_members(
+        shards: usize,
+        members: usize,
         shard: ShardOptions,
         mut routers: Vec<Config>,
         argv: Vec<String>,
@@ -70,28 +86,42 @@ impl DemoCluster {
         .await
         .map_err(|e| failed("cannot start the embedded config server", e))?;
         let configdb = format!("{CONFIG_SET_NAME}/{}", config_server.local_addr());
-        let shards = EmbeddedShard::start_many(
-            shards,
-            ShardOptions {
-                configdb: Some(configdb.clone()),
-                ..shard
-            },
-        )
-        .await
-        .map_err(|e| failed("cannot start the embedded shards", e))?;
+        let shard = ShardOptions {
+            configdb: Some(configdb.clone()),
+            ..shard
+        };
         let mut cluster = DemoCluster {
             config_server,
-            shards,
+            shards: Vec::new(),
+            sets: Vec::new(),
             routers: Vec::new(),
         };
+        if members > 1 {
+            for i in 0..shards {
+                let set = EmbeddedReplicaSet::start(ReplicaSetOptions {
+                    members,
+                    shard: ShardOptions {
+                        set_name: format!("shard{i}"),
+                        ..shard.clone()
+                    },
+                    ..ReplicaSetOptions::default()
+                })
+                .await
+                .map_err(|e| failed("cannot start the embedded replica sets", e))?;
+                cluster.sets.push(set);
+            }
+        } else {
+            cluster.shards = EmbeddedShard::start_many(shards, shard)
+                .await
+                .map_err(|e| failed("cannot start the embedded shards", e))?;
+        }
         let client = mongodb::Client::with_uri_str(format!(
             "mongodb://{}/?directConnection=true&serverSelectionTimeoutMS=10000&appName=sluice-demo",
             cluster.config_server.local_addr()
         ))
         .await
         .map_err(|e| failed("cannot reach the embedded config server", e))?;
-        for s in &cluster.shards {
-            let host = format!("{}/{}", s.service().name(), s.local_addr());
+        for host in cluster.shard_hosts() {
             client
                 .database("admin")
                 .run_command(doc! {"_configsvrAddShard": &host, "writeConcern": {"w": "majority"}})
@@ -105,6 +135,18 @@ impl DemoCluster {
             crate::router::shard_collections(first, collections).await?;
         }
         Ok(cluster)
+    }
+
+    /// Each shard as `config.shards` lists it: `"<id>/<host:port>"`, or the replica set's
+    /// seed list.
+    pub fn shard_hosts(&self) -> Vec<String> {
+        let single = self
+            .shards
+            .iter()
+            .map(|s| format!("{}/{}", s.service().name(), s.local_addr()));
+        single
+            .chain(self.sets.iter().map(|s| s.seed_list()))
+            .collect()
     }
 
     /// The config server as `--configdb` names it.
@@ -140,6 +182,9 @@ impl DemoCluster {
             r.shutdown().await;
         }
         for s in self.shards {
+            s.shutdown().await;
+        }
+        for s in self.sets {
             s.shutdown().await;
         }
         self.config_server.shutdown().await;

@@ -56,8 +56,10 @@ struct GlobalArgs {
 enum Command {
     /// Run the router (the default).
     Run,
-    /// Run a demo on loopback that mongosh can connect to: embedded shards (in memory) and
-    /// the router, with the collections of configs/demo.toml sharded on hashed keys.
+    /// Run a demo on loopback that mongosh can connect to: an embedded cluster laid out as
+    /// MongoDB's (config server, shards, routers in --configdb mode; in memory), with the
+    /// collections of configs/demo.toml sharded on hashed keys. With a keyfile or TLS, or
+    /// --static, one router holding the metadata itself instead.
     Demo {
         /// Port for the router (the first router; the others listen on the next ports).
         #[arg(long, default_value_t = 27017)]
@@ -66,16 +68,17 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         shards: usize,
         /// Members of each shard's replica set (embedded, sharing one data set: a test
-        /// backend, not replication); 1 runs each shard as a single server. Not with
-        /// --cluster, whose shard servers are single servers.
+        /// backend, not replication); 1 runs each shard as a single server.
         #[arg(long, default_value_t = 3)]
         members: usize,
-        /// Run the cluster as MongoDB lays one out: an embedded config server, the shards in
-        /// shard-server mode, and routers in --configdb mode (instead of one router holding
-        /// the metadata itself).
-        #[arg(long)]
+        /// The cluster layout (the default without a keyfile or TLS): an embedded config
+        /// server, the shards in shard-server mode, and routers in --configdb mode.
+        #[arg(long, conflicts_with = "static_layout")]
         cluster: bool,
-        /// Number of routers (more than one runs the --cluster layout).
+        /// One router holding the metadata itself (static mode), as `sluice --config` runs.
+        #[arg(long = "static", id = "static_layout")]
+        static_layout: bool,
+        /// Number of routers (the cluster layout).
         #[arg(long, default_value_t = 1)]
         routers: usize,
     },
@@ -207,6 +210,7 @@ fn main() -> anyhow::Result<()> {
             shards,
             members,
             cluster,
+            static_layout,
             routers,
         }) => {
             if cli.global.listen.is_none() {
@@ -224,16 +228,21 @@ fn main() -> anyhow::Result<()> {
             if config.configdb.is_some() {
                 anyhow::bail!("sluice demo runs its own cluster; --configdb is for `sluice run`");
             }
-            let cluster = cluster || routers > 1;
-            if cluster && (config.security.key_file.is_some() || config.tls.mode.accepts_tls()) {
+            let secured = config.security.key_file.is_some() || config.tls.mode.accepts_tls();
+            if static_layout && routers > 1 {
+                anyhow::bail!("--routers needs the cluster layout; leave out --static");
+            }
+            if (cluster || routers > 1) && secured {
                 anyhow::bail!(
-                    "sluice demo --cluster does not run with a keyfile or TLS yet (the config server and shard servers talk to each other unauthenticated); run the demo without --cluster"
+                    "the cluster layout of sluice demo does not run with a keyfile or TLS yet (the config server and shard servers talk to each other unauthenticated); use --static"
                 );
             }
+            // A keyfile or TLS: the single-router layout, whose shards require them.
+            let cluster = !static_layout && !secured;
             if cluster {
                 config.validate()?;
                 init_logging(&config);
-                return runtime()?.block_on(run_cluster_demo(config, shards, routers));
+                return runtime()?.block_on(run_cluster_demo(config, shards, members, routers));
             }
             Some((shards, members))
         }
@@ -344,6 +353,9 @@ fn embedded_options(config: &Config) -> sluice::embedded::ShardOptions {
         key_file: config.security.key_file.clone(),
         cluster_auth_mode: config.security.cluster_auth_mode,
         tls: config.tls.clone(),
+        // The users and roles this server holds (a config server's are the cluster's).
+        users_file: config.security.users_file.clone(),
+        roles_file: config.security.roles_file.clone(),
         ..Default::default()
     }
 }
@@ -542,7 +554,12 @@ async fn run(config: Config, demo_shards: Option<(usize, usize)>) -> anyhow::Res
 
 /// `sluice demo --cluster` (`--routers N`): the embedded cluster of [`sluice::demo`], each
 /// router announced as `sluice run` announces itself.
-async fn run_cluster_demo(config: Config, shards: usize, routers: usize) -> anyhow::Result<()> {
+async fn run_cluster_demo(
+    config: Config,
+    shards: usize,
+    members: usize,
+    routers: usize,
+) -> anyhow::Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     install_metrics(&config.metrics_listen);
     let first: std::net::SocketAddr = config
@@ -571,10 +588,16 @@ async fn run_cluster_demo(config: Config, shards: usize, routers: usize) -> anyh
     };
     let demo: Config = toml::from_str(include_str!("../configs/demo.toml"))
         .context("configs/demo.toml is invalid")?;
-    let cluster =
-        sluice::demo::DemoCluster::start(shards, options, configs, argv, &demo.collections)
-            .await
-            .map_err(|e| anyhow::anyhow!(e))?;
+    let cluster = sluice::demo::DemoCluster::start_with_members(
+        shards,
+        members,
+        options,
+        configs,
+        argv,
+        &demo.collections,
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!(e))?;
     let addrs: Vec<String> = cluster
         .routers
         .iter()
@@ -587,17 +610,18 @@ async fn run_cluster_demo(config: Config, shards: usize, routers: usize) -> anyh
             env!("CARGO_PKG_VERSION")
         );
     }
-    let shard_list: Vec<String> = cluster
-        .shards
-        .iter()
-        .map(|s| format!("{} at {}", s.service().name(), s.local_addr()))
-        .collect();
+    let shard_list = cluster.shard_hosts();
     println!(
         "Embedded config server (in memory, not for production): {}",
         cluster.configdb()
     );
+    let kind = if members > 1 {
+        "replica sets sharing one data set per set; "
+    } else {
+        ""
+    };
     println!(
-        "Embedded shards (in memory, not for production): {}",
+        "Embedded shards (in memory, {kind}not for production): {}",
         shard_list.join(", ")
     );
     println!(

@@ -110,6 +110,18 @@ pub async fn config_read(
     Ok(super::cluster_ddl::passed_on(reply))
 }
 
+/// `listShards` with a config server: its `config.shards`.
+pub async fn list_shards(sharded: &ShardedCluster) -> Result<Document, CommandError> {
+    let req = CommandRequest::from_document("config", &doc! {"find": "shards", "$db": "config"})?;
+    let reply = config_read(sharded, &req).await?;
+    let shards = reply
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .cloned()
+        .unwrap_or_default();
+    Ok(doc! {"shards": shards})
+}
+
 /// `addShard: "<rs>/host:port,…" | "host:port"` (`name` optional): `_configsvrAddShard` on the
 /// config server, then this router reads the shard list again. Replies `{shardAdded}`.
 pub async fn add_shard(

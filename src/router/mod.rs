@@ -397,7 +397,7 @@ async fn run_command(
         Handler::ServerStatus => Ok(server_status(state, cluster)),
         Handler::EnableSharding => sharding::enable_sharding(cluster, req).await,
         Handler::ShardCollection => sharding::shard_collection(cluster, req).await,
-        Handler::ListShards => sharding::list_shards(cluster),
+        Handler::ListShards => sharding::list_shards(cluster).await,
         Handler::FlushRouterConfig => {
             cluster_admin::flush_router_config(cluster.map(|c| &**c), req).await
         }

@@ -261,9 +261,13 @@ pub async fn shard_collection(
     Ok(doc! {"collectionsharded": &ns})
 }
 
-/// `listShards`.
-pub fn list_shards(cluster: Option<&Arc<ShardedCluster>>) -> Result<Document, CommandError> {
+/// `listShards`: the metadata store's shard list, or with a config server its
+/// `config.shards` (as mongos reads it).
+pub async fn list_shards(cluster: Option<&Arc<ShardedCluster>>) -> Result<Document, CommandError> {
     let cluster = cluster.ok_or_else(no_cluster)?;
+    if cluster.has_config_server() {
+        return super::cluster_admin::list_shards(cluster).await;
+    }
     let shards: Vec<Bson> = cluster
         .metadata
         .documents("shards")
