@@ -412,7 +412,9 @@ async fn a_users_file_given_to_the_cluster_layout_is_the_config_servers() {
     for i in 0..2 {
         let addr = router(&c, i);
         let ok = eventually(Duration::from_secs(5), || async {
-            authenticates(addr, "admin", "adminpw", "admin").await.then_some(())
+            authenticates(addr, "admin", "adminpw", "admin")
+                .await
+                .then_some(())
         })
         .await;
         assert!(ok.is_some(), "router {i} authenticates the file's user");

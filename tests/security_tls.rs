@@ -969,7 +969,8 @@ async fn a_configdb_router_reaches_a_config_server_that_requires_tls_and_the_key
         .await
         .unwrap_err();
     assert!(
-        e.to_string().contains("authentication to the config server"),
+        e.to_string()
+            .contains("authentication to the config server"),
         "{e}"
     );
     handle.shutdown().await;
