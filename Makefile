@@ -1,5 +1,5 @@
 # `make test` runs everything CI runs: formatting and lints, the Rust unit and integration
-# tests, and every stock-client suite in wire-tests/ (it installs pymongo, mongosh and the
+# tests, and every stock-client suite in wire-tests/ (it installs pymongo, Beanie, mongosh and the
 # Node.js driver on first use).
 
 .PHONY: test lint build rust-test wire-test demo conformance soak fuzz fuzz-build mutation-run

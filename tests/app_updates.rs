@@ -207,3 +207,122 @@ async fn projections_and_update_sort() {
         assert_eq!(top.get_i32("_id").unwrap(), 6, "{coll}");
     }
 }
+
+/// `findAndModify` whose query does not pin the shard key (mongos 8.0's write without shard
+/// key): the document the one-shard oracle picks (by `sort`) is the one modified through the
+/// router, upserts by `_id` insert where the new document's key belongs, and a document on
+/// no shard leaves `value: null`. Sharded on `sk`, so a query on `_id` or `score` names none.
+#[tokio::test]
+async fn find_and_modify_without_shard_key() {
+    let c = TestCluster::start(3, &[("school.k", doc! {"sk": "hashed"})]).await;
+    let cl = common::driver(c.addr(), "").await;
+    let db = cl.database("school");
+    let mut results = Vec::new();
+    for coll in ["k", "plain"] {
+        let col = db.collection::<Document>(coll);
+        let docs: Vec<Document> = students()
+            .into_iter()
+            .map(|mut d| {
+                let id = d.get_i32("_id").unwrap();
+                d.insert("sk", id * 13 % 7);
+                d
+            })
+            .collect();
+        col.insert_many(docs).await.unwrap();
+        let mut got = Vec::new();
+        for (query, update, sort) in [
+            (doc! {"_id": 4}, doc! {"$inc": {"score": 100}}, None),
+            (
+                doc! {"score": {"$gte": 9}},
+                doc! {"$set": {"first": true}},
+                Some(doc! {"score": 1}),
+            ),
+            (
+                doc! {"score": {"$lt": 30}},
+                doc! {"$set": {"last": true}},
+                Some(doc! {"score": -1, "_id": 1}),
+            ),
+            (doc! {"_id": 99}, doc! {"$set": {"x": 1}}, None),
+        ] {
+            let mut cmd =
+                doc! {"findAndModify": coll, "query": query, "update": update, "new": true};
+            if let Some(s) = sort {
+                cmd.insert("sort", s);
+            }
+            let r = db.run_command(cmd.clone()).await.unwrap();
+            got.push((
+                r.get("value").cloned(),
+                r.get_document("lastErrorObject").unwrap().get("n").cloned(),
+            ));
+        }
+        // Removal with a sort, then an upsert by _id whose $set carries the shard key.
+        let r = db
+            .run_command(doc! {"findAndModify": coll, "query": {"score": {"$lt": 20}}, "sort": {"score": -1}, "remove": true})
+            .await
+            .unwrap();
+        got.push((r.get("value").cloned(), None));
+        let r = db
+            .run_command(doc! {"findAndModify": coll, "query": {"_id": 500}, "update": {"$set": {"sk": 3, "v": 1}}, "upsert": true, "new": true})
+            .await
+            .unwrap();
+        got.push((
+            r.get("value").cloned(),
+            r.get_document("lastErrorObject")
+                .unwrap()
+                .get("upserted")
+                .cloned(),
+        ));
+        let all = common::all(col.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await;
+        results.push((got, all));
+    }
+    let (sharded, plain) = (&results[0], &results[1]);
+    assert_eq!(sharded, plain);
+    let got = &sharded.0;
+    assert_eq!(
+        got[0]
+            .0
+            .as_ref()
+            .unwrap()
+            .as_document()
+            .unwrap()
+            .get_i32("score")
+            .unwrap(),
+        112
+    );
+    assert_eq!(
+        got[1]
+            .0
+            .as_ref()
+            .unwrap()
+            .as_document()
+            .unwrap()
+            .get_i32("_id")
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        got[2]
+            .0
+            .as_ref()
+            .unwrap()
+            .as_document()
+            .unwrap()
+            .get_i32("_id")
+            .unwrap(),
+        9
+    );
+    assert_eq!(got[3], (Some(Bson::Null), Some(Bson::Int32(0))));
+    assert_eq!(
+        got[4]
+            .0
+            .as_ref()
+            .unwrap()
+            .as_document()
+            .unwrap()
+            .get_i32("_id")
+            .unwrap(),
+        6
+    );
+    assert_eq!(got[5].1, Some(Bson::Int32(500)));
+    assert_eq!(sharded.1.len(), 12);
+}

@@ -24,8 +24,8 @@ fi
 if [ ! -f node_modules/.package-lock.json ] || ! cmp -s package-lock.json node_modules/.package-lock.json 2>/dev/null; then
   npm ci --no-audit --no-fund --loglevel=error
 fi
-.venv/bin/python -c 'import pymongo, snappy, pytest; from pymongo.compression_support import _have_zstd; assert _have_zstd(), "zstd support missing"' \
-  || { echo "wire-tests: pymongo with snappy and zstd support is not installed" >&2; exit 1; }
+.venv/bin/python -c 'import pymongo, snappy, pytest, beanie; from pymongo.compression_support import _have_zstd; assert _have_zstd(), "zstd support missing"' \
+  || { echo "wire-tests: pymongo (with snappy and zstd support) or beanie is not installed" >&2; exit 1; }
 node -e 'require("mongodb"); require("snappy")' \
   || { echo "wire-tests: the Node.js driver is not installed" >&2; exit 1; }
 MONGOSH="$here/node_modules/.bin/mongosh"

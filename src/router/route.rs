@@ -304,9 +304,21 @@ async fn route_once(
             }
         },
     };
-    forward_with(cluster, &primary, req, db_versions)
-        .await
-        .map(Reply::from)
+    let reply = forward_with(cluster, &primary, req, db_versions).await?;
+    if how == Forwarded::CollStats
+        && reply
+            .get("ok")
+            .is_some_and(|v| crate::value::field::to_f64(v) == 1.0)
+    {
+        // mongos puts `sharded: false` and the primary shard before an unsharded
+        // collection's statistics.
+        let mut d = bson::doc! {"sharded": false, "primary": &primary};
+        for (k, v) in reply {
+            d.entry(k).or_insert(v);
+        }
+        return Ok(d.into());
+    }
+    Ok(reply.into())
 }
 
 /// `bulkWrite` (MongoDB 8.0): each `nsInfo` namespace resolved to its routing snapshot or its
@@ -958,6 +970,137 @@ fn as_write_errors(req: &CommandRequest, code: i32, message: &str) -> Document {
     d
 }
 
+/// `findAndModify` whose query does not pin the shard key, as mongos 8.0 runs a write without
+/// shard key: each shard owning chunks is asked for its first matching document in the
+/// command's `sort` order (`find`, `limit: 1`); the best of them (by `sort`, else the first in
+/// shard order) is modified on its shard by the command narrowed to its `_id`, with the write
+/// path's checks of a shard key change ([`crate::write::lookup::decide`]). A document that
+/// stopped matching in between is looked up again (a few times; once for a retryable write,
+/// whose shard keeps the statement's first answer). When nothing matches, an upsert runs on
+/// the shard owning the document it inserts; otherwise the first shard runs the command
+/// narrowed to match nothing, so its reply (and its validation of the update) is mongod's.
+async fn find_and_modify_without_key(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    body: &Document,
+    snap: &crate::routing::RoutingSnapshot,
+    query: Document,
+) -> Result<Document, CommandError> {
+    use crate::write::lookup::{self, Step};
+    let coll = req.collection().unwrap_or_default().to_string();
+    let shards: Vec<String> = snap.chunks.shards().into_iter().collect();
+    let sort = match body.get("sort") {
+        Some(Bson::Document(s)) if !s.is_empty() => Some(
+            crate::engine::query::SortSpec::parse(s)
+                .map_err(|e| CommandError::new(e.code, e.message))?,
+        ),
+        _ => None,
+    };
+    let mut find = bson::doc! {
+        "find": &coll,
+        "filter": query.clone(),
+        "limit": 1i64,
+        "singleBatch": true,
+        "$db": &req.db,
+    };
+    for k in ["sort", "collation", "hint"] {
+        if let Some(v) = body.get(k) {
+            find.insert(k, v.clone());
+        }
+    }
+    let remove = body.get("remove").is_some_and(crate::value::field::truthy);
+    let (kind, mut statement) = if remove {
+        (
+            crate::command::WriteKind::Delete,
+            bson::doc! {"q": query.clone(), "limit": 1},
+        )
+    } else {
+        (
+            crate::command::WriteKind::Update,
+            bson::doc! {
+                "q": query.clone(),
+                "u": body.get("update").cloned().unwrap_or(Bson::Null),
+                "upsert": body.get("upsert").is_some_and(crate::value::field::truthy),
+            },
+        )
+    };
+    if let Some(c) = body.get("collation") {
+        statement.insert("collation", c.clone());
+    }
+    let attempts = if body.contains_key("txnNumber") {
+        1
+    } else {
+        lookup::MAX_ATTEMPTS
+    };
+    let mut last = None;
+    for _ in 0..attempts {
+        let futures = shards.iter().map(|s| {
+            let mut cmd = find.clone();
+            if cluster.is_shard_server(s) {
+                cmd.insert("shardVersion", snap.shard_version(s));
+            }
+            async move { (s, crate::read::read_one(cluster, s, &snap.ns, &cmd).await) }
+        });
+        let mut best: Option<(String, Document)> = None;
+        for (shard, result) in crate::backend::join_all(futures).await {
+            let Some(d) = lookup::found(&result?) else {
+                continue;
+            };
+            let better = match (&best, &sort) {
+                (None, _) => true,
+                (Some((_, b)), Some(sort)) => sort.compare(&d, b) == std::cmp::Ordering::Less,
+                (Some(_), None) => false,
+            };
+            if better {
+                best = Some((shard.clone(), d));
+            }
+        }
+        let found = best.is_some();
+        let (shard, narrowed) = match lookup::decide(
+            snap,
+            kind,
+            &statement,
+            shards.first().map(String::as_str),
+            best,
+        ) {
+            Step::Write { shard, statement } | Step::Validate { shard, statement } => {
+                (shard, statement.get("q").cloned())
+            }
+            Step::Insert { shard, .. } => (shard, None),
+            Step::Nothing => (
+                shards.first().cloned().unwrap_or_default(),
+                Some(bson::doc! {"$and": [query.clone(), {"_id": {"$in": []}}]}.into()),
+            ),
+            Step::Fail { code, message } => return Err(CommandError::new(code, message)),
+        };
+        let mut cmd = req.body_document();
+        if let Some(q) = narrowed {
+            cmd.insert("query", q);
+            if found {
+                cmd.insert("upsert", false);
+            }
+        }
+        let sub = CommandRequest::from_document(&req.db, &cmd)?;
+        let version = cluster
+            .is_shard_server(&shard)
+            .then(|| snap.shard_version(&shard));
+        let reply = forward(cluster, &shard, &sub, version).await?;
+        let hit = reply
+            .get_document("lastErrorObject")
+            .ok()
+            .and_then(|l| l.get("n"))
+            .is_some_and(|n| crate::value::field::to_f64(n) > 0.0);
+        let ok = reply
+            .get("ok")
+            .is_some_and(|v| crate::value::field::to_f64(v) == 1.0);
+        if hit || !found || !ok {
+            return Ok(reply);
+        }
+        last = Some(reply);
+    }
+    Ok(last.unwrap_or_else(|| bson::doc! {"ok": 1.0}))
+}
+
 /// Reads a shard may be asked again after a retriable failure (mongos's idempotent
 /// commands).
 fn is_idempotent_read(name: &str) -> bool {
@@ -967,8 +1110,8 @@ fn is_idempotent_read(name: &str) -> bool {
     )
 }
 
-/// `findAndModify` on a sharded collection: the query must pin the full shard key; the
-/// command goes to the owning shard unchanged.
+/// `findAndModify` on a sharded collection: a query that pins the full shard key sends the
+/// command to the owning shard unchanged; any other is a write without shard key.
 async fn find_and_modify(
     cluster: &Arc<Cluster>,
     req: &CommandRequest,
@@ -983,14 +1126,7 @@ async fn find_and_modify(
         _ => None,
     };
     let Some(shard) = shard else {
-        return Err(CommandError::new(
-            ErrorCode::ShardKeyNotFound,
-            format!(
-                "Query for sharded findAndModify must contain the shard key (pattern {}); got {}",
-                crate::value::render::render_doc(&snap.pattern.to_document()),
-                crate::value::render::render_doc(&query)
-            ),
-        ));
+        return find_and_modify_without_key(cluster, req, body, snap, query).await;
     };
     let version = cluster
         .is_shard_server(&shard)
