@@ -13,12 +13,17 @@ use sluice::embedded::ShardOptions;
 
 /// Two routers with authorization on, reading the users every second.
 async fn cluster() -> sluice::demo::DemoCluster {
+    cluster_reading_users_every(1).await
+}
+
+/// Two routers with authorization on, reading the users every `secs` seconds.
+async fn cluster_reading_users_every(secs: u64) -> sluice::demo::DemoCluster {
     let configs = (0..2)
         .map(|_| Config {
             listen: "127.0.0.1:0".into(),
             security: SecurityConfig {
                 authorization: Authorization::Enabled,
-                user_cache_invalidation_interval_secs: Some(1),
+                user_cache_invalidation_interval_secs: Some(secs),
                 ..SecurityConfig::default()
             },
             ..Config::default()
@@ -429,5 +434,47 @@ async fn a_users_file_given_to_the_cluster_layout_is_the_config_servers() {
     assert!(text.contains("\"test.erin\""), "{text}");
     assert!(!text.contains("erinpw"));
     assert!(authenticates(router(&c, 1), "erin", "erinpw", "test").await);
+    c.shutdown().await;
+}
+
+/// `invalidateUserCache` makes a router read the config server's users at once (mongos's
+/// command), whatever its period.
+#[tokio::test]
+async fn invalidate_user_cache_reads_the_config_servers_users_at_once() {
+    let c = cluster_reading_users_every(3600).await;
+    let (a, b) = (router(&c, 0), router(&c, 1));
+    let first = doc! {"createUser": "admin", "pwd": "adminpw", "roles": ["root"]};
+    client(a, "", "admin")
+        .await
+        .database("admin")
+        .run_command(first.clone())
+        .await
+        .expect("the first user, through A");
+    // B read the config server when it started, before the user existed, and does not know
+    // the user; its localhost exception asks the config server, which holds a user now.
+    assert!(!authenticates(b, "admin", "adminpw", "admin").await);
+    let e = client(b, "", "admin")
+        .await
+        .database("admin")
+        .run_command(doc! {"createUser": "second", "pwd": "secondpw", "roles": ["root"]})
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), 13, "B's localhost exception is closed: {e}");
+    // That check read the users: B knows the first one now.
+    assert!(authenticates(b, "admin", "adminpw", "admin").await);
+    let root_a = client(a, "admin:adminpw@", "admin").await;
+    root_a
+        .database("test")
+        .run_command(doc! {"createUser": "carl", "pwd": "carlpw", "roles": ["read"]})
+        .await
+        .unwrap();
+    assert!(!authenticates(b, "carl", "carlpw", "test").await);
+    client(b, "admin:adminpw@", "admin")
+        .await
+        .database("admin")
+        .run_command(doc! {"invalidateUserCache": 1})
+        .await
+        .expect("invalidateUserCache");
+    assert!(authenticates(b, "carl", "carlpw", "test").await);
     c.shutdown().await;
 }

@@ -311,6 +311,18 @@ impl Security {
     ) -> Option<Document> {
         let remote = self.remote()?;
         let name = req.name.as_str();
+        if name == "invalidateUserCache" {
+            return Some(match self.reload().await {
+                Ok(()) => {
+                    self.refresh(auth);
+                    ok_reply(state, Document::new())
+                }
+                Err(e) => error_reply(
+                    state,
+                    &AuthError::new(crate::value::error_codes::ErrorCode::HostUnreachable, e),
+                ),
+            });
+        }
         let user_command = user_admin::USER_ADMIN_COMMANDS.contains(&name);
         if !user_command && !role_admin::ROLE_ADMIN_COMMANDS.contains(&name) {
             return None;
@@ -329,6 +341,21 @@ impl Security {
         }
         if write && !body.contains_key("writeConcern") {
             body.insert("writeConcern", bson::doc! {"w": "majority"});
+        }
+        // The localhost exception let an unauthenticated `createUser` through on what this
+        // router read; mongos asks the config server, and so does this: it closes as soon as
+        // the config server holds a user, read or not.
+        if auth.session.principal().is_none() && self.authorization {
+            if let Err(e) = self.reload().await {
+                tracing::warn!(error = %e, "cannot read the users from the config server");
+            }
+            if !lock(&self.users).users().is_empty() {
+                let e = AuthError::new(
+                    crate::value::error_codes::ErrorCode::Unauthorized,
+                    format!("Command {name} requires authentication"),
+                );
+                return Some(error_reply(state, &e));
+            }
         }
         let result = remote.run(&req.db, body).await;
         if write {
@@ -566,6 +593,11 @@ impl Security {
                 .session
                 .authenticate(&req.db, &req.body_document(), self),
             "logout" => return Some(ok_reply(state, auth.session.logout())),
+            // Nothing is cached here unless the users are another server's
+            // ([`Security::forward`] reads them again then).
+            "invalidateUserCache" if self.remote().is_none() => {
+                return Some(ok_reply(state, Document::new()))
+            }
             name if user_admin::USER_ADMIN_COMMANDS.contains(&name)
                 || role_admin::ROLE_ADMIN_COMMANDS.contains(&name) =>
             {
