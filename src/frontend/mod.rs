@@ -112,6 +112,7 @@ fn start_service_on(
     let state = Arc::new(ServerState::new(config, argv, rx.clone()));
     let service = make(state.clone());
     memory::start_idle_trimmer();
+    security.attach(service.user_store());
     let task = tokio::spawn(listener::accept_loop(listener, service, security, rx));
     Ok(RouterHandle {
         addr,
