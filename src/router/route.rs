@@ -158,6 +158,13 @@ async fn route_once(
         }
         _ => {}
     }
+    if req.name == "compact" {
+        // mongos registers compact only to refuse it (cluster_compact_cmd.cpp).
+        return Err(CommandError::new(
+            ErrorCode::CommandNotSupported,
+            "compact not allowed through mongos",
+        ));
+    }
     let body = req.options_document();
     if let Some(c) = req.collection() {
         // Checked before anything is looked up, cached or recorded.
@@ -237,6 +244,12 @@ async fn route_once(
                 return forward(cluster, &first, req, None).await.map(Reply::from);
             }
             Forwarded::CollStats => return coll_stats(cluster, req, &snap).await.map(Reply::from),
+            _ if req.name == "convertToCapped" => {
+                return Err(CommandError::new(
+                    ErrorCode::IllegalOperation,
+                    "You can't convertToCapped a sharded collection",
+                ))
+            }
             _ => {}
         }
         if let Some(result) = crate::read::read(
