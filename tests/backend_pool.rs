@@ -106,3 +106,47 @@ async fn pool_bounds_open_connections() {
     assert!(pool.checkout().await.is_ok());
     shard.shutdown().await;
 }
+
+/// A member that breaks the connection during the handshake (it is stopping or starting: the
+/// kernel accepted the connection, nobody answers it) leaves a connection that never carried
+/// a request: the failure is a failure to connect, never "may have been applied", so a write
+/// without a session number may still go to the next member selected.
+#[tokio::test]
+async fn a_handshake_cut_short_is_a_failure_to_connect() {
+    use sluice::backend::{BackendError, ShardConnection};
+    use tokio::io::AsyncReadExt;
+
+    // Closed after reading the handshake (EOF), reset (RST), or never answered.
+    for how in ["close", "reset", "silent"] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 16];
+            let _ = socket.read(&mut buf).await;
+            match how {
+                "close" => drop(socket),
+                "reset" => {
+                    // A zero linger makes the close a reset.
+                    socket2::SockRef::from(&socket)
+                        .set_linger(Some(Duration::ZERO))
+                        .unwrap();
+                    drop(socket);
+                }
+                _ => {
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    drop(socket);
+                }
+            }
+        });
+        let e = ShardConnection::connect(&addr, Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, BackendError::Connect(_)) && !e.maybe_applied(),
+            "{how}: {e:?}"
+        );
+        assert!(e.to_string().starts_with("cannot connect to"), "{how}: {e}");
+        server.abort();
+    }
+}

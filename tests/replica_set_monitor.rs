@@ -53,6 +53,9 @@ struct FakeMember {
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
     awaitable_seen: Arc<AtomicU64>,
     hellos_seen: Arc<AtomicU64>,
+    /// New connections still to cut: each reads its handshake and is closed unanswered (a
+    /// member that is stopping or starting).
+    cut: Arc<AtomicU64>,
 }
 
 impl FakeMember {
@@ -77,8 +80,10 @@ impl FakeMember {
             tasks: Arc::new(Mutex::new(Vec::new())),
             awaitable_seen: Arc::new(AtomicU64::new(0)),
             hellos_seen: Arc::new(AtomicU64::new(0)),
+            cut: Arc::new(AtomicU64::new(0)),
         };
         let tasks = m.tasks.clone();
+        let cut = m.cut.clone();
         let ctx = (
             m.addr.clone(),
             m.process_id,
@@ -88,9 +93,19 @@ impl FakeMember {
         );
         let accept = tokio::spawn(async move {
             loop {
-                let Ok((socket, _)) = listener.accept().await else {
+                let Ok((mut socket, _)) = listener.accept().await else {
                     return;
                 };
+                if cut
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+                {
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 64];
+                        let _ = socket.read(&mut buf).await;
+                    });
+                    continue;
+                }
                 let ctx = ctx.clone();
                 let conn =
                     tokio::spawn(serve(socket, ctx.0, ctx.1, ctx.2.subscribe(), ctx.3, ctx.4));
@@ -683,4 +698,56 @@ async fn a_not_primary_error_from_the_data_path_marks_the_member_and_checks_at_o
         )
         .await;
     assert_eq!(e.expect("new primary"), b.host());
+}
+
+/// A data-path connection whose handshake the primary cuts short (it is stopping or starting)
+/// carried no request: the request goes to the member selected next, even a write without a
+/// session number, and the client never sees the broken handshake.
+#[tokio::test]
+async fn a_request_whose_connection_breaks_in_the_handshake_is_sent_again() {
+    use sluice::backend::shard::{Resend, Shard};
+    use sluice::backend::PoolOptions;
+
+    let (a, b, c) = three(false).await;
+    a.set(
+        Role::Primary {
+            election: election(1),
+        },
+        &[&a, &b, &c],
+        None,
+    );
+    b.set(Role::Secondary, &[&a, &b, &c], Some(&a));
+    c.set(Role::Secondary, &[&a, &b, &c], Some(&a));
+    let shard = Shard::new(
+        "rs0",
+        &format!("rs0/{},{},{}", a.addr, b.addr, c.addr),
+        PoolOptions {
+            connect_timeout: Duration::from_secs(2),
+            replica_set: settings(500),
+            ..PoolOptions::default()
+        },
+    );
+    let Some(m) = shard.monitor() else {
+        panic!("a seed list with a set name is a replica set");
+    };
+    assert!(until(m, Duration::from_secs(10), |m| primary(m) == Some(a.host())).await);
+    // Cut the next four connections to the primary — more than the resends a request that
+    // may have been applied gets: attempts that never left count apart. The fifth carries it.
+    a.cut.store(4, Ordering::SeqCst);
+    let body = doc! {"insert": "c", "documents": [{"_id": 1}], "$db": "test"};
+    let bytes = body.to_vec().expect("encode");
+    let frame = OpMsgBuilder::new(0, &bytes).finish(7, 0);
+    let (reply, member) = shard
+        .send(
+            &frame,
+            7,
+            &Need::Write,
+            Some(Instant::now() + Duration::from_secs(8)),
+            Resend::Never,
+        )
+        .await
+        .expect("sent on a connection that worked");
+    assert_eq!(reply.to_document().get_f64("ok").ok(), Some(1.0));
+    assert_eq!(member, a.addr);
+    assert_eq!(a.cut.load(Ordering::SeqCst), 0, "every handshake was cut");
 }

@@ -247,23 +247,44 @@ impl ShardConnection {
             stream,
             buf: BytesMut::with_capacity(16 * 1024),
         };
+        // Whatever breaks before the connection is handed out (the member closed or reset it
+        // during the handshake: it is stopping, or starting; it refused the handshake or the
+        // authentication; it did not answer in time) is a failure to connect: no request went
+        // out on this connection, so none can have been applied, and the caller may send it
+        // elsewhere whatever its session.
+        conn.handshake(addr, timeout, security)
+            .await
+            .map_err(|e| match e {
+                BackendError::Connect(_) => e,
+                e => BackendError::Connect(format!("cannot connect to {addr}: {e}")),
+            })?;
+        Ok(conn)
+    }
+
+    /// The handshake `hello` and, when `security` asks for it, the authentication.
+    async fn handshake(
+        &mut self,
+        addr: &str,
+        timeout: Duration,
+        security: &ShardSecurity,
+    ) -> Result<(), BackendError> {
         let hello = doc! {
             "hello": 1,
             "$db": "admin",
             "client": {"driver": {"name": "sluice", "version": env!("CARGO_PKG_VERSION")}, "os": {"type": std::env::consts::OS}},
         };
-        let reply = conn.run(&hello, timeout).await?;
+        let reply = self.run(&hello, timeout).await?;
         if reply.get_f64("ok").ok() != Some(1.0) {
             return Err(BackendError::Protocol(format!(
                 "{addr} refused the handshake: {reply}"
             )));
         }
         if security.x509 {
-            conn.authenticate_x509(addr, timeout).await?;
+            self.authenticate_x509(addr, timeout).await?;
         } else if let Some(keyfile) = &security.keyfile {
-            conn.authenticate_internal(addr, keyfile, timeout).await?;
+            self.authenticate_internal(addr, keyfile, timeout).await?;
         }
-        Ok(conn)
+        Ok(())
     }
 
     /// MONGODB-X509 with the TLS client certificate: the shard takes its subject for a

@@ -91,6 +91,12 @@ pub fn need_of(body: &RawDocument) -> Result<Need, TopologyError> {
     }
 }
 
+/// How many times a request that never left Sluice (no connection to the member selected
+/// could be made, or its handshake failed) is sent to the member selected next. Each such
+/// attempt first waits for the monitor to find a member again, so the bound is a backstop; it
+/// is kept apart from [`MAX_RESENDS`], which counts requests that may have been applied.
+pub const MAX_UNSENT_ATTEMPTS: u32 = 5;
+
 /// One shard: a single server or a replica set.
 #[derive(Debug)]
 pub struct Shard {
@@ -336,13 +342,17 @@ impl Shard {
         }
     }
 
-    /// Reports a failure seen on a connection to `addr` (`stale`: its pool was cleared since
-    /// it was checked out, so the failure is old news).
+    /// Reports a failure seen on a connection to `addr`. `stale`: its pool was cleared since
+    /// it was checked out, so a broken connection is old news (the clear already accounted
+    /// for it). An error the member answered is reported whatever the connection's age: it
+    /// says what the member is now (a NotPrimary refusal after a step-down), and its
+    /// `topologyVersion` already lets the monitor ignore what it knows; ignoring it would
+    /// leave the member primary in the topology and send the resend straight back to it.
     fn report(&self, addr: &HostAddr, stale: bool, failure: &Failure<'_>) {
         let Some(monitor) = self.monitor() else {
             return;
         };
-        if stale {
+        if stale && matches!(failure, Failure::Network(..)) {
             return;
         }
         let Some(generation) =
@@ -384,6 +394,10 @@ impl Shard {
     ) -> Result<(BsonDoc, String), BackendError> {
         let rs = self.is_replica_set();
         let mut resends: u32 = 0;
+        // Attempts that never left Sluice (no connection could be made, the handshake
+        // failed): they count apart from the resends, which are for requests that may have
+        // been applied; see `docs/design/replica-sets.md` §5.
+        let mut unsent: u32 = 0;
         loop {
             let may_resend = |failure: BatchFailure, resends: u32| -> bool {
                 if !rs {
@@ -419,9 +433,9 @@ impl Shard {
                 Ok(c) => c,
                 Err(e @ BackendError::NoMember(..)) => return Err(e),
                 // Never sent: any request may go again (to the member selected next).
-                Err(e) if rs && !e.maybe_applied() && resends < MAX_RESENDS => {
+                Err(e) if rs && !e.maybe_applied() && unsent < MAX_UNSENT_ATTEMPTS => {
                     tracing::debug!(shard = %self.id, error = %e, "cannot reach the member; selecting again");
-                    resends += 1;
+                    unsent += 1;
                     continue;
                 }
                 Err(e) => return Err(e),

@@ -689,6 +689,15 @@ impl EmbeddedReplicaSet {
         }
     }
 
+    /// Whether member `i` still has a hook armed by [`EmbeddedReplicaSet::after_next_write`]
+    /// (it has not applied a write since).
+    pub fn after_write_pending(&self, i: usize) -> bool {
+        lock(&self.state.inner)
+            .members
+            .get(i)
+            .is_some_and(|m| m.after_write.is_some())
+    }
+
     /// Stops member `i`: it leaves the set's running members (a primary's departure starts an
     /// election), its listener closes and so does every connection it has, at once.
     pub async fn stop(&self, i: usize) {
