@@ -621,3 +621,126 @@ async fn newer_operators_refuse_bad_arguments() {
         }
     }
 }
+
+/// `$merge` into a sharded collection: the router writes the results through its own write
+/// path (matched by the target's shard key and `_id` unless `on` says otherwise), from a
+/// sharded source and from an unsharded one, with each `whenMatched`/`whenNotMatched` mode and
+/// mongod's errors.
+#[tokio::test]
+async fn merge_into_a_sharded_collection_writes_through_the_router() {
+    let c = TestCluster::start(
+        3,
+        &[
+            ("shop.orders", doc! {"_id": "hashed"}),
+            ("shop.summary", doc! {"k": "hashed"}),
+        ],
+    )
+    .await;
+    let cl = common::driver(c.addr(), "").await;
+    let db = cl.database("shop");
+    let orders: Vec<Document> = (0..90)
+        .map(|i| doc! {"_id": i, "cust": i % 7, "qty": (i * 13) % 17})
+        .collect();
+    for coll in ["orders", "orders_plain"] {
+        db.collection::<Document>(coll)
+            .insert_many(orders.clone())
+            .await
+            .unwrap();
+    }
+    let expected = |times: i32| -> Vec<Document> {
+        (0..7)
+            .map(|c| {
+                let q: i32 = (0..90).filter(|i| i % 7 == c).map(|i| (i * 13) % 17).sum();
+                doc! {"_id": c, "k": c, "q": q * times}
+            })
+            .collect()
+    };
+    let summary = db.collection::<Document>("summary");
+    let totals = doc! {"$group": {"_id": "$cust", "q": {"$sum": "$qty"}}};
+    let keyed = doc! {"$set": {"k": "$_id"}};
+    for source in ["orders", "orders_plain"] {
+        summary.delete_many(doc! {}).await.unwrap();
+        let r = run(
+            &cl,
+            source,
+            &[
+                totals.clone(),
+                keyed.clone(),
+                doc! {"$merge": {"into": "summary"}},
+            ],
+        )
+        .await;
+        assert!(r.is_empty());
+        let got = common::all(summary.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await;
+        let strip = |v: Vec<Document>| -> Vec<Document> {
+            v.into_iter()
+                .map(|d| doc! {"_id": d.get("_id").cloned().unwrap(), "k": d.get("k").cloned().unwrap(), "q": d.get("q").cloned().unwrap()})
+                .collect()
+        };
+        assert_eq!(strip(got), expected(1), "{source}");
+        // whenMatched: merge adds fields; discard drops what matches nothing.
+        run(&cl, source, &[
+            totals.clone(),
+            keyed.clone(),
+            doc! {"$project": {"k": 1, "seen": {"$literal": true}}},
+            doc! {"$merge": {"into": "summary", "whenMatched": "merge", "whenNotMatched": "discard"}},
+        ]).await;
+        assert_eq!(
+            summary.count_documents(doc! {"seen": true}).await.unwrap(),
+            7
+        );
+        // A whenMatched pipeline with $$new: the totals doubled.
+        run(&cl, source, &[
+            totals.clone(),
+            keyed.clone(),
+            doc! {"$merge": {"into": "summary", "whenMatched": [{"$set": {"q": {"$add": ["$q", "$$new.q"]}}}]}},
+        ]).await;
+        let got = common::all(summary.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await;
+        assert_eq!(strip(got), expected(2), "{source}");
+        // keepExisting leaves matches alone and inserts the rest.
+        run(
+            &cl,
+            source,
+            &[
+                totals.clone(),
+                doc! {"$set": {"k": {"$add": ["$_id", 100]}, "_id": {"$add": ["$_id", 100]}}},
+                doc! {"$merge": {"into": "summary", "whenMatched": "keepExisting"}},
+            ],
+        )
+        .await;
+        assert_eq!(
+            summary.count_documents(doc! {}).await.unwrap(),
+            14,
+            "{source}"
+        );
+        for (stages, code) in [
+            (
+                vec![
+                    totals.clone(),
+                    keyed.clone(),
+                    doc! {"$merge": {"into": "summary", "whenMatched": "fail"}},
+                ],
+                11000,
+            ),
+            (
+                vec![totals.clone(), doc! {"$merge": {"into": "summary"}}],
+                51132,
+            ),
+            (
+                vec![
+                    totals.clone(),
+                    doc! {"$set": {"k": 999, "_id": 999}},
+                    doc! {"$merge": {"into": "summary", "whenNotMatched": "fail"}},
+                ],
+                13113,
+            ),
+        ] {
+            let e = db
+                .collection::<Document>(source)
+                .aggregate(stages.clone())
+                .await
+                .unwrap_err();
+            assert_eq!(error_code(&e), code, "{source} {stages:?}: {e}");
+        }
+    }
+}

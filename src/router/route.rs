@@ -145,6 +145,13 @@ async fn route_once(
             }
         }
     }
+    if how == Forwarded::Aggregate {
+        if let Some(r) =
+            super::merge_output::merge_into_sharded(sharded, policy, req, client_id).await
+        {
+            return r;
+        }
+    }
     match how {
         Forwarded::DataSize => {
             return super::maintenance::data_size(cluster, store, req)
