@@ -31,6 +31,7 @@ pub mod ddl;
 pub mod filtering;
 pub mod migration;
 pub mod pipeline_output;
+pub mod remove_shard;
 pub mod replset;
 pub mod service;
 pub mod store;
@@ -79,6 +80,9 @@ pub struct ShardOptions {
     /// Shard-server mode (`sluice shard --configdb …`): the config server whose metadata the
     /// shard checks requests' `shardVersion` / `databaseVersion` against ([`filtering`]).
     pub configdb: Option<String>,
+    /// With [`ShardOptions::config_server`]: the file the `config.*` documents are kept in,
+    /// read at start-up and rewritten atomically after every command that changed them.
+    pub metadata_path: Option<std::path::PathBuf>,
 }
 
 impl Default for ShardOptions {
@@ -96,6 +100,7 @@ impl Default for ShardOptions {
             cursor_timeout: service::CURSOR_IDLE_TIMEOUT,
             config_server: false,
             configdb: None,
+            metadata_path: None,
         }
     }
 }
@@ -139,18 +144,31 @@ impl EmbeddedShard {
             ..Config::default()
         };
         options.protect(&mut config);
+        let data = service::DataSet::default();
+        let file = match (&options.metadata_path, options.config_server) {
+            (Some(path), true) => {
+                let file = configsvr::MetadataFile::new(path);
+                file.load(&mut crate::sync::lock(data.catalog()))?;
+                Some(file)
+            }
+            _ => None,
+        };
         let mut made: Option<Arc<ShardService>> = None;
         let handle = crate::frontend::start_service(
             config,
             vec!["sluice".into(), "shard".into()],
             |state| {
-                let s = Arc::new(ShardService::new(state, options));
+                let s = Arc::new(
+                    ShardService::with_data(state, options, data, None).with_metadata_file(file),
+                );
                 made = Some(s.clone());
                 s
             },
         )
         .await?;
         let service = made.ok_or_else(|| std::io::Error::other("shard service was not created"))?;
+        // What the start-up wrote (a new config server's cluster id) is kept from the start.
+        service.persist_metadata()?;
         service.set_address(handle.local_addr());
         service::spawn_idle_monitor(&service);
         Ok(EmbeddedShard { handle, service })

@@ -83,6 +83,7 @@ named {
     InvalidOptions = 72,
     InvalidNamespace = 73,
     NoProgressMade = 82,
+    CannotSplit = 106,
     IndexOptionsConflict = 85,
     IndexKeySpecsConflict = 86,
     NetworkTimeout = 89,
