@@ -595,3 +595,131 @@ async fn split_by_find_and_by_bounds_at_the_median_key() {
     assert_eq!(common::command_code(&e), 118, "{e}");
     c.shutdown().await;
 }
+
+/// The chunks of the collection `ns` names on the config server, as `(min, shard)`, and its uuid.
+async fn chunks_of(
+    c: &sluice::demo::DemoCluster,
+    ns: &str,
+) -> Option<(Bson, Vec<(String, String)>)> {
+    let config = direct(c.config_server.local_addr())
+        .await
+        .database("config");
+    let entry = config
+        .collection::<Document>("collections")
+        .find_one(doc! {"_id": ns})
+        .await
+        .unwrap()?;
+    let uuid = entry.get("uuid").cloned().unwrap();
+    let mut chunks: Vec<(String, String)> = all(config
+        .collection::<Document>("chunks")
+        .find(doc! {"uuid": uuid.clone()})
+        .await
+        .unwrap())
+    .await
+    .iter()
+    .map(|d| {
+        (
+            d.get_document("min").unwrap().to_string(),
+            d.get_str("shard").unwrap().to_string(),
+        )
+    })
+    .collect();
+    chunks.sort();
+    Some((uuid, chunks))
+}
+
+#[tokio::test]
+async fn a_sharded_collection_renamed_through_one_router_is_found_under_its_new_name_by_both() {
+    let c = cluster(2, vec![router_config(), router_config()], ITEMS).await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    let n = 300i64;
+    a.database("demo")
+        .collection::<Document>("items")
+        .insert_many((0..n).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    // Router B routes the old name first, so its cache holds it.
+    assert_eq!(ids(&b, "demo", "items").await, (0..n).collect::<Vec<_>>());
+    assert!(ids(&b, "demo", "moved").await.is_empty());
+    let (uuid, chunks) = chunks_of(&c, "demo.items").await.unwrap();
+
+    admin(
+        &a,
+        doc! {"renameCollection": "demo.items", "to": "demo.moved"},
+    )
+    .await
+    .unwrap();
+    assert!(
+        chunks_of(&c, "demo.items").await.is_none(),
+        "the old name is gone"
+    );
+    let (new_uuid, new_chunks) = chunks_of(&c, "demo.moved").await.unwrap();
+    assert_eq!(new_uuid, uuid, "the same collection");
+    assert_eq!(
+        new_chunks, chunks,
+        "with the same chunks on the same shards"
+    );
+    assert_eq!(ids(&a, "demo", "moved").await, (0..n).collect::<Vec<_>>());
+    assert_eq!(
+        ids(&b, "demo", "moved").await,
+        (0..n).collect::<Vec<_>>(),
+        "B follows"
+    );
+    assert!(ids(&b, "demo", "items").await.is_empty());
+    let moved = b.database("demo").collection::<Document>("moved");
+    for id in [0i64, 42, 299] {
+        assert!(
+            moved.find_one(doc! {"_id": id}).await.unwrap().is_some(),
+            "{id} by key"
+        );
+    }
+    moved
+        .insert_many((n..n + 50).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&a, "demo", "moved").await,
+        (0..n + 50).collect::<Vec<_>>()
+    );
+    let under_old: usize = c
+        .shards
+        .iter()
+        .map(|s| s.service().documents("demo", "items").len())
+        .sum();
+    assert_eq!(under_old, 0, "nothing left under the old name");
+
+    // An existing target needs dropTarget; another database is refused.
+    a.database("demo")
+        .collection::<Document>("plain")
+        .insert_one(doc! {"_id": -1i64})
+        .await
+        .unwrap();
+    let e = admin(
+        &a,
+        doc! {"renameCollection": "demo.moved", "to": "demo.plain"},
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(common::command_code(&e), 48, "{e}");
+    let e = admin(
+        &b,
+        doc! {"renameCollection": "demo.moved", "to": "other.moved"},
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(common::command_code(&e), 125, "{e}");
+    admin(
+        &b,
+        doc! {"renameCollection": "demo.moved", "to": "demo.plain", "dropTarget": true},
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        ids(&a, "demo", "plain").await,
+        (0..n + 50).collect::<Vec<_>>(),
+        "the target's own document is gone"
+    );
+    assert_eq!(chunks_of(&c, "demo.plain").await.unwrap().0, uuid);
+    c.shutdown().await;
+}

@@ -2,7 +2,8 @@
 //! takes part in it (docs/design/config-server.md, §13):
 //!
 //! - the database's primary shard coordinates `_shardsvrCreateCollection` (shardCollection),
-//!   `_shardsvrDropCollection` and `_shardsvrDropDatabase`, which mongos 8.0 sends it with the
+//!   `_shardsvrDropCollection`, `_shardsvrRenameCollection` and `_shardsvrDropDatabase`, which
+//!   mongos 8.0 sends it with the
 //!   database's version: it creates or drops the collection on the shards (through their
 //!   ordinary `create` / `createIndexes` / `drop` / `dropDatabase`), records the change on the
 //!   config server, and has every shard reload its metadata
@@ -34,6 +35,7 @@ pub const COMMANDS: &[&str] = &[
     "_shardsvrCreateCollection",
     "_shardsvrDropCollection",
     "_shardsvrDropDatabase",
+    "_shardsvrRenameCollection",
     "splitChunk",
     "mergeChunks",
 ];
@@ -70,6 +72,7 @@ pub async fn run(
         "_shardsvrCreateCollection" => create_collection(&shard, &req.db, &body).await,
         "_shardsvrDropCollection" => drop_collection(&shard, &req.db, &body).await,
         "_shardsvrDropDatabase" => drop_database(&shard, &req.db).await,
+        "_shardsvrRenameCollection" => rename_collection(&shard, &req.db, &body).await,
         "splitChunk" => split_chunk(&shard, &body).await,
         _ => merge_chunks(&shard, &body).await,
     }
@@ -312,6 +315,139 @@ async fn drop_collection(d: &Donor, db: &str, body: &Document) -> Result<Documen
     }
     flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", &ns).await;
     Ok(doc! {"ns": &ns})
+}
+
+/// `_shardsvrRenameCollection: "<db>.<from>", to: "<db>.<to>", dropTarget?` on the source's
+/// database (what mongos 5.0+ sends the primary shard for any `renameCollection`): a sharded
+/// source is renamed on every shard (the target dropped first where `dropTarget` allows it),
+/// recorded under its new name on the config server, and every shard reloads both names. An
+/// unsharded source is renamed here, on the primary. Replies `{collectionVersion}` of the
+/// renamed collection, as MongoDB's coordinator does.
+async fn rename_collection(d: &Donor, db: &str, body: &Document) -> Result<Document, EngineError> {
+    const CMD: &str = "_shardsvrRenameCollection";
+    let from = string(body, CMD, CMD)?.to_string();
+    let to = string(body, CMD, "to")?.to_string();
+    let drop_target = body.get("dropTarget").is_some_and(truthy);
+    let (Some((from_db, _)), Some((to_db, to_coll))) = (from.split_once('.'), to.split_once('.'))
+    else {
+        return Err(EngineError::new(
+            ErrorCode::InvalidNamespace,
+            format!("Invalid namespace: {from} or {to}"),
+        ));
+    };
+    if from_db != db {
+        return Err(EngineError::new(
+            ErrorCode::InvalidNamespace,
+            format!("{CMD} is run against the source's database, {from_db}"),
+        ));
+    }
+    super::store::check_namespace(to_db, to_coll)?;
+    if from == to {
+        return Err(EngineError::new(
+            ErrorCode::IllegalOperation,
+            "Can't rename a collection to itself",
+        ));
+    }
+    let cache = d.filtering.cache().await?;
+    cache.flush_collection(&from);
+    cache.flush_collection(&to);
+    let source = cache
+        .routing_info(&from)
+        .await
+        .map_err(engine_error)?
+        .collection
+        .is_some();
+    let target = cache
+        .routing_info(&to)
+        .await
+        .map_err(engine_error)?
+        .collection
+        .is_some();
+    let all = shards(d).await?;
+    let mut rename = doc! {"renameCollection": &from, "to": &to};
+    if drop_target {
+        rename.insert("dropTarget", true);
+    }
+    if !source {
+        // An unsharded collection lives on the primary: renamed here, as mongod does.
+        let host = all
+            .iter()
+            .find(|(id, _)| *id == d.name)
+            .map(|(_, h)| h.clone())
+            .ok_or_else(|| {
+                EngineError::new(ErrorCode::ShardNotFound, "this shard is not listed")
+            })?;
+        if target {
+            return Err(EngineError::new(
+                ErrorCode::CommandNotSupported,
+                "renaming an unsharded collection onto a sharded one is not supported",
+            ));
+        }
+        d.migrations.run_on(&host, rename).await?;
+        return Ok(doc! {"collectionVersion": unsharded_version()});
+    }
+    if from_db != to_db {
+        return Err(EngineError::new(
+            ErrorCode::CommandFailed,
+            "Source and destination collections must be on the same database.",
+        ));
+    }
+    if target && !drop_target {
+        return Err(EngineError::new(
+            ErrorCode::NamespaceExists,
+            "target namespace exists",
+        ));
+    }
+    // An unsharded target (on the primary) blocks the rename unless it may be dropped.
+    if !target && !drop_target {
+        let exists = lock(&d.catalog).collection(to_db, to_coll).is_some();
+        if exists {
+            return Err(EngineError::new(
+                ErrorCode::NamespaceExists,
+                "target namespace exists",
+            ));
+        }
+    }
+    for (_, host) in &all {
+        if drop_target {
+            checked(
+                d.migrations
+                    .run_on_db(host, to_db, doc! {"drop": to_coll})
+                    .await,
+                &[ErrorCode::NamespaceNotFound],
+            )?;
+        }
+        checked(
+            d.migrations
+                .run_on(host, doc! {"renameCollection": &from, "to": &to})
+                .await,
+            &[ErrorCode::NamespaceNotFound],
+        )?;
+    }
+    let committed = d
+        .filtering
+        .run_on_config_server(doc! {
+            "_sluiceCommitRenameCollection": &from,
+            "to": &to,
+            "dropTarget": drop_target,
+        })
+        .await?;
+    flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", &from).await;
+    flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", &to).await;
+    Ok(doc! {"collectionVersion": {
+        "e": committed.get("epoch").cloned().unwrap_or(Bson::Null),
+        "t": committed.get("timestamp").cloned().unwrap_or(Bson::Null),
+        "v": bson::Timestamp { time: 0, increment: 0 },
+    }})
+}
+
+/// The version MongoDB gives an unsharded collection (`ShardVersion::UNSHARDED`).
+fn unsharded_version() -> Document {
+    let zero = bson::Timestamp {
+        time: 0,
+        increment: 0,
+    };
+    doc! {"e": ObjectId::from_bytes([0; 12]), "t": zero, "v": zero}
 }
 
 /// `_shardsvrDropDatabase: 1` on the database: its sharded collections and its entry leave

@@ -36,6 +36,7 @@ const COMMANDS: &[&str] = &[
     "_sluiceCommitShardCollection",
     "_sluiceCommitDropCollection",
     "_sluiceCommitDropDatabase",
+    "_sluiceCommitRenameCollection",
 ];
 
 /// What a new config server holds before anything is added: `config.version` with the
@@ -77,6 +78,9 @@ pub fn run(
         "_sluiceCommitShardCollection" => super::configsvr_ddl::commit_shard_collection(svc, body),
         "_sluiceCommitDropCollection" => super::configsvr_ddl::commit_drop_collection(svc, body),
         "_sluiceCommitDropDatabase" => super::configsvr_ddl::commit_drop_database(svc, body),
+        "_sluiceCommitRenameCollection" => {
+            super::configsvr_ddl::commit_rename_collection(svc, body)
+        }
         other => Err(EngineError::new(
             ErrorCode::CommandNotFound,
             format!("no such command: '{other}'"),

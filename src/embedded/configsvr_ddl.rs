@@ -418,6 +418,56 @@ pub fn commit_drop_collection(
     Ok(doc! {"dropped": dropped})
 }
 
+/// `_sluiceCommitRenameCollection: from, to, dropTarget` (from the primary shard): the
+/// sharded collection `from` is recorded as `to`, keeping its `uuid` and so its chunks, under a
+/// new generation (`lastmodEpoch`, `timestamp`) so every router and shard holding the old one
+/// reloads; a tracked `to` is removed first with `dropTarget`, else NamespaceExists. Replies with
+/// the new generation.
+pub fn commit_rename_collection(
+    svc: &ShardService,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    const CMD: &str = "_sluiceCommitRenameCollection";
+    let from = string_field(body, CMD, CMD)?.to_string();
+    let to = string_field(body, CMD, "to")?.to_string();
+    let drop_target = body
+        .get("dropTarget")
+        .is_some_and(crate::value::field::truthy);
+    let now = svc.cluster_time();
+    let mut catalog = lock(&svc.catalog);
+    let Some((rid, mut entry)) = collection_entry(&catalog, &from) else {
+        return Err(EngineError::new(
+            ErrorCode::NamespaceNotSharded,
+            format!("Collection {from} is not sharded"),
+        ));
+    };
+    if collection_entry(&catalog, &to).is_some() {
+        if !drop_target {
+            return Err(EngineError::new(
+                ErrorCode::NamespaceExists,
+                "target namespace exists",
+            ));
+        }
+        remove_collection(&mut catalog, &to)?;
+    }
+    let epoch = ObjectId::new();
+    entry.insert("_id", to.as_str());
+    entry.insert("lastmodEpoch", epoch);
+    entry.insert("timestamp", now);
+    entry.insert("lastmod", bson::DateTime::now());
+    let colls = catalog
+        .existing_mut("config", "collections")
+        .ok_or_else(|| {
+            EngineError::new(
+                ErrorCode::NamespaceNotFound,
+                "config.collections is missing",
+            )
+        })?;
+    colls.remove(rid);
+    colls.insert("config.collections", entry)?;
+    Ok(doc! {"epoch": epoch, "timestamp": now})
+}
+
 /// `_sluiceCommitDropDatabase: db` (from the primary shard): every sharded collection of `db`
 /// and then the database's entry leave `config.*`; replies with the collections removed.
 pub fn commit_drop_database(svc: &ShardService, body: &Document) -> Result<Document, EngineError> {

@@ -504,3 +504,32 @@ pub async fn balancer(
         .await?;
     Ok(passed_on(reply))
 }
+
+/// `renameCollection` of a sharded collection through a config server: `{_shardsvrRenameCollection:
+/// from, to, dropTarget}` with the database's version to the database's primary shard (as
+/// mongos 5.0+ sends it), which renames it on every shard and records it on the config server;
+/// then this router forgets both names.
+pub async fn rename_sharded(
+    sharded: &ShardedCluster,
+    from: &str,
+    to: &str,
+    drop_target: bool,
+) -> Result<Document, CommandError> {
+    let db = from.split('.').next().unwrap_or_default();
+    let command = doc! {
+        "_shardsvrRenameCollection": from,
+        "to": to,
+        "dropTarget": drop_target,
+        "stayTemp": false,
+    };
+    let result = to_primary(sharded, db, &command, false).await;
+    sharded.forget_collection(from);
+    sharded.forget_collection(to);
+    result?.ok_or_else(|| {
+        CommandError::new(
+            ErrorCode::NamespaceNotFound,
+            format!("Source collection {from} does not exist"),
+        )
+    })?;
+    Ok(doc! {"ok": 1.0})
+}

@@ -115,10 +115,10 @@ fn primary_of(
 /// shard. A sharded source is renamed on every shard and then in the sharding metadata; it
 /// must stay in its database, and an existing target needs `dropTarget`, as mongos requires.
 pub async fn rename_collection(
-    cluster: &Arc<Cluster>,
-    store: &StaticStore,
+    sharded: &super::ShardedCluster,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
+    let (cluster, store) = (&sharded.cluster, &*sharded.metadata);
     if req.db != "admin" {
         return Err(CommandError::new(
             ErrorCode::Unauthorized,
@@ -163,17 +163,18 @@ pub async fn rename_collection(
         }
         return forward(cluster, &primary_of(cluster, store, from_db)?, req, None).await;
     };
-    if store.is_mirror() {
-        return Err(super::configdb::not_through_config_server(
-            "renameCollection",
-            &snap.ns,
-        ));
-    }
     if from_db != to_db {
         return Err(CommandError::new(
             ErrorCode::CommandFailed,
             "Source and destination collections must be on the same database.",
         ));
+    }
+    if store.is_mirror() {
+        // Through the config server: the primary shard renames it everywhere.
+        let drop_target = body
+            .get("dropTarget")
+            .is_some_and(crate::value::field::truthy);
+        return super::cluster_ddl::rename_sharded(sharded, from, to, drop_target).await;
     }
     if let Some(target) = cluster.routing.lookup(to).await? {
         if !body

@@ -159,7 +159,7 @@ async fn route_once(
                 .map(Reply::from)
         }
         Forwarded::RenameCollection => {
-            return super::maintenance::rename_collection(cluster, store, req)
+            return super::maintenance::rename_collection(sharded, req)
                 .await
                 .map(Reply::from)
         }
