@@ -85,6 +85,16 @@ pub struct SecurityConfig {
     /// `updateUser`, `dropUser` and `dropAllUsersFromDatabase` rewrite it (atomically, mode
     /// 0600). Unset: users live in memory only, starting with none.
     pub users_file: Option<String>,
+    /// A JSON array of `admin.system.roles` documents: the custom roles of static and demo
+    /// mode, rewritten by the role commands as the users file is. Unset: custom roles live in
+    /// memory only, and with a users file `createRole` is refused (a user kept in the file
+    /// must not hold a role the next start would not know).
+    pub roles_file: Option<String>,
+    /// How often a `--configdb` router reads the config server's users and roles again
+    /// (mongos's `userCacheInvalidationIntervalSecs`, 30 by default, 1 at least): a user
+    /// created, changed or dropped through another router is seen here at most this long
+    /// after; changes made through this router are seen at once.
+    pub user_cache_invalidation_interval_secs: Option<u64>,
     /// The cluster keyfile (mongod's `security.keyFile`): Sluice authenticates to its shards
     /// as `__system` with it, and accepts `__system` clients that prove it.
     pub key_file: Option<String>,
@@ -151,8 +161,14 @@ pub struct TlsConfig {
     /// TLS to shards) or `"require"` (TLS clients only, TLS to shards), as mongod's
     /// `net.tls.mode`.
     pub mode: crate::auth::tls::TlsMode,
-    /// PEM holding the server's certificate chain and private key (needed unless disabled).
+    /// PEM holding the server's certificate chain and private key (needed unless disabled):
+    /// what clients are shown, and what Sluice presents to shards and config servers unless
+    /// `cluster_file` is set.
     pub certificate_key_file: Option<String>,
+    /// PEM holding the certificate chain and key Sluice presents on its own connections to
+    /// shards and config servers (mongod's `net.tls.clusterFile`): the certificate of x509
+    /// cluster authentication. Unset: `certificate_key_file`.
+    pub cluster_file: Option<String>,
     /// PEM of the CA that client certificates (MONGODB-X509) and shard certificates must chain
     /// to. With it, clients are asked for a certificate.
     pub ca_file: Option<String>,
@@ -444,11 +460,18 @@ impl Config {
             }
             _ => {}
         }
+        // The certificate presented to shards: the cluster certificate, else the server's.
+        let outgoing_cert = self
+            .tls
+            .cluster_file
+            .as_ref()
+            .or(self.tls.certificate_key_file.as_ref());
         if mode.sends_x509() {
-            if !self.tls.mode.outgoing_tls() || self.tls.certificate_key_file.is_none() {
+            if !self.tls.mode.outgoing_tls() || outgoing_cert.is_none() {
                 return Err(ConfigError::Invalid(
                     "security.cluster_auth_mode sendX509 and x509 need TLS towards the shards \
-                     (tls.mode prefer or require) and tls.certificate_key_file"
+                     (tls.mode prefer or require) and tls.cluster_file or \
+                     tls.certificate_key_file"
                         .into(),
                 ));
             }
@@ -459,9 +482,10 @@ impl Config {
                 Some(p) => Some(read(p, "the CA file")?),
                 None => None,
             };
-            let cert = match &self.tls.certificate_key_file {
-                Some(p) => Some(read(p, "the certificate key file")?),
-                None => None,
+            let cert = match (&self.tls.cluster_file, outgoing_cert) {
+                (Some(p), _) => Some(read(p, "the cluster certificate file")?),
+                (None, Some(p)) => Some(read(p, "the certificate key file")?),
+                (None, None) => None,
             };
             let client = crate::auth::tls::client_config(&crate::auth::tls::ClientTlsSettings {
                 ca_pem: ca.as_deref(),
@@ -471,6 +495,11 @@ impl Config {
             })
             .map_err(|e| ConfigError::Invalid(e.message))?;
             options.security.tls = Some(client);
+            options.security.tls_files = Some(crate::backend::TlsFiles {
+                ca_file: self.tls.ca_file.as_ref().map(std::path::PathBuf::from),
+                certificate_key_file: outgoing_cert.map(std::path::PathBuf::from),
+                allow_invalid_certificates: self.tls.allow_invalid_certificates,
+            });
         }
         Ok(options)
     }
@@ -518,6 +547,16 @@ impl Config {
                 return Err(ConfigError::Invalid(format!(
                     "configdb and {what} are mutually exclusive: with a config server the \
                      cluster's shards, databases and collections come from it"
+                )));
+            }
+            let files = [
+                (self.security.users_file.is_some(), "security.users_file"),
+                (self.security.roles_file.is_some(), "security.roles_file"),
+            ];
+            if let Some((_, what)) = files.iter().find(|(set, _)| *set) {
+                return Err(ConfigError::Invalid(format!(
+                    "configdb and {what} are mutually exclusive: with a config server the \
+                     users and roles are its admin.system.users and admin.system.roles"
                 )));
             }
         }
@@ -599,6 +638,8 @@ mod tests {
             "[[shards]]\nid = \"shard0\"\naddress = \"127.0.0.1:27018\"\n",
             "metadata_path = \"/tmp/m.bson\"\n",
             "[[collections]]\nns = \"a.b\"\nkey = '{\"_id\": \"hashed\"}'\n",
+            "[security]\nusers_file = \"users.json\"\n",
+            "[security]\nroles_file = \"roles.json\"\n",
         ] {
             let text = format!("configdb = \"configRS/cfg1:27019\"\n{extra}");
             let c: Config = toml::from_str(&text).unwrap();

@@ -43,6 +43,10 @@ impl DemoCluster {
     /// Starts the config server and `shards` single-server shards (from `shard` options, on
     /// loopback ports), adds the shards, then one router per configuration in `routers` (each
     /// with `argv` for `getCmdLineOpts`), and shards `collections` through the first router.
+    ///
+    /// A `security.users_file` / `roles_file` in the routers' configuration is the config
+    /// server's: it holds the cluster's users and roles (in its `admin.system.users` and
+    /// `admin.system.roles`, and in the files), and the routers read them from it.
     pub async fn start(
         shards: usize,
         shard: ShardOptions,
@@ -59,13 +63,23 @@ impl DemoCluster {
         shards: usize,
         members: usize,
         shard: ShardOptions,
-        routers: Vec<Config>,
+        mut routers: Vec<Config>,
         argv: Vec<String>,
         collections: &[CollectionConfig],
     ) -> Result<DemoCluster, String> {
+        let files = routers
+            .first()
+            .map(|c| (c.security.users_file.clone(), c.security.roles_file.clone()))
+            .unwrap_or_default();
+        for r in &mut routers {
+            r.security.users_file = None;
+            r.security.roles_file = None;
+        }
         let config_options = ShardOptions {
             set_name: CONFIG_SET_NAME.to_string(),
             config_server: true,
+            users_file: files.0,
+            roles_file: files.1,
             ..shard.clone()
         };
         let config_server = EmbeddedShard::start("127.0.0.1:0", config_options.clone())

@@ -365,6 +365,9 @@ fn embedded_options(config: &Config) -> sluice::embedded::ShardOptions {
         key_file: config.security.key_file.clone(),
         cluster_auth_mode: config.security.cluster_auth_mode,
         tls: config.tls.clone(),
+        // The users and roles this server holds (a config server's are the cluster's).
+        users_file: config.security.users_file.clone(),
+        roles_file: config.security.roles_file.clone(),
         ..Default::default()
     }
 }

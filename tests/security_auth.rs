@@ -754,3 +754,72 @@ async fn admin_only_commands_need_the_admin_database_without_authorization_too()
         c.stop().await;
     }
 }
+
+/// Static mode: custom roles are kept in the roles file beside the users file, resolve
+/// through inheritance, restrict their holders to their privileges, and are read back after a
+/// restart; without a roles file beside a users file, `createRole` is refused.
+#[tokio::test]
+async fn custom_roles_in_static_mode_are_kept_in_the_roles_file() {
+    let users = users_file("custom-roles");
+    let roles = users.with_file_name("roles.json");
+    let mut config = Config::default();
+    config.security.users_file = Some(users.display().to_string());
+    config.security.authorization = Authorization::Enabled;
+    let c = TestCluster::start_with(1, &[], config.clone()).await;
+    let alice = client(c.addr(), "alice:secret", "").await;
+    let e = alice
+        .database("test")
+        .run_command(doc! {"createRole": "findC", "privileges": [], "roles": []})
+        .await
+        .unwrap_err();
+    assert_eq!(command_error(&e).0, 20, "no roles file: {e}");
+    c.stop().await;
+
+    config.security.roles_file = Some(roles.display().to_string());
+    let c = TestCluster::start_with(1, &[], config.clone()).await;
+    let alice = client(c.addr(), "alice:secret", "").await;
+    let test = alice.database("test");
+    test.collection::<Document>("c")
+        .insert_one(doc! {"_id": 1})
+        .await
+        .unwrap();
+    test.run_command(doc! {
+        "createRole": "findC",
+        "privileges": [{"resource": {"db": "test", "collection": "c"}, "actions": ["find"]}],
+        "roles": [],
+    })
+    .await
+    .expect("createRole");
+    test.run_command(doc! {"createRole": "reader", "privileges": [], "roles": ["findC"]})
+        .await
+        .expect("createRole inheriting");
+    alice
+        .database("admin")
+        .run_command(doc! {"createUser": "dave", "pwd": "davepw", "roles": [{"role": "reader", "db": "test"}]})
+        .await
+        .expect("createUser with a custom role");
+    let text = std::fs::read_to_string(&roles).expect("the roles file is written");
+    assert!(text.contains("\"test.findC\""), "{text}");
+    c.stop().await;
+
+    // After a restart (of the router and its shards, which keep their data in memory) the
+    // roles are read back and enforced.
+    let c = TestCluster::start_with(1, &[], config).await;
+    let dave = client(c.addr(), "dave:davepw", "").await;
+    let coll = |db: &str, name: &str| dave.database(db).collection::<Document>(name);
+    coll("test", "c")
+        .find_one(doc! {})
+        .await
+        .expect("find on test.c");
+    for e in [
+        coll("test", "d").find_one(doc! {}).await.unwrap_err(),
+        coll("test", "c")
+            .insert_one(doc! {"_id": 2})
+            .await
+            .unwrap_err(),
+        coll("other", "c").find_one(doc! {}).await.unwrap_err(),
+    ] {
+        assert_eq!(command_error(&e).0, 13, "{e}");
+    }
+    c.stop().await;
+}

@@ -830,3 +830,149 @@ async fn the_router_joins_an_x509_cluster_with_a_members_certificate() {
     plain.security.cluster_auth_mode = ClusterAuthMode::X509;
     assert!(plain.pool_options().is_err());
 }
+
+/// `tls.cluster_file` (mongod's `net.tls.clusterFile`): the router shows clients its server
+/// certificate and presents the cluster certificate on its connections to shards, which take
+/// only certificates naming a cluster member (`clusterAuthMode: x509`).
+#[tokio::test]
+async fn the_router_presents_its_cluster_certificate_to_shards_and_its_own_to_clients() {
+    use sluice::config::ClusterAuthMode;
+    let p = pki("clusterfile");
+    let member = p.dir.join("member.pem").display().to_string();
+    let mut shard_tls = tls_config(&p, TlsMode::Require).tls;
+    shard_tls.certificate_key_file = Some(member.clone());
+    let shards = sluice::embedded::ShardOptions {
+        cluster_auth_mode: ClusterAuthMode::X509,
+        tls: shard_tls,
+        ..sluice::embedded::ShardOptions::for_tests()
+    };
+    // Clients see server.pem (CN=localhost, no O or OU: not a member's certificate).
+    let mut router = tls_config(&p, TlsMode::Require);
+    router.security.cluster_auth_mode = ClusterAuthMode::X509;
+    router.tls.cluster_file = Some(member);
+    let (handle, members) = protected_cluster_with(shards, router).await.unwrap();
+    let client = mongodb::Client::with_uri_str(tls_uri(handle.local_addr().port(), &p.dir, ""))
+        .await
+        .unwrap();
+    let coll = client.database("test").collection::<bson::Document>("t");
+    coll.insert_one(doc! {"_id": 1})
+        .await
+        .expect("the shards accept the cluster certificate");
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 1);
+
+    // The certificate a client is shown is the server's, not the cluster's.
+    let ca = std::fs::read(p.dir.join("ca.pem")).unwrap();
+    let tls = sluice::auth::tls::client_config(&sluice::auth::tls::ClientTlsSettings {
+        ca_pem: Some(&ca),
+        certificate_key_pem: None,
+        allow_invalid_certificates: false,
+        allow_invalid_hostnames: false,
+    })
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(handle.local_addr())
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake with the router");
+    let shown = stream.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    let subject = sluice::auth::x509::X509Name::from_certificate(&shown)
+        .unwrap()
+        .to_string();
+    assert_eq!(subject, "CN=localhost");
+    drop(stream);
+    handle.shutdown().await;
+    for s in members {
+        s.shutdown().await;
+    }
+}
+
+/// A `--configdb` router towards a config server started with a keyfile and TLS required (the
+/// embedded one): it connects over TLS and authenticates as `__system` with the keyfile, so
+/// its user commands run there and it reads the users back; with another key it is refused.
+#[tokio::test]
+async fn a_configdb_router_reaches_a_config_server_that_requires_tls_and_the_keyfile() {
+    let p = pki("configsvr");
+    let key = keyfile(&p.dir, "key", "c2x1aWNlLWNsdXN0ZXIta2V5");
+    let config_server = sluice::embedded::EmbeddedShard::start(
+        "127.0.0.1:0",
+        sluice::embedded::ShardOptions {
+            set_name: "configRS".into(),
+            config_server: true,
+            key_file: Some(key.clone()),
+            tls: tls_config(&p, TlsMode::Require).tls,
+            ..sluice::embedded::ShardOptions::for_tests()
+        },
+    )
+    .await
+    .unwrap();
+    let configdb = format!("configRS/localhost:{}", config_server.local_addr().port());
+    let router_with = |key: String| {
+        let mut router = tls_config(&p, TlsMode::Require);
+        router.listen = "127.0.0.1:0".into();
+        router.security.key_file = Some(key);
+        router.security.authorization = Authorization::Enabled;
+        router
+    };
+    let start = |config: Config| {
+        let configdb = configdb.clone();
+        async move {
+            let pool = config.pool_options().unwrap();
+            let sharded = sluice::router::configdb::bootstrap_configdb_with(
+                &configdb,
+                pool,
+                &config.batching,
+                std::time::Duration::from_millis(500),
+            )
+            .await
+            .unwrap();
+            sluice::router::start_router(config, vec!["sluice".into()], Some(sharded))
+                .await
+                .unwrap()
+        }
+    };
+    let handle = start(router_with(key.clone())).await;
+    let port = handle.local_addr().port();
+    let anonymous = mongodb::Client::with_uri_str(tls_uri(port, &p.dir, ""))
+        .await
+        .unwrap();
+    anonymous
+        .database("admin")
+        .run_command(doc! {"createUser": "root", "pwd": "rootpw", "roles": ["root"]})
+        .await
+        .expect("createUser runs on the config server as __system over TLS");
+    let root = mongodb::Client::with_uri_str(format!(
+        "mongodb://root:rootpw@localhost:{port}/?tls=true&tlsCAFile={}&authSource=admin&serverSelectionTimeoutMS=3000",
+        p.dir.join("ca.pem").display()
+    ))
+    .await
+    .unwrap();
+    let info = root
+        .database("admin")
+        .run_command(doc! {"usersInfo": "root"})
+        .await
+        .expect("the router authenticates the user it read back");
+    assert_eq!(info.get_array("users").unwrap().len(), 1);
+    handle.shutdown().await;
+
+    // Another key: the config server refuses the router.
+    let wrong = keyfile(&p.dir, "wrong", "YW5vdGhlci1rZXktYWx0b2dldGhlcg");
+    let handle = start(router_with(wrong)).await;
+    let anonymous = mongodb::Client::with_uri_str(tls_uri(handle.local_addr().port(), &p.dir, ""))
+        .await
+        .unwrap();
+    let e = anonymous
+        .database("admin")
+        .run_command(doc! {"createUser": "other", "pwd": "otherpw", "roles": ["root"]})
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("authentication to the config server"),
+        "{e}"
+    );
+    handle.shutdown().await;
+    config_server.shutdown().await;
+}

@@ -1,9 +1,14 @@
 """What security costs a client, measured side by side with pymongo against `sluice demo`.
 
     python wire-tests/measure_security.py [--sluice target/release/sluice] [--n 200]
+        [--layout static|cluster]
 
 Four routers, one at a time, each over 2 embedded shards: plain; SCRAM-SHA-256 with
-authorization enabled; TLS (`tls.mode = "require"`); TLS and SCRAM together. For each it reports
+authorization enabled; TLS (`tls.mode = "require"`); TLS and SCRAM together. `--layout static`
+(the default) runs all four as `sluice demo --static` (one router holding the metadata, users
+in its users file); `--layout cluster` runs the first two on the cluster layout (`sluice demo`:
+a config server holding the users, shard servers and a `--configdb` router reading the users
+from the config server), which does not run with TLS yet. For each it reports
 the median time to open a new client and run its first command (connect, handshake and, where
 configured, the TLS handshake and the SCRAM conversation) and the median single-document insert
 on an open connection. Certificates are made with the openssl command line in a temporary
@@ -47,13 +52,15 @@ def certificates(tmp):
                 out.write(f.read())
 
 
-def start(sluice, tmp, name, toml):
+def start(sluice, tmp, name, toml, layout):
     path = os.path.join(tmp, f"{name}.toml")
     with open(path, "w") as f:
         f.write('metrics_listen = ""\n' + toml)
     port = free_port()
-    proc = subprocess.Popen([sluice, "demo", "--port", str(port), "--shards", "2", "--config", path],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = [sluice, "demo", "--port", str(port), "--shards", "2", "--config", path]
+    if layout == "static":
+        argv.append("--static")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
@@ -89,6 +96,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sluice", default=os.path.join(ROOT, "target", "release", "sluice"))
     ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--layout", choices=["static", "cluster"], default="static")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="sluice-measure-")
     certificates(tmp)
@@ -105,13 +113,15 @@ def main():
         ("TLS", tls, tls_kwargs),
         ("TLS + SCRAM-SHA-256", tls + auth, {**tls_kwargs, **cred}),
     ]
+    if args.layout == "cluster":
+        variants = variants[:2]
     print(f"| variant | new client + first command (median ms) | single-document insert (median ms) |")
     print("|---|---|---|")
     base = None
     for name, toml, kwargs in variants:
         if os.path.exists(users):
             os.remove(users)
-        proc, port = start(args.sluice, tmp, name.split()[0].lower(), toml)
+        proc, port = start(args.sluice, tmp, name.split()[0].lower(), toml, args.layout)
         try:
             host = "localhost" if "tls" in kwargs else "127.0.0.1"
             uri = f"mongodb://{host}:{port}/?serverSelectionTimeoutMS=5000"

@@ -21,7 +21,8 @@
 //! cluster's `admin.system.users` and read back unchanged. It holds credentials (salted keys),
 //! never passwords. A document that does not parse is refused with its position and `_id`.
 
-use super::roles::{is_builtin_role, Principal, RoleName};
+use super::custom_roles::RoleGraph;
+use super::roles::{Principal, RoleName};
 use super::scram::{ScramCredential, ScramMechanism, MIN_ITERATIONS};
 use super::{AuthError, UserName, EXTERNAL_DB};
 use crate::value::error_codes::ErrorCode;
@@ -447,6 +448,17 @@ impl UserDocument {
     pub fn principal(&self) -> Result<Principal, RoleName> {
         Principal::from_builtin_roles(self.name.clone(), self.roles.clone())
     }
+
+    /// The authenticated identity with the privileges of its roles resolved through `graph`
+    /// (built-in and custom roles, inherited ones included); an unknown role is the error.
+    pub fn principal_in(&self, graph: &RoleGraph) -> Result<Principal, RoleName> {
+        let resolved = graph.resolve(&self.roles)?;
+        Ok(Principal {
+            user: self.name.clone(),
+            roles: self.roles.clone(),
+            privileges: resolved.privileges,
+        })
+    }
 }
 
 /// A users file that could not be read: where and why.
@@ -477,6 +489,8 @@ impl std::error::Error for UsersFileError {}
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct UsersFile {
     users: Vec<UserDocument>,
+    /// The custom roles the users may hold.
+    roles: RoleGraph,
 }
 
 impl UsersFile {
@@ -486,9 +500,18 @@ impl UsersFile {
     }
 
     /// Parses the file's text: a JSON array of Extended JSON user documents. Every role must
-    /// be a built-in role (static mode has no custom roles); two documents for one user are
-    /// refused.
+    /// be a built-in role; two documents for one user are refused.
     pub fn parse(text: &str) -> Result<UsersFile, UsersFileError> {
+        UsersFile::parse_with_roles(text, RoleGraph::new())
+    }
+
+    /// Users and the custom roles they may hold (the users file and the roles file).
+    pub fn from_parts(users: Vec<UserDocument>, roles: RoleGraph) -> UsersFile {
+        UsersFile { users, roles }
+    }
+
+    /// [`UsersFile::parse`] where a role may also be one of `roles`, which the result keeps.
+    pub fn parse_with_roles(text: &str, roles: RoleGraph) -> Result<UsersFile, UsersFileError> {
         let whole = |message: String| UsersFileError {
             document: None,
             id: None,
@@ -501,7 +524,10 @@ impl UsersFile {
                 "the users file must hold a JSON array of user documents".into(),
             ));
         };
-        let mut file = UsersFile::new();
+        let mut file = UsersFile {
+            users: Vec::new(),
+            roles,
+        };
         for (i, item) in items.into_iter().enumerate() {
             let id = item
                 .get("_id")
@@ -518,7 +544,7 @@ impl UsersFile {
                 Err(e) => return Err(err(format!("invalid Extended JSON: {e}"))),
             };
             let user = UserDocument::from_document(&doc).map_err(err)?;
-            if let Some(role) = user.roles.iter().find(|r| !is_builtin_role(r)) {
+            if let Some(role) = user.roles.iter().find(|r| !file.roles.exists(r)) {
                 return Err(err(format!("Could not find role: {role}")));
             }
             if file.find(&user.name).is_some() {
@@ -545,6 +571,26 @@ impl UsersFile {
     /// Every user, in file order.
     pub fn users(&self) -> &[UserDocument] {
         &self.users
+    }
+
+    /// The custom roles.
+    pub fn roles(&self) -> &RoleGraph {
+        &self.roles
+    }
+
+    /// The custom roles, to edit (`createRole`, …).
+    pub fn roles_mut(&mut self) -> &mut RoleGraph {
+        &mut self.roles
+    }
+
+    /// Every user, to edit (a dropped role leaves the users that held it).
+    pub fn users_mut(&mut self) -> &mut [UserDocument] {
+        &mut self.users
+    }
+
+    /// A user's principal, its roles resolved through the custom roles.
+    pub fn principal(&self, user: &UserDocument) -> Result<Principal, RoleName> {
+        user.principal_in(&self.roles)
     }
 
     /// One user.

@@ -14,6 +14,8 @@
 //! | [`credentials`] | the `admin.system.users` document and the users file holding such documents |
 //! | [`keyfile`] | the cluster keyfile as mongod reads it, and the `__system@local` credentials derived from it |
 //! | [`roles`] | actions, resource patterns, privileges and MongoDB's built-in roles |
+//! | [`custom_roles`] | the `admin.system.roles` document and the role graph users' roles are resolved through |
+//! | [`role_admin`] | `createRole`, `updateRole`, `dropRole`, `grantRolesToRole`, `grantPrivilegesToRole`, their revocations, `rolesInfo` |
 //! | [`authorize`] | the per-command authorization checks and mongod's `Unauthorized` messages |
 //! | [`cursors`] | who opened each cursor: only that user continues or kills it |
 //! | [`render`] | BSON rendered the way mongod prints it in error messages |
@@ -24,8 +26,10 @@
 pub mod authorize;
 pub mod credentials;
 pub mod cursors;
+pub mod custom_roles;
 pub mod keyfile;
 pub mod render;
+pub mod role_admin;
 pub mod roles;
 pub mod scram;
 pub mod session;

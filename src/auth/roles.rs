@@ -8,8 +8,8 @@
 //! `local` and `config` are not covered by "any normal database", and a database privilege never
 //! covers that database's `system.*` collections.
 //!
-//! Custom roles are not defined here: in `--configdb` mode the config server resolves them and
-//! its `usersInfo` returns the privileges, which [`Privilege::from_document`] reads.
+//! Custom roles are not defined here: `custom_roles` holds their documents and resolves a
+//! user's roles through them, reading stored privileges with [`Privilege::from_document`].
 
 use crate::auth::UserName;
 use bson::{doc, Bson, Document};
@@ -238,6 +238,15 @@ impl ActionSet {
         let mut out = *self;
         for (a, b) in out.0.iter_mut().zip(&other.0) {
             *a |= b;
+        }
+        out
+    }
+
+    /// The actions of this set that are not in `other`.
+    pub fn minus(&self, other: &ActionSet) -> ActionSet {
+        let mut out = *self;
+        for (a, b) in out.0.iter_mut().zip(&other.0) {
+            *a &= !b;
         }
         out
     }

@@ -38,6 +38,11 @@ pub trait UserLookup {
     fn user(&self, name: &UserName) -> Option<UserDocument>;
     /// The `__system@local` credentials of the configured keyfile (`None`: no keyfile).
     fn internal_credentials(&self) -> Option<&InternalCredentials>;
+    /// The user's roles resolved into privileges (built-in roles only unless the lookup
+    /// knows custom roles); a role it cannot resolve is the error.
+    fn principal(&self, user: &UserDocument) -> Result<Principal, RoleName> {
+        user.principal()
+    }
 }
 
 /// What an authentication step did, for the log and the counters.
@@ -133,11 +138,11 @@ fn skip_empty_exchange(body: &Document) -> bool {
         .is_some_and(|v| matches!(v, Bson::Boolean(true)) || v.as_i32().is_some_and(|i| i != 0))
 }
 
-/// The user's principal, or the role that is not built in.
-fn principal_of(user: &UserDocument) -> Result<Principal, AuthError> {
-    user.principal().map_err(|role: RoleName| {
+/// The user's principal, or the role that does not exist.
+fn principal_of(user: &UserDocument, users: &dyn UserLookup) -> Result<Principal, AuthError> {
+    users.principal(user).map_err(|role: RoleName| {
         AuthError::authentication_failed(format!(
-            "user {} has a role that is not a built-in role: {role}",
+            "user {} has a role that does not exist: {role}",
             user.name
         ))
     })
@@ -173,11 +178,16 @@ impl AuthSession {
     /// Forgets an authenticated user whose document changed or went away (`dropUser`,
     /// `updateUser` of its roles): mongod re-reads the user on its next command; here the
     /// caller passes the new document, or `None` when it was dropped.
-    pub fn refresh_user(&mut self, name: &UserName, user: Option<&UserDocument>) {
+    pub fn refresh_user(
+        &mut self,
+        name: &UserName,
+        user: Option<&UserDocument>,
+        users: &dyn UserLookup,
+    ) {
         if self.principal.as_ref().map(|p| &p.user) != Some(name) {
             return;
         }
-        self.principal = user.and_then(|u| principal_of(u).ok());
+        self.principal = user.and_then(|u| principal_of(u, users).ok());
     }
 
     /// `saslStart` on `db`.
@@ -335,7 +345,7 @@ impl AuthSession {
             return Ok(Principal::internal());
         }
         match users.user(name) {
-            Some(u) => principal_of(&u),
+            Some(u) => principal_of(&u, users),
             None => Err(AuthError::authentication_failed(format!(
                 "Could not find user \"{}\" for db \"{}\"",
                 name.user, name.db

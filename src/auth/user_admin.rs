@@ -5,7 +5,8 @@
 //! the caller's. Passwords are turned into SCRAM credentials here and never kept.
 
 use super::credentials::{parse_mechanisms, UserDocument, UsersFile};
-use super::roles::{is_builtin_role, RoleName};
+use super::custom_roles::RoleGraph;
+use super::roles::RoleName;
 use super::{AuthError, UserName, EXTERNAL_DB};
 use crate::value::error_codes::ErrorCode;
 use bson::{doc, Bson, Document};
@@ -27,6 +28,8 @@ pub const USER_ADMIN_COMMANDS: &[&str] = &[
     "dropUser",
     "dropAllUsersFromDatabase",
     "usersInfo",
+    "grantRolesToUser",
+    "revokeRolesFromUser",
 ];
 
 /// Whether the command edits users (the file must be written after it).
@@ -49,7 +52,13 @@ fn user_name_arg(command: &str, body: &Document, db: &str) -> Result<UserName, A
     }
 }
 
-fn roles_arg(command: &str, value: &Bson, db: &str) -> Result<Vec<RoleName>, AuthError> {
+/// The `roles` array of a command, each role existing in `graph` (or built in).
+pub fn roles_arg(
+    command: &str,
+    value: &Bson,
+    db: &str,
+    graph: &RoleGraph,
+) -> Result<Vec<RoleName>, AuthError> {
     let Bson::Array(items) = value else {
         return Err(AuthError::new(
             ErrorCode::TypeMismatch,
@@ -59,7 +68,7 @@ fn roles_arg(command: &str, value: &Bson, db: &str) -> Result<Vec<RoleName>, Aut
     let mut roles = Vec::new();
     for item in items {
         let role = RoleName::from_bson(item, db).map_err(bad)?;
-        if !is_builtin_role(&role) {
+        if !graph.exists(&role) {
             return Err(AuthError::new(
                 ErrorCode::RoleNotFound,
                 format!("Could not find role: {role}"),
@@ -146,6 +155,7 @@ pub fn run(
             })
         }
         "usersInfo" => users_info(users, db, body),
+        "grantRolesToUser" | "revokeRolesFromUser" => grant_roles(users, command, db, body),
         other => Err(AuthError::new(
             ErrorCode::CommandNotFound,
             format!("no such command: '{other}'"),
@@ -160,7 +170,7 @@ fn create_user(users: &mut UsersFile, db: &str, body: &Document) -> Result<Admin
         return Err(bad("Cannot create users in the local database"));
     }
     let roles = match body.get("roles") {
-        Some(r) => roles_arg(C, r, db)?,
+        Some(r) => roles_arg(C, r, db, users.roles())?,
         None => {
             return Err(AuthError::new(
                 ErrorCode(40414),
@@ -201,7 +211,10 @@ fn update_user(users: &mut UsersFile, db: &str, body: &Document) -> Result<Admin
     const C: &str = "updateUser";
     let name = user_name_arg(C, body, db)?;
     let password = password_arg(C, body, &name)?;
-    let roles = body.get("roles").map(|r| roles_arg(C, r, db)).transpose()?;
+    let roles = body
+        .get("roles")
+        .map(|r| roles_arg(C, r, db, users.roles()))
+        .transpose()?;
     let custom_data = custom_data_arg(C, body)?;
     let restrictions = body.get("authenticationRestrictions");
     if password.is_none()
@@ -262,6 +275,54 @@ fn update_user(users: &mut UsersFile, db: &str, body: &Document) -> Result<Admin
     })
 }
 
+/// `grantRolesToUser` / `revokeRolesFromUser`: `{<command>: user, roles: [...]}`.
+fn grant_roles(
+    users: &mut UsersFile,
+    command: &str,
+    db: &str,
+    body: &Document,
+) -> Result<AdminResult, AuthError> {
+    let name = user_name_arg(command, body, db)?;
+    let roles = match body.get("roles") {
+        Some(r) => roles_arg(command, r, db, users.roles())?,
+        None => {
+            return Err(AuthError::new(
+                ErrorCode(40414),
+                format!("BSON field '{command}.roles' is missing but a required field"),
+            ))
+        }
+    };
+    if roles.is_empty() {
+        return Err(bad(format!(
+            "{command} command requires a non-empty \"roles\" array"
+        )));
+    }
+    let Some(existing) = users.find(&name) else {
+        return Err(AuthError::new(
+            ErrorCode::UserNotFound,
+            format!(
+                "Could not find user \"{}\" for db \"{}\"",
+                name.user, name.db
+            ),
+        ));
+    };
+    let mut user = existing.clone();
+    if command == "grantRolesToUser" {
+        for r in roles {
+            if !user.roles.contains(&r) {
+                user.roles.push(r);
+            }
+        }
+    } else {
+        user.roles.retain(|r| !roles.contains(r));
+    }
+    users.replace(user.clone())?;
+    Ok(AdminResult {
+        reply: Document::new(),
+        changed: vec![(name, Some(user))],
+    })
+}
+
 fn flag(body: &Document, field: &str) -> bool {
     body.get(field).is_some_and(crate::value::field::truthy)
 }
@@ -300,13 +361,13 @@ fn users_info(users: &UsersFile, db: &str, body: &Document) -> Result<AdminResul
             let mut d =
                 u.users_info_document(show_credentials, show_custom_data, show_restrictions);
             if show_privileges {
-                let (roles, privileges) = match u.principal() {
-                    Ok(p) => (
-                        p.roles
+                let (roles, privileges) = match users.roles().resolve(&u.roles) {
+                    Ok(r) => (
+                        r.roles
                             .iter()
                             .map(|r| Bson::Document(r.to_document()))
                             .collect(),
-                        p.privileges.to_documents(),
+                        r.privileges.to_documents(),
                     ),
                     Err(_) => (Vec::new(), Vec::new()),
                 };

@@ -134,6 +134,20 @@ pub struct ShardSecurity {
     /// connection authenticates with MONGODB-X509, the TLS client certificate's subject
     /// naming a member of the cluster.
     pub x509: bool,
+    /// The same TLS settings as files, for the config server's connections (made by the
+    /// `mongodb` driver, which reads its certificates from files).
+    pub tls_files: Option<TlsFiles>,
+}
+
+/// The files of the TLS settings towards shards and config servers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The CA the peers' certificates must chain to.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// The certificate chain and key presented (the cluster certificate).
+    pub certificate_key_file: Option<std::path::PathBuf>,
+    /// Accept any peer certificate (tests only).
+    pub allow_invalid_certificates: bool,
 }
 
 impl std::fmt::Debug for ShardSecurity {

@@ -241,6 +241,7 @@ impl Shard {
                             tls: self.options.security.tls.clone(),
                             keyfile: None,
                             x509: false,
+                            tls_files: None,
                         },
                     },
                 )

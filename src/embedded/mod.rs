@@ -80,6 +80,11 @@ pub struct ShardOptions {
     /// Shard-server mode (`sluice shard --configdb …`): the config server whose metadata the
     /// shard checks requests' `shardVersion` / `databaseVersion` against ([`filtering`]).
     pub configdb: Option<String>,
+    /// The users file (`security.users_file`): the users this server holds (the embedded
+    /// config server of the cluster layout holds the cluster's users, as MongoDB's does).
+    pub users_file: Option<String>,
+    /// The roles file (`security.roles_file`) beside it.
+    pub roles_file: Option<String>,
     /// With [`ShardOptions::config_server`]: the file the `config.*` documents are kept in,
     /// read at start-up and rewritten atomically after every command that changed them.
     pub metadata_path: Option<std::path::PathBuf>,
@@ -100,6 +105,8 @@ impl Default for ShardOptions {
             cursor_timeout: service::CURSOR_IDLE_TIMEOUT,
             config_server: false,
             configdb: None,
+            users_file: None,
+            roles_file: None,
             metadata_path: None,
         }
     }
@@ -110,6 +117,8 @@ impl ShardOptions {
     /// `clusterAuthMode: x509`: authorization on, and the cluster's members known.
     fn protect(&self, config: &mut Config) {
         config.security.cluster_auth_mode = self.cluster_auth_mode;
+        config.security.users_file = self.users_file.clone();
+        config.security.roles_file = self.roles_file.clone();
         if let Some(key_file) = &self.key_file {
             config.security.key_file = Some(key_file.clone());
         }

@@ -399,6 +399,25 @@ impl Catalog {
     }
 }
 
+/// Replaces every document of `db.coll` by `docs` (the copy of the users and roles kept in
+/// `admin.system.users` / `admin.system.roles`). Nothing is created for no documents.
+pub fn replace_contents(catalog: &mut Catalog, db: &str, coll: &str, docs: Vec<Document>) {
+    if docs.is_empty() && catalog.collection(db, coll).is_none() {
+        return;
+    }
+    let ns = format!("{db}.{coll}");
+    let (c, _) = catalog.collection_mut(db, coll);
+    let rids: Vec<RecordId> = c.iter().map(|(rid, _)| *rid).collect();
+    for rid in rids {
+        c.remove(rid);
+    }
+    for d in docs {
+        if let Err(e) = c.insert(&ns, d) {
+            tracing::warn!(ns = %ns, error = ?e, "cannot copy an authorization document");
+        }
+    }
+}
+
 /// Checks a database and collection name the way mongod does
 /// ([`crate::limits::check_namespace`]; InvalidNamespace, 73).
 pub fn check_namespace(db: &str, coll: &str) -> Result<(), EngineError> {

@@ -689,6 +689,10 @@ async fn serve_request(
     if let Some(reply) = security.before(auth, state, (conn, &peer), req) {
         return Response::Reply(reply);
     }
+    // A `--configdb` router's user and role commands: run on the config server.
+    if let Some(reply) = security.forward(auth, state, req).await {
+        return Response::Reply(reply);
+    }
     let fut = service.handle(client, req);
     let outcome = match span {
         Some(span) => CatchUnwind(tracing::Instrument::instrument(fut, span)).await,

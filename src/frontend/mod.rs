@@ -110,6 +110,7 @@ fn start_service_on(
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ServerState::new(config, argv, rx.clone()));
     let service = make(state.clone());
+    security.attach(service.user_store());
     let task = tokio::spawn(listener::accept_loop(listener, service, security, rx));
     Ok(RouterHandle {
         addr,

@@ -17,7 +17,8 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
 use bson::{Bson, Document, RawDocument};
 
@@ -26,9 +27,12 @@ use crate::auth::authorize::{
 };
 use crate::auth::credentials::{UserDocument, UsersFile};
 use crate::auth::cursors::CursorOwners;
+use crate::auth::custom_roles::{RoleDocument, RoleGraph};
 use crate::auth::keyfile::{InternalCredentials, KeyFile};
+use crate::auth::roles::{Principal, RoleName};
 use crate::auth::session::{AuthSession, Outcome, UserLookup};
-use crate::auth::{tls, user_admin, AuthError, UserName};
+use crate::auth::{role_admin, tls, user_admin, AuthError, UserName};
+use crate::command::service::UserStore;
 use crate::command::{self, CommandError, CommandRequest, ServerState};
 use crate::config::{Authorization, Config};
 use crate::sync::lock;
@@ -38,6 +42,11 @@ pub struct Security {
     authorization: bool,
     users: Mutex<UsersFile>,
     users_path: Option<PathBuf>,
+    roles_path: Option<PathBuf>,
+    /// Where else the users live (the service's own collections, or a config server).
+    store: OnceLock<UserStore>,
+    /// How often users held by another server are read again.
+    refresh_interval: Duration,
     /// Bumped on every change of the users, so connections re-read their user.
     generation: AtomicU64,
     internal: Option<InternalCredentials>,
@@ -68,14 +77,31 @@ impl Security {
     /// Reads the users file, the keyfile and the TLS files the configuration names.
     pub fn from_config(config: &Config) -> Result<Security, String> {
         let sec = &config.security;
+        let roles = match &sec.roles_file {
+            Some(path) if std::path::Path::new(path).exists() => {
+                let text = String::from_utf8(read_file(path, "the roles file")?)
+                    .map_err(|_| format!("the roles file {path} is not UTF-8"))?;
+                RoleGraph::parse(&text).map_err(|e| format!("the roles file {path}: {e}"))?
+            }
+            _ => RoleGraph::new(),
+        };
         let users = match &sec.users_file {
             Some(path) if std::path::Path::new(path).exists() => {
                 let text = String::from_utf8(read_file(path, "the users file")?)
                     .map_err(|_| format!("the users file {path} is not UTF-8"))?;
-                UsersFile::parse(&text).map_err(|e| format!("the users file {path}: {e}"))?
+                UsersFile::parse_with_roles(&text, roles)
+                    .map_err(|e| format!("the users file {path}: {e}"))?
             }
-            _ => UsersFile::new(),
+            _ => UsersFile::from_parts(Vec::new(), roles),
         };
+        let refresh_secs = sec
+            .user_cache_invalidation_interval_secs
+            .unwrap_or(DEFAULT_USER_CACHE_INVALIDATION_SECS);
+        if !(1..=86_400).contains(&refresh_secs) {
+            return Err(format!(
+                "security.user_cache_invalidation_interval_secs must be between 1 and 86400,                  not {refresh_secs}"
+            ));
+        }
         let internal = match &sec.key_file {
             Some(path) if sec.cluster_auth_mode.accepts_keyfile() => Some(
                 KeyFile::load(std::path::Path::new(path))
@@ -112,6 +138,9 @@ impl Security {
             authorization: sec.authorization == Authorization::Enabled,
             users: Mutex::new(users),
             users_path: sec.users_file.as_ref().map(PathBuf::from),
+            roles_path: sec.roles_file.as_ref().map(PathBuf::from),
+            store: OnceLock::new(),
+            refresh_interval: Duration::from_secs(refresh_secs),
             generation: AtomicU64::new(0),
             internal,
             tls,
@@ -130,38 +159,62 @@ impl Security {
         self.authorization
     }
 
+    /// Keeps the users and roles where they are kept: the users and roles files (each through
+    /// a temporary file, fsync and rename, mode 0600), and the service's own collections.
     fn save(&self, users: &UsersFile) -> Result<(), AuthError> {
-        let Some(path) = &self.users_path else {
-            return Ok(());
-        };
-        let write = || -> std::io::Result<()> {
-            let tmp = path.with_extension("tmp");
-            {
-                use std::io::Write;
-                let mut options = std::fs::OpenOptions::new();
-                options.write(true).create(true).truncate(true);
-                #[cfg(unix)]
-                std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-                let mut f = options.open(&tmp)?;
-                f.write_all(users.to_text().as_bytes())?;
-                f.sync_all()?;
-            }
-            std::fs::rename(&tmp, path)
-        };
-        write().map_err(|e| {
-            AuthError::new(
-                crate::value::error_codes::ErrorCode::InternalError,
-                format!("cannot write the users file {}: {e}", path.display()),
-            )
-        })
+        if let Some(path) = &self.users_path {
+            write_private(path, &users.to_text()).map_err(|e| {
+                AuthError::new(
+                    crate::value::error_codes::ErrorCode::InternalError,
+                    format!("cannot write the users file {}: {e}", path.display()),
+                )
+            })?;
+        }
+        if let Some(path) = &self.roles_path {
+            write_private(path, &users.roles().to_text()).map_err(|e| {
+                AuthError::new(
+                    crate::value::error_codes::ErrorCode::InternalError,
+                    format!("cannot write the roles file {}: {e}", path.display()),
+                )
+            })?;
+        }
+        if let Some(UserStore::Local(sink)) = self.store.get() {
+            sink(user_documents(users), users.roles().documents());
+        }
+        Ok(())
     }
 
-    /// Runs a user-management command; the file is rewritten before the reply when it changed.
+    /// Runs a user- or role-management command; the files are rewritten before the reply
+    /// when it changed.
     fn user_admin(&self, req: &CommandRequest, body: &Document) -> Result<Document, AuthError> {
         let mut users = lock(&self.users);
         let before = users.clone();
-        let result = user_admin::run(&mut users, &req.name, &req.db, body)?;
-        if user_admin::is_write(&req.name) {
+        let roles_command = role_admin::ROLE_ADMIN_COMMANDS.contains(&req.name.as_str());
+        if roles_command
+            && role_admin::is_write(&req.name)
+            && self.users_path.is_some()
+            && self.roles_path.is_none()
+        {
+            return Err(AuthError::new(
+                crate::value::error_codes::ErrorCode::IllegalOperation,
+                format!(
+                    "{} needs security.roles_file beside security.users_file: a role kept in \
+                     memory only would be lost on restart while the users holding it are kept",
+                    req.name
+                ),
+            ));
+        }
+        let result = if roles_command {
+            role_admin::run(&mut users, &req.name, &req.db, body)?
+        } else {
+            user_admin::run(&mut users, &req.name, &req.db, body)?
+        };
+        let write = if roles_command {
+            role_admin::is_write(&req.name)
+        } else {
+            user_admin::is_write(&req.name)
+        };
+        if write {
             if let Err(e) = self.save(&users) {
                 *users = before;
                 return Err(e);
@@ -170,8 +223,214 @@ impl Security {
             for (name, _) in &result.changed {
                 tracing::info!(user = %name, command = %req.name, "user changed");
             }
+            if roles_command {
+                tracing::info!(command = %req.name, db = %req.db, "roles changed");
+            }
         }
         Ok(result.reply)
+    }
+
+    /// Connects the listener to where its service keeps users: mirrors the users into the
+    /// service's own collections, or reads them from the config server now and every
+    /// [`Security::refresh_interval`] (the task ends with the listener).
+    pub fn attach(self: &Arc<Self>, store: Option<UserStore>) {
+        let Some(store) = store else {
+            return;
+        };
+        if self.store.set(store.clone()).is_err() {
+            return;
+        }
+        match store {
+            UserStore::Local(sink) => {
+                let users = lock(&self.users).clone();
+                sink(user_documents(&users), users.roles().documents());
+            }
+            UserStore::Remote(_) => {
+                let weak = Arc::downgrade(self);
+                tokio::spawn(refresh_loop(weak));
+            }
+        }
+    }
+
+    /// The config server holding the users, for a `--configdb` router.
+    fn remote(&self) -> Option<&Arc<dyn crate::command::service::RemoteUsers>> {
+        match self.store.get() {
+            Some(UserStore::Remote(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Reads the users and roles from the config server and installs them when they changed
+    /// (connections then re-read their user). A document that does not parse is left out and
+    /// logged; a failed read keeps what was there.
+    pub async fn reload(&self) -> Result<(), String> {
+        let Some(remote) = self.remote() else {
+            return Ok(());
+        };
+        let (user_docs, role_docs) = remote.load().await?;
+        let roles = RoleGraph::from_roles(
+            role_docs
+                .iter()
+                .filter_map(|d| match RoleDocument::from_document(d) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        tracing::warn!(document = ?d.get("_id"), error = %e, "admin.system.roles document skipped");
+                        None
+                    }
+                })
+                .collect(),
+        );
+        let users: Vec<UserDocument> = user_docs
+            .iter()
+            .filter_map(|d| match UserDocument::from_document(d) {
+                Ok(u) => Some(u),
+                Err(e) => {
+                    tracing::warn!(document = ?d.get("_id"), error = %e, "admin.system.users document skipped");
+                    None
+                }
+            })
+            .collect();
+        let fresh = UsersFile::from_parts(users, roles);
+        let mut current = lock(&self.users);
+        if *current != fresh {
+            *current = fresh;
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// For a `--configdb` router: runs an authorized user- or role-management command on the
+    /// config server (with a majority write concern for a change, as mongos sends them), then
+    /// reads the users again so this router sees its own change at once. `None`: not such a
+    /// command, or not a `--configdb` router.
+    pub async fn forward(
+        &self,
+        auth: &mut ConnectionAuth,
+        state: &ServerState,
+        req: &CommandRequest,
+    ) -> Option<Document> {
+        let remote = self.remote()?;
+        let name = req.name.as_str();
+        if name == "invalidateUserCache" {
+            return Some(match self.reload().await {
+                Ok(()) => {
+                    self.refresh(auth);
+                    ok_reply(state, Document::new())
+                }
+                Err(e) => error_reply(
+                    state,
+                    &AuthError::new(crate::value::error_codes::ErrorCode::HostUnreachable, e),
+                ),
+            });
+        }
+        let user_command = user_admin::USER_ADMIN_COMMANDS.contains(&name);
+        if !user_command && !role_admin::ROLE_ADMIN_COMMANDS.contains(&name) {
+            return None;
+        }
+        let write = if user_command {
+            user_admin::is_write(name)
+        } else {
+            role_admin::is_write(name)
+        };
+        let mut body = Document::new();
+        for (k, v) in req.body_document() {
+            if k.starts_with('$') || matches!(k.as_str(), "lsid" | "txnNumber" | "autocommit") {
+                continue;
+            }
+            body.insert(k, v);
+        }
+        if write && !body.contains_key("writeConcern") {
+            body.insert("writeConcern", bson::doc! {"w": "majority"});
+        }
+        // The localhost exception let an unauthenticated `createUser` through on what this
+        // router read; mongos asks the config server, and so does this: it closes as soon as
+        // the config server holds a user, read or not.
+        if auth.session.principal().is_none() && self.authorization {
+            if let Err(e) = self.reload().await {
+                tracing::warn!(error = %e, "cannot read the users from the config server");
+            }
+            if !lock(&self.users).users().is_empty() {
+                let e = AuthError::new(
+                    crate::value::error_codes::ErrorCode::Unauthorized,
+                    format!("Command {name} requires authentication"),
+                );
+                return Some(error_reply(state, &e));
+            }
+        }
+        let result = remote.run(&req.db, body).await;
+        if write {
+            if let Err(e) = self.reload().await {
+                tracing::warn!(error = %e, "cannot read the users from the config server");
+            }
+            self.refresh(auth);
+            tracing::info!(command = %req.name, db = %req.db, ok = result.is_ok(), "user or role change sent to the config server");
+        }
+        Some(match result {
+            Ok(mut reply) => {
+                for k in [
+                    "ok",
+                    "$clusterTime",
+                    "operationTime",
+                    "$configTime",
+                    "$topologyTime",
+                ] {
+                    reply.remove(k);
+                }
+                ok_reply(state, reply)
+            }
+            Err(e) => {
+                let mut reply = e.to_reply();
+                command::append_cluster_time(state, &mut reply);
+                reply
+            }
+        })
+    }
+}
+
+/// Every user's stored document.
+fn user_documents(users: &UsersFile) -> Vec<Document> {
+    users.users().iter().map(|u| u.to_document()).collect()
+}
+
+/// Writes `text` to `path` through a temporary file, fsync and rename, mode 0600.
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        use std::io::Write;
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut f = options.open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// mongos's `userCacheInvalidationIntervalSecs` default.
+pub const DEFAULT_USER_CACHE_INVALIDATION_SECS: u64 = 30;
+
+/// Reads a `--configdb` router's users from the config server at once, then on its period,
+/// until the listener is gone. A failure is logged once until a read succeeds again.
+async fn refresh_loop(security: Weak<Security>) {
+    let mut failing = false;
+    loop {
+        let Some(s) = security.upgrade() else {
+            return;
+        };
+        let interval = s.refresh_interval;
+        match s.reload().await {
+            Ok(()) => failing = false,
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cannot read the users from the config server; keeping the ones read before");
+                }
+                failing = true;
+            }
+        }
+        drop(s);
+        tokio::time::sleep(interval).await;
     }
 }
 
@@ -181,6 +440,9 @@ impl UserLookup for Security {
     }
     fn internal_credentials(&self) -> Option<&InternalCredentials> {
         self.internal.as_ref()
+    }
+    fn principal(&self, user: &UserDocument) -> Result<Principal, RoleName> {
+        lock(&self.users).principal(user)
     }
 }
 
@@ -285,7 +547,7 @@ impl Security {
         if let Some(name) = auth.session.principal().map(|p| p.user.clone()) {
             if !name.is_internal() {
                 let user = self.user(&name);
-                auth.session.refresh_user(&name, user.as_ref());
+                auth.session.refresh_user(&name, user.as_ref(), self);
             }
         }
     }
@@ -331,7 +593,18 @@ impl Security {
                 .session
                 .authenticate(&req.db, &req.body_document(), self),
             "logout" => return Some(ok_reply(state, auth.session.logout())),
-            name if user_admin::USER_ADMIN_COMMANDS.contains(&name) => {
+            // Nothing is cached here unless the users are another server's
+            // ([`Security::forward`] reads them again then).
+            "invalidateUserCache" if self.remote().is_none() => {
+                return Some(ok_reply(state, Document::new()))
+            }
+            name if user_admin::USER_ADMIN_COMMANDS.contains(&name)
+                || role_admin::ROLE_ADMIN_COMMANDS.contains(&name) =>
+            {
+                if self.remote().is_some() {
+                    // Run on the config server by [`Security::forward`].
+                    return None;
+                }
                 let reply = match self.user_admin(req, &req.body_document()) {
                     Ok(reply) => ok_reply(state, reply),
                     Err(e) => error_reply(state, &e),

@@ -101,7 +101,7 @@ pub async fn bootstrap_configdb_with(
 ) -> Result<Arc<ShardedCluster>, String> {
     let configdb = ConfigDb::parse(configdb).map_err(|e| e.message)?;
     let source = Arc::new(
-        ConfigServerSource::connect(&configdb)
+        ConfigServerSource::connect_secured(&configdb, &pool.security)
             .await
             .map_err(|e| e.message)?,
     );
@@ -314,6 +314,16 @@ impl ShardedCluster {
         }
     }
 
+    /// Where this router's users and roles are kept: the config server, in `--configdb`
+    /// mode (the user and role commands run there; its `admin.system.users` and
+    /// `admin.system.roles` are read on a period).
+    pub fn user_store(&self) -> Option<crate::command::service::UserStore> {
+        let cs = self.config_server.as_ref()?;
+        Some(crate::command::service::UserStore::Remote(Arc::new(
+            ConfigServerUsers(cs.source.clone()),
+        )))
+    }
+
     /// Whether the routing comes from a config server.
     pub fn has_config_server(&self) -> bool {
         self.config_server.is_some()
@@ -385,4 +395,37 @@ pub fn not_through_config_server(command: &str, target: &str) -> CommandError {
             "'{command}' of {target} changes the sharding metadata, which a router in --configdb mode does not do yet; run it through mongos"
         ),
     )
+}
+
+/// The config server as the keeper of a router's users and roles.
+struct ConfigServerUsers(Arc<ConfigServerSource>);
+
+impl crate::command::service::RemoteUsers for ConfigServerUsers {
+    fn name(&self) -> String {
+        self.0.name().to_string()
+    }
+
+    fn run<'a>(
+        &'a self,
+        db: &'a str,
+        command: Document,
+    ) -> crate::command::BoxFuture<'a, Result<Document, CommandError>> {
+        Box::pin(async move {
+            self.0
+                .run_command_in(db, command)
+                .await
+                .map_err(command_error)
+        })
+    }
+
+    fn load(
+        &self,
+    ) -> crate::command::BoxFuture<'_, Result<(Vec<Document>, Vec<Document>), String>> {
+        Box::pin(async move {
+            self.0
+                .read_authorization()
+                .await
+                .map_err(|e| format!("{}: {}", e.code, e.message))
+        })
+    }
 }

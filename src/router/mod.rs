@@ -132,6 +132,10 @@ impl crate::frontend::Service for Router {
         Box::pin(async move { self.handle_with_failpoint(client, req).await })
     }
 
+    fn user_store(&self) -> Option<crate::command::service::UserStore> {
+        self.cluster.as_ref()?.user_store()
+    }
+
     fn connection_closed<'a>(
         &'a self,
         client: &'a ClientState,

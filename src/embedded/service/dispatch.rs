@@ -324,6 +324,21 @@ impl Service for ShardService {
         &self.state
     }
 
+    /// The users and roles are copied into `admin.system.users` and `admin.system.roles`
+    /// after every change, as mongod keeps them: what a `--configdb` router reads from the
+    /// embedded config server.
+    fn user_store(&self) -> Option<crate::command::service::UserStore> {
+        let catalog = self.catalog.clone();
+        Some(crate::command::service::UserStore::Local(Arc::new(
+            move |users, roles| {
+                let mut catalog = crate::sync::lock(&catalog);
+                for (coll, docs) in [("system.users", users), ("system.roles", roles)] {
+                    super::super::store::replace_contents(&mut catalog, "admin", coll, docs);
+                }
+            },
+        )))
+    }
+
     fn handle<'a>(
         &'a self,
         client: &'a mut ClientState,

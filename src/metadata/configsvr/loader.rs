@@ -51,6 +51,48 @@ impl ConfigServerSource {
         Self::with_options(options)
     }
 
+    /// [`ConfigServerSource::connect`] with the router's security towards its cluster: TLS
+    /// (verified against the CA file, presenting the cluster certificate) and internal
+    /// authentication (`__system@local` with SCRAM-SHA-256 over the keyfile's first key, or
+    /// MONGODB-X509 with the cluster certificate), as towards the shards.
+    pub async fn connect_secured(
+        configdb: &ConfigDb,
+        security: &crate::backend::ShardSecurity,
+    ) -> Result<Self, MetadataError> {
+        use mongodb::options::{AuthMechanism, Credential, Tls, TlsOptions};
+        let mut options = ClientOptions::parse(configdb.uri())
+            .await
+            .map_err(|e| from_driver(&configdb.to_string(), e))?;
+        options.app_name = Some("sluice".to_string());
+        options.server_selection_timeout = Some(SERVER_SELECTION_TIMEOUT);
+        if let Some(files) = &security.tls_files {
+            options.tls = Some(Tls::Enabled(
+                TlsOptions::builder()
+                    .ca_file_path(files.ca_file.clone())
+                    .cert_key_file_path(files.certificate_key_file.clone())
+                    .allow_invalid_certificates(Some(files.allow_invalid_certificates))
+                    .build(),
+            ));
+        }
+        if security.x509 {
+            options.credential = Some(
+                Credential::builder()
+                    .mechanism(AuthMechanism::MongoDbX509)
+                    .build(),
+            );
+        } else if let Some(keyfile) = &security.keyfile {
+            options.credential = Some(
+                Credential::builder()
+                    .username(crate::auth::INTERNAL_USER.to_string())
+                    .source(crate::auth::INTERNAL_DB.to_string())
+                    .password(keyfile.primary().to_string())
+                    .mechanism(AuthMechanism::ScramSha256)
+                    .build(),
+            );
+        }
+        Self::with_options(options)
+    }
+
     /// A source over explicit driver options (TLS, credentials, monitoring, timeouts).
     pub fn with_options(options: ClientOptions) -> Result<Self, MetadataError> {
         let name = match &options.repl_set_name {
@@ -123,6 +165,36 @@ impl ConfigServerSource {
             .await
             .map_err(|e| from_driver(&self.name, e))?;
         Ok(reply)
+    }
+
+    /// Reads every `admin.system.users` and `admin.system.roles` document (majority, from the
+    /// primary, in one causally consistent session): the users and custom roles of the
+    /// cluster, which mongos reads from the config server too.
+    pub async fn read_authorization(
+        &self,
+    ) -> Result<(Vec<Document>, Vec<Document>), MetadataError> {
+        let mut session = self.session().await?;
+        let admin = self.client.database_with_options(
+            "admin",
+            DatabaseOptions::builder()
+                .read_concern(ReadConcern::majority())
+                .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
+                .build(),
+        );
+        let mut out = (Vec::new(), Vec::new());
+        for (coll, into) in [("system.users", &mut out.0), ("system.roles", &mut out.1)] {
+            let mut cursor = admin
+                .collection::<Document>(coll)
+                .find(doc! {})
+                .session(&mut session)
+                .await
+                .map_err(|e| from_driver(&self.name, e))?;
+            while let Some(d) = cursor.next(&mut session).await {
+                into.push(d.map_err(|e| from_driver(&self.name, e))?);
+            }
+        }
+        self.note(&session);
+        Ok(out)
     }
 
     /// The config server as `--configdb` named it.
