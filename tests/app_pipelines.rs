@@ -269,3 +269,478 @@ async fn expr_and_let_in_find_and_bad_stages() {
         assert_eq!(error_code(&e), 17276, "{e}");
     }
 }
+
+/// The date operators with time zones, `$dateAdd`/`$dateDiff`/`$dateTrunc`, `$regexFind`/
+/// `$regexFindAll`, the N accumulators and `$top`/`$bottom`, `$bucketAuto` and `$graphLookup`:
+/// the sharded collection gives what the one-shard oracle gives, and spot checks hold the
+/// values mongod computes.
+#[tokio::test]
+async fn newer_stages_and_operators_match_one_shard() {
+    let (_c, cl) = setup().await;
+    let dt = |s: &str| Bson::DateTime(bson::DateTime::parse_rfc3339_str(s).unwrap());
+    let pipelines: Vec<(bool, Vec<Document>)> = vec![
+        (
+            true,
+            vec![
+                doc! {"$project": {
+                    "h": {"$hour": {"date": "$day", "timezone": "+05:30"}},
+                    "dom": {"$dayOfMonth": {"date": "$day", "timezone": "+05:30"}},
+                    "utcDom": {"$dayOfMonth": {"date": "$day", "timezone": "UTC"}},
+                    "isoWeek": {"$isoWeek": "$day"},
+                    "isoYear": {"$isoWeekYear": "$day"},
+                    "s": {"$dateToString": {"date": "$day", "format": "%Y-%m-%d %H:%M %z %Z", "timezone": "-02:00"}},
+                    "plain": {"$dateToString": {"date": "$day", "timezone": "+01:00"}},
+                    "day": {"$dateTrunc": {"date": "$day", "unit": "day"}},
+                    "dayPlus5": {"$dateTrunc": {"date": "$day", "unit": "day", "timezone": "+05:00"}},
+                    "week": {"$dateTrunc": {"date": "$day", "unit": "week"}},
+                    "weekMon": {"$dateTrunc": {"date": "$day", "unit": "week", "startOfWeek": "Monday"}},
+                    "twoMonths": {"$dateTrunc": {"date": "$day", "unit": "month", "binSize": 2}},
+                    "quarterHour": {"$dateTrunc": {"date": "$day", "unit": "minute", "binSize": 15}},
+                    "later": {"$dateAdd": {"startDate": "$day", "unit": "month", "amount": "$qty"}},
+                    "earlier": {"$dateSubtract": {"startDate": "$day", "unit": "hour", "amount": 30}},
+                    "days": {"$dateDiff": {"startDate": "$day", "endDate": {"$dateAdd": {"startDate": "$day", "unit": "day", "amount": "$cust"}}, "unit": "day"}},
+                    "find": {"$regexFind": {"input": {"$concat": ["order-", {"$toString": "$_id"}, "-x", {"$toString": "$cust"}]}, "regex": "(\\d+)-x(\\d)"}},
+                    "all": {"$regexFindAll": {"input": {"$concat": ["a", {"$toString": "$qty"}, "b", {"$toString": "$_id"}]}, "regex": "\\d+"}},
+                }},
+                doc! {"$sort": {"_id": 1}},
+            ],
+        ),
+        (
+            false,
+            vec![
+                doc! {"$sort": {"_id": 1}},
+                doc! {"$group": {
+                    "_id": "$cust",
+                    "top2": {"$topN": {"n": 2, "sortBy": {"qty": -1, "_id": 1}, "output": "$_id"}},
+                    "top": {"$top": {"sortBy": {"qty": -1, "_id": 1}, "output": ["$_id", "$qty"]}},
+                    "bottom": {"$bottom": {"sortBy": {"qty": -1, "_id": 1}, "output": "$_id"}},
+                    "bottom3": {"$bottomN": {"n": 3, "sortBy": {"qty": -1, "_id": 1}, "output": "$_id"}},
+                    "first3": {"$firstN": {"input": "$_id", "n": 3}},
+                    "last2": {"$lastN": {"input": "$_id", "n": 2}},
+                    "max3": {"$maxN": {"input": "$qty", "n": 3}},
+                    "min2": {"$minN": {"input": "$qty", "n": 2}},
+                    "sd": {"$stdDevPop": "$qty"},
+                    "merged": {"$mergeObjects": {"$arrayToObject": [[["k", "$_id"]]]}},
+                }},
+            ],
+        ),
+        (
+            true,
+            vec![doc! {"$bucketAuto": {"groupBy": "$_id", "buckets": 3}}],
+        ),
+        (
+            true,
+            vec![
+                doc! {"$bucketAuto": {"groupBy": {"$add": ["$_id", 1]}, "buckets": 3, "granularity": "POWERSOF2", "output": {"n": {"$sum": 1}, "q": {"$max": "$qty"}}}},
+            ],
+        ),
+        (
+            true,
+            vec![doc! {"$bucketAuto": {"groupBy": "$qty", "buckets": 4, "granularity": "E12"}}],
+        ),
+        (
+            true,
+            vec![
+                doc! {"$bucketAuto": {"groupBy": "$qty", "buckets": 5, "output": {"ids": {"$push": "$_id"}}}},
+                doc! {"$project": {"n": {"$size": "$ids"}}},
+            ],
+        ),
+        (
+            true,
+            vec![
+                doc! {"$graphLookup": {"from": "orders_plain", "startWith": "$qty", "connectFromField": "cust", "connectToField": "_id", "as": "g", "maxDepth": 1, "depthField": "d"}},
+                doc! {"$unwind": "$g"},
+                doc! {"$project": {"to": "$g._id", "d": "$g.d"}},
+                doc! {"$sort": {"_id": 1, "to": 1}},
+            ],
+        ),
+    ];
+    let mut results = Vec::new();
+    for (ordered, p) in pipelines {
+        let sharded = run(&cl, "orders", &p).await;
+        let plain = run(&cl, "orders_plain", &p).await;
+        assert!(!plain.is_empty(), "{p:?}");
+        if ordered {
+            assert_eq!(sharded, plain, "{p:?}");
+        } else {
+            assert_eq!(sorted(sharded), sorted(plain.clone()), "{p:?}");
+        }
+        results.push(sorted_by_id(plain));
+    }
+    // Order 0: 2023-11-14T22:13:20Z (a Tuesday), qty 0, cust 0.
+    let o = &results[0][0];
+    assert_eq!(o.get_i32("h").unwrap(), 3);
+    assert_eq!(o.get_i32("dom").unwrap(), 15);
+    assert_eq!(o.get_i32("utcDom").unwrap(), 14);
+    assert_eq!(o.get_i32("isoWeek").unwrap(), 46);
+    assert_eq!(o.get_i32("isoYear").unwrap(), 2023);
+    assert_eq!(o.get_str("s").unwrap(), "2023-11-14 20:13 -0200 -120");
+    assert_eq!(o.get_str("plain").unwrap(), "2023-11-14T23:13:20.000");
+    assert_eq!(o.get("day"), Some(&dt("2023-11-14T00:00:00Z")));
+    assert_eq!(o.get("dayPlus5"), Some(&dt("2023-11-14T19:00:00Z")));
+    assert_eq!(o.get("week"), Some(&dt("2023-11-12T00:00:00Z")));
+    assert_eq!(o.get("weekMon"), Some(&dt("2023-11-13T00:00:00Z")));
+    assert_eq!(o.get("twoMonths"), Some(&dt("2023-11-01T00:00:00Z")));
+    assert_eq!(o.get("quarterHour"), Some(&dt("2023-11-14T22:00:00Z")));
+    assert_eq!(o.get("later"), Some(&dt("2023-11-14T22:13:20Z")));
+    assert_eq!(o.get("earlier"), Some(&dt("2023-11-13T16:13:20Z")));
+    assert_eq!(o.get_i64("days").unwrap(), 0);
+    let o = &results[0][1];
+    // Order 1: qty 13, cust 1, 2023-11-15T22:13:20Z; plus 13 months.
+    assert_eq!(o.get("later"), Some(&dt("2024-12-15T22:13:20Z")));
+    assert_eq!(o.get_i64("days").unwrap(), 1);
+    assert_eq!(
+        o.get_document("find").unwrap(),
+        &doc! {"match": "1-x1", "idx": 6, "captures": ["1", "1"]}
+    );
+    assert_eq!(
+        o.get_array("all").unwrap(),
+        &vec![
+            Bson::Document(doc! {"match": "13", "idx": 1, "captures": []}),
+            Bson::Document(doc! {"match": "1", "idx": 4, "captures": []}),
+        ]
+    );
+    // The accumulators against the data.
+    let orders: Vec<(i32, i32, i32)> = (0..90).map(|i| (i, i % 7, (i * 13) % 17)).collect();
+    for g in &results[1] {
+        let c = g.get_i32("_id").unwrap();
+        let mut mine: Vec<(i32, i32)> = orders
+            .iter()
+            .filter(|o| o.1 == c)
+            .map(|o| (o.0, o.2))
+            .collect();
+        let ids = |v: &[(i32, i32)]| -> Vec<Bson> { v.iter().map(|o| Bson::Int32(o.0)).collect() };
+        assert_eq!(g.get_array("first3").unwrap(), &ids(&mine[..3]));
+        assert_eq!(g.get_array("last2").unwrap(), &ids(&mine[mine.len() - 2..]));
+        let mut qtys: Vec<i32> = mine.iter().map(|o| o.1).collect();
+        qtys.sort();
+        let max3: Vec<Bson> = qtys.iter().rev().take(3).map(|q| Bson::Int32(*q)).collect();
+        assert_eq!(g.get_array("max3").unwrap(), &max3);
+        let min2: Vec<Bson> = qtys.iter().take(2).map(|q| Bson::Int32(*q)).collect();
+        assert_eq!(g.get_array("min2").unwrap(), &min2);
+        mine.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        assert_eq!(g.get_array("top2").unwrap(), &ids(&mine[..2]));
+        assert_eq!(
+            g.get_array("top").unwrap(),
+            &vec![Bson::Int32(mine[0].0), Bson::Int32(mine[0].1)]
+        );
+        assert_eq!(g.get_i32("bottom").unwrap(), mine[mine.len() - 1].0);
+        assert_eq!(
+            g.get_array("bottom3").unwrap(),
+            &ids(&mine[mine.len() - 3..])
+        );
+        let n = qtys.len() as f64;
+        let mean = qtys.iter().map(|q| *q as f64).sum::<f64>() / n;
+        let sd = (qtys.iter().map(|q| (*q as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
+        assert!((g.get_f64("sd").unwrap() - sd).abs() < 1e-9);
+        assert_eq!(g.get_document("merged").unwrap().len(), 1);
+    }
+    // $bucketAuto boundaries as mongod computes them.
+    let b = &results[2];
+    let bounds: Vec<(Bson, Bson, i32)> = b
+        .iter()
+        .map(|d| {
+            let id = d.get_document("_id").unwrap();
+            (
+                id.get("min").unwrap().clone(),
+                id.get("max").unwrap().clone(),
+                d.get_i32("count").unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        bounds,
+        vec![
+            (Bson::Int32(0), Bson::Int32(30), 30),
+            (Bson::Int32(30), Bson::Int32(60), 30),
+            (Bson::Int32(60), Bson::Int32(89), 30),
+        ]
+    );
+    let p2: Vec<(Bson, Bson, i32)> = results[3]
+        .iter()
+        .map(|d| {
+            let id = d.get_document("_id").unwrap();
+            (
+                id.get("min").unwrap().clone(),
+                id.get("max").unwrap().clone(),
+                d.get_i32("n").unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        p2,
+        vec![
+            (Bson::Double(0.5), Bson::Int32(32), 31),
+            (Bson::Int32(32), Bson::Int32(64), 32),
+            (Bson::Int32(64), Bson::Int32(128), 27),
+        ]
+    );
+    let total: i32 = results[4].iter().map(|d| d.get_i32("count").unwrap()).sum();
+    assert_eq!(total, 90);
+    let total: i32 = results[5].iter().map(|d| d.get_i32("n").unwrap()).sum();
+    assert_eq!(total, 90);
+    // $graphLookup from order 1 (qty 13): order 13 at depth 0, then its customer's order 6.
+    let g: Vec<(i32, i64)> = results[6]
+        .iter()
+        .filter(|d| d.get_i32("_id").unwrap() == 1)
+        .map(|d| (d.get_i32("to").unwrap(), d.get_i64("d").unwrap()))
+        .collect();
+    assert_eq!(g, vec![(6, 1), (13, 0)]);
+}
+
+/// Documents sorted by `_id` (the `$group` results come in no defined order).
+fn sorted_by_id(mut v: Vec<Document>) -> Vec<Document> {
+    v.sort_by(|a, b| bson_order(a.get("_id"), b.get("_id")));
+    v
+}
+
+fn bson_order(a: Option<&Bson>, b: Option<&Bson>) -> std::cmp::Ordering {
+    match (a, b) {
+        (Some(Bson::Int32(x)), Some(Bson::Int32(y))) => x.cmp(y),
+        _ => std::cmp::Ordering::Equal,
+    }
+}
+
+/// mongod's errors for the new operators' bad arguments, and the time zones Sluice knows
+/// without a time zone database: UTC and fixed offsets (any other name is 40485).
+#[tokio::test]
+async fn newer_operators_refuse_bad_arguments() {
+    let (_c, cl) = setup().await;
+    let db = cl.database("shop");
+    for (expr, code) in [
+        (
+            doc! {"$hour": {"date": "$day", "timezone": "Mars/Olympus"}},
+            40485,
+        ),
+        (doc! {"$hour": {"date": "$day", "timezone": "+5"}}, 40485),
+        (doc! {"$hour": {"date": "$day", "timezone": 5}}, 40517),
+        (
+            doc! {"$dateTrunc": {"date": "$day", "unit": "fortnight"}},
+            9,
+        ),
+        (
+            doc! {"$dateTrunc": {"date": "$day", "unit": "day", "binSize": 0}},
+            5439018,
+        ),
+        (
+            doc! {"$dateTrunc": {"date": "$qty", "unit": "day"}},
+            5439012,
+        ),
+        (doc! {"$dateTrunc": {"unit": "day"}}, 5439009),
+        (
+            doc! {"$dateAdd": {"startDate": "$day", "unit": "day", "amount": 1.5}},
+            5166405,
+        ),
+        (
+            doc! {"$dateAdd": {"startDate": "$day", "unit": "day"}},
+            5166402,
+        ),
+        (
+            doc! {"$dateAdd": {"startDate": "$qty", "unit": "day", "amount": 1}},
+            5166403,
+        ),
+        (
+            doc! {"$dateDiff": {"startDate": "$day", "endDate": "$qty", "unit": "day"}},
+            5166307,
+        ),
+        (
+            doc! {"$dateDiff": {"startDate": "$day", "endDate": "$day", "unit": "week", "startOfWeek": "someday"}},
+            5439016,
+        ),
+        (doc! {"$regexFind": {"input": 5, "regex": "a"}}, 51104),
+        (
+            doc! {"$regexFind": {"input": "a", "regex": "(", "options": ""}},
+            51111,
+        ),
+        (
+            doc! {"$regexFindAll": {"input": "a", "regex": "a", "flags": "i"}},
+            31024,
+        ),
+    ] {
+        for coll in ["orders", "orders_plain"] {
+            let e = db
+                .collection::<Document>(coll)
+                .aggregate(vec![doc! {"$project": {"x": expr.clone()}}])
+                .await
+                .unwrap_err();
+            assert_eq!(error_code(&e), code, "{coll} {expr}: {e}");
+        }
+    }
+    // The Olson names of UTC are UTC; a null time zone is a null result.
+    let r = run(&cl, "orders_plain", &[
+        doc! {"$match": {"_id": 0}},
+        doc! {"$project": {"a": {"$hour": {"date": "$day", "timezone": "Etc/UTC"}}, "b": {"$hour": {"date": "$day", "timezone": "Etc/GMT+2"}}, "n": {"$dateTrunc": {"date": "$day", "unit": "day", "timezone": null}}}},
+    ]).await;
+    assert_eq!(r[0], doc! {"_id": 0, "a": 22, "b": 20, "n": Bson::Null});
+    for (stage, code) in [
+        (doc! {"$bucketAuto": {"groupBy": "$qty"}}, 40246),
+        (
+            doc! {"$bucketAuto": {"groupBy": "$qty", "buckets": 0}},
+            40243,
+        ),
+        (
+            doc! {"$bucketAuto": {"groupBy": "qty", "buckets": 2}},
+            40239,
+        ),
+        (
+            doc! {"$bucketAuto": {"groupBy": "$qty", "buckets": 2, "granularity": "R7"}},
+            40257,
+        ),
+        (
+            doc! {"$bucketAuto": {"groupBy": "$tags", "buckets": 2, "granularity": "R5"}},
+            40258,
+        ),
+        (
+            doc! {"$bucketAuto": {"groupBy": "$qty", "buckets": 2, "size": 1}},
+            40245,
+        ),
+        (
+            doc! {"$graphLookup": {"from": "customers", "startWith": "$cust", "connectFromField": "a", "as": "x"}},
+            40105,
+        ),
+        (
+            doc! {"$graphLookup": {"from": "customers", "startWith": "$cust", "connectFromField": "a", "connectToField": "_id", "as": "x", "maxDepth": -1}},
+            40101,
+        ),
+        (
+            doc! {"$group": {"_id": null, "t": {"$topN": {"n": 0, "sortBy": {"a": 1}, "output": "$a"}}}},
+            5787908,
+        ),
+        (
+            doc! {"$group": {"_id": null, "t": {"$firstN": {"input": "$a"}}}},
+            5787906,
+        ),
+    ] {
+        for coll in ["orders", "orders_plain"] {
+            let e = db
+                .collection::<Document>(coll)
+                .aggregate(vec![stage.clone()])
+                .await
+                .unwrap_err();
+            assert_eq!(error_code(&e), code, "{coll} {stage}: {e}");
+        }
+    }
+}
+
+/// `$merge` into a sharded collection: the router writes the results through its own write
+/// path (matched by the target's shard key and `_id` unless `on` says otherwise), from a
+/// sharded source and from an unsharded one, with each `whenMatched`/`whenNotMatched` mode and
+/// mongod's errors.
+#[tokio::test]
+async fn merge_into_a_sharded_collection_writes_through_the_router() {
+    let c = TestCluster::start(
+        3,
+        &[
+            ("shop.orders", doc! {"_id": "hashed"}),
+            ("shop.summary", doc! {"k": "hashed"}),
+        ],
+    )
+    .await;
+    let cl = common::driver(c.addr(), "").await;
+    let db = cl.database("shop");
+    let orders: Vec<Document> = (0..90)
+        .map(|i| doc! {"_id": i, "cust": i % 7, "qty": (i * 13) % 17})
+        .collect();
+    for coll in ["orders", "orders_plain"] {
+        db.collection::<Document>(coll)
+            .insert_many(orders.clone())
+            .await
+            .unwrap();
+    }
+    let expected = |times: i32| -> Vec<Document> {
+        (0..7)
+            .map(|c| {
+                let q: i32 = (0..90).filter(|i| i % 7 == c).map(|i| (i * 13) % 17).sum();
+                doc! {"_id": c, "k": c, "q": q * times}
+            })
+            .collect()
+    };
+    let summary = db.collection::<Document>("summary");
+    let totals = doc! {"$group": {"_id": "$cust", "q": {"$sum": "$qty"}}};
+    let keyed = doc! {"$set": {"k": "$_id"}};
+    for source in ["orders", "orders_plain"] {
+        summary.delete_many(doc! {}).await.unwrap();
+        let r = run(
+            &cl,
+            source,
+            &[
+                totals.clone(),
+                keyed.clone(),
+                doc! {"$merge": {"into": "summary"}},
+            ],
+        )
+        .await;
+        assert!(r.is_empty());
+        let got = common::all(summary.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await;
+        let strip = |v: Vec<Document>| -> Vec<Document> {
+            v.into_iter()
+                .map(|d| doc! {"_id": d.get("_id").cloned().unwrap(), "k": d.get("k").cloned().unwrap(), "q": d.get("q").cloned().unwrap()})
+                .collect()
+        };
+        assert_eq!(strip(got), expected(1), "{source}");
+        // whenMatched: merge adds fields; discard drops what matches nothing.
+        run(&cl, source, &[
+            totals.clone(),
+            keyed.clone(),
+            doc! {"$project": {"k": 1, "seen": {"$literal": true}}},
+            doc! {"$merge": {"into": "summary", "whenMatched": "merge", "whenNotMatched": "discard"}},
+        ]).await;
+        assert_eq!(
+            summary.count_documents(doc! {"seen": true}).await.unwrap(),
+            7
+        );
+        // A whenMatched pipeline with $$new: the totals doubled.
+        run(&cl, source, &[
+            totals.clone(),
+            keyed.clone(),
+            doc! {"$merge": {"into": "summary", "whenMatched": [{"$set": {"q": {"$add": ["$q", "$$new.q"]}}}]}},
+        ]).await;
+        let got = common::all(summary.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await;
+        assert_eq!(strip(got), expected(2), "{source}");
+        // keepExisting leaves matches alone and inserts the rest.
+        run(
+            &cl,
+            source,
+            &[
+                totals.clone(),
+                doc! {"$set": {"k": {"$add": ["$_id", 100]}, "_id": {"$add": ["$_id", 100]}}},
+                doc! {"$merge": {"into": "summary", "whenMatched": "keepExisting"}},
+            ],
+        )
+        .await;
+        assert_eq!(
+            summary.count_documents(doc! {}).await.unwrap(),
+            14,
+            "{source}"
+        );
+        for (stages, code) in [
+            (
+                vec![
+                    totals.clone(),
+                    keyed.clone(),
+                    doc! {"$merge": {"into": "summary", "whenMatched": "fail"}},
+                ],
+                11000,
+            ),
+            (
+                vec![totals.clone(), doc! {"$merge": {"into": "summary"}}],
+                51132,
+            ),
+            (
+                vec![
+                    totals.clone(),
+                    doc! {"$set": {"k": 999, "_id": 999}},
+                    doc! {"$merge": {"into": "summary", "whenNotMatched": "fail"}},
+                ],
+                13113,
+            ),
+        ] {
+            let e = db
+                .collection::<Document>(source)
+                .aggregate(stages.clone())
+                .await
+                .unwrap_err();
+            assert_eq!(error_code(&e), code, "{source} {stages:?}: {e}");
+        }
+    }
+}

@@ -137,3 +137,41 @@ async fn rename_collection_sharded_and_unsharded() {
     let one = people.find_one(doc! {"_id": 7}).await.unwrap().unwrap();
     assert_eq!(one.get_i32("n").unwrap(), 7);
 }
+
+/// `convertToCapped`, `compact` and `reIndex` as mongos answers them: `convertToCapped` of a
+/// sharded collection is refused (20) and an unsharded one goes to the primary shard;
+/// `compact` is refused through mongos (115); mongos has no `reIndex` (59, since 4.2).
+#[tokio::test]
+async fn convert_to_capped_compact_and_reindex_as_mongos() {
+    let (_c, cl) = setup().await;
+    let db = cl.database("app");
+    let e = db
+        .run_command(doc! {"convertToCapped": "users", "size": 4096})
+        .await
+        .unwrap_err();
+    assert_eq!(error_code(&e), 20, "{e}");
+    assert!(
+        e.to_string()
+            .contains("You can't convertToCapped a sharded collection"),
+        "{e}"
+    );
+    let e = db
+        .run_command(doc! {"convertToCapped": "plain", "size": 4096})
+        .await
+        .unwrap_err();
+    assert_ne!(
+        error_code(&e),
+        20,
+        "the primary shard answers for an unsharded collection: {e}"
+    );
+    for coll in ["users", "plain"] {
+        let e = db.run_command(doc! {"compact": coll}).await.unwrap_err();
+        assert_eq!(error_code(&e), 115, "{coll}: {e}");
+        assert!(
+            e.to_string().contains("compact not allowed through mongos"),
+            "{e}"
+        );
+        let e = db.run_command(doc! {"reIndex": coll}).await.unwrap_err();
+        assert_eq!(error_code(&e), 59, "{coll}: {e}");
+    }
+}

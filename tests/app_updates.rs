@@ -326,3 +326,61 @@ async fn find_and_modify_without_shard_key() {
     assert_eq!(got[5].1, Some(Bson::Int32(500)));
     assert_eq!(sharded.1.len(), 12);
 }
+
+/// `$bit` as mongod applies it (and/or/xor in order, an int stays an int until a long takes
+/// part, a missing field starts from int 0), the same through the router on a sharded
+/// collection as on the one-shard oracle, and mongod's errors (2) for bad arguments and
+/// non-integral fields.
+#[tokio::test]
+async fn bit_updates_match_one_shard() {
+    let c = TestCluster::start(3, &[("school.b", doc! {"_id": "hashed"})]).await;
+    let cl = common::driver(c.addr(), "").await;
+    let db = cl.database("school");
+    let mut all = Vec::new();
+    for coll in ["b", "plain_b"] {
+        let col = db.collection::<Document>(coll);
+        col.insert_many(vec![
+            doc! {"_id": 1, "a": 12, "l": 12i64},
+            doc! {"_id": 2, "a": 5},
+            doc! {"_id": 3, "s": "x"},
+        ])
+        .await
+        .unwrap();
+        col.update_many(
+            doc! {"_id": {"$in": [1, 2]}},
+            doc! {"$bit": {"a": {"and": 10, "or": 1}}},
+        )
+        .await
+        .unwrap();
+        col.update_one(doc! {"_id": 1}, doc! {"$bit": {"l": {"xor": 5}}})
+            .await
+            .unwrap();
+        col.update_one(doc! {"_id": 1}, doc! {"$bit": {"a": {"or": 16i64}}})
+            .await
+            .unwrap();
+        col.update_one(doc! {"_id": 2}, doc! {"$bit": {"m": {"or": 6}}})
+            .await
+            .unwrap();
+        for (u, id, message) in [
+            (doc! {"$bit": {"a": 5}}, 1, "The $bit modifier is not compatible with a int. You must pass in an embedded document: {$bit: {field: {and/or/xor: #}}"),
+            (doc! {"$bit": {"a": {"not": 1}}}, 1, "The $bit modifier only supports 'and', 'or', and 'xor', not 'not' which is an unknown operator: {not: 1}"),
+            (doc! {"$bit": {"a": {"and": 1.5}}}, 1, "The $bit modifier field must be an Integer(32/64 bit); a 'double' is not supported here: {and: 1.5}"),
+            (doc! {"$bit": {"a": {}}}, 1, "You must pass in at least one bitwise operation. The format is: {$bit: {field: {and/or/xor: #}}"),
+            (doc! {"$bit": {"s": {"and": 1}}}, 3, "Cannot apply $bit to a value of non-integral type._id: 3 has the field s of non-integral type string"),
+        ] {
+            let e = col.update_one(doc! {"_id": id}, u.clone()).await.unwrap_err();
+            assert_eq!(error_code(&e), 2, "{coll} {u}: {e}");
+            assert!(e.to_string().contains(message), "{coll} {u}: {e}");
+        }
+        all.push(common::all(col.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await);
+    }
+    assert_eq!(all[0], all[1]);
+    assert_eq!(
+        all[0],
+        vec![
+            doc! {"_id": 1, "a": 25i64, "l": 9i64},
+            doc! {"_id": 2, "a": 1, "m": 6},
+            doc! {"_id": 3, "s": "x"},
+        ]
+    );
+}

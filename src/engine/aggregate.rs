@@ -336,6 +336,8 @@ pub fn run_in(
             }
             "$sortByCount" => super::stages::sort_by_count(spec, docs, options, cap, vars)?,
             "$bucket" => super::stages::bucket(spec, docs, options, cap, vars)?,
+            "$bucketAuto" => super::stages::bucket_auto(spec, docs, options, cap, vars)?,
+            "$graphLookup" => super::stages::graph_lookup(spec, docs, env, cap)?,
             "$facet" => super::stages::facet(spec, docs, options, env)?,
             "$sample" => super::stages::sample(spec, docs)?,
             "$lookup" => super::stages::lookup(spec, docs, options, env, cap)?,
@@ -525,6 +527,144 @@ enum Acc {
     Last(Bson),
     Push(Vec<Bson>),
     AddToSet(BTreeSet<OrdBson>),
+    /// `$stdDevPop`/`$stdDevSamp`: count, mean and sum of squared deviations (Welford).
+    StdDev(f64, f64, f64),
+    MergeObjects(Document),
+    /// The N accumulators and `$top`/`$bottom`: the candidates so far (source document for a
+    /// `sortBy`, value), pruned to the best `n` as they grow.
+    Many(Vec<(Document, Bson)>),
+}
+
+/// How an N accumulator (`$firstN $lastN $maxN $minN $topN $bottomN`, and `$top`/`$bottom`
+/// with n = 1) picks: its `n`, its `sortBy` and the expression it outputs.
+struct NSpec {
+    n: usize,
+    sort: Option<crate::engine::query::SortSpec>,
+    output: Bson,
+}
+
+/// Parses an N accumulator's argument (mongod's codes: 5787900–5787908, 5788000–5788005).
+fn n_spec(op: &str, arg: &Bson, vars: &Variables) -> Result<NSpec, EngineError> {
+    let Bson::Document(a) = arg else {
+        return Err(err(
+            5787900,
+            format!(
+                "specification must be an object; found {}",
+                crate::value::field::type_name(arg)
+            ),
+        ));
+    };
+    let ranked = matches!(op, "$top" | "$bottom" | "$topN" | "$bottomN");
+    let input_name = if ranked { "output" } else { "input" };
+    let takes_n = !matches!(op, "$top" | "$bottom");
+    for k in a.keys() {
+        let known = k == input_name || (k == "n" && takes_n) || (k == "sortBy" && ranked);
+        if !known {
+            return Err(err(
+                5787901,
+                format!("Unknown argument for '{op}' operator: {k}"),
+            ));
+        }
+    }
+    let n = if takes_n {
+        let Some(n) = a.get("n") else {
+            return Err(err(5787906, format!("Missing value for 'n' to '{op}'")));
+        };
+        check_expression(n)?;
+        let n = eval_with(n, &Document::new(), vars)?.unwrap_or(Bson::Null);
+        let v = match n {
+            Bson::Int32(i) => i as i64,
+            Bson::Int64(i) => i,
+            Bson::Double(f) if f.fract() == 0.0 => f as i64,
+            ref other => {
+                return Err(err(
+                    5787902,
+                    format!(
+                        "Value for 'n' must be of integral type, but found {}",
+                        crate::value::render::render_value(other)
+                    ),
+                ))
+            }
+        };
+        if v <= 0 {
+            return Err(err(
+                5787908,
+                format!("'n' must be greater than 0, found {v}"),
+            ));
+        }
+        v.min(1 << 20) as usize
+    } else {
+        1
+    };
+    let Some(output) = a.get(input_name) else {
+        return Err(err(
+            5787907,
+            format!("Missing value for '{input_name}' to '{op}'"),
+        ));
+    };
+    check_expression(output)?;
+    let sort = if ranked {
+        match a.get("sortBy") {
+            Some(Bson::Document(s)) => Some(crate::engine::query::SortSpec::parse(s)?),
+            Some(_) => {
+                return Err(err(
+                    5788004,
+                    format!("'sortBy' must be an object for '{op}'"),
+                ));
+            }
+            None => {
+                return Err(err(
+                    5788003,
+                    format!("Missing value for 'sortBy' to '{op}'"),
+                ))
+            }
+        }
+    } else {
+        None
+    };
+    Ok(NSpec {
+        n,
+        sort,
+        output: output.clone(),
+    })
+}
+
+/// Keeps the best `spec.n` candidates of an N accumulator (all of them for `$firstN`, which
+/// stops taking, and `$lastN`, which keeps the latest).
+fn prune(op: &str, spec: &NSpec, items: &mut Vec<(Document, Bson)>, last: bool) {
+    let n = spec.n;
+    if !last && items.len() <= 2 * n + 16 {
+        return;
+    }
+    match op {
+        "$firstN" => items.truncate(n),
+        "$lastN" => {
+            let drop = items.len().saturating_sub(n);
+            items.drain(..drop);
+        }
+        "$maxN" | "$minN" => {
+            items.sort_by(|a, b| {
+                let o = compare(&a.1, &b.1);
+                if op == "$maxN" {
+                    o.reverse()
+                } else {
+                    o
+                }
+            });
+            items.truncate(n);
+        }
+        _ => {
+            if let Some(sort) = &spec.sort {
+                items.sort_by(|a, b| sort.compare(&a.0, &b.0));
+            }
+            if matches!(op, "$top" | "$topN") {
+                items.truncate(n);
+            } else {
+                let drop = items.len().saturating_sub(n);
+                items.drain(..drop);
+            }
+        }
+    }
 }
 
 pub(super) fn group(
@@ -545,6 +685,7 @@ pub(super) fn group(
     };
     check_expression(id_expr)?;
     let mut accs: Vec<(String, String, Bson)> = Vec::new();
+    let mut n_specs: Vec<Option<NSpec>> = Vec::new();
     for (k, v) in spec {
         if k == "_id" {
             continue;
@@ -575,10 +716,29 @@ pub(super) fn group(
                 | "$push"
                 | "$addToSet"
                 | "$count"
+                | "$stdDevPop"
+                | "$stdDevSamp"
+                | "$mergeObjects"
+                | "$firstN"
+                | "$lastN"
+                | "$maxN"
+                | "$minN"
+                | "$top"
+                | "$bottom"
+                | "$topN"
+                | "$bottomN"
         ) {
             return Err(err(15952, format!("unknown group operator '{op}'")));
         }
-        check_expression(arg)?;
+        if matches!(
+            op.as_str(),
+            "$firstN" | "$lastN" | "$maxN" | "$minN" | "$top" | "$bottom" | "$topN" | "$bottomN"
+        ) {
+            n_specs.push(Some(n_spec(op, arg, vars)?));
+        } else {
+            check_expression(arg)?;
+            n_specs.push(None);
+        }
         accs.push((k.clone(), op.clone(), arg.clone()));
     }
     // What the groups hold: keys and accumulated values, in encoded bytes.
@@ -619,7 +779,10 @@ pub(super) fn group(
                             "$first" => Acc::First(None),
                             "$last" => Acc::Last(Bson::Null),
                             "$push" => Acc::Push(Vec::new()),
-                            _ => Acc::AddToSet(BTreeSet::new()),
+                            "$stdDevPop" | "$stdDevSamp" => Acc::StdDev(0.0, 0.0, 0.0),
+                            "$mergeObjects" => Acc::MergeObjects(Document::new()),
+                            "$addToSet" => Acc::AddToSet(BTreeSet::new()),
+                            _ => Acc::Many(Vec::new()),
                         })
                         .collect(),
                 );
@@ -629,13 +792,70 @@ pub(super) fn group(
         let Some(state) = groups.get_mut(&gi) else {
             continue;
         };
-        for (slot, (_, op, arg)) in state.iter_mut().zip(&accs) {
+        for ((slot, (_, op, arg)), nspec) in state.iter_mut().zip(&accs).zip(&n_specs) {
+            if let (Acc::Many(items), Some(nspec)) = (&mut *slot, nspec) {
+                if op == "$firstN" && items.len() >= nspec.n {
+                    continue;
+                }
+                let v = eval_with(&nspec.output, d, vars)?;
+                if matches!(op.as_str(), "$maxN" | "$minN")
+                    && v.as_ref()
+                        .is_none_or(|v| matches!(v, Bson::Null | Bson::Undefined))
+                {
+                    continue;
+                }
+                let v = v.unwrap_or(Bson::Null);
+                let source = if nspec.sort.is_some() {
+                    d.clone()
+                } else {
+                    Document::new()
+                };
+                charge(
+                    measure_value(&v).bytes
+                        + if nspec.sort.is_some() {
+                            measure_value(&Bson::Document(d.clone())).bytes
+                        } else {
+                            0
+                        },
+                )?;
+                items.push((source, v));
+                prune(op, nspec, items, false);
+                continue;
+            }
             let v = if op == "$count" {
                 Some(Bson::Int32(1))
             } else {
                 eval_with(arg, d, vars)?
             };
             match slot {
+                Acc::Many(_) => {}
+                Acc::StdDev(n, mean, m2) => {
+                    if let Some(v) = v.filter(is_number) {
+                        let x = to_f64(&v);
+                        *n += 1.0;
+                        let delta = x - *mean;
+                        *mean += delta / *n;
+                        *m2 += delta * (x - *mean);
+                    }
+                }
+                Acc::MergeObjects(out) => match v {
+                    Some(Bson::Document(o)) => {
+                        for (k, v) in o {
+                            out.insert(k, v);
+                        }
+                    }
+                    None | Some(Bson::Null) | Some(Bson::Undefined) => {}
+                    Some(other) => {
+                        return Err(err(
+                            40400,
+                            format!(
+                                "$mergeObjects requires object inputs, but input {} is of type {}",
+                                crate::value::render::render_value(&other),
+                                crate::value::field::type_name(&other)
+                            ),
+                        ))
+                    }
+                },
                 Acc::Sum(total) => {
                     if let Some(v) = v.filter(is_number) {
                         *total = add_numbers(total, &v);
@@ -689,10 +909,30 @@ pub(super) fn group(
         let mut d = Document::new();
         d.insert("_id", key.0);
         if let Some(state) = groups.remove(&i) {
-            for ((name, _, _), acc) in accs.iter().zip(state) {
+            for (((name, op, _), acc), nspec) in accs.iter().zip(state).zip(&n_specs) {
                 d.insert(
                     name.clone(),
                     match acc {
+                        Acc::Many(mut items) => {
+                            if let Some(nspec) = nspec {
+                                prune(op, nspec, &mut items, true);
+                            }
+                            let mut values = items.into_iter().map(|(_, v)| v);
+                            if matches!(op.as_str(), "$top" | "$bottom") {
+                                values.next().unwrap_or(Bson::Null)
+                            } else {
+                                Bson::Array(values.collect())
+                            }
+                        }
+                        Acc::StdDev(n, _, m2) => {
+                            let pop = op == "$stdDevPop";
+                            if n < if pop { 1.0 } else { 2.0 } {
+                                Bson::Null
+                            } else {
+                                Bson::Double((m2 / if pop { n } else { n - 1.0 }).sqrt())
+                            }
+                        }
+                        Acc::MergeObjects(o) => Bson::Document(o),
                         Acc::Sum(v) => v,
                         Acc::Avg(_, 0) => Bson::Null,
                         Acc::Avg(s, n) => Bson::Double(s / n as f64),

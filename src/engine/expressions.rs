@@ -258,6 +258,332 @@ fn date_of(_op: &str, v: &Bson) -> Result<Option<i64>, EngineError> {
     }
 }
 
+/// A value `$dateAdd`, `$dateDiff` and `$dateTrunc` read as a date (mongod's
+/// `coercibleToDate`), in ms since the epoch.
+fn coerce_date(v: &Bson) -> Option<i64> {
+    match v {
+        Bson::DateTime(d) => Some(d.timestamp_millis()),
+        Bson::Timestamp(t) => Some(t.time as i64 * 1000),
+        Bson::ObjectId(o) => Some(o.timestamp().timestamp_millis()),
+        _ => None,
+    }
+}
+
+const DAY_MS: i64 = 86_400_000;
+
+/// The time zones the date operators accept without a time zone database: UTC under its
+/// names, `Etc/GMT±N`, and fixed offsets (`+HH`, `+HHMM`, `+HH:MM`). Any other name is refused
+/// with mongod's 40485, as mongod refuses a name its database lacks.
+const UTC_NAMES: &[&str] = &[
+    "UTC",
+    "GMT",
+    "Z",
+    "Etc/UTC",
+    "Etc/GMT",
+    "Etc/UCT",
+    "Etc/Universal",
+    "Etc/Zulu",
+    "Etc/Greenwich",
+    "Etc/GMT0",
+    "Etc/GMT+0",
+    "Etc/GMT-0",
+    "GMT0",
+    "GMT+0",
+    "GMT-0",
+    "UCT",
+    "Universal",
+    "Zulu",
+    "Greenwich",
+];
+
+/// A fixed offset `+HH`, `+HHMM` or `+HH:MM` (or `-`), in milliseconds.
+fn parse_offset(s: &str) -> Option<i64> {
+    let sign = match s.as_bytes().first()? {
+        b'+' => 1,
+        b'-' => -1,
+        _ => return None,
+    };
+    let rest = &s[1..];
+    let (h, m) = match rest.len() {
+        2 => (rest, "00"),
+        4 => (&rest[..2], &rest[2..]),
+        5 if rest.as_bytes()[2] == b':' => (&rest[..2], &rest[3..]),
+        _ => return None,
+    };
+    if !h.bytes().chain(m.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (h, m): (i64, i64) = (h.parse().ok()?, m.parse().ok()?);
+    Some(sign * (h * 3_600_000 + m * 60_000))
+}
+
+/// The offset from UTC (ms) of a date operator's `timezone`: `Some(0)` when absent, `None`
+/// when it is null (the operator's result is null).
+fn time_zone(v: Option<Bson>) -> Result<Option<i64>, EngineError> {
+    let s = match v {
+        None => return Ok(Some(0)),
+        Some(v) if nullish(&v) => return Ok(None),
+        Some(Bson::String(s)) => s,
+        Some(other) => {
+            return Err(err(
+                40517,
+                format!(
+                    "timezone must evaluate to a string, found {}",
+                    type_name(&other)
+                ),
+            ))
+        }
+    };
+    if let Some(ms) = parse_offset(&s) {
+        return Ok(Some(ms));
+    }
+    if UTC_NAMES.contains(&s.as_str()) {
+        return Ok(Some(0));
+    }
+    if let Some(n) = s.strip_prefix("Etc/GMT") {
+        // POSIX's inverted sign: Etc/GMT+5 is five hours behind UTC.
+        if let Some(h) = n
+            .strip_prefix(['+', '-'])
+            .and_then(|h| h.parse::<i64>().ok())
+            .filter(|h| (1..=14).contains(h) && !n[1..].starts_with('0'))
+        {
+            let sign = if n.starts_with('+') { -1 } else { 1 };
+            if sign == -1 && h > 12 {
+                return Err(unknown_zone(&s));
+            }
+            return Ok(Some(sign * h * 3_600_000));
+        }
+    }
+    Err(unknown_zone(&s))
+}
+
+fn unknown_zone(s: &str) -> EngineError {
+    err(40485, format!("unrecognized time zone identifier: \"{s}\""))
+}
+
+fn days_in_month(y: i64, m: u32) -> u32 {
+    match m {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        _ if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
+        _ => 28,
+    }
+}
+
+/// A date operator's time unit, or mongod's errors for another value.
+fn time_unit(op: &str, v: &Bson) -> Result<&'static str, EngineError> {
+    let Bson::String(u) = v else {
+        return Err(err(
+            5439013,
+            format!(
+                "{op} requires 'unit' to be a string, but got {}",
+                type_name(v)
+            ),
+        ));
+    };
+    [
+        "year",
+        "quarter",
+        "month",
+        "week",
+        "day",
+        "hour",
+        "minute",
+        "second",
+        "millisecond",
+    ]
+    .into_iter()
+    .find(|k| k == u)
+    .ok_or_else(|| {
+        err(
+            ErrorCode::FailedToParse.0,
+            format!("{op} parameter 'unit' value parsing failed :: caused by :: unknown time unit value: {u}"),
+        )
+    })
+}
+
+/// `startOfWeek` as the days after Sunday (0 to 6).
+fn day_of_week(op: &str, v: &Bson) -> Result<i64, EngineError> {
+    let Bson::String(s) = v else {
+        return Err(err(
+            5439015,
+            format!(
+                "{op} requires 'startOfWeek' to be a string, but got {}",
+                type_name(v)
+            ),
+        ));
+    };
+    let l = s.to_lowercase();
+    ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]
+        .iter()
+        .position(|d| {
+            l == *d
+                || l == match *d {
+                    "sun" => "sunday",
+                    "mon" => "monday",
+                    "tue" => "tuesday",
+                    "wed" => "wednesday",
+                    "thu" => "thursday",
+                    "fri" => "friday",
+                    _ => "saturday",
+                }
+        })
+        .map(|i| i as i64)
+        .ok_or_else(|| {
+            err(
+                5439016,
+                format!("{op} parameter 'startOfWeek' value cannot be recognized as a day of a week: {s}"),
+            )
+        })
+}
+
+/// A 64-bit integral value (an integral double or decimal too), as mongod's `integral64Bit`.
+fn integral64(v: &Bson) -> Option<i64> {
+    match v {
+        Bson::Int32(i) => Some(*i as i64),
+        Bson::Int64(i) => Some(*i),
+        Bson::Double(_) | Bson::Decimal128(_) => {
+            let f = to_f64(v);
+            (f.fract() == 0.0 && (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f))
+                .then_some(f as i64)
+        }
+        _ => None,
+    }
+}
+
+/// `date` (UTC ms) plus `amount` units in a zone `offset` ms from UTC: months, quarters and
+/// years move the local calendar date (the day clamped to the month's last), the rest add
+/// their length.
+fn date_add(op: &str, ms: i64, unit: &str, amount: i64, offset: i64) -> Result<i64, EngineError> {
+    let overflow = || err(5166406, format!("{op} overflowed"));
+    let fixed = |unit_ms: i64| {
+        amount
+            .checked_mul(unit_ms)
+            .and_then(|d| ms.checked_add(d))
+            .ok_or_else(overflow)
+    };
+    match unit {
+        "millisecond" => fixed(1),
+        "second" => fixed(1000),
+        "minute" => fixed(60_000),
+        "hour" => fixed(3_600_000),
+        "day" => fixed(DAY_MS),
+        "week" => fixed(7 * DAY_MS),
+        _ => {
+            let per = match unit {
+                "year" => 12,
+                "quarter" => 3,
+                _ => 1,
+            };
+            let months = amount.checked_mul(per).ok_or_else(overflow)?;
+            let local = ms + offset;
+            let (days, in_day) = (local.div_euclid(DAY_MS), local.rem_euclid(DAY_MS));
+            let (y, m, d) = civil(days);
+            let total = (y * 12 + m as i64 - 1)
+                .checked_add(months)
+                .filter(|t| t.abs() < 12 * 300_000_000)
+                .ok_or_else(overflow)?;
+            let (ny, nm) = (total.div_euclid(12), total.rem_euclid(12) as u32 + 1);
+            let nd = d.min(days_in_month(ny, nm));
+            days_from_civil(ny, nm, nd)
+                .checked_mul(DAY_MS)
+                .and_then(|v| v.checked_add(in_day - offset))
+                .ok_or_else(overflow)
+        }
+    }
+}
+
+/// How many `unit` boundaries lie between two dates in a zone `offset` ms from UTC
+/// (`$dateDiff`); weeks begin on `start_of_week` (days after Sunday).
+fn date_diff(
+    start: i64,
+    end: i64,
+    unit: &str,
+    offset: i64,
+    start_of_week: i64,
+) -> Result<i64, EngineError> {
+    if unit == "millisecond" {
+        return end
+            .checked_sub(start)
+            .ok_or_else(|| err(5166308, "dateDiff overflowed"));
+    }
+    let (ls, le) = (start + offset, end + offset);
+    let floor_diff = |unit_ms: i64| le.div_euclid(unit_ms) - ls.div_euclid(unit_ms);
+    Ok(match unit {
+        "second" => floor_diff(1000),
+        "minute" => floor_diff(60_000),
+        "hour" => floor_diff(3_600_000),
+        "day" => floor_diff(DAY_MS),
+        "week" => {
+            // Day 0 (1970-01-01) was a Thursday: a week starts on days ≡ sow - 4 (mod 7).
+            let k = start_of_week - 4;
+            (le.div_euclid(DAY_MS) - k).div_euclid(7) - (ls.div_euclid(DAY_MS) - k).div_euclid(7)
+        }
+        _ => {
+            let (ys, ms_, _) = civil(ls.div_euclid(DAY_MS));
+            let (ye, me, _) = civil(le.div_euclid(DAY_MS));
+            match unit {
+                "year" => ye - ys,
+                "quarter" => (ye * 4 + (me as i64 - 1) / 3) - (ys * 4 + (ms_ as i64 - 1) / 3),
+                _ => (ye * 12 + me as i64) - (ys * 12 + ms_ as i64),
+            }
+        }
+    })
+}
+
+/// The start of the `bin`-unit bin a date falls in (`$dateTrunc`): bins are counted from
+/// 2000-01-01T00:00 in the zone (for weeks, from the first `start_of_week` on or after it).
+fn date_trunc(
+    ms: i64,
+    unit: &str,
+    bin: i64,
+    offset: i64,
+    start_of_week: i64,
+) -> Result<i64, EngineError> {
+    const REFERENCE: i64 = 946_684_800_000;
+    let reference = REFERENCE - offset;
+    let overflow = |code: i32| err(code, "dateTrunc overflowed");
+    let millis = |unit_ms: i64| -> Result<i64, EngineError> {
+        let size = bin.checked_mul(unit_ms).ok_or_else(|| overflow(5439002))?;
+        let shifted = ms.checked_sub(reference).ok_or_else(|| overflow(5439000))?;
+        ms.checked_sub(shifted.rem_euclid(size))
+            .ok_or_else(|| overflow(5439001))
+    };
+    match unit {
+        "millisecond" => millis(1),
+        "second" => millis(1000),
+        "minute" => millis(60_000),
+        "hour" => millis(3_600_000),
+        _ => {
+            if bin > 100_000_000_000 {
+                return Err(err(5439006, "dateTrunc unsupported binSize value"));
+            }
+            let reference = if unit == "week" {
+                // 2000-01-01 was a Saturday (6 days after Sunday).
+                let to_saturday = (6 - start_of_week).rem_euclid(7);
+                reference + (7 - to_saturday) % 7 * DAY_MS
+            } else {
+                reference
+            };
+            let distance = date_diff(reference, ms, unit, offset, start_of_week)?;
+            let lower = distance
+                .checked_sub(distance.rem_euclid(bin))
+                .ok_or_else(|| overflow(5439004))?;
+            date_add("$dateTrunc", reference, unit, lower, offset)
+        }
+    }
+}
+
+/// ISO 8601 week-numbering year, week and day (Monday 1) of a day since the epoch.
+fn iso_week(days: i64) -> (i64, i64, i64) {
+    let iso_dow = (days + 3).rem_euclid(7) + 1;
+    // The Thursday of this week decides the year.
+    let thursday = days - iso_dow + 4;
+    let (y, _, _) = civil(thursday);
+    let week = (thursday - days_from_civil(y, 1, 1)) / 7 + 1;
+    (y, week, iso_dow)
+}
+
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
 fn civil(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
@@ -313,8 +639,9 @@ fn parts(ms: i64) -> DateParts {
     }
 }
 
-fn date_to_string(ms: i64, format: &str) -> Result<String, EngineError> {
-    let p = parts(ms);
+fn date_to_string(ms: i64, format: &str, offset: i64) -> Result<String, EngineError> {
+    let p = parts(ms + offset);
+    let minutes = offset / 60_000;
     let mut out = String::new();
     let mut chars = format.chars();
     while let Some(c) = chars.next() {
@@ -332,8 +659,13 @@ fn date_to_string(ms: i64, format: &str) -> Result<String, EngineError> {
             Some('L') => out.push_str(&format!("{:03}", p.millis)),
             Some('j') => out.push_str(&format!("{:03}", p.day_of_year)),
             Some('w') => out.push_str(&p.day_of_week.to_string()),
-            Some('z') => out.push_str("+0000"),
-            Some('Z') => out.push('0'),
+            Some('z') => out.push_str(&format!(
+                "{}{:02}{:02}",
+                if minutes < 0 { '-' } else { '+' },
+                minutes.abs() / 60,
+                minutes.abs() % 60
+            )),
+            Some('Z') => out.push_str(&minutes.to_string()),
             Some('%') => out.push('%'),
             Some(other) => {
                 return Err(err(
@@ -462,7 +794,7 @@ fn convert(v: &Bson, to: &str) -> Result<Bson, EngineError> {
             }),
             Bson::Decimal128(d) => Bson::String(d.to_string()),
             Bson::Boolean(b) => Bson::String(b.to_string()),
-            Bson::DateTime(d) => Bson::String(date_to_string(d.timestamp_millis(), "%Y-%m-%dT%H:%M:%S.%LZ")?),
+            Bson::DateTime(d) => Bson::String(date_to_string(d.timestamp_millis(), "%Y-%m-%dT%H:%M:%S.%LZ", 0)?),
             _ => return Err(fail()),
         },
         "objectId" => match v {
@@ -1082,15 +1414,37 @@ pub(super) fn eager(
         "$rand" => Bson::Double((super::stages::random_u64() >> 11) as f64 / (1u64 << 53) as f64),
         // Dates.
         "$year" | "$month" | "$dayOfMonth" | "$hour" | "$minute" | "$second" | "$millisecond"
-        | "$dayOfYear" | "$dayOfWeek" | "$week" | "$isoDayOfWeek" => {
-            let v = match first {
-                Bson::Document(d) => d.get("date").cloned().unwrap_or(Bson::Null),
-                v => v.clone(),
+        | "$dayOfYear" | "$dayOfWeek" | "$week" | "$isoDayOfWeek" | "$isoWeek" | "$isoWeekYear" => {
+            let (v, offset) = match first {
+                Bson::Document(d) => {
+                    if let Some(k) = d
+                        .keys()
+                        .find(|k| !matches!(k.as_str(), "date" | "timezone"))
+                    {
+                        return Err(err(40535, format!("unrecognized option to {op}: \"{k}\"")));
+                    }
+                    let Some(date) = d.get("date") else {
+                        return Err(err(
+                            40539,
+                            format!(
+                                "missing 'date' argument to {op}, provided: {}",
+                                crate::value::render::render_doc(d)
+                            ),
+                        ));
+                    };
+                    let Some(offset) = time_zone(d.get("timezone").cloned())? else {
+                        return Ok(Some(Some(Bson::Null)));
+                    };
+                    (date.clone(), offset)
+                }
+                v => (v.clone(), 0),
             };
             let Some(ms) = date_of(op, &v)? else {
                 return Ok(Some(Some(Bson::Null)));
             };
+            let ms = ms + offset;
             let p = parts(ms);
+            let (iso_year, iso_week, iso_dow) = iso_week(ms.div_euclid(DAY_MS));
             Bson::Int32(match op {
                 "$year" => p.year as i32,
                 "$month" => p.month as i32,
@@ -1101,7 +1455,9 @@ pub(super) fn eager(
                 "$millisecond" => p.millis as i32,
                 "$dayOfYear" => p.day_of_year as i32,
                 "$dayOfWeek" => p.day_of_week as i32,
-                "$isoDayOfWeek" => ((p.day_of_week + 5) % 7 + 1) as i32,
+                "$isoDayOfWeek" => iso_dow as i32,
+                "$isoWeek" => iso_week as i32,
+                "$isoWeekYear" => iso_year as i32,
                 _ => ((p.day_of_year - p.day_of_week + 7) / 7) as i32,
             })
         }
@@ -1132,6 +1488,21 @@ pub(super) fn eager(
     })))
 }
 
+/// One match as `$regexFind` and `$regexFindAll` return it: the matched text, its index in
+/// code points, and each capture group's text (null for a group that took no part).
+fn regex_match_document(s: &str, c: &regex::Captures) -> Bson {
+    let Some(m) = c.get(0) else {
+        return Bson::Null;
+    };
+    let idx = s[..m.start()].chars().count() as i32;
+    let captures: Vec<Bson> = c
+        .iter()
+        .skip(1)
+        .map(|g| g.map_or(Bson::Null, |g| Bson::String(g.as_str().to_string())))
+        .collect();
+    Bson::Document(bson::doc! {"match": m.as_str(), "idx": idx, "captures": captures})
+}
+
 /// Operators that take a document of named arguments which are expressions themselves
 /// (`$dateToString`, `$trim`, `$replaceAll`, `$regexMatch`, `$convert`, `$zip`), evaluated
 /// here by name. `None` when `op` is not one of them.
@@ -1151,9 +1522,15 @@ pub(super) fn named(
             | "$replaceOne"
             | "$replaceAll"
             | "$regexMatch"
+            | "$regexFind"
+            | "$regexFindAll"
             | "$convert"
             | "$zip"
             | "$dateFromString"
+            | "$dateAdd"
+            | "$dateSubtract"
+            | "$dateDiff"
+            | "$dateTrunc"
     ) {
         return Ok(None);
     }
@@ -1180,11 +1557,20 @@ pub(super) fn named(
             let date = get("date")?;
             let format = get("format")?;
             let on_null = get("onNull")?;
+            let tz = match d.contains_key("timezone") {
+                true => Some(get("timezone")?.unwrap_or(Bson::Null)),
+                false => None,
+            };
+            let offset = time_zone(tz)?;
             let Some(ms) = date_of(op, date.as_ref().unwrap_or(&Bson::Null))? else {
                 return Ok(Some(Some(on_null.unwrap_or(Bson::Null))));
             };
+            let Some(offset) = offset else {
+                return Ok(Some(Some(Bson::Null)));
+            };
             let f = match format {
                 Some(Bson::String(f)) => f,
+                None if offset != 0 => "%Y-%m-%dT%H:%M:%S.%L".to_string(),
                 None => "%Y-%m-%dT%H:%M:%S.%LZ".to_string(),
                 Some(other) => {
                     return Err(err(
@@ -1196,7 +1582,7 @@ pub(super) fn named(
                     ))
                 }
             };
-            Bson::String(date_to_string(ms, &f)?)
+            Bson::String(date_to_string(ms, &f, offset)?)
         }
         "$dateFromString" => {
             let s = get("dateString")?;
@@ -1221,6 +1607,211 @@ pub(super) fn named(
                     None => return Err(err(ErrorCode::ConversionFailure.0, format!("$dateFromString requires that 'dateString' be a string, found: {}", type_name(&other)))),
                 },
             }
+        }
+        "$dateAdd" | "$dateSubtract" => {
+            for k in d.keys() {
+                if !matches!(k.as_str(), "startDate" | "unit" | "amount" | "timezone") {
+                    return Err(err(5166401, format!("Unrecognized argument to {op}: {k}")));
+                }
+            }
+            if !["startDate", "unit", "amount"]
+                .iter()
+                .all(|k| d.contains_key(*k))
+            {
+                return Err(err(
+                    5166402,
+                    format!("{op} requires startDate, unit, and amount to be present"),
+                ));
+            }
+            let null = Ok(Some(Some(Bson::Null)));
+            let Some(start) = get("startDate")?.filter(|v| !nullish(v)) else {
+                return null;
+            };
+            let Some(unit) = get("unit")?.filter(|v| !nullish(v)) else {
+                return null;
+            };
+            let unit = time_unit(op, &unit)?;
+            let Some(amount) = get("amount")?.filter(|v| !nullish(v)) else {
+                return null;
+            };
+            let tz = match d.contains_key("timezone") {
+                true => Some(get("timezone")?.unwrap_or(Bson::Null)),
+                false => None,
+            };
+            let Some(offset) = time_zone(tz)? else {
+                return null;
+            };
+            let Some(ms) = coerce_date(&start) else {
+                return Err(err(
+                    5166403,
+                    format!("{op} requires startDate to be convertible to a date"),
+                ));
+            };
+            let Some(mut amount) = integral64(&amount) else {
+                return Err(err(
+                    5166405,
+                    format!("{op} expects integer amount of time units"),
+                ));
+            };
+            if op == "$dateSubtract" {
+                if amount == i64::MIN {
+                    return Err(err(
+                        6045000,
+                        format!("invalid $dateSubtract 'amount' parameter value: {amount}"),
+                    ));
+                }
+                amount = -amount;
+            }
+            Bson::DateTime(bson::DateTime::from_millis(date_add(
+                op, ms, unit, amount, offset,
+            )?))
+        }
+        "$dateDiff" => {
+            for k in d.keys() {
+                if !matches!(
+                    k.as_str(),
+                    "startDate" | "endDate" | "unit" | "timezone" | "startOfWeek"
+                ) {
+                    return Err(err(
+                        5166302,
+                        format!("Unrecognized argument to $dateDiff: {k}"),
+                    ));
+                }
+            }
+            for (k, code) in [
+                ("startDate", 5166303),
+                ("endDate", 5166304),
+                ("unit", 5166305),
+            ] {
+                if !d.contains_key(k) {
+                    return Err(err(code, format!("Missing '{k}' parameter to $dateDiff")));
+                }
+            }
+            let null = Ok(Some(Some(Bson::Null)));
+            let Some(start) = get("startDate")?.filter(|v| !nullish(v)) else {
+                return null;
+            };
+            let Some(end) = get("endDate")?.filter(|v| !nullish(v)) else {
+                return null;
+            };
+            let Some(unit) = get("unit")?.filter(|v| !nullish(v)) else {
+                return null;
+            };
+            let unit = time_unit(op, &unit)?;
+            let mut start_of_week = 0;
+            if unit == "week" && d.contains_key("startOfWeek") {
+                let Some(s) = get("startOfWeek")?.filter(|v| !nullish(v)) else {
+                    return null;
+                };
+                start_of_week = day_of_week(op, &s)?;
+            }
+            let tz = match d.contains_key("timezone") {
+                true => Some(get("timezone")?.unwrap_or(Bson::Null)),
+                false => None,
+            };
+            let Some(offset) = time_zone(tz).map_err(|e| {
+                EngineError::new(
+                    e.code,
+                    format!(
+                        "$dateDiff parameter 'timezone' value parsing failed :: caused by :: {}",
+                        e.message
+                    ),
+                )
+            })?
+            else {
+                return null;
+            };
+            let date = |name: &str, v: &Bson| {
+                coerce_date(v).ok_or_else(|| {
+                    err(
+                        5166307,
+                        format!(
+                            "$dateDiff requires '{name}' to be a date, but got {}",
+                            type_name(v)
+                        ),
+                    )
+                })
+            };
+            let (s, e) = (date("startDate", &start)?, date("endDate", &end)?);
+            Bson::Int64(date_diff(s, e, unit, offset, start_of_week)?)
+        }
+        "$dateTrunc" => {
+            for k in d.keys() {
+                if !matches!(
+                    k.as_str(),
+                    "date" | "unit" | "binSize" | "timezone" | "startOfWeek"
+                ) {
+                    return Err(err(
+                        5439008,
+                        format!("Unrecognized argument to $dateTrunc: {k}"),
+                    ));
+                }
+            }
+            for (k, code) in [("date", 5439009), ("unit", 5439010)] {
+                if !d.contains_key(k) {
+                    return Err(err(code, format!("Missing '{k}' parameter to $dateTrunc")));
+                }
+            }
+            let null = Ok(Some(Some(Bson::Null)));
+            let Some(date) = get("date")?.filter(|v| !nullish(v)) else {
+                return null;
+            };
+            let mut bin = 1;
+            if d.contains_key("binSize") {
+                let Some(b) = get("binSize")?.filter(|v| !nullish(v)) else {
+                    return null;
+                };
+                bin = integral64(&b).ok_or_else(|| {
+                    err(
+                        5439017,
+                        format!(
+                            "$dateTrunc requires 'binSize' to be a 64-bit integer, but got value '{}' of type {}",
+                            crate::value::render::render_value(&b),
+                            type_name(&b)
+                        ),
+                    )
+                })?;
+                if bin <= 0 {
+                    return Err(err(
+                        5439018,
+                        format!("$dateTrunc requires 'binSize' to be greater than 0, but got value {bin}"),
+                    ));
+                }
+            }
+            let Some(unit) = get("unit")?.filter(|v| !nullish(v)) else {
+                return null;
+            };
+            let unit = time_unit(op, &unit)?;
+            let mut start_of_week = 0;
+            if unit == "week" && d.contains_key("startOfWeek") {
+                let Some(s) = get("startOfWeek")?.filter(|v| !nullish(v)) else {
+                    return null;
+                };
+                start_of_week = day_of_week(op, &s)?;
+            }
+            let tz = match d.contains_key("timezone") {
+                true => Some(get("timezone")?.unwrap_or(Bson::Null)),
+                false => None,
+            };
+            let Some(offset) = time_zone(tz)? else {
+                return null;
+            };
+            let Some(ms) = coerce_date(&date) else {
+                return Err(err(
+                    5439012,
+                    format!(
+                        "$dateTrunc requires 'date' to be a date, but got {}",
+                        type_name(&date)
+                    ),
+                ));
+            };
+            Bson::DateTime(bson::DateTime::from_millis(date_trunc(
+                ms,
+                unit,
+                bin,
+                offset,
+                start_of_week,
+            )?))
         }
         "$trim" | "$ltrim" | "$rtrim" => {
             let input = get("input")?;
@@ -1271,28 +1862,80 @@ pub(super) fn named(
                 }
             }
         }
-        "$regexMatch" => {
+        "$regexMatch" | "$regexFind" | "$regexFindAll" => {
+            for k in d.keys() {
+                if !matches!(k.as_str(), "input" | "regex" | "options") {
+                    return Err(err(31024, format!("{op} found an unknown argument: {k}")));
+                }
+            }
+            if !d.contains_key("input") {
+                return Err(err(31022, format!("{op} requires 'input' parameter")));
+            }
+            if !d.contains_key("regex") {
+                return Err(err(31023, format!("{op} requires 'regex' parameter")));
+            }
             let (input, regex, options) = (get("input")?, get("regex")?, get("options")?);
+            let nothing = match op {
+                "$regexMatch" => Bson::Boolean(false),
+                "$regexFind" => Bson::Null,
+                _ => Bson::Array(Vec::new()),
+            };
             let (pattern, mut opts) = match regex {
                 Some(Bson::String(p)) => (p, String::new()),
                 Some(Bson::RegularExpression(r)) => (r.pattern.to_string(), r.options.to_string()),
-                None => return Ok(Some(Some(Bson::Boolean(false)))),
-                Some(v) if nullish(&v) => return Ok(Some(Some(Bson::Boolean(false)))),
+                None => return Ok(Some(Some(nothing))),
+                Some(v) if nullish(&v) => return Ok(Some(Some(nothing))),
                 Some(other) => {
                     return Err(err(
                         51105,
                         format!(
-                            "$regexMatch needs 'regex' to be of type string or regex, found: {}",
+                            "{op} needs 'regex' to be of type string or regex, found: {}",
                             type_name(&other)
                         ),
                     ))
                 }
             };
-            if let Some(Bson::String(o)) = options {
-                opts.push_str(&o);
+            match options {
+                Some(Bson::String(o)) if !o.is_empty() && !opts.is_empty() => {
+                    return Err(err(
+                        51107,
+                        format!(
+                        "{op} found regex option(s) specified in both 'regex' and 'option' fields"
+                    ),
+                    ))
+                }
+                Some(Bson::String(o)) => opts.push_str(&o),
+                None => {}
+                Some(v) if nullish(&v) => {}
+                Some(other) => {
+                    return Err(err(
+                        51106,
+                        format!(
+                            "{op} needs 'options' to be of type string, found: {}",
+                            type_name(&other)
+                        ),
+                    ))
+                }
             }
-            let Some(Bson::String(s)) = input else {
-                return Ok(Some(Some(Bson::Boolean(false))));
+            if let Some(bad) = opts.chars().find(|c| !"imsx".contains(*c)) {
+                return Err(err(
+                    51108,
+                    format!("{op} invalid flag in regex options: {bad}"),
+                ));
+            }
+            let s = match input {
+                Some(Bson::String(s)) => s,
+                None => return Ok(Some(Some(nothing))),
+                Some(v) if nullish(&v) => return Ok(Some(Some(nothing))),
+                Some(other) => {
+                    return Err(err(
+                        51104,
+                        format!(
+                            "{op} needs 'input' to be of type string, found: {}",
+                            type_name(&other)
+                        ),
+                    ))
+                }
             };
             let mut b = regex::RegexBuilder::new(&pattern);
             b.case_insensitive(opts.contains('i'))
@@ -1301,8 +1944,19 @@ pub(super) fn named(
                 .ignore_whitespace(opts.contains('x'));
             let re = b
                 .build()
-                .map_err(|e| err(51111, format!("Invalid Regex in $regexMatch: {e}")))?;
-            Bson::Boolean(re.is_match(&s))
+                .map_err(|e| err(51111, format!("Invalid Regex in {op}: {e}")))?;
+            match op {
+                "$regexMatch" => Bson::Boolean(re.is_match(&s)),
+                "$regexFind" => re
+                    .captures(&s)
+                    .map(|c| regex_match_document(&s, &c))
+                    .unwrap_or(Bson::Null),
+                _ => Bson::Array(
+                    re.captures_iter(&s)
+                        .map(|c| regex_match_document(&s, &c))
+                        .collect(),
+                ),
+            }
         }
         "$convert" => {
             let input = get("input")?;

@@ -1099,6 +1099,561 @@ fn redact_doc(
     }
 }
 
+/// The preferred-number series `$bucketAuto`'s `granularity` rounds to (mongod's tables).
+fn granularity_series(name: &str) -> Option<&'static [f64]> {
+    Some(match name {
+        "R5" => &[10.0, 16.0, 25.0, 40.0, 63.0],
+        "R10" => &[
+            100.0, 125.0, 160.0, 200.0, 250.0, 315.0, 400.0, 500.0, 630.0, 800.0,
+        ],
+        "R20" => &[
+            100.0, 112.0, 125.0, 140.0, 160.0, 180.0, 200.0, 224.0, 250.0, 280.0, 315.0, 355.0,
+            400.0, 450.0, 500.0, 560.0, 630.0, 710.0, 800.0, 900.0,
+        ],
+        "R40" => &[
+            100.0, 106.0, 112.0, 118.0, 125.0, 132.0, 140.0, 150.0, 160.0, 170.0, 180.0, 190.0,
+            200.0, 212.0, 224.0, 236.0, 250.0, 265.0, 280.0, 300.0, 315.0, 355.0, 375.0, 400.0,
+            425.0, 450.0, 475.0, 500.0, 530.0, 560.0, 600.0, 630.0, 670.0, 710.0, 750.0, 800.0,
+            850.0, 900.0, 950.0,
+        ],
+        "R80" => &[
+            103.0, 109.0, 115.0, 122.0, 128.0, 136.0, 145.0, 155.0, 165.0, 175.0, 185.0, 195.0,
+            206.0, 218.0, 230.0, 243.0, 258.0, 272.0, 290.0, 307.0, 325.0, 345.0, 365.0, 387.0,
+            412.0, 437.0, 462.0, 487.0, 515.0, 545.0, 575.0, 615.0, 650.0, 690.0, 730.0, 775.0,
+            825.0, 875.0, 925.0, 975.0,
+        ],
+        "1-2-5" => &[10.0, 20.0, 50.0],
+        "E6" => &[10.0, 15.0, 22.0, 33.0, 47.0, 68.0],
+        "E12" => &[
+            10.0, 12.0, 15.0, 18.0, 22.0, 27.0, 33.0, 39.0, 47.0, 56.0, 68.0, 82.0,
+        ],
+        "E24" => &[
+            10.0, 11.0, 12.0, 13.0, 15.0, 16.0, 18.0, 20.0, 22.0, 24.0, 27.0, 30.0, 33.0, 36.0,
+            39.0, 43.0, 47.0, 51.0, 56.0, 62.0, 68.0, 75.0, 82.0, 91.0,
+        ],
+        "E48" => &[
+            100.0, 105.0, 110.0, 115.0, 121.0, 127.0, 133.0, 140.0, 147.0, 154.0, 162.0, 169.0,
+            178.0, 187.0, 196.0, 205.0, 215.0, 226.0, 237.0, 249.0, 261.0, 274.0, 287.0, 301.0,
+            316.0, 332.0, 348.0, 365.0, 383.0, 402.0, 422.0, 442.0, 464.0, 487.0, 511.0, 536.0,
+            562.0, 590.0, 619.0, 649.0, 681.0, 715.0, 750.0, 787.0, 825.0, 866.0, 909.0, 953.0,
+        ],
+        "E96" => &[
+            100.0, 102.0, 105.0, 107.0, 110.0, 113.0, 115.0, 118.0, 121.0, 124.0, 127.0, 130.0,
+            133.0, 137.0, 140.0, 143.0, 147.0, 150.0, 154.0, 158.0, 162.0, 165.0, 169.0, 174.0,
+            178.0, 182.0, 187.0, 191.0, 196.0, 200.0, 205.0, 210.0, 215.0, 221.0, 226.0, 232.0,
+            237.0, 243.0, 249.0, 255.0, 261.0, 267.0, 274.0, 280.0, 287.0, 294.0, 301.0, 309.0,
+            316.0, 324.0, 332.0, 340.0, 348.0, 357.0, 365.0, 374.0, 383.0, 392.0, 402.0, 412.0,
+            422.0, 432.0, 442.0, 453.0, 464.0, 475.0, 487.0, 499.0, 511.0, 523.0, 536.0, 549.0,
+            562.0, 576.0, 590.0, 604.0, 619.0, 634.0, 649.0, 665.0, 681.0, 698.0, 715.0, 732.0,
+            750.0, 768.0, 787.0, 806.0, 825.0, 845.0, 866.0, 887.0, 909.0, 931.0, 953.0, 976.0,
+        ],
+        "E192" => &[
+            100.0, 101.0, 102.0, 104.0, 105.0, 106.0, 107.0, 109.0, 110.0, 111.0, 113.0, 114.0,
+            115.0, 117.0, 118.0, 120.0, 121.0, 123.0, 124.0, 126.0, 127.0, 129.0, 130.0, 132.0,
+            133.0, 135.0, 137.0, 138.0, 140.0, 142.0, 143.0, 145.0, 147.0, 149.0, 150.0, 152.0,
+            154.0, 156.0, 158.0, 160.0, 162.0, 164.0, 165.0, 167.0, 169.0, 172.0, 174.0, 176.0,
+            178.0, 180.0, 182.0, 184.0, 187.0, 189.0, 191.0, 193.0, 196.0, 198.0, 200.0, 203.0,
+            205.0, 208.0, 210.0, 213.0, 215.0, 218.0, 221.0, 223.0, 226.0, 229.0, 232.0, 234.0,
+            237.0, 240.0, 243.0, 246.0, 249.0, 252.0, 255.0, 258.0, 261.0, 264.0, 267.0, 271.0,
+            274.0, 277.0, 280.0, 284.0, 287.0, 291.0, 294.0, 298.0, 301.0, 305.0, 309.0, 312.0,
+            316.0, 320.0, 324.0, 328.0, 332.0, 336.0, 340.0, 344.0, 348.0, 352.0, 357.0, 361.0,
+            365.0, 370.0, 374.0, 379.0, 383.0, 388.0, 392.0, 397.0, 402.0, 407.0, 412.0, 417.0,
+            422.0, 427.0, 432.0, 437.0, 442.0, 448.0, 453.0, 459.0, 464.0, 470.0, 475.0, 481.0,
+            487.0, 493.0, 499.0, 505.0, 511.0, 517.0, 523.0, 530.0, 536.0, 542.0, 549.0, 556.0,
+            562.0, 569.0, 576.0, 583.0, 590.0, 597.0, 604.0, 612.0, 619.0, 626.0, 634.0, 642.0,
+            649.0, 657.0, 665.0, 673.0, 681.0, 690.0, 698.0, 706.0, 715.0, 723.0, 732.0, 741.0,
+            750.0, 759.0, 768.0, 777.0, 787.0, 796.0, 806.0, 816.0, 825.0, 835.0, 845.0, 856.0,
+            866.0, 876.0, 887.0, 898.0, 909.0, 920.0, 931.0, 942.0, 953.0, 965.0, 976.0, 988.0,
+        ],
+        _ => return None,
+    })
+}
+
+/// A `$bucketAuto` granularity: a preferred-number series or powers of two.
+enum Rounder {
+    Series(&'static [f64]),
+    PowersOf2,
+}
+
+impl Rounder {
+    fn parse(name: &str) -> Result<Rounder, EngineError> {
+        if name == "POWERSOF2" {
+            return Ok(Rounder::PowersOf2);
+        }
+        granularity_series(name)
+            .map(Rounder::Series)
+            .ok_or_else(|| err(40257, format!("Unknown rounding granularity '{name}'")))
+    }
+
+    fn check(v: &Bson) -> Result<f64, EngineError> {
+        if !is_number(v) {
+            return Err(err(
+                40262,
+                format!(
+                    "A granularity rounder can only round numeric values, but found type: {}",
+                    type_name(v)
+                ),
+            ));
+        }
+        let x = to_f64(v);
+        if x.is_nan() {
+            return Err(err(40263, "A granularity rounder cannot round NaN"));
+        }
+        if x < 0.0 {
+            return Err(err(
+                40268,
+                "A granularity rounder can only round non-negative numbers",
+            ));
+        }
+        Ok(x)
+    }
+
+    /// 2^exp as mongod's `$pow` of two integers gives it: an int while it fits, then a long;
+    /// a double for a negative exponent.
+    fn two_to(exp: i64) -> Bson {
+        if exp < 0 {
+            Bson::Double(2f64.powi(exp as i32))
+        } else if exp < 31 {
+            Bson::Int32(1 << exp)
+        } else if exp < 63 {
+            Bson::Int64(1 << exp)
+        } else {
+            Bson::Double(2f64.powi(exp as i32))
+        }
+    }
+
+    /// The smallest value of the series strictly greater than `v` (`v` itself for 0).
+    fn round_up(&self, v: &Bson) -> Result<Bson, EngineError> {
+        let x = Self::check(v)?;
+        if x == 0.0 {
+            return Ok(v.clone());
+        }
+        match self {
+            Rounder::PowersOf2 => Ok(Self::two_to(match v {
+                Bson::Int32(_) | Bson::Int64(_) => 64 - (to_f64(v) as i64).leading_zeros() as i64,
+                _ => (x.log2().floor() + 1.0) as i64,
+            })),
+            Rounder::Series(series) => {
+                let (first, last) = (series[0], series[series.len() - 1]);
+                let mut m = 1.0;
+                while x >= last * m {
+                    m *= 10.0;
+                }
+                while x < first * m {
+                    let previous_min = first * m;
+                    m /= 10.0;
+                    if x >= last * m {
+                        return Ok(Bson::Double(previous_min));
+                    }
+                }
+                let up = series
+                    .iter()
+                    .find(|s| x < *s * m)
+                    .map_or(last * m, |s| s * m);
+                Ok(Bson::Double(up))
+            }
+        }
+    }
+
+    /// The largest value of the series strictly less than `v` (`v` itself for 0).
+    fn round_down(&self, v: &Bson) -> Result<Bson, EngineError> {
+        let x = Self::check(v)?;
+        if x == 0.0 {
+            return Ok(v.clone());
+        }
+        match self {
+            Rounder::PowersOf2 => Ok(Self::two_to(match v {
+                Bson::Int32(_) | Bson::Int64(_) => {
+                    let n = to_f64(v) as i64;
+                    let floor = 63 - n.leading_zeros() as i64;
+                    if n & (n - 1) == 0 {
+                        floor - 1
+                    } else {
+                        floor
+                    }
+                }
+                _ => (x.log2().ceil() - 1.0) as i64,
+            })),
+            Rounder::Series(series) => {
+                let (first, last) = (series[0], series[series.len() - 1]);
+                let mut m = 1.0;
+                while x <= first * m {
+                    m /= 10.0;
+                }
+                while x > last * m {
+                    let previous_max = last * m;
+                    m *= 10.0;
+                    if x <= first * m {
+                        return Ok(Bson::Double(previous_max));
+                    }
+                }
+                let i = series
+                    .iter()
+                    .position(|s| s * m >= x)
+                    .unwrap_or(series.len());
+                Ok(Bson::Double(series[i.saturating_sub(1)] * m))
+            }
+        }
+    }
+}
+
+/// `$bucketAuto`: documents sorted by `groupBy` and cut into `buckets` buckets of about the
+/// same size (equal values never split), each `{_id: {min, max}}` with its `output`
+/// accumulators (`count` by default); with a `granularity`, boundaries are rounded to its
+/// series, as mongod computes them.
+pub(super) fn bucket_auto(
+    spec: &Bson,
+    docs: Vec<Document>,
+    options: &AggregateOptions,
+    cap: usize,
+    vars: &Variables,
+) -> Result<Vec<Document>, EngineError> {
+    let Bson::Document(spec) = spec else {
+        return Err(err(
+            40240,
+            format!(
+                "The argument to $bucketAuto must be an object, but found type: {}",
+                type_name(spec)
+            ),
+        ));
+    };
+    let (mut group_by, mut buckets, mut output, mut rounder) = (None, None, None, None);
+    for (k, v) in spec {
+        match k.as_str() {
+            "groupBy" => {
+                let ok = match v {
+                    Bson::Document(d) => d.keys().next().is_some_and(|k| k.starts_with('$')),
+                    Bson::String(s) => s.len() > 1 && s.starts_with('$'),
+                    _ => false,
+                };
+                if !ok {
+                    return Err(err(40239, format!("The $bucketAuto 'groupBy' field must be defined as a $-prefixed path or an expression object, but found: {}", render_value(v))));
+                }
+                check_expression(v)?;
+                group_by = Some(v.clone());
+            }
+            "buckets" => {
+                if !is_number(v) {
+                    return Err(err(
+                        40241,
+                        format!(
+                            "The $bucketAuto 'buckets' field must be a numeric value, but found type: {}",
+                            type_name(v)
+                        ),
+                    ));
+                }
+                let f = to_f64(v);
+                if f.fract() != 0.0 || f < i32::MIN as f64 || f > i32::MAX as f64 {
+                    return Err(err(40242, format!("The $bucketAuto 'buckets' field must be representable as a 32-bit integer, but found {f}")));
+                }
+                buckets = Some(f as i64);
+            }
+            "output" => match v {
+                Bson::Document(o) => output = Some(o.clone()),
+                other => {
+                    return Err(err(
+                        40244,
+                        format!(
+                            "The $bucketAuto 'output' field must be an object, but found type: {}",
+                            type_name(other)
+                        ),
+                    ))
+                }
+            },
+            "granularity" => match v {
+                Bson::String(g) => rounder = Some(Rounder::parse(g)?),
+                other => {
+                    return Err(err(
+                        40261,
+                        format!(
+                        "The $bucketAuto 'granularity' field must be a string, but found type: {}",
+                        type_name(other)
+                    ),
+                    ))
+                }
+            },
+            other => {
+                return Err(err(
+                    40245,
+                    format!("Unrecognized option to $bucketAuto: {other}"),
+                ))
+            }
+        }
+    }
+    let (Some(group_by), Some(n_buckets)) = (group_by, buckets) else {
+        return Err(err(
+            40246,
+            "$bucketAuto requires 'groupBy' and 'buckets' to be specified",
+        ));
+    };
+    if n_buckets <= 0 {
+        return Err(err(
+            40243,
+            format!(
+                "The $bucketAuto 'buckets' field must be greater than 0, but found: {n_buckets}"
+            ),
+        ));
+    }
+    let mut group_spec = doc! {"_id": Bson::Null};
+    for (k, v) in output.unwrap_or_else(|| doc! {"count": {"$sum": 1}}) {
+        group_spec.insert(k, v);
+    }
+    let group_spec = Bson::Document(group_spec);
+    let mut keyed = Vec::with_capacity(docs.len());
+    for d in docs {
+        let key = eval_with(&group_by, &d, vars)?.unwrap_or(Bson::Null);
+        if rounder.is_some() {
+            if !is_number(&key) {
+                return Err(err(40258, format!("$bucketAuto can specify a 'granularity' with numeric boundaries only, but found a value with type: {}", type_name(&key))));
+            }
+            let x = to_f64(&key);
+            if x.is_nan() {
+                return Err(err(40259, "$bucketAuto can specify a 'granularity' with numeric boundaries only, but found a NaN"));
+            }
+            if x < 0.0 {
+                return Err(err(40260, "$bucketAuto can specify a 'granularity' with non-negative numbers only, but found a negative number"));
+            }
+        }
+        keyed.push((key, d));
+    }
+    // A stable sort: equal keys keep their input order.
+    keyed.sort_by(|a, b| compare(&a.0, &b.0));
+    let total = keyed.len();
+    let approx = ((total as f64 / n_buckets as f64).round() as usize).max(1);
+    let mut input = keyed.into_iter().peekable();
+    let mut out = Sink::new("$bucketAuto", cap);
+    let mut previous_max: Option<Bson> = None;
+    let mut bucket_num = 0i64;
+    while input.peek().is_some() && bucket_num < n_buckets {
+        bucket_num += 1;
+        let last_bucket = bucket_num == n_buckets;
+        let Some((first_key, first_doc)) = input.next() else {
+            break;
+        };
+        let mut min = first_key.clone();
+        if let Some(r) = &rounder {
+            min = match previous_max.take() {
+                Some(p) => p,
+                None => r.round_down(&first_key)?,
+            };
+        }
+        let mut max = first_key;
+        let mut members = vec![first_doc];
+        while members.len() < approx || last_bucket {
+            match input.next() {
+                Some((k, d)) => {
+                    max = k;
+                    members.push(d);
+                }
+                None => break,
+            }
+        }
+        match &rounder {
+            Some(r) => {
+                let boundary = r.round_up(&max)?;
+                while let Some((k, _)) = input.peek() {
+                    if compare(&boundary, k).is_gt() || compare(&max, k).is_eq() {
+                        if let Some((k, d)) = input.next() {
+                            max = k;
+                            members.push(d);
+                        }
+                    } else {
+                        break;
+                    }
+                }
+                max = match input.peek() {
+                    Some((next, _)) if to_f64(&boundary) == 0.0 => r.round_down(next)?,
+                    _ => boundary,
+                };
+                previous_max = Some(max.clone());
+            }
+            None => {
+                while let Some((k, _)) = input.peek() {
+                    if compare(&max, k).is_eq() {
+                        if let Some((_, d)) = input.next() {
+                            members.push(d);
+                        }
+                    } else {
+                        break;
+                    }
+                }
+                if let Some((next, _)) = input.peek() {
+                    max = next.clone();
+                }
+            }
+        }
+        for mut g in group(&group_spec, members, options, cap, vars)? {
+            g.insert("_id", doc! {"min": min.clone(), "max": max.clone()});
+            out.push(g)?;
+        }
+    }
+    Ok(out.docs)
+}
+
+/// `$graphLookup`: for each document, a breadth-first search of another collection from
+/// `startWith` along `connectFromField` → `connectToField` (to `maxDepth` hops, among the
+/// documents `restrictSearchWithMatch` selects), every document reached once, in `as` (with
+/// its hop count as a long in `depthField`). The order of `as` is unspecified, as mongod's.
+pub(super) fn graph_lookup(
+    spec: &Bson,
+    docs: Vec<Document>,
+    env: &Env,
+    cap: usize,
+) -> Result<Vec<Document>, EngineError> {
+    let Bson::Document(spec) = spec else {
+        return Err(err(
+            crate::value::error_codes::ErrorCode::FailedToParse.0,
+            format!(
+                "the $graphLookup stage specification must be an object, but found {}",
+                type_name(spec)
+            ),
+        ));
+    };
+    let (mut from, mut as_field, mut connect_from, mut connect_to, mut depth_field) =
+        (None, None, None, None, None);
+    let (mut start_with, mut max_depth, mut restrict) = (None, None, None);
+    for (k, v) in spec {
+        match k.as_str() {
+            "startWith" => {
+                check_expression(v)?;
+                start_with = Some(v.clone());
+            }
+            "maxDepth" => {
+                if !is_number(v) {
+                    return Err(err(
+                        40100,
+                        format!("maxDepth must be numeric, found type: {}", type_name(v)),
+                    ));
+                }
+                let f = to_f64(v);
+                if f < 0.0 {
+                    return Err(err(
+                        40101,
+                        format!(
+                            "maxDepth requires a nonnegative argument, found: {}",
+                            render_value(v)
+                        ),
+                    ));
+                }
+                if f.fract() != 0.0 || f >= 9.223_372_036_854_776e18 {
+                    return Err(err(
+                        40102,
+                        format!(
+                            "maxDepth could not be represented as a long long: {}",
+                            render_value(v)
+                        ),
+                    ));
+                }
+                max_depth = Some(f as i64);
+            }
+            "restrictSearchWithMatch" => match v {
+                Bson::Document(d) => restrict = Some(Matcher::parse(d)?),
+                other => {
+                    return Err(err(
+                        40185,
+                        format!(
+                            "restrictSearchWithMatch must be an object, found {}",
+                            type_name(other)
+                        ),
+                    ))
+                }
+            },
+            "from" | "as" | "connectFromField" | "connectToField" | "depthField" => {
+                let Bson::String(s) = v else {
+                    return Err(err(
+                        40103,
+                        format!(
+                            "expected string as argument for {k}, found: {}",
+                            render_value(v)
+                        ),
+                    ));
+                };
+                if k != "from" {
+                    crate::engine::path::check_field_path(s)?;
+                }
+                let slot = match k.as_str() {
+                    "from" => &mut from,
+                    "as" => &mut as_field,
+                    "connectFromField" => &mut connect_from,
+                    "connectToField" => &mut connect_to,
+                    _ => &mut depth_field,
+                };
+                *slot = Some(s.clone());
+            }
+            other => {
+                return Err(err(
+                    40104,
+                    format!("Unknown argument to $graphLookup: {other}"),
+                ))
+            }
+        }
+    }
+    let missing = [
+        ("from", from.is_none()),
+        ("as", as_field.is_none()),
+        ("startWith", start_with.is_none()),
+        ("connectFromField", connect_from.is_none()),
+        ("connectToField", connect_to.is_none()),
+    ]
+    .into_iter()
+    .find(|(_, m)| *m);
+    let (Some(from), Some(as_field), Some(start_with), Some(connect_from), Some(connect_to)) =
+        (from, as_field, start_with, connect_from, connect_to)
+    else {
+        return Err(err(
+            40105,
+            format!(
+                "missing '{}' option to $graphLookup stage specification: {}",
+                missing.map_or("from", |(k, _)| k),
+                crate::value::render::render_doc(spec)
+            ),
+        ));
+    };
+    let foreign: Vec<Document> = foreign_documents(env, &from)?
+        .into_iter()
+        .filter(|d| restrict.as_ref().is_none_or(|m| m.matches(d)))
+        .collect();
+    let mut out = Sink::new("$graphLookup", cap);
+    for mut d in docs {
+        let start = eval_with(&start_with, &d, &env.vars)?.unwrap_or(Bson::Null);
+        let mut frontier: Vec<Bson> = match start {
+            Bson::Array(items) => items,
+            v => vec![v],
+        };
+        let mut seen: std::collections::BTreeSet<OrdBson> = Default::default();
+        let mut found: Vec<Document> = Vec::new();
+        let mut depth = 0i64;
+        while !frontier.is_empty() && max_depth.is_none_or(|m| depth <= m) {
+            let m =
+                Matcher::parse(&doc! {connect_to.clone(): {"$in": std::mem::take(&mut frontier)}})?;
+            let mut next: std::collections::BTreeSet<OrdBson> = Default::default();
+            for f in foreign.iter().filter(|x| m.matches(x)) {
+                let id = OrdBson(f.get("_id").cloned().unwrap_or(Bson::Null));
+                if !seen.insert(id) {
+                    continue;
+                }
+                for v in crate::engine::path::lookup(f, &connect_from).expanded() {
+                    next.insert(OrdBson(v.clone()));
+                }
+                let mut f = f.clone();
+                if let Some(df) = &depth_field {
+                    crate::engine::path::set(&mut f, df, Bson::Int64(depth))?;
+                }
+                found.push(f);
+            }
+            frontier = next.into_iter().map(|v| v.0).collect();
+            depth += 1;
+        }
+        crate::engine::path::set(
+            &mut d,
+            &as_field,
+            Bson::Array(found.into_iter().map(Bson::Document).collect()),
+        )?;
+        out.push(d)?;
+    }
+    Ok(out.docs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::aggregate::run;

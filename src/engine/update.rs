@@ -287,6 +287,7 @@ pub const OPERATORS: &[&str] = &[
     "$pullAll",
     "$pop",
     "$currentDate",
+    "$bit",
 ];
 
 fn fail(code: ErrorCode, msg: impl Into<String>) -> EngineError {
@@ -350,6 +351,11 @@ impl Update {
                     format!("Modifiers operate on fields but we found type {} instead. For example: {{$mod: {{<field>: ...}}}} not {{{op}: {}}}", type_name(args), render_value(args)),
                 ));
             };
+            if op == "$bit" {
+                for v in args.values() {
+                    check_bit_argument(v)?;
+                }
+            }
             let mut paths: Vec<&str> = args.keys().map(String::as_str).collect();
             if op == "$rename" {
                 for v in args.values() {
@@ -545,6 +551,77 @@ fn id_render(doc: &Document) -> String {
     }
 }
 
+/// Checks a `$bit` field's argument as mongod's parser does: a document of `and`/`or`/`xor`
+/// with 32- or 64-bit integers, at least one.
+fn check_bit_argument(v: &Bson) -> Result<(), EngineError> {
+    let Bson::Document(ops) = v else {
+        return Err(fail(
+            ErrorCode::BadValue,
+            format!(
+                "The $bit modifier is not compatible with a {}. You must pass in an embedded document: {{$bit: {{field: {{and/or/xor: #}}}}",
+                type_name(v)
+            ),
+        ));
+    };
+    for (k, n) in ops {
+        if !matches!(k.as_str(), "and" | "or" | "xor") {
+            return Err(fail(
+                ErrorCode::BadValue,
+                format!(
+                    "The $bit modifier only supports 'and', 'or', and 'xor', not '{k}' which is an unknown operator: {{{k}: {}}}",
+                    render_value(n)
+                ),
+            ));
+        }
+        if !matches!(n, Bson::Int32(_) | Bson::Int64(_)) {
+            return Err(fail(
+                ErrorCode::BadValue,
+                format!(
+                    "The $bit modifier field must be an Integer(32/64 bit); a '{}' is not supported here: {{{k}: {}}}",
+                    type_name(n),
+                    render_value(n)
+                ),
+            ));
+        }
+    }
+    if ops.is_empty() {
+        return Err(fail(
+            ErrorCode::BadValue,
+            "You must pass in at least one bitwise operation. The format is: {$bit: {field: {and/or/xor: #}}",
+        ));
+    }
+    Ok(())
+}
+
+/// `$bit`'s operations applied in order to an integer (a missing field starts from int 0); an
+/// int stays an int until a long takes part, as mongod's SafeNum computes.
+fn apply_bit(start: &Bson, ops: &Bson) -> Bson {
+    let Bson::Document(ops) = ops else {
+        return start.clone();
+    };
+    let mut cur = start.clone();
+    for (k, n) in ops {
+        let (a, b, long) = match (&cur, n) {
+            (Bson::Int32(a), Bson::Int32(b)) => (*a as i64, *b as i64, false),
+            (Bson::Int32(a), Bson::Int64(b)) => (*a as i64, *b, true),
+            (Bson::Int64(a), Bson::Int32(b)) => (*a, *b as i64, true),
+            (Bson::Int64(a), Bson::Int64(b)) => (*a, *b, true),
+            _ => continue,
+        };
+        let r = match k.as_str() {
+            "and" => a & b,
+            "or" => a | b,
+            _ => a ^ b,
+        };
+        cur = if long {
+            Bson::Int64(r)
+        } else {
+            Bson::Int32(r as i32)
+        };
+    }
+    cur
+}
+
 fn apply_op(
     op: &str,
     p: &str,
@@ -594,6 +671,28 @@ fn apply_op(
                 )),
             }
         }
+        "$bit" => match path::get(doc, p).cloned() {
+            None => path::set(doc, p, apply_bit(&Bson::Int32(0), arg)),
+            Some(cur @ (Bson::Int32(_) | Bson::Int64(_))) => {
+                let new = apply_bit(&cur, arg);
+                if new != cur {
+                    path::set(doc, p, new)
+                } else {
+                    Ok(())
+                }
+            }
+            Some(cur) => Err(fail(
+                ErrorCode::BadValue,
+                format!(
+                    "Cannot apply $bit to a value of non-integral type.{} has the field {} of non-integral type {}",
+                    doc.get("_id")
+                        .map(|id| format!("_id: {}", render_value(id)))
+                        .unwrap_or_default(),
+                    p.rsplit('.').next().unwrap_or(p),
+                    type_name(&cur)
+                ),
+            )),
+        },
         "$min" | "$max" => match path::get(doc, p) {
             None => path::set(doc, p, arg.clone()),
             Some(cur) => {

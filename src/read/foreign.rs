@@ -1,5 +1,5 @@
 //! What an aggregation on a sharded collection needs beyond its own collection: the
-//! collections its `$lookup` and `$unionWith` stages read (at any depth: inside `$facet` and
+//! collections its `$lookup`, `$graphLookup` and `$unionWith` stages read (at any depth: inside `$facet` and
 //! sub-pipelines), fetched through the router before the router's part of the pipeline runs
 //! (a sharded one from every shard owning chunks, an unsharded one from its database's primary
 //! shard), and the results of a pipeline that ends in `$out`/`$merge`, written by the target's
@@ -16,7 +16,8 @@ use crate::engine::aggregate::Namespaces;
 use crate::engine::EngineError;
 use crate::value::error_codes::ErrorCode;
 
-/// The collections (of the pipeline's database) its `$lookup`/`$unionWith` stages read.
+/// The collections (of the pipeline's database) its `$lookup`/`$graphLookup`/`$unionWith`
+/// stages read.
 pub fn foreign_collections(pipeline: &[Bson]) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     collect(pipeline, &mut out);
@@ -43,6 +44,11 @@ fn collect(pipeline: &[Bson], out: &mut BTreeSet<String>) {
                 }
                 if let Ok(p) = d.get_array("pipeline") {
                     collect(p, out);
+                }
+            }
+            ("$graphLookup", Bson::Document(d)) => {
+                if let Ok(s) = d.get_str("from") {
+                    out.insert(s.to_string());
                 }
             }
             ("$unionWith", Bson::String(s)) => {

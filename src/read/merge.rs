@@ -108,6 +108,7 @@ pub fn split_pipeline(pipeline: &[Bson]) -> SplitPipeline {
                     // Stages that read other collections or need every document at once run
                     // at the router, over everything the shards return.
                     | "$lookup"
+                    | "$graphLookup"
                     | "$unionWith"
                     | "$facet"
                     | "$sample"

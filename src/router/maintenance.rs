@@ -199,8 +199,8 @@ pub async fn rename_collection(
 }
 
 /// An aggregation the primary shard runs whole (on an unsharded collection) may not write a
-/// sharded collection with `$out` (28769, as mongos refuses it) or `$merge` (not supported
-/// yet: the primary shard would write only its own part).
+/// sharded collection with `$out` (28769, as mongos refuses it). (`$merge` into a sharded
+/// collection never gets here: the router writes its results, `super::merge_output`.)
 pub async fn check_output_target(
     cluster: &Arc<Cluster>,
     req: &CommandRequest,
@@ -217,15 +217,13 @@ pub async fn check_output_target(
     if cluster.routing.lookup(&ns).await?.is_none() {
         return Ok(());
     }
-    Err(match stage {
-        crate::engine::output::OutputStage::Out { .. } => {
-            CommandError::new(ErrorCode(28769), format!("{ns} cannot be sharded"))
-        }
-        crate::engine::output::OutputStage::Merge(_) => CommandError::new(
-            ErrorCode::CommandNotSupported,
-            format!("$merge into the sharded collection {ns} is not supported by this version of Sluice yet"),
-        ),
-    })
+    match stage {
+        crate::engine::output::OutputStage::Out { .. } => Err(CommandError::new(
+            ErrorCode(28769),
+            format!("{ns} cannot be sharded"),
+        )),
+        crate::engine::output::OutputStage::Merge(_) => Ok(()),
+    }
 }
 
 /// The read path's view of database primaries, from the router's metadata.

@@ -10,6 +10,7 @@ pub mod cluster_admin;
 pub mod cluster_ddl;
 pub mod configdb;
 pub mod maintenance;
+pub mod merge_output;
 pub mod route;
 pub mod sharding;
 pub mod state;

@@ -145,6 +145,13 @@ async fn route_once(
             }
         }
     }
+    if how == Forwarded::Aggregate {
+        if let Some(r) =
+            super::merge_output::merge_into_sharded(sharded, policy, req, client_id).await
+        {
+            return r;
+        }
+    }
     match how {
         Forwarded::DataSize => {
             return super::maintenance::data_size(cluster, store, req)
@@ -157,6 +164,13 @@ async fn route_once(
                 .map(Reply::from)
         }
         _ => {}
+    }
+    if req.name == "compact" {
+        // mongos registers compact only to refuse it (cluster_compact_cmd.cpp).
+        return Err(CommandError::new(
+            ErrorCode::CommandNotSupported,
+            "compact not allowed through mongos",
+        ));
     }
     let body = req.options_document();
     if let Some(c) = req.collection() {
@@ -237,6 +251,12 @@ async fn route_once(
                 return forward(cluster, &first, req, None).await.map(Reply::from);
             }
             Forwarded::CollStats => return coll_stats(cluster, req, &snap).await.map(Reply::from),
+            _ if req.name == "convertToCapped" => {
+                return Err(CommandError::new(
+                    ErrorCode::IllegalOperation,
+                    "You can't convertToCapped a sharded collection",
+                ))
+            }
             _ => {}
         }
         if let Some(result) = crate::read::read(

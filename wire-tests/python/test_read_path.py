@@ -85,8 +85,8 @@ def test_bad_input(colls):
             client.reads.command("getMore", Int64(987654321), collection=c.name)
         assert err.value.code == 43
         with pytest.raises(OperationFailure) as err:
-            list(c.aggregate([{"$bucketAuto": {"groupBy": "$v", "buckets": 2}}]))
-        assert "$bucketAuto" in str(err.value)
+            list(c.aggregate([{"$frobnicate": {"groupBy": "$v"}}]))
+        assert err.value.code == 40324 and "$frobnicate" in str(err.value)
         with pytest.raises(OperationFailure) as err:
             list(c.find({"v": {"$frob": 1}}))
         assert err.value.code == 2 and "$frob" in str(err.value)
