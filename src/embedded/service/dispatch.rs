@@ -250,7 +250,7 @@ impl ShardService {
                 } else {
                     None
                 };
-                let reply = crate::embedded::commands::run(self, req, &body, retry.as_ref())?;
+                let mut reply = crate::embedded::commands::run(self, req, &body, retry.as_ref())?;
                 if let Some(member) = &self.member {
                     if crate::embedded::replset::is_write(name) {
                         match member.take_after_write() {
@@ -265,6 +265,9 @@ impl ShardService {
                                 ));
                             }
                             None => {}
+                        }
+                        if let Some(wce) = member.wait_for_write_concern(&body).await {
+                            reply.insert("writeConcernError", wce);
                         }
                     }
                 }
