@@ -1499,3 +1499,103 @@ async fn a_router_restarted_mid_workload_routes_as_before() {
     );
     cluster.shutdown().await;
 }
+
+/// `find`s served by the shards' primaries (`primary`) or by their secondaries.
+async fn member_finds(c: &sluice::demo::DemoCluster, primary: bool) -> i64 {
+    let mut n = 0;
+    for s in &c.sets {
+        let p = s.primary().expect("a primary");
+        for i in (0..3).filter(|i| (*i == p) == primary) {
+            n += s.command_total(i, "find").await;
+        }
+    }
+    n
+}
+
+/// Replica-set shards behind two `--configdb` routers: after router A moves a chunk, router B
+/// still routes by the old versions. Its reads with `secondary` read preference go to the
+/// shards' secondaries, which check `shardVersion` like their primary and answer StaleConfig;
+/// B treats it as a primary's (refreshes its routing, sends again), so the client sees every
+/// document and no error, and no primary served a read.
+#[tokio::test]
+async fn stale_config_from_a_secondary_refreshes_and_retries_the_read() {
+    use mongodb::options::{ReadPreference, SelectionCriteria};
+
+    let collections: Config = toml::from_str(
+        r#"
+[[collections]]
+ns = "demo.items"
+key = '{"_id": "hashed"}'
+"#,
+    )
+    .unwrap();
+    let configs = (0..2)
+        .map(|_| Config {
+            listen: "127.0.0.1:0".into(),
+            ..Config::default()
+        })
+        .collect();
+    let cluster = sluice::demo::DemoCluster::start_with_members(
+        2,
+        3,
+        ShardOptions::for_tests(),
+        configs,
+        vec!["sluice".into()],
+        &collections.collections,
+    )
+    .await
+    .expect("the embedded cluster starts");
+    let (a, b) = (
+        router_client(&cluster, 0).await,
+        router_client(&cluster, 1).await,
+    );
+    let secondary = SelectionCriteria::ReadPreference(ReadPreference::Secondary { options: None });
+    let items_a = a.database("demo").collection::<Document>("items");
+    let items_b = b.database("demo").collection::<Document>("items");
+    items_a
+        .insert_many((0..100i64).map(|i| doc! {"_id": i}).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    // B learns the routing, from a read on the secondaries.
+    let seen = all(items_b
+        .find(doc! {})
+        .selection_criteria(secondary.clone())
+        .await
+        .unwrap())
+    .await;
+    assert_eq!(seen.len(), 100);
+    let owner = owner_of(&hashed_chunks(&cluster).await, 0);
+    let to = if owner == "shard0" { "shard1" } else { "shard0" };
+    admin(
+        &a,
+        doc! {"moveChunk": "demo.items", "find": {"_id": 0i64}, "to": to},
+    )
+    .await
+    .unwrap();
+    let (primary_finds, secondary_finds) = (
+        member_finds(&cluster, true).await,
+        member_finds(&cluster, false).await,
+    );
+    let reads_before = stats(&cluster.routers[1].1).collection_reads;
+    let seen = all(items_b
+        .find(doc! {})
+        .selection_criteria(secondary)
+        .await
+        .unwrap())
+    .await;
+    assert_eq!(seen.len(), 100, "every document, none twice");
+    assert!(
+        stats(&cluster.routers[1].1).collection_reads > reads_before,
+        "B refreshed its routing on the secondary's StaleConfig"
+    );
+    assert_eq!(
+        member_finds(&cluster, true).await,
+        primary_finds,
+        "no primary served a read"
+    );
+    assert!(
+        member_finds(&cluster, false).await >= secondary_finds + 3,
+        "the secondaries served the stale attempt and the retry"
+    );
+    cluster.shutdown().await;
+}
