@@ -1565,7 +1565,11 @@ key = '{"_id": "hashed"}'
     .await;
     assert_eq!(seen.len(), 100);
     let owner = owner_of(&hashed_chunks(&cluster).await, 0);
-    let to = if owner == "shard0" { "shard1" } else { "shard0" };
+    let to = if owner == "shard0" {
+        "shard1"
+    } else {
+        "shard0"
+    };
     admin(
         &a,
         doc! {"moveChunk": "demo.items", "find": {"_id": 0i64}, "to": to},

@@ -23,11 +23,18 @@ const ELECTION: Duration = Duration::from_millis(100);
 const MIN_ACKED: usize = 51;
 
 async fn start_set(name: &str) -> EmbeddedReplicaSet {
+    start_set_with(name, None).await
+}
+
+/// A three-member set whose `bulkWrite` replies put `bulk_write_batch` items in their first
+/// batch (`None`: all).
+async fn start_set_with(name: &str, bulk_write_batch: Option<usize>) -> EmbeddedReplicaSet {
     EmbeddedReplicaSet::start(ReplicaSetOptions {
         members: 3,
         election_delay: ELECTION,
         shard: ShardOptions {
             set_name: name.into(),
+            bulk_write_batch_size: bulk_write_batch,
             ..ShardOptions::for_tests()
         },
     })
@@ -45,6 +52,11 @@ impl Cluster {
     /// bulks span both), `test.u` unsharded.
     async fn start(policy: Policy) -> Cluster {
         let sets = vec![start_set("rs0").await, start_set("rs1").await];
+        Cluster::start_on(sets, policy).await
+    }
+
+    /// As [`Cluster::start`], on these sets.
+    async fn start_on(sets: Vec<EmbeddedReplicaSet>, policy: Policy) -> Cluster {
         let mut config = Config {
             ordered_rewrite: policy,
             shards: sets
@@ -794,5 +806,58 @@ async fn write_concern_majority_waits_for_a_majority_and_wtimeout_reports_64() {
         .unwrap();
     let wce = r.get_document("writeConcernError").unwrap();
     assert_eq!(wce.get_i32("code").unwrap(), 79, "{r}");
+    c.stop().await;
+}
+
+/// A `bulkWrite` whose shard reply continues behind a cursor (the shards here put two items
+/// in a first batch, as mongod does past its reply limit): the router's `getMore`s go to the
+/// member that opened the cursor even when it stepped down right after answering, so the
+/// client gets every item.
+#[tokio::test]
+async fn a_bulk_write_cursor_is_read_from_the_member_that_opened_it() {
+    let sets = vec![
+        start_set_with("rs0", Some(2)).await,
+        start_set_with("rs1", Some(2)).await,
+    ];
+    let c = Cluster::start_on(sets, Policy::RetrySafe).await;
+    let client = c.client("").await;
+    client
+        .database("test")
+        .collection::<Document>("u")
+        .insert_one(doc! {"_id": "warm"})
+        .await
+        .unwrap();
+    // The unsharded collection's shard: the one holding it.
+    let s = c
+        .sets
+        .iter()
+        .find(|s| s.documents("test", "u").len() == 1)
+        .expect("the database's primary shard");
+    let p = s.primary().unwrap();
+    s.after_next_write(p, AfterWrite::StepDownAfterReply);
+    let ops: Vec<Document> = (0..6)
+        .map(|i| doc! {"insert": 0, "document": {"_id": format!("bw-{i}")}})
+        .collect();
+    let r = client
+        .database("admin")
+        .run_command(doc! {"bulkWrite": 1, "ops": ops, "nsInfo": [{"ns": "test.u"}]})
+        .await
+        .unwrap();
+    assert!(!s.after_write_pending(p), "the hook fired");
+    assert_ne!(s.primary(), Some(p), "the member stepped down");
+    assert_eq!(r.get_i32("nInserted").unwrap(), 6, "{r}");
+    let items = r
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .map(|a| a.len())
+        .unwrap_or(0);
+    assert_eq!(
+        items, 6,
+        "every item, from the first batch and the getMores: {r}"
+    );
+    assert!(
+        s.command_total(p, "getMore").await >= 1,
+        "read from the stepped-down member"
+    );
     c.stop().await;
 }

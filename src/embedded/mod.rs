@@ -79,6 +79,10 @@ pub struct ShardOptions {
     /// Shard-server mode (`sluice shard --configdb …`): the config server whose metadata the
     /// shard checks requests' `shardVersion` / `databaseVersion` against ([`filtering`]).
     pub configdb: Option<String>,
+    /// Items of a `bulkWrite` reply's first batch when the command asks for no `batchSize`
+    /// (`None`: all of them). mongod puts items past its 16 MB reply limit behind a cursor; a
+    /// test sets this to reach that cursor with a few operations.
+    pub bulk_write_batch_size: Option<usize>,
 }
 
 impl Default for ShardOptions {
@@ -96,6 +100,7 @@ impl Default for ShardOptions {
             cursor_timeout: service::CURSOR_IDLE_TIMEOUT,
             config_server: false,
             configdb: None,
+            bulk_write_batch_size: None,
         }
     }
 }

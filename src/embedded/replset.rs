@@ -47,6 +47,10 @@ pub enum AfterWrite {
     CloseConnection,
     /// Step down and answer InterruptedDueToReplStateChange (11602): applied, then refused.
     StepDown,
+    /// Step down, then answer as usual half a second later (another member is primary by
+    /// then): the write is acknowledged, and a cursor its reply opened (a `bulkWrite`'s) is
+    /// left on a member that is no longer primary.
+    StepDownAfterReply,
 }
 
 #[derive(Debug)]
@@ -102,6 +106,7 @@ const WRITE_COMMANDS: &[&str] = &[
     "insert",
     "update",
     "delete",
+    "bulkWrite",
     "findAndModify",
     "findandmodify",
     "create",
@@ -502,19 +507,20 @@ impl MemberLink {
     pub async fn wait_for_write_concern(&self, body: &Document) -> Option<Document> {
         let wc = body.get_document("writeConcern").ok()?;
         let members = lock(&self.set.inner).members.len() as i64;
-        let needed =
-            match wc.get("w") {
-                Some(Bson::String(m)) if m == "majority" => members / 2 + 1,
-                Some(Bson::String(tag)) => return Some(write_concern_error(
+        let needed = match wc.get("w") {
+            Some(Bson::String(m)) if m == "majority" => members / 2 + 1,
+            Some(Bson::String(tag)) => {
+                return Some(write_concern_error(
                     ErrorCode::UnknownReplWriteConcern,
                     format!(
                         "No write concern mode named '{tag}' found in replica set configuration"
                     ),
                     None,
-                )),
-                Some(_) => number_field(wc, "w").unwrap_or(1),
-                None => 1,
-            };
+                ))
+            }
+            Some(_) => number_field(wc, "w").unwrap_or(1),
+            None => 1,
+        };
         if needed <= 1 {
             return None;
         }

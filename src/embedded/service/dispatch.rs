@@ -264,6 +264,12 @@ impl ShardService {
                                     "operation was interrupted because a replica set state change occurred",
                                 ));
                             }
+                            Some(crate::embedded::replset::AfterWrite::StepDownAfterReply) => {
+                                member.step_down_now(Duration::from_secs(10));
+                                // Answer once the set has had time to elect another primary
+                                // (and its monitors to hear of it).
+                                tokio::time::sleep(Duration::from_millis(500)).await;
+                            }
                             None => {}
                         }
                         if let Some(wce) = member.wait_for_write_concern(&body).await {
