@@ -66,6 +66,9 @@ pub struct Config {
     pub security: SecurityConfig,
     /// TLS on the listener and towards shards (docs/design/security.md).
     pub tls: TlsConfig,
+    /// With `configdb`: milliseconds between the router's reports of itself to
+    /// `config.mongos` (its `ping` and `up`); mongos reports every 10 s.
+    pub uptime_report_interval_ms: u64,
 }
 
 /// `[security]`: who may connect and what they may do.
@@ -182,6 +185,7 @@ impl Default for Config {
             stage_memory_bytes: crate::limits::DEFAULT_STAGE_MEMORY_BYTES,
             security: SecurityConfig::default(),
             tls: TlsConfig::default(),
+            uptime_report_interval_ms: 10_000,
         }
     }
 }

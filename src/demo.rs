@@ -30,6 +30,8 @@ pub struct DemoCluster {
     pub sets: Vec<EmbeddedReplicaSet>,
     /// The routers, with the cluster each routes by.
     pub routers: Vec<(RouterHandle, Arc<ShardedCluster>)>,
+    /// What the config server was started with (to start it again).
+    config_options: ShardOptions,
 }
 
 /// Every failure of the demo's start-up, as one message.
@@ -61,16 +63,14 @@ impl DemoCluster {
         argv: Vec<String>,
         collections: &[CollectionConfig],
     ) -> Result<DemoCluster, String> {
-        let config_server = EmbeddedShard::start(
-            "127.0.0.1:0",
-            ShardOptions {
-                set_name: CONFIG_SET_NAME.to_string(),
-                config_server: true,
-                ..shard.clone()
-            },
-        )
-        .await
-        .map_err(|e| failed("cannot start the embedded config server", e))?;
+        let config_options = ShardOptions {
+            set_name: CONFIG_SET_NAME.to_string(),
+            config_server: true,
+            ..shard.clone()
+        };
+        let config_server = EmbeddedShard::start("127.0.0.1:0", config_options.clone())
+            .await
+            .map_err(|e| failed("cannot start the embedded config server", e))?;
         let configdb = format!("{CONFIG_SET_NAME}/{}", config_server.local_addr());
         let shard = ShardOptions {
             configdb: Some(configdb.clone()),
@@ -81,6 +81,7 @@ impl DemoCluster {
             shards: Vec::new(),
             sets: Vec::new(),
             routers: Vec::new(),
+            config_options,
         };
         if members > 1 {
             for i in 0..shards {
@@ -160,6 +161,30 @@ impl DemoCluster {
         self.routers
             .last()
             .ok_or_else(|| "no router was started".to_string())
+    }
+
+    /// Stops the config server and starts it again on the same address with the same options
+    /// (with a `metadata_path`, from what it persisted; otherwise empty).
+    pub async fn restart_config_server(self) -> Result<DemoCluster, String> {
+        let DemoCluster {
+            config_server,
+            shards,
+            sets,
+            routers,
+            config_options,
+        } = self;
+        let addr = config_server.local_addr();
+        config_server.shutdown().await;
+        let config_server = EmbeddedShard::start(&addr.to_string(), config_options.clone())
+            .await
+            .map_err(|e| failed("cannot start the embedded config server again", e))?;
+        Ok(DemoCluster {
+            config_server,
+            shards,
+            sets,
+            routers,
+            config_options,
+        })
     }
 
     /// Stops the routers, then the shards and the config server.

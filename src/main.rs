@@ -107,8 +107,9 @@ enum Command {
         /// The value, in extended JSON: 42, "abc", {"$oid": "…"}, {"productId": 1, "storeId": 2}.
         value: String,
     },
-    /// Run an embedded config server (in memory, for tests and demos; not for production):
-    /// the cluster's `config.*` documents, read by routers started with `--configdb`.
+    /// Run an embedded config server (for tests and demos; not for production): the cluster's
+    /// `config.*` documents, read by routers started with `--configdb`, in memory or kept in
+    /// a file (--metadata-path).
     Configsvr {
         /// Port to listen on (127.0.0.1 unless --listen says otherwise).
         #[arg(long, default_value_t = 27019)]
@@ -116,6 +117,11 @@ enum Command {
         /// Replica set name reported by hello (what `--configdb` names).
         #[arg(long, default_value = "configRS")]
         set_name: String,
+        /// Keep the `config.*` documents in this file: read at start-up, rewritten atomically
+        /// after every change (overrides `metadata_path` of the configuration file). Without
+        /// either, memory only.
+        #[arg(long)]
+        metadata_path: Option<std::path::PathBuf>,
     },
     /// Run one embedded shard (in memory, for tests and benchmarks; not for production).
     Shard {
@@ -276,7 +282,11 @@ fn main() -> anyhow::Result<()> {
             }
             return runtime()?.block_on(run_shard(config, options));
         }
-        Some(Command::Configsvr { port, set_name }) => {
+        Some(Command::Configsvr {
+            port,
+            set_name,
+            metadata_path,
+        }) => {
             if cli.global.listen.is_none() {
                 config.listen = format!("127.0.0.1:{port}");
             }
@@ -285,6 +295,8 @@ fn main() -> anyhow::Result<()> {
             let options = sluice::embedded::ShardOptions {
                 set_name,
                 config_server: true,
+                metadata_path: metadata_path
+                    .or_else(|| config.metadata_path.clone().map(Into::into)),
                 ..embedded_options(&config)
             };
             return runtime()?.block_on(run_shard(config, options));
@@ -364,12 +376,16 @@ async fn run_shard(config: Config, options: sluice::embedded::ShardOptions) -> a
     } else {
         "shard"
     };
+    let kept = match (&options.metadata_path, options.config_server) {
+        (Some(path), true) => format!("config.* kept in {}", path.display()),
+        _ => "memory only".to_string(),
+    };
     let shard = sluice::embedded::EmbeddedShard::start(&config.listen, options)
         .await
         .with_context(|| format!("cannot start the embedded {what} on {}", config.listen))?;
     let addr = shard.local_addr();
-    tracing::info!(%addr, %name, "embedded {what} listening (memory only, not for production)");
-    println!("Embedded {what} {name} is listening on {addr} (memory only).");
+    tracing::info!(%addr, %name, "embedded {what} listening ({kept}, not for production)");
+    println!("Embedded {what} {name} is listening on {addr} ({kept}).");
     wait_for_signal().await;
     shard.shutdown().await;
     Ok(())

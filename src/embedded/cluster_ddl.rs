@@ -81,6 +81,15 @@ fn string<'a>(body: &'a Document, command: &str, field: &str) -> Result<&'a str,
 
 /// Every shard of the cluster as `(id, host to connect to)`, sorted by id.
 async fn shards(d: &Donor) -> Result<Vec<(String, String)>, EngineError> {
+    Ok(shard_entries(d)
+        .await?
+        .into_iter()
+        .map(|(id, host, _)| (id, host))
+        .collect())
+}
+
+/// Every shard as `(id, host to connect to, draining)`, sorted by id.
+async fn shard_entries(d: &Donor) -> Result<Vec<(String, String, bool)>, EngineError> {
     let registry = d
         .filtering
         .cache()
@@ -88,9 +97,9 @@ async fn shards(d: &Donor) -> Result<Vec<(String, String)>, EngineError> {
         .shards()
         .await
         .map_err(engine_error)?;
-    let mut out: Vec<(String, String)> = registry
+    let mut out: Vec<(String, String, bool)> = registry
         .shards()
-        .map(|s| (s.id.clone(), first_host(&s.host).to_string()))
+        .map(|s| (s.id.clone(), first_host(&s.host).to_string(), s.draining))
         .collect();
     out.sort();
     Ok(out)
@@ -170,8 +179,20 @@ async fn create_collection(d: &Donor, db: &str, body: &Document) -> Result<Docum
             existing.snapshot.unique,
         ));
     }
-    let all = shards(d).await?;
-    let ids: Vec<String> = all.iter().map(|(id, _)| id.clone()).collect();
+    let entries = shard_entries(d).await?;
+    // A shard being removed gets no new chunk (unless every shard is).
+    let mut ids: Vec<String> = entries
+        .iter()
+        .filter(|(_, _, draining)| !draining)
+        .map(|(id, _, _)| id.clone())
+        .collect();
+    if ids.is_empty() {
+        ids = entries.iter().map(|(id, _, _)| id.clone()).collect();
+    }
+    let all: Vec<(String, String)> = entries
+        .into_iter()
+        .map(|(id, host, _)| (id, host))
+        .collect();
     let holds_documents = lock(&d.catalog)
         .collection(db, coll)
         .is_some_and(|c| !c.is_empty());

@@ -12,7 +12,9 @@
 //! (`_sluiceCommitShardCollection`, `_sluiceCommitDropCollection`,
 //! `_sluiceCommitDropDatabase`: what MongoDB's coordinators write to `config.*` in one
 //! transaction on the config server, applied here as one command under the catalog's lock).
-//! Migrations are in [`super::migration`]. docs/design/config-server.md, §9 and §13.
+//! Migrations are in [`super::migration`], `_configsvrRemoveShard` in [`super::remove_shard`].
+//! With a metadata path, the `config` database is kept in a file ([`MetadataFile`]).
+//! docs/design/config-server.md, §9 and §13.
 
 use bson::{doc, Bson, Document};
 
@@ -156,6 +158,16 @@ fn create_database(svc: &ShardService, body: &Document) -> Result<Document, Engi
                 .collect()
         })
         .unwrap_or_default();
+    // A shard being removed is not given a new database.
+    let draining: Vec<String> = catalog
+        .collection("config", "shards")
+        .map(|c| {
+            c.iter()
+                .filter(|(_, d)| d.get("draining").is_some_and(crate::value::field::truthy))
+                .filter_map(|(_, d)| d.get_str("_id").ok().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
     let databases: Vec<Document> = catalog
         .collection("config", "databases")
         .map(|c| c.iter().map(|(_, d)| d.clone()).collect())
@@ -199,7 +211,11 @@ fn create_database(svc: &ShardService, body: &Document) -> Result<Document, Engi
                     .filter(|d| d.get_str("primary").ok() == Some(s.as_str()))
                     .count()
             };
-            let mut candidates = shards.clone();
+            let mut candidates: Vec<String> = shards
+                .iter()
+                .filter(|s| !draining.contains(s))
+                .cloned()
+                .collect();
             candidates.sort();
             candidates
                 .into_iter()
@@ -219,4 +235,125 @@ fn create_database(svc: &ShardService, body: &Document) -> Result<Document, Engi
         doc! {"_id": &db, "primary": primary, "version": version.clone()},
     )?;
     Ok(doc! {"databaseVersion": version})
+}
+
+/// The version of the metadata file's layout.
+const FILE_FORMAT: i32 = 1;
+
+/// Where an embedded config server keeps its `config.*` documents, and the bytes it wrote
+/// last (a command that changed nothing writes nothing).
+#[derive(Debug)]
+pub struct MetadataFile {
+    path: std::path::PathBuf,
+    written: std::sync::Mutex<Vec<u8>>,
+}
+
+impl MetadataFile {
+    /// The file at `path` (not read yet).
+    pub fn new(path: impl Into<std::path::PathBuf>) -> MetadataFile {
+        MetadataFile {
+            path: path.into(),
+            written: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Reads the file into `catalog`'s `config` database; a missing file is an empty one. A
+    /// file that does not parse, or holds a document the catalog refuses, is an error naming
+    /// the file (and the collection and document).
+    pub fn load(&self, catalog: &mut super::store::Catalog) -> std::io::Result<()> {
+        let bytes = match std::fs::read(&self.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("cannot read {}: {e}", self.path.display()),
+                ))
+            }
+        };
+        let bad = |what: String| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: {what}", self.path.display()),
+            )
+        };
+        let root = Document::from_reader(&mut bytes.as_slice())
+            .map_err(|e| bad(format!("not a metadata file: {e}")))?;
+        match root.get("format") {
+            Some(Bson::Int32(FILE_FORMAT)) => {}
+            other => return Err(bad(format!("unknown format {other:?}"))),
+        }
+        let config = root
+            .get_document("config")
+            .map_err(|_| bad("no config document".into()))?;
+        for (name, docs) in config {
+            let Bson::Array(docs) = docs else {
+                return Err(bad(format!("config.{name} is not an array")));
+            };
+            let ns = format!("config.{name}");
+            let (coll, _) = catalog.collection_mut("config", name);
+            for d in docs {
+                let Bson::Document(d) = d else {
+                    return Err(bad(format!("{ns} holds a non-document: {d}")));
+                };
+                coll.insert(&ns, d.clone())
+                    .map_err(|e| bad(format!("{ns} refuses {d}: {}", e.message)))?;
+            }
+        }
+        *lock(&self.written) = bytes;
+        Ok(())
+    }
+
+    /// Writes `catalog`'s `config` database to the file atomically (temporary file, fsync,
+    /// rename) when it differs from what was written last. The caller holds no catalog lock.
+    pub fn persist(
+        &self,
+        catalog: &std::sync::Mutex<super::store::Catalog>,
+    ) -> std::io::Result<()> {
+        // Held across the snapshot and the write, so a later snapshot is never overwritten
+        // by an earlier one.
+        let mut written = lock(&self.written);
+        let mut config = Document::new();
+        {
+            let catalog = lock(catalog);
+            if let Some(colls) = catalog.dbs.get("config") {
+                for (name, coll) in colls {
+                    let docs: Vec<Bson> = coll
+                        .iter()
+                        .map(|(_, d)| Bson::Document(d.clone()))
+                        .collect();
+                    config.insert(name.clone(), docs);
+                }
+            }
+        }
+        let root = doc! {"format": FILE_FORMAT, "config": config};
+        let bytes = root.to_vec().map_err(std::io::Error::other)?;
+        if bytes == *written {
+            return Ok(());
+        }
+        crate::metadata::static_store::write_atomically(&self.path, &bytes).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot persist the config metadata to {}: {e}",
+                    self.path.display()
+                ),
+            )
+        })?;
+        *written = bytes;
+        Ok(())
+    }
+}
+
+/// Whether command `name` may change `config.*` on a config server (what is persisted after).
+pub fn may_write(name: &str) -> bool {
+    super::replset::is_write(name)
+        || name == "bulkWrite"
+        || name.starts_with("_configsvr")
+        || name.starts_with("_sluiceCommit")
 }

@@ -223,6 +223,115 @@ pub fn data_size(svc: &ShardService, body: &Document) -> Result<Document, Engine
     })
 }
 
+/// `splitVector: "<db>.<coll>", keyPattern, min?, max?, force?, maxChunkSizeBytes? |
+/// maxChunkSize? (MB), maxSplitPoints?, maxChunkObjects?`: the keys that cut the documents of
+/// `[min, max)` into parts of at most half the chunk size (mongod's rule), or with `force` the
+/// one key nearest the middle (what mongos's `split` by `find` or `bounds` asks for). Keys are
+/// shard key values, hashed where the pattern hashes; a split key is never the range's first
+/// key, and never repeated. Replies `{splitKeys: [...]}`.
+pub fn split_vector(svc: &ShardService, body: &Document) -> Result<Document, EngineError> {
+    let ns =
+        match body.get("splitVector") {
+            Some(Bson::String(s)) => s.clone(),
+            _ => return Err(err(
+                ErrorCode::TypeMismatch,
+                "BSON field 'splitVector.splitVector' is the wrong type, expected type 'string'",
+            )),
+        };
+    let (db, coll) = split_namespace(&ns, "")?;
+    let pattern = match body.get("keyPattern") {
+        Some(Bson::Document(k)) => crate::routing::ShardKeyPattern::parse(k)
+            .map_err(|e| err(ErrorCode::BadValue, e.message))?,
+        _ => return Err(err(ErrorCode::BadValue, "keyPattern must be an object")),
+    };
+    let bound = |field: &str, default: crate::routing::ShardKey| match body.get(field) {
+        None => Ok(default),
+        Some(Bson::Document(d)) if d.is_empty() => Ok(default),
+        Some(Bson::Document(d)) => pattern
+            .key_from_document(d)
+            .map_err(|e| err(ErrorCode::BadValue, e.message)),
+        Some(_) => Err(err(
+            ErrorCode::TypeMismatch,
+            format!("BSON field 'splitVector.{field}' is the wrong type, expected type 'object'"),
+        )),
+    };
+    let lo = bound("min", pattern.min_key())?;
+    let hi = bound("max", pattern.max_key())?;
+    let force = body.get("force").is_some_and(truthy);
+    let number = |field: &str| -> Option<i64> {
+        match body.get(field) {
+            Some(Bson::Int32(v)) => Some(i64::from(*v)),
+            Some(Bson::Int64(v)) => Some(*v),
+            Some(Bson::Double(v)) => Some(*v as i64),
+            _ => None,
+        }
+    };
+    let max_bytes = number("maxChunkSizeBytes")
+        .or_else(|| number("maxChunkSize").map(|mb| mb.saturating_mul(1024 * 1024)));
+    if !force && max_bytes.is_none() {
+        return Err(err(
+            ErrorCode::InvalidOptions,
+            "need to specify the desired max chunk size (maxChunkSize or maxChunkSizeBytes)",
+        ));
+    }
+    let (mut keys, bytes) = {
+        let cat = lock(&svc.catalog);
+        let mut keys = Vec::new();
+        let mut bytes = 0i64;
+        if let Some(c) = cat.collection(&db, &coll) {
+            for (_, d) in c.iter() {
+                let raw = bson::RawDocumentBuf::try_from(d)
+                    .map_err(|e| err(ErrorCode::InternalError, e.to_string()))?;
+                let Ok(key) = pattern.extract_from_document(&raw) else {
+                    continue;
+                };
+                if key < lo || key >= hi {
+                    continue;
+                }
+                bytes += crate::limits::measure(d).bytes as i64;
+                keys.push(key);
+            }
+        }
+        (keys, bytes)
+    };
+    keys.sort();
+    let n = keys.len() as i64;
+    let per_part = if force {
+        (n / 2).max(1)
+    } else {
+        let average = if n == 0 { 1 } else { (bytes / n).max(1) };
+        let by_size = (max_bytes.unwrap_or(0) / 2 / average).max(1);
+        match number("maxChunkObjects") {
+            Some(objects) if objects > 0 => by_size.min(objects),
+            _ => by_size,
+        }
+    };
+    let limit = match number("maxSplitPoints") {
+        Some(m) if m > 0 => m as usize,
+        _ => usize::MAX,
+    };
+    let mut split: Vec<&crate::routing::ShardKey> = Vec::new();
+    let mut since = 0i64;
+    for key in &keys {
+        if since >= per_part
+            && Some(key) > keys.first()
+            && split.last().is_none_or(|last| key > *last)
+        {
+            split.push(key);
+            since = 0;
+            if force || split.len() >= limit {
+                break;
+            }
+        }
+        since += 1;
+    }
+    let split: Vec<Bson> = split
+        .into_iter()
+        .map(|k| Bson::Document(pattern.key_document(k)))
+        .collect();
+    Ok(doc! {"splitKeys": split})
+}
+
 /// `renameCollection` (run against `admin`): moves a collection with its documents, indexes
 /// and options; `dropTarget: true` replaces an existing target.
 pub fn rename_collection(

@@ -31,6 +31,7 @@ pub mod ddl;
 pub mod filtering;
 pub mod migration;
 pub mod pipeline_output;
+pub mod remove_shard;
 pub mod replset;
 pub mod service;
 pub mod store;
@@ -83,6 +84,9 @@ pub struct ShardOptions {
     /// (`None`: all of them). mongod puts items past its 16 MB reply limit behind a cursor; a
     /// test sets this to reach that cursor with a few operations.
     pub bulk_write_batch_size: Option<usize>,
+    /// With [`ShardOptions::config_server`]: the file the `config.*` documents are kept in,
+    /// read at start-up and rewritten atomically after every command that changed them.
+    pub metadata_path: Option<std::path::PathBuf>,
 }
 
 impl Default for ShardOptions {
@@ -101,6 +105,7 @@ impl Default for ShardOptions {
             config_server: false,
             configdb: None,
             bulk_write_batch_size: None,
+            metadata_path: None,
         }
     }
 }
@@ -144,18 +149,31 @@ impl EmbeddedShard {
             ..Config::default()
         };
         options.protect(&mut config);
+        let data = service::DataSet::default();
+        let file = match (&options.metadata_path, options.config_server) {
+            (Some(path), true) => {
+                let file = configsvr::MetadataFile::new(path);
+                file.load(&mut crate::sync::lock(data.catalog()))?;
+                Some(file)
+            }
+            _ => None,
+        };
         let mut made: Option<Arc<ShardService>> = None;
         let handle = crate::frontend::start_service(
             config,
             vec!["sluice".into(), "shard".into()],
             |state| {
-                let s = Arc::new(ShardService::new(state, options));
+                let s = Arc::new(
+                    ShardService::with_data(state, options, data, None).with_metadata_file(file),
+                );
                 made = Some(s.clone());
                 s
             },
         )
         .await?;
         let service = made.ok_or_else(|| std::io::Error::other("shard service was not created"))?;
+        // What the start-up wrote (a new config server's cluster id) is kept from the start.
+        service.persist_metadata()?;
         service.set_address(handle.local_addr());
         service::spawn_idle_monitor(&service);
         Ok(EmbeddedShard { handle, service })

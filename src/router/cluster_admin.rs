@@ -210,3 +210,41 @@ pub async fn flush_router_config(
     }
     Ok(doc! {"flushed": true})
 }
+
+/// `removeShard: "<shard id>"`: `_configsvrRemoveShard` on the config server with majority
+/// write concern, its reply passed on (`started`, `ongoing` with `remaining`, `completed`);
+/// once it is `completed` this router reads the shard list again.
+pub async fn remove_shard(
+    sharded: Option<&ShardedCluster>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    if req.db != "admin" {
+        return Err(CommandError::new(
+            ErrorCode::Unauthorized,
+            "removeShard may only be run against the admin database.",
+        ));
+    }
+    let body = req.body_document();
+    let target = match body.get(&req.name) {
+        Some(Bson::String(s)) => s.clone(),
+        _ => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                format!("Field '{}' must be of type string", req.name),
+            ))
+        }
+    };
+    let Some(sharded) = sharded.filter(|s| s.has_config_server()) else {
+        return Err(CommandError::new(
+            ErrorCode::IllegalOperation,
+            "removeShard drains a shard through the config server: start the router with --configdb (a router started with --config lists its shards in its configuration file)",
+        ));
+    };
+    let reply = sharded
+        .config_server_command(doc! {"_configsvrRemoveShard": &target})
+        .await?;
+    if reply.get_str("state").ok() == Some("completed") {
+        sharded.refresh_shards().await?;
+    }
+    Ok(super::cluster_ddl::passed_on(reply))
+}

@@ -220,9 +220,37 @@ async fn on_shard(
     Ok(reply)
 }
 
-/// `split {split: ns, middle}`: the chunk holding `middle` is split there, by the shard that
-/// owns it (`splitChunk`, committed on the config server as `_configsvrCommitChunkSplit`).
-/// `middle` is a whole shard key, in hashed values for a hashed field, as mongos takes it.
+/// An error mongos answers with `errmsg` alone (its `split` is an errmsg command); Sluice gives
+/// it InvalidOptions (72) as well, since a stock driver cannot read an error without a code.
+fn split_form(message: impl Into<String>) -> CommandError {
+    CommandError::new(ErrorCode::InvalidOptions, message)
+}
+
+/// An optional field of `split` that must be `kind` when present (an empty one counts as
+/// absent, as mongos's field parser has it).
+fn split_field<'a>(
+    body: &'a Document,
+    field: &str,
+    array: bool,
+) -> Result<Option<&'a Bson>, CommandError> {
+    match body.get(field) {
+        None => Ok(None),
+        Some(Bson::Document(d)) if !array => Ok((!d.is_empty()).then_some(&body[field])),
+        Some(Bson::Array(a)) if array => Ok((!a.is_empty()).then_some(&body[field])),
+        Some(v) => Err(split_form(format!(
+            "wrong type for '{field}' field, expected {}, found {field}: {v}",
+            if array { "array" } else { "object" }
+        ))),
+    }
+}
+
+/// `split`: `{split: ns, middle}` splits the chunk holding `middle` there; `{split: ns, find}`
+/// the chunk holding the document `find` names by its shard key, and `{split: ns, bounds:
+/// [min, max]}` the chunk with exactly those bounds, both at the median key the owning shard
+/// finds (`splitVector` with `force`, as mongos asks). The split itself is done by the shard
+/// that owns the chunk (`splitChunk`, committed on the config server as
+/// `_configsvrCommitChunkSplit`). `middle` and `bounds` are whole shard keys, in hashed values
+/// for a hashed field, as mongos takes them. Checks and messages in mongos's order.
 pub async fn split(
     sharded: Option<&ShardedCluster>,
     req: &CommandRequest,
@@ -232,60 +260,97 @@ pub async fn split(
     let Some(sharded) = sharded.filter(|s| s.has_config_server()) else {
         return Err(needs_config_server("split"));
     };
-    let middle = match (body.get("middle"), body.get("find"), body.get("bounds")) {
-        (Some(Bson::Document(m)), None, None) => m.clone(),
-        (Some(Bson::Document(_)), _, _) => {
-            return Err(CommandError::new(
-                ErrorCode::InvalidOptions,
-                "cannot specify find or bounds together with middle",
-            ))
-        }
-        (None, Some(_), _) | (None, _, Some(_)) => {
-            return Err(CommandError::new(
-                ErrorCode::CommandNotSupported,
-                "split by 'find' or 'bounds' (at the chunk's median) is not supported by this version of Sluice: give the split point as 'middle'",
-            ))
-        }
-        (Some(_), _, _) => {
-            return Err(CommandError::new(
-                ErrorCode::TypeMismatch,
-                "BSON field 'split.middle' is the wrong type, expected type 'object'",
-            ))
-        }
-        (None, None, None) => {
-            return Err(CommandError::new(
-                ErrorCode::InvalidOptions,
-                "need to specify find/bounds or middle",
-            ))
-        }
-    };
     let snapshot = sharded_snapshot(sharded, "split", &ns).await?;
+    let find = split_field(&body, "find", false)?;
+    let bounds = split_field(&body, "bounds", true)?;
+    let bounds = match bounds {
+        Some(Bson::Array(b)) => {
+            let (Some(lo), Some(hi)) = (b.first(), b.get(1)) else {
+                return Err(split_form("upper bound not specified"));
+            };
+            Some((lo, hi))
+        }
+        _ => None,
+    };
+    if find.is_some() && bounds.is_some() {
+        return Err(split_form(
+            "cannot specify bounds and find at the same time",
+        ));
+    }
+    let middle = split_field(&body, "middle", false)?;
+    if find.is_none() && bounds.is_none() && middle.is_none() {
+        return Err(split_form("need to specify find/bounds or middle"));
+    }
+    if find.is_some() && middle.is_some() {
+        return Err(split_form("cannot specify find and middle together"));
+    }
+    if bounds.is_some() && middle.is_some() {
+        return Err(split_form("cannot specify bounds and middle together"));
+    }
     let pattern = &snapshot.pattern;
-    let key: ShardKey = pattern.key_from_document(&middle).map_err(|_| {
-        CommandError::new(
-            ErrorCode::InvalidOptions,
-            format!(
-                "new split key {middle} is not valid for shard key pattern {}",
+    let whole_key = |d: &Bson| -> Option<ShardKey> {
+        let Bson::Document(d) = d else { return None };
+        if d.len() != pattern.fields().len() {
+            return None;
+        }
+        pattern.key_from_document(d).ok()
+    };
+    let (chunk, split_key) = if let Some(Bson::Document(find)) = find {
+        let key = match pattern.extract_from_filter(find) {
+            crate::routing::FilterKeys::Keys(keys) if keys.len() == 1 => keys[0].clone(),
+            _ => {
+                return Err(split_form(format!(
+                    "no shard key found in chunk query {find}"
+                )))
+            }
+        };
+        (snapshot.chunks.find(&key).cloned(), None)
+    } else if let Some((lo, hi)) = bounds {
+        let (Some(min), Some(max)) = (whole_key(lo), whole_key(hi)) else {
+            return Err(split_form(format!(
+                "shard key bounds [{lo},{hi}) are not valid for shard key pattern {}",
                 pattern.to_document()
-            ),
-        )
-    })?;
-    let chunk = snapshot.chunks.find(&key).cloned().ok_or_else(|| {
+            )));
+        };
+        let chunk = snapshot.chunks.find(&min).cloned();
+        if !chunk.as_ref().is_some_and(|c| c.min == min && c.max == max) {
+            return Err(split_form(format!(
+                "no chunk found with the shard key bounds [{}, {})",
+                pattern.key_document(&min),
+                pattern.key_document(&max)
+            )));
+        }
+        (chunk, None)
+    } else {
+        let m = middle.cloned().unwrap_or(Bson::Null);
+        let Some(key) = whole_key(&m) else {
+            return Err(split_form(format!(
+                "new split key {m} is not valid for shard key pattern {}",
+                pattern.to_document()
+            )));
+        };
+        let chunk = snapshot.chunks.find(&key).cloned();
+        if let Some(c) = &chunk {
+            if c.min == key || c.max == key {
+                return Err(split_form(format!(
+                    "new split key {m} is a boundary key of existing chunk [{},{})",
+                    pattern.key_document(&c.min),
+                    pattern.key_document(&c.max)
+                )));
+            }
+        }
+        (chunk, Some(key))
+    };
+    let chunk = chunk.ok_or_else(|| {
         CommandError::new(
             ErrorCode::InternalError,
             format!("{ns} has no chunk for that key"),
         )
     })?;
-    if chunk.min == key || chunk.max == key {
-        return Err(CommandError::new(
-            ErrorCode::InvalidOptions,
-            format!(
-                "new split key {middle} is a boundary key of existing chunk [{},{})",
-                pattern.key_document(&chunk.min),
-                pattern.key_document(&chunk.max)
-            ),
-        ));
-    }
+    let split_key = match split_key {
+        Some(k) => pattern.key_document(&k),
+        None => median_key(sharded, &ns, pattern, &chunk).await?,
+    };
     let command = doc! {
         "splitChunk": &ns,
         "from": &chunk.shard,
@@ -294,12 +359,41 @@ pub async fn split(
         "timestamp": snapshot.timestamp,
         "min": pattern.key_document(&chunk.min),
         "max": pattern.key_document(&chunk.max),
-        "splitKeys": [pattern.key_document(&key)],
+        "splitKeys": [split_key],
     };
     let result = on_shard(sharded, &chunk.shard, command).await;
     sharded.forget_collection(&ns);
     result?;
     Ok(Document::new())
+}
+
+/// The key near the middle of `chunk`'s documents, from the shard that owns it (`splitVector`
+/// with `force`, as mongos asks); CannotSplit (106) when the chunk has no such key.
+async fn median_key(
+    sharded: &ShardedCluster,
+    ns: &str,
+    pattern: &crate::routing::ShardKeyPattern,
+    chunk: &crate::routing::Chunk,
+) -> Result<Document, CommandError> {
+    let reply = on_shard(
+        sharded,
+        &chunk.shard,
+        doc! {
+            "splitVector": ns,
+            "keyPattern": pattern.to_document(),
+            "min": pattern.key_document(&chunk.min),
+            "max": pattern.key_document(&chunk.max),
+            "force": true,
+        },
+    )
+    .await?;
+    match reply.get_array("splitKeys").ok().and_then(|k| k.first()) {
+        Some(Bson::Document(k)) => Ok(k.clone()),
+        _ => Err(CommandError::new(
+            ErrorCode::CannotSplit,
+            "Unable to find median in chunk because chunk is indivisible.",
+        )),
+    }
 }
 
 /// `mergeChunks {mergeChunks: ns, bounds: [min, max]}`: the chunks exactly covering the range,

@@ -13,6 +13,7 @@ pub mod maintenance;
 pub mod route;
 pub mod sharding;
 pub mod state;
+pub mod uptime;
 
 pub use state::ShardedCluster;
 
@@ -181,6 +182,8 @@ pub enum Handler {
     ListShards,
     /// `addShard`.
     AddShard,
+    /// `removeShard`.
+    RemoveShard,
     /// `flushRouterConfig`.
     FlushRouterConfig,
     /// `balancerStatus`, `balancerStart`, `balancerStop`.
@@ -221,6 +224,7 @@ impl Handler {
             "shardCollection" | "shardcollection" => ShardCollection,
             "listShards" | "listshards" => ListShards,
             "addShard" | "addshard" => AddShard,
+            "removeShard" | "removeshard" => RemoveShard,
             "flushRouterConfig" | "flushrouterconfig" => FlushRouterConfig,
             "balancerStatus" | "balancerStart" | "balancerStop" => Balancer,
             "split" => Split,
@@ -398,6 +402,7 @@ async fn run_command(
             cluster_admin::flush_router_config(cluster.map(|c| &**c), req).await
         }
         Handler::AddShard => cluster_admin::add_shard(cluster.map(|c| &**c), req).await,
+        Handler::RemoveShard => cluster_admin::remove_shard(cluster.map(|c| &**c), req).await,
         Handler::Balancer => cluster_ddl::balancer(cluster.map(|c| &**c), req).await,
         Handler::Split => cluster_ddl::split(cluster.map(|c| &**c), req).await,
         Handler::MergeChunks => cluster_ddl::merge_chunks(cluster.map(|c| &**c), req).await,
@@ -491,8 +496,15 @@ pub async fn start_router(
     if let Some(c) = &cluster {
         c.cluster.set_stage_memory(config.stage_memory_bytes);
     }
-    crate::frontend::start_service(config, argv, |state| Arc::new(Router::new(state, cluster)))
-        .await
+    let interval = std::time::Duration::from_millis(config.uptime_report_interval_ms);
+    let reported = cluster.clone();
+    let handle =
+        crate::frontend::start_service(config, argv, |state| Arc::new(Router::new(state, cluster)))
+            .await?;
+    if let Some(c) = &reported {
+        uptime::spawn(c, &handle, interval);
+    }
+    Ok(handle)
 }
 
 /// Opens the metadata, registers the shards (refusing a list that contradicts persisted

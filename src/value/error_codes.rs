@@ -84,6 +84,7 @@ named {
     InvalidNamespace = 73,
     UnknownReplWriteConcern = 79,
     NoProgressMade = 82,
+    CannotSplit = 106,
     IndexOptionsConflict = 85,
     IndexKeySpecsConflict = 86,
     NetworkTimeout = 89,

@@ -85,6 +85,7 @@ pub fn run(
         "collMod" => super::ddl::coll_mod(svc, req, body),
         "validate" => super::ddl::validate(svc, req, body),
         "dataSize" | "datasize" => super::ddl::data_size(svc, body),
+        "splitVector" => super::ddl::split_vector(svc, body),
         "renameCollection" => super::ddl::rename_collection(svc, req, body),
         other => Err(err(
             ErrorCode::CommandNotFound,

@@ -73,6 +73,16 @@ impl ShardService {
                     .await
                     .map(Some);
                 }
+                "_configsvrRemoveShard" => {
+                    check_admin(req)?;
+                    return crate::embedded::remove_shard::remove_shard(
+                        &self.catalog,
+                        &self.migrations,
+                        &self.drains,
+                        &body,
+                    )
+                    .map(Some);
+                }
                 "_configsvrCommitChunkMigration" => {
                     check_admin(req)?;
                     return crate::embedded::migration::commit_chunk_migration(
@@ -330,6 +340,15 @@ impl Service for ShardService {
     ) -> BoxFuture<'a, Response> {
         Box::pin(async move {
             let mut result = self.run(client, req).await;
+            // A change to `config.*` is on disk before it is acknowledged.
+            if self.metadata_file.is_some() && crate::embedded::configsvr::may_write(&req.name) {
+                if let Err(e) = self.persist_metadata() {
+                    tracing::error!(error = %e, "the config metadata was not persisted");
+                    if result.is_ok() {
+                        result = Err(EngineError::new(ErrorCode::InternalError, e.to_string()));
+                    }
+                }
+            }
             if let (Err(e), Some(_)) = (&mut result, &self.member) {
                 label_retryable_write_error(e, &req.name, &req.body_document());
             }

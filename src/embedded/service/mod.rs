@@ -46,6 +46,11 @@ pub struct DataSet {
 }
 
 impl DataSet {
+    /// The catalog (to load it before the data set is served).
+    pub fn catalog(&self) -> &Arc<Mutex<Catalog>> {
+        &self.catalog
+    }
+
     /// Every document of `db.coll`, in natural order.
     pub fn documents(&self, db: &str, coll: &str) -> Vec<Document> {
         lock(&self.catalog)
@@ -74,6 +79,8 @@ pub struct ShardService {
     slots: Option<Semaphore>,
     filtering: Option<Arc<super::filtering::Filtering>>,
     migrations: Arc<super::migration::Migrations>,
+    metadata_file: Option<super::configsvr::MetadataFile>,
+    pub(super) drains: Arc<super::remove_shard::Drains>,
 }
 
 impl ShardService {
@@ -116,6 +123,22 @@ impl ShardService {
             slots,
             filtering,
             migrations: Arc::default(),
+            metadata_file: None,
+            drains: Arc::default(),
+        }
+    }
+
+    /// A config server keeping its `config.*` documents in `file` (already loaded).
+    pub fn with_metadata_file(mut self, file: Option<super::configsvr::MetadataFile>) -> Self {
+        self.metadata_file = file;
+        self
+    }
+
+    /// Writes the config metadata to its file now, if the server keeps one.
+    pub fn persist_metadata(&self) -> std::io::Result<()> {
+        match &self.metadata_file {
+            Some(file) => file.persist(&self.catalog),
+            None => Ok(()),
         }
     }
 

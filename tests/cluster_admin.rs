@@ -1,0 +1,597 @@
+//! Cluster administration through `--configdb` routers, as mongos answers it, through the
+//! stock driver: `removeShard` (started, ongoing with what remains, completed; the shard's
+//! chunks moved away by the config server, the databases it is primary of listed under
+//! `dbsToMove`), the routers' own entries in `config.mongos`, and `split` by `find` and by
+//! `bounds` at the median key the owning shard finds.
+
+mod common;
+
+use common::{all, direct};
+
+use bson::{doc, Bson, Document};
+use sluice::config::Config;
+use sluice::embedded::ShardOptions;
+
+async fn cluster(
+    shards: usize,
+    routers: Vec<Config>,
+    collections: &str,
+) -> sluice::demo::DemoCluster {
+    let collections: Config = toml::from_str(collections).unwrap();
+    sluice::demo::DemoCluster::start(
+        shards,
+        ShardOptions::for_tests(),
+        routers,
+        vec!["sluice".into()],
+        &collections.collections,
+    )
+    .await
+    .expect("the embedded cluster starts")
+}
+
+fn router_config() -> Config {
+    Config {
+        listen: "127.0.0.1:0".into(),
+        ..Config::default()
+    }
+}
+
+async fn client(c: &sluice::demo::DemoCluster, i: usize) -> mongodb::Client {
+    common::driver(c.routers[i].0.local_addr(), "").await
+}
+
+async fn admin(client: &mongodb::Client, command: Document) -> mongodb::error::Result<Document> {
+    client.database("admin").run_command(command).await
+}
+
+/// Every `_id` of `db.coll` through `client`, sorted.
+async fn ids(client: &mongodb::Client, db: &str, coll: &str) -> Vec<i64> {
+    let mut ids: Vec<i64> = all(client
+        .database(db)
+        .collection::<Document>(coll)
+        .find(doc! {})
+        .await
+        .unwrap())
+    .await
+    .iter()
+    .map(|d| d.get_i64("_id").unwrap())
+    .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// The shard ids `listShards` names through `client`.
+async fn listed(client: &mongodb::Client) -> Vec<String> {
+    let reply = admin(client, doc! {"listShards": 1}).await.unwrap();
+    let mut ids: Vec<String> = reply
+        .get_array("shards")
+        .unwrap()
+        .iter()
+        .filter_map(|s| s.as_document()?.get_str("_id").ok().map(str::to_string))
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Calls `removeShard` until it answers `completed` (or `deadline` passes), checking that the
+/// counts it reports never grow; returns every reply.
+async fn remove_until_completed(client: &mongodb::Client, shard: &str) -> Vec<Document> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut replies = Vec::new();
+    let mut last_chunks = i64::MAX;
+    loop {
+        let r = admin(client, doc! {"removeShard": shard}).await.unwrap();
+        replies.push(r.clone());
+        match r.get_str("state").unwrap() {
+            "completed" => {
+                assert_eq!(r.get_str("shard").unwrap(), shard);
+                assert_eq!(
+                    r.get_str("msg").unwrap(),
+                    "removeshard completed successfully"
+                );
+                return replies;
+            }
+            "ongoing" => {
+                let chunks = r
+                    .get_document("remaining")
+                    .unwrap()
+                    .get_i64("chunks")
+                    .unwrap();
+                assert!(
+                    chunks <= last_chunks,
+                    "the remaining chunks never grow: {replies:?}"
+                );
+                last_chunks = chunks;
+            }
+            other => panic!("unexpected state {other}: {r}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not drained: {replies:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+const ITEMS: &str = "[[collections]]\nns = \"demo.items\"\nkey = '{\"_id\": \"hashed\"}'\n";
+
+#[tokio::test]
+async fn remove_shard_drains_the_shard_and_takes_it_out_of_the_cluster() {
+    let c = cluster(3, vec![router_config(), router_config()], ITEMS).await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    let n = 600i64;
+    a.database("demo")
+        .collection::<Document>("items")
+        .insert_many((0..n).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    // An unsharded collection lives on the database's primary shard.
+    a.database("demo")
+        .collection::<Document>("plain")
+        .insert_many((0..10i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    let config = direct(c.config_server.local_addr())
+        .await
+        .database("config");
+    let primary = config
+        .collection::<Document>("databases")
+        .find_one(doc! {"_id": "demo"})
+        .await
+        .unwrap()
+        .unwrap()
+        .get_str("primary")
+        .unwrap()
+        .to_string();
+    let mut shard_ids = listed(&a).await;
+    assert_eq!(shard_ids.len(), 3);
+    shard_ids.retain(|s| *s != primary);
+    let victim = shard_ids[0].clone();
+
+    // Bad forms, as mongos answers them.
+    let e = admin(&a, doc! {"removeShard": 1}).await.unwrap_err();
+    assert_eq!(common::command_code(&e), 14, "{e}");
+    let e = admin(&a, doc! {"removeShard": "nope"}).await.unwrap_err();
+    assert_eq!(common::command_code(&e), 70, "ShardNotFound: {e}");
+
+    let started = admin(&a, doc! {"removeShard": &victim}).await.unwrap();
+    assert_eq!(started.get_str("state").unwrap(), "started", "{started}");
+    assert_eq!(
+        started.get_str("msg").unwrap(),
+        "draining started successfully"
+    );
+    assert_eq!(started.get_str("shard").unwrap(), victim);
+    assert!(
+        started.get_array("dbsToMove").unwrap().is_empty(),
+        "{started}"
+    );
+    let shard_doc = config
+        .collection::<Document>("shards")
+        .find_one(doc! {"_id": &victim})
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        shard_doc.get_bool("draining").ok(),
+        Some(true),
+        "{shard_doc}"
+    );
+    // The next call reports what is left (two chunks do not move within one round trip).
+    let ongoing = admin(&b, doc! {"removeShard": &victim}).await.unwrap();
+    assert_eq!(ongoing.get_str("state").unwrap(), "ongoing", "{ongoing}");
+    assert_eq!(ongoing.get_str("msg").unwrap(), "draining ongoing");
+    let remaining = ongoing.get_document("remaining").unwrap();
+    assert!(
+        (1..=2).contains(&remaining.get_i64("chunks").unwrap()),
+        "{ongoing}"
+    );
+    assert_eq!(remaining.get_i64("dbs").unwrap(), 0);
+    assert_eq!(remaining.get_i64("jumboChunks").unwrap(), 0);
+    // Reads and writes go on while it drains.
+    assert_eq!(ids(&b, "demo", "items").await, (0..n).collect::<Vec<_>>());
+    remove_until_completed(&a, &victim).await;
+
+    assert!(!listed(&a).await.contains(&victim));
+    assert!(!listed(&b).await.contains(&victim));
+    assert_eq!(
+        config
+            .collection::<Document>("shards")
+            .count_documents(doc! {})
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        config
+            .collection::<Document>("chunks")
+            .count_documents(doc! {"shard": &victim})
+            .await
+            .unwrap(),
+        0
+    );
+    let gone = c
+        .shards
+        .iter()
+        .find(|s| s.service().name() == victim)
+        .unwrap();
+    assert!(
+        gone.service().documents("demo", "items").is_empty(),
+        "the drained shard holds no document"
+    );
+    assert_eq!(ids(&a, "demo", "items").await, (0..n).collect::<Vec<_>>());
+    assert_eq!(ids(&b, "demo", "items").await, (0..n).collect::<Vec<_>>());
+    for id in [0i64, 7, 311, 599] {
+        assert!(b
+            .database("demo")
+            .collection::<Document>("items")
+            .find_one(doc! {"_id": id})
+            .await
+            .unwrap()
+            .is_some());
+    }
+    let e = admin(&a, doc! {"removeShard": &victim}).await.unwrap_err();
+    assert_eq!(
+        common::command_code(&e),
+        70,
+        "a removed shard is not found: {e}"
+    );
+
+    // The primary shard: its chunks move, its database stays until it is dropped.
+    let r = admin(&b, doc! {"removeShard": &primary}).await.unwrap();
+    assert_eq!(r.get_str("state").unwrap(), "started");
+    assert_eq!(
+        r.get_array("dbsToMove").unwrap(),
+        &vec![Bson::String("demo".into())]
+    );
+    assert_eq!(
+        r.get_str("note").unwrap(),
+        "you need to drop or movePrimary these databases"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let waiting = loop {
+        let r = admin(&b, doc! {"removeShard": &primary}).await.unwrap();
+        assert_eq!(r.get_str("state").unwrap(), "ongoing", "{r}");
+        let remaining = r.get_document("remaining").unwrap();
+        assert_eq!(remaining.get_i64("dbs").unwrap(), 1);
+        if remaining.get_i64("chunks").unwrap() == 0 {
+            break r;
+        }
+        assert!(std::time::Instant::now() < deadline, "not drained: {r}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        waiting.get_array("dbsToMove").unwrap(),
+        &vec![Bson::String("demo".into())]
+    );
+    assert_eq!(ids(&a, "demo", "items").await, (0..n).collect::<Vec<_>>());
+    assert_eq!(ids(&b, "demo", "plain").await, (0..10).collect::<Vec<_>>());
+    a.database("demo").drop().await.unwrap();
+    let done = remove_until_completed(&b, &primary).await;
+    assert_eq!(
+        done.len(),
+        1,
+        "completed once the database is gone: {done:?}"
+    );
+    let last = listed(&a).await;
+    assert_eq!(last.len(), 1);
+    let e = admin(&a, doc! {"removeShard": &last[0]}).await.unwrap_err();
+    assert_eq!(common::command_code(&e), 20, "the last shard stays: {e}");
+    // What is left still routes.
+    a.database("demo2")
+        .collection::<Document>("x")
+        .insert_one(doc! {"_id": 1i64})
+        .await
+        .unwrap();
+    assert_eq!(ids(&b, "demo2", "x").await, vec![1]);
+    c.shutdown().await;
+}
+
+#[tokio::test]
+async fn routers_register_in_config_mongos_and_refresh_their_ping() {
+    let fast = || Config {
+        uptime_report_interval_ms: 200,
+        ..router_config()
+    };
+    let mut c = cluster(1, vec![fast(), fast()], "").await;
+    let addrs: Vec<_> = c.routers.iter().map(|(r, _)| r.local_addr()).collect();
+    let names: Vec<String> = addrs
+        .iter()
+        .map(|a| sluice::router::uptime::instance_id(*a))
+        .collect();
+    assert!(
+        names[0].ends_with(&format!(":{}", addrs[0].port())),
+        "{names:?}"
+    );
+    let mongos = direct(c.config_server.local_addr())
+        .await
+        .database("config")
+        .collection::<Document>("mongos");
+    let entry = |name: String| {
+        let mongos = mongos.clone();
+        async move { mongos.find_one(doc! {"_id": name}).await.unwrap() }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while mongos.count_documents(doc! {}).await.unwrap() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the routers registered"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let first = entry(names[0].clone()).await.unwrap();
+    assert!(first.get_datetime("ping").is_ok(), "{first}");
+    assert!(first.get_datetime("created").is_ok(), "{first}");
+    assert!(first.get_i64("up").is_ok(), "{first}");
+    assert!(first.get_bool("waiting").unwrap());
+    assert_eq!(first.get_str("mongoVersion").unwrap(), "8.0.4");
+    // Read through a router too, as sh.status() does.
+    let through = client(&c, 0).await;
+    let seen = all(through
+        .database("config")
+        .collection::<Document>("mongos")
+        .find(doc! {})
+        .await
+        .unwrap())
+    .await;
+    assert_eq!(seen.len(), 2);
+    // The ping moves on while the router runs.
+    let ping = *first.get_datetime("ping").unwrap();
+    loop {
+        let now = entry(names[0].clone()).await.unwrap();
+        if *now.get_datetime("ping").unwrap() > ping {
+            assert_eq!(
+                now.get_datetime("created").unwrap(),
+                first.get_datetime("created").unwrap()
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ping was refreshed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // A stopped router's ping stays where it was.
+    let (stopped, _) = c.routers.pop().unwrap();
+    stopped.shutdown().await;
+    let before = *entry(names[1].clone())
+        .await
+        .unwrap()
+        .get_datetime("ping")
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    let after = *entry(names[1].clone())
+        .await
+        .unwrap()
+        .get_datetime("ping")
+        .unwrap();
+    assert_eq!(before, after, "no report after shutdown");
+    c.shutdown().await;
+}
+
+const RANGED: &str = "[[collections]]\nns = \"demo.ranged\"\nkey = '{\"x\": 1}'\n\n[[collections]]\nns = \"demo.items\"\nkey = '{\"_id\": \"hashed\"}'\n";
+
+/// `(min x, max x, shard, lastmod)` of `ns`'s chunks on the config server, by `min`.
+async fn chunk_list(
+    c: &sluice::demo::DemoCluster,
+    ns: &str,
+    field: &str,
+) -> Vec<(Bson, Bson, bson::Timestamp)> {
+    let config = direct(c.config_server.local_addr())
+        .await
+        .database("config");
+    let entry = config
+        .collection::<Document>("collections")
+        .find_one(doc! {"_id": ns})
+        .await
+        .unwrap()
+        .unwrap();
+    let mut out: Vec<_> = all(config
+        .collection::<Document>("chunks")
+        .find(doc! {"uuid": entry.get("uuid").cloned().unwrap()})
+        .sort(doc! {"min": 1})
+        .await
+        .unwrap())
+    .await
+    .into_iter()
+    .map(|d| {
+        (
+            d.get_document("min").unwrap().get(field).cloned().unwrap(),
+            d.get_document("max").unwrap().get(field).cloned().unwrap(),
+            d.get_timestamp("lastmod").unwrap(),
+        )
+    })
+    .collect();
+    out.sort_by(|x, y| sluice::value::compare::compare(&x.0, &y.0));
+    out
+}
+
+#[tokio::test]
+async fn split_by_find_and_by_bounds_at_the_median_key() {
+    let c = cluster(2, vec![router_config()], RANGED).await;
+    let a = client(&c, 0).await;
+    let ranged = a.database("demo").collection::<Document>("ranged");
+    ranged
+        .insert_many((0..100i64).map(|i| doc! {"_id": i, "x": i}))
+        .await
+        .unwrap();
+    assert_eq!(chunk_list(&c, "demo.ranged", "x").await.len(), 1);
+
+    // find: the chunk holding {x: 10}, at its median key.
+    admin(&a, doc! {"split": "demo.ranged", "find": {"x": 10i64}})
+        .await
+        .unwrap();
+    let after_find = chunk_list(&c, "demo.ranged", "x").await;
+    let bounds: Vec<(Bson, Bson)> = after_find
+        .iter()
+        .map(|c| (c.0.clone(), c.1.clone()))
+        .collect();
+    assert_eq!(
+        bounds,
+        vec![
+            (Bson::MinKey, Bson::Int64(50)),
+            (Bson::Int64(50), Bson::MaxKey)
+        ],
+        "split at the median of 0..100"
+    );
+    // bounds: exactly [50, MaxKey), at the median of 50..100.
+    admin(
+        &a,
+        doc! {"split": "demo.ranged", "bounds": [{"x": 50i64}, {"x": Bson::MaxKey}]},
+    )
+    .await
+    .unwrap();
+    let after_bounds = chunk_list(&c, "demo.ranged", "x").await;
+    let bounds: Vec<(Bson, Bson)> = after_bounds
+        .iter()
+        .map(|c| (c.0.clone(), c.1.clone()))
+        .collect();
+    assert_eq!(
+        bounds,
+        vec![
+            (Bson::MinKey, Bson::Int64(50)),
+            (Bson::Int64(50), Bson::Int64(75)),
+            (Bson::Int64(75), Bson::MaxKey)
+        ]
+    );
+    let top_before = after_find.iter().map(|c| c.2).max().unwrap();
+    let top_after = after_bounds.iter().map(|c| c.2).max().unwrap();
+    assert_eq!(
+        top_after.time, top_before.time,
+        "a split keeps the major version"
+    );
+    assert!(
+        top_after.increment > top_before.increment,
+        "and raises the minor"
+    );
+    // Every document is still found, by its key and by a scan.
+    for x in [0i64, 49, 50, 74, 75, 99] {
+        assert!(
+            ranged.find_one(doc! {"x": x}).await.unwrap().is_some(),
+            "{x}"
+        );
+    }
+    assert_eq!(ranged.count_documents(doc! {}).await.unwrap(), 100);
+
+    // A hashed key: find names the document, the split point is a hashed value inside its chunk.
+    let items = a.database("demo").collection::<Document>("items");
+    items
+        .insert_many((0..200i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    let before = chunk_list(&c, "demo.items", "_id").await;
+    admin(&a, doc! {"split": "demo.items", "find": {"_id": 5i64}})
+        .await
+        .unwrap();
+    let after = chunk_list(&c, "demo.items", "_id").await;
+    assert_eq!(after.len(), before.len() + 1);
+    let h = sluice::routing::hash64(&Bson::Int64(5));
+    let inside = |lo: &Bson, hi: &Bson, v: i64| {
+        sluice::value::compare::compare(lo, &Bson::Int64(v)).is_le()
+            && sluice::value::compare::compare(&Bson::Int64(v), hi).is_lt()
+    };
+    let old = before.iter().find(|c| inside(&c.0, &c.1, h)).unwrap();
+    let new_points: Vec<&Bson> = after
+        .iter()
+        .map(|c| &c.0)
+        .filter(|m| !before.iter().any(|b| &b.0 == *m))
+        .collect();
+    assert_eq!(new_points.len(), 1);
+    let Bson::Int64(point) = new_points[0] else {
+        panic!("a hashed split point: {new_points:?}")
+    };
+    assert!(
+        inside(&old.0, &old.1, *point),
+        "the split point lies in the chunk that held 5"
+    );
+    assert_eq!(items.count_documents(doc! {}).await.unwrap(), 200);
+
+    // Bad forms, with mongos's messages.
+    let message = |e: mongodb::error::Error| match *e.kind {
+        mongodb::error::ErrorKind::Command(ref c) => (c.code, c.message.clone()),
+        ref other => panic!("not a command error: {other:?}"),
+    };
+    let cases: Vec<(Document, i32, &str)> = vec![
+        (
+            doc! {"split": "demo.ranged"},
+            72,
+            "need to specify find/bounds or middle",
+        ),
+        (
+            doc! {"split": "demo.ranged", "find": {"x": 1i64}, "bounds": [{"x": 50i64}, {"x": 75i64}]},
+            72,
+            "cannot specify bounds and find at the same time",
+        ),
+        (
+            doc! {"split": "demo.ranged", "find": {"x": 1i64}, "middle": {"x": 20i64}},
+            72,
+            "cannot specify find and middle together",
+        ),
+        (
+            doc! {"split": "demo.ranged", "bounds": [{"x": 50i64}, {"x": 75i64}], "middle": {"x": 60i64}},
+            72,
+            "cannot specify bounds and middle together",
+        ),
+        (
+            doc! {"split": "demo.ranged", "bounds": [{"x": 50i64}]},
+            72,
+            "upper bound not specified",
+        ),
+        (
+            doc! {"split": "demo.ranged", "find": 1},
+            72,
+            "wrong type for 'find' field",
+        ),
+        (
+            doc! {"split": "demo.ranged", "find": {"y": 1}},
+            72,
+            "no shard key found in chunk query",
+        ),
+        (
+            doc! {"split": "demo.ranged", "bounds": [{"x": 50i64}, {"x": 60i64}]},
+            72,
+            "no chunk found with the shard key bounds",
+        ),
+        (
+            doc! {"split": "demo.ranged", "bounds": [{"y": 50i64}, {"x": 60i64}]},
+            72,
+            "are not valid for shard key pattern",
+        ),
+        (
+            doc! {"split": "demo.ranged", "middle": {"x": 50i64}},
+            72,
+            "is a boundary key of existing chunk",
+        ),
+    ];
+    for (command, code, text) in cases {
+        let e = admin(&a, command.clone()).await.unwrap_err();
+        let (got, msg) = message(e);
+        assert_eq!(got, code, "{command}: {msg}");
+        assert!(msg.contains(text), "{command}: {msg}");
+    }
+    // An empty chunk has no median.
+    ranged
+        .delete_many(doc! {"x": {"$gte": 75i64}})
+        .await
+        .unwrap();
+    let e = admin(
+        &a,
+        doc! {"split": "demo.ranged", "bounds": [{"x": 75i64}, {"x": Bson::MaxKey}]},
+    )
+    .await
+    .unwrap_err();
+    let (code, msg) = message(e);
+    assert_eq!(code, 106, "CannotSplit: {msg}");
+    // An unsharded collection.
+    a.database("demo")
+        .collection::<Document>("loose")
+        .insert_one(doc! {"x": 1})
+        .await
+        .unwrap();
+    let e = admin(&a, doc! {"split": "demo.loose", "find": {"x": 1}})
+        .await
+        .unwrap_err();
+    assert_eq!(common::command_code(&e), 118, "{e}");
+    c.shutdown().await;
+}
