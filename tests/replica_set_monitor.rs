@@ -3,7 +3,7 @@
 //! chooses: primary, secondary, stepped down, a new or an older `electionId`, with or without
 //! a `topologyVersion`) for discovery and failover.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,9 @@ struct FakeMember {
     /// New connections still to cut: each reads its handshake and is closed unanswered (a
     /// member that is stopping or starting).
     cut: Arc<AtomicU64>,
+    /// While set, a `hello` that is not a connection's handshake (a monitor's check) closes
+    /// the connection: the monitor's checks fail, the data path's connections keep working.
+    fail_checks: Arc<AtomicBool>,
 }
 
 impl FakeMember {
@@ -81,6 +84,7 @@ impl FakeMember {
             awaitable_seen: Arc::new(AtomicU64::new(0)),
             hellos_seen: Arc::new(AtomicU64::new(0)),
             cut: Arc::new(AtomicU64::new(0)),
+            fail_checks: Arc::new(AtomicBool::new(false)),
         };
         let tasks = m.tasks.clone();
         let cut = m.cut.clone();
@@ -90,6 +94,7 @@ impl FakeMember {
             m.script.clone(),
             m.awaitable_seen.clone(),
             m.hellos_seen.clone(),
+            m.fail_checks.clone(),
         );
         let accept = tokio::spawn(async move {
             loop {
@@ -107,8 +112,14 @@ impl FakeMember {
                     continue;
                 }
                 let ctx = ctx.clone();
-                let conn =
-                    tokio::spawn(serve(socket, ctx.0, ctx.1, ctx.2.subscribe(), ctx.3, ctx.4));
+                let conn = tokio::spawn(serve(
+                    socket,
+                    ctx.0,
+                    ctx.1,
+                    ctx.2.subscribe(),
+                    (ctx.3, ctx.4),
+                    ctx.5,
+                ));
                 tasks.lock().unwrap().push(conn);
             }
         });
@@ -177,10 +188,11 @@ async fn serve(
     addr: String,
     process_id: ObjectId,
     mut script: watch::Receiver<Script>,
-    awaitable_seen: Arc<AtomicU64>,
-    hellos_seen: Arc<AtomicU64>,
+    (awaitable_seen, hellos_seen): (Arc<AtomicU64>, Arc<AtomicU64>),
+    fail_checks: Arc<AtomicBool>,
 ) {
     let mut next_id = 1;
+    let mut first = true;
     loop {
         let mut len = [0u8; 4];
         if socket.read_exact(&mut len).await.is_err() {
@@ -199,6 +211,10 @@ async fn serve(
             return;
         };
         let body = msg.body.to_document();
+        if body.contains_key("hello") && !first && fail_checks.load(Ordering::SeqCst) {
+            return;
+        }
+        first = false;
         let reply = if body.contains_key("hello") {
             hellos_seen.fetch_add(1, Ordering::SeqCst);
             let awaited = body.get_document("topologyVersion").ok().cloned();
@@ -750,4 +766,71 @@ async fn a_request_whose_connection_breaks_in_the_handshake_is_sent_again() {
     assert_eq!(reply.to_document().get_f64("ok").ok(), Some(1.0));
     assert_eq!(member, a.addr);
     assert_eq!(a.cut.load(Ordering::SeqCst), 0, "every handshake was cut");
+}
+
+/// A member whose monitoring fails (its checks' connection breaks, twice in a row) is marked
+/// Unknown and its pool in the data path is cleared, as server discovery asks: idle
+/// connections are closed at once, and one in use is not reused when it comes back.
+#[tokio::test]
+async fn a_monitor_error_clears_the_members_pool_in_the_data_path() {
+    use sluice::backend::shard::{Resend, Shard};
+    use sluice::backend::PoolOptions;
+
+    let (a, b, c) = three(false).await;
+    a.set(
+        Role::Primary {
+            election: election(1),
+        },
+        &[&a, &b, &c],
+        None,
+    );
+    b.set(Role::Secondary, &[&a, &b, &c], Some(&a));
+    c.set(Role::Secondary, &[&a, &b, &c], Some(&a));
+    let shard = Shard::new(
+        "rs0",
+        &format!("rs0/{},{},{}", a.addr, b.addr, c.addr),
+        PoolOptions {
+            connect_timeout: Duration::from_secs(2),
+            replica_set: settings(500),
+            ..PoolOptions::default()
+        },
+    );
+    let Some(m) = shard.monitor() else {
+        panic!("a seed list with a set name is a replica set");
+    };
+    assert!(until(m, Duration::from_secs(10), |m| primary(m) == Some(a.host())).await);
+    let deadline = Some(Instant::now() + Duration::from_secs(8));
+    // One connection held, one idle.
+    let held = shard
+        .checkout(&Need::Write, deadline)
+        .await
+        .expect("a connection");
+    let body = doc! {"ping": 1, "$db": "admin"};
+    let bytes = body.to_vec().expect("encode");
+    let frame = OpMsgBuilder::new(0, &bytes).finish(9, 0);
+    shard
+        .send(&frame, 9, &Need::Write, deadline, Resend::Never)
+        .await
+        .expect("a reply");
+    assert_eq!(shard.idle_count(), 1);
+    assert!(!held.is_stale());
+
+    a.fail_checks.store(true, Ordering::SeqCst);
+    assert!(
+        until(m, Duration::from_secs(10), |m| kind_of(m, &a.host())
+            == Some(ServerType::Unknown))
+        .await,
+        "the monitor marks the member Unknown"
+    );
+    assert_eq!(shard.idle_count(), 0, "idle connections closed");
+    assert!(
+        held.is_stale(),
+        "the connection in use belongs to a cleared pool"
+    );
+    drop(held);
+    assert_eq!(
+        shard.idle_count(),
+        0,
+        "and is not reused when it comes back"
+    );
 }

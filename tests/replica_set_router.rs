@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::future::IntoFuture;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,11 +23,18 @@ const ELECTION: Duration = Duration::from_millis(100);
 const MIN_ACKED: usize = 51;
 
 async fn start_set(name: &str) -> EmbeddedReplicaSet {
+    start_set_with(name, None).await
+}
+
+/// A three-member set whose `bulkWrite` replies put `bulk_write_batch` items in their first
+/// batch (`None`: all).
+async fn start_set_with(name: &str, bulk_write_batch: Option<usize>) -> EmbeddedReplicaSet {
     EmbeddedReplicaSet::start(ReplicaSetOptions {
         members: 3,
         election_delay: ELECTION,
         shard: ShardOptions {
             set_name: name.into(),
+            bulk_write_batch_size: bulk_write_batch,
             ..ShardOptions::for_tests()
         },
     })
@@ -44,6 +52,11 @@ impl Cluster {
     /// bulks span both), `test.u` unsharded.
     async fn start(policy: Policy) -> Cluster {
         let sets = vec![start_set("rs0").await, start_set("rs1").await];
+        Cluster::start_on(sets, policy).await
+    }
+
+    /// As [`Cluster::start`], on these sets.
+    async fn start_on(sets: Vec<EmbeddedReplicaSet>, policy: Policy) -> Cluster {
         let mut config = Config {
             ordered_rewrite: policy,
             shards: sets
@@ -654,5 +667,197 @@ async fn a_cursor_stays_on_its_member_through_another_members_step_down_and_fail
         .expect_err("the cursor's member is gone");
     let code = common::error_code(&e);
     assert!([6, 89, 43].contains(&code), "{e:?}");
+    c.stop().await;
+}
+
+/// Holds back (or lets go) the replication of every secondary of `s`.
+fn pause_secondaries(s: &EmbeddedReplicaSet, paused: bool) {
+    let p = s.primary().expect("a primary");
+    for i in (0..3).filter(|i| *i != p) {
+        s.pause_replication(i, paused);
+    }
+}
+
+/// `w: "majority"` and `wtimeout` through the router: a majority write is acknowledged only
+/// once a majority of the set's members have it; when they do not within `wtimeout`, the
+/// client gets the write's result (applied) and a `writeConcernError` 64 naming the shard, one
+/// per shard merged into one as mongos merges them.
+#[tokio::test]
+async fn write_concern_majority_waits_for_a_majority_and_wtimeout_reports_64() {
+    let c = Cluster::start(Policy::RetrySafe).await;
+    let client = c.client("").await;
+    let db = client.database("test");
+    db.collection::<Document>("u")
+        .insert_one(doc! {"_id": "warm"})
+        .await
+        .unwrap();
+    let majority = |ms: i64| doc! {"w": "majority", "wtimeout": ms};
+
+    // One secondary of each set held back: two of three members still have every write.
+    for s in &c.sets {
+        let p = s.primary().unwrap();
+        s.pause_replication((p + 1) % 3, true);
+    }
+    let r = db
+        .run_command(doc! {"insert": "c", "documents": (0..8).map(|i| doc! {"_id": i}).collect::<Vec<_>>(), "writeConcern": majority(5_000)})
+        .await
+        .unwrap();
+    assert_eq!(r.get_i32("n").unwrap(), 8, "{r}");
+    assert!(!r.contains_key("writeConcernError"), "{r}");
+
+    // Both secondaries of every set held back: the primary alone is no majority. The write
+    // waits; when a secondary is let go, it is acknowledged (without an error).
+    for s in &c.sets {
+        pause_secondaries(s, true);
+    }
+    let started = Instant::now();
+    let release = tokio::time::sleep(Duration::from_millis(300));
+    let insert = db
+        .run_command(doc! {"insert": "u", "documents": [{"_id": "waited"}], "writeConcern": {"w": "majority"}})
+        .into_future();
+    tokio::pin!(insert);
+    tokio::select! {
+        r = &mut insert => panic!("acknowledged without a majority: {r:?}"),
+        _ = release => {}
+    }
+    for s in &c.sets {
+        let p = s.primary().unwrap();
+        s.pause_replication((p + 1) % 3, false);
+    }
+    let r = insert.await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(r.get_i32("n").unwrap(), 1, "{r}");
+    assert!(!r.contains_key("writeConcernError"), "{r}");
+    for s in &c.sets {
+        pause_secondaries(s, true);
+    }
+
+    // wtimeout on an unsharded collection (one shard): applied, and 64 with the shard named.
+    let started = Instant::now();
+    let r = db
+        .run_command(
+            doc! {"insert": "u", "documents": [{"_id": "late"}], "writeConcern": majority(200)},
+        )
+        .await
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert_eq!(r.get_i32("n").unwrap(), 1, "{r}");
+    let wce = r.get_document("writeConcernError").unwrap();
+    assert_eq!(wce.get_i32("code").unwrap(), 64, "{r}");
+    let msg = wce.get_str("errmsg").unwrap();
+    assert!(
+        msg.starts_with("WriteConcernTimeout: waiting for replication timed out; Error details: { wtimeout: true, writeConcern: { w: \"majority\", wtimeout: 200, provenance: \"clientSupplied\" } } at rs"),
+        "{msg}"
+    );
+    assert!(!wce.contains_key("errInfo"), "{r}");
+    assert!(c
+        .documents("u")
+        .iter()
+        .any(|d| d.get_str("_id").ok() == Some("late")));
+
+    // A bulk over both shards: both time out, one merged error.
+    let r = db
+        .run_command(doc! {"insert": "c", "documents": (100..108).map(|i| doc! {"_id": i}).collect::<Vec<_>>(), "writeConcern": majority(200)})
+        .await
+        .unwrap();
+    assert_eq!(r.get_i32("n").unwrap(), 8, "{r}");
+    let wce = r.get_document("writeConcernError").unwrap();
+    assert_eq!(wce.get_i32("code").unwrap(), 64, "{r}");
+    let msg = wce.get_str("errmsg").unwrap();
+    assert!(
+        msg.starts_with(
+            "Multiple errors reported :: WriteConcernTimeout: waiting for replication timed out"
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(" at rs0") && msg.contains(" at rs1") && msg.contains(" :: and :: "),
+        "{msg}"
+    );
+    let ids = id_counts(&c.documents("c"));
+    assert!((100..108).all(|i| ids.get(&Bson::Int32(i).to_string()) == Some(&1)));
+
+    // Only rs1 short of a majority: its error alone, with its code.
+    pause_secondaries(&c.sets[0], false);
+    let r = db
+        .run_command(doc! {"insert": "c", "documents": (200..208).map(|i| doc! {"_id": i}).collect::<Vec<_>>(), "writeConcern": majority(200)})
+        .await
+        .unwrap();
+    let wce = r.get_document("writeConcernError").unwrap();
+    assert_eq!(wce.get_i32("code").unwrap(), 64, "{r}");
+    let msg = wce.get_str("errmsg").unwrap();
+    assert!(
+        msg.ends_with(" at rs1") && !msg.contains("Multiple"),
+        "{msg}"
+    );
+
+    // More members than the set has, and a tag set it does not define: mongod's errors.
+    let r = db
+        .run_command(doc! {"insert": "u", "documents": [{"_id": "w5"}], "writeConcern": {"w": 5}})
+        .await
+        .unwrap();
+    let wce = r.get_document("writeConcernError").unwrap();
+    assert_eq!(wce.get_i32("code").unwrap(), 100, "{r}");
+    let r = db
+        .run_command(
+            doc! {"insert": "u", "documents": [{"_id": "tag"}], "writeConcern": {"w": "dc2"}},
+        )
+        .await
+        .unwrap();
+    let wce = r.get_document("writeConcernError").unwrap();
+    assert_eq!(wce.get_i32("code").unwrap(), 79, "{r}");
+    c.stop().await;
+}
+
+/// A `bulkWrite` whose shard reply continues behind a cursor (the shards here put two items
+/// in a first batch, as mongod does past its reply limit): the router's `getMore`s go to the
+/// member that opened the cursor even when it stepped down right after answering, so the
+/// client gets every item.
+#[tokio::test]
+async fn a_bulk_write_cursor_is_read_from_the_member_that_opened_it() {
+    let sets = vec![
+        start_set_with("rs0", Some(2)).await,
+        start_set_with("rs1", Some(2)).await,
+    ];
+    let c = Cluster::start_on(sets, Policy::RetrySafe).await;
+    let client = c.client("").await;
+    client
+        .database("test")
+        .collection::<Document>("u")
+        .insert_one(doc! {"_id": "warm"})
+        .await
+        .unwrap();
+    // The unsharded collection's shard: the one holding it.
+    let s = c
+        .sets
+        .iter()
+        .find(|s| s.documents("test", "u").len() == 1)
+        .expect("the database's primary shard");
+    let p = s.primary().unwrap();
+    s.after_next_write(p, AfterWrite::StepDownAfterReply);
+    let ops: Vec<Document> = (0..6)
+        .map(|i| doc! {"insert": 0, "document": {"_id": format!("bw-{i}")}})
+        .collect();
+    let r = client
+        .database("admin")
+        .run_command(doc! {"bulkWrite": 1, "ops": ops, "nsInfo": [{"ns": "test.u"}]})
+        .await
+        .unwrap();
+    assert!(!s.after_write_pending(p), "the hook fired");
+    assert_ne!(s.primary(), Some(p), "the member stepped down");
+    assert_eq!(r.get_i32("nInserted").unwrap(), 6, "{r}");
+    let items = r
+        .get_document("cursor")
+        .and_then(|c| c.get_array("firstBatch"))
+        .map(|a| a.len())
+        .unwrap_or(0);
+    assert_eq!(
+        items, 6,
+        "every item, from the first batch and the getMores: {r}"
+    );
+    assert!(
+        s.command_total(p, "getMore").await >= 1,
+        "read from the stepped-down member"
+    );
     c.stop().await;
 }

@@ -128,7 +128,8 @@ struct ReplicaSet {
     seeds: SeedList,
     /// Started on first use (it spawns tasks, so it needs the runtime).
     monitor: OnceLock<ShardMonitor>,
-    pools: Mutex<HashMap<HostAddr, Arc<ShardPool>>>,
+    /// Shared with the monitor, which clears a member's pool when it marks it Unknown.
+    pools: Arc<Mutex<HashMap<HostAddr, Arc<ShardPool>>>>,
 }
 
 impl Shard {
@@ -139,7 +140,7 @@ impl Shard {
             Ok(seeds) if seeds.is_replica_set() => Kind::ReplicaSet(ReplicaSet {
                 seeds,
                 monitor: OnceLock::new(),
-                pools: Mutex::new(HashMap::new()),
+                pools: Arc::new(Mutex::new(HashMap::new())),
             }),
             _ => Kind::Single(Arc::new(ShardPool::new(id, addr, options.clone()))),
         };
@@ -232,7 +233,7 @@ impl Shard {
         match &self.kind {
             Kind::Single(_) => None,
             Kind::ReplicaSet(rs) => Some(rs.monitor.get_or_init(|| {
-                ShardMonitor::start(
+                let monitor = ShardMonitor::start(
                     &rs.seeds,
                     self.options.replica_set.clone(),
                     MonitorOptions {
@@ -244,7 +245,14 @@ impl Shard {
                             tls_files: None,
                         },
                     },
-                )
+                );
+                let pools = rs.pools.clone();
+                monitor.on_pool_clear(Box::new(move |addr| {
+                    if let Some(pool) = crate::sync::lock(&pools).get(addr) {
+                        pool.clear();
+                    }
+                }));
+                monitor
             })),
         }
     }
@@ -373,10 +381,8 @@ impl Shard {
                 topology_version: *tv,
             },
         };
-        let update = monitor.report_application_error(addr, &error);
-        if update.clear_pool {
-            self.member_pool(addr).clear();
-        }
+        // The monitor clears the member's pool when the update says so.
+        monitor.report_application_error(addr, &error);
     }
 
     /// Sends the encoded request `frame` (request id `id`) to a member that serves `need` and

@@ -106,6 +106,29 @@ pub fn bulk_write(
         items.into_iter().map(|(_, d)| d).collect(),
         bulk.errors_only,
     );
+    // `cursor.batchSize` (or the shard's test setting): the first batch, the rest behind a
+    // cursor on this member.
+    let batch_size = bulk
+        .options
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| number_field(c, "batchSize"))
+        .and_then(|n| usize::try_from(n).ok())
+        .or(svc.options.bulk_write_batch_size);
+    if let Some(n) = batch_size {
+        let batch: Vec<Document> = reply
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_array("firstBatch").ok())
+            .map(|a| a.iter().filter_map(|b| b.as_document().cloned()).collect())
+            .unwrap_or_default();
+        let cursor = svc
+            .cursors
+            .first_batch(bulk_write::CURSOR_NS.to_string(), batch, n, false);
+        if let Ok(c) = cursor.get_document("cursor") {
+            reply.insert("cursor", c.clone());
+        }
+    }
     if !out.retried.is_empty() {
         reply.insert("retriedStmtIds", out.retried);
     }

@@ -85,6 +85,10 @@ pub struct ShardOptions {
     pub users_file: Option<String>,
     /// The roles file (`security.roles_file`) beside it.
     pub roles_file: Option<String>,
+    /// Items of a `bulkWrite` reply's first batch when the command asks for no `batchSize`
+    /// (`None`: all of them). mongod puts items past its 16 MB reply limit behind a cursor; a
+    /// test sets this to reach that cursor with a few operations.
+    pub bulk_write_batch_size: Option<usize>,
     /// With [`ShardOptions::config_server`]: the file the `config.*` documents are kept in,
     /// read at start-up and rewritten atomically after every command that changed them.
     pub metadata_path: Option<std::path::PathBuf>,
@@ -107,6 +111,7 @@ impl Default for ShardOptions {
             configdb: None,
             users_file: None,
             roles_file: None,
+            bulk_write_batch_size: None,
             metadata_path: None,
         }
     }

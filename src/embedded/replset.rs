@@ -47,6 +47,10 @@ pub enum AfterWrite {
     CloseConnection,
     /// Step down and answer InterruptedDueToReplStateChange (11602): applied, then refused.
     StepDown,
+    /// Step down, then answer as usual half a second later (another member is primary by
+    /// then): the write is acknowledged, and a cursor its reply opened (a `bulkWrite`'s) is
+    /// left on a member that is no longer primary.
+    StepDownAfterReply,
 }
 
 #[derive(Debug)]
@@ -57,6 +61,9 @@ struct MemberSlot {
     counter: i64,
     frozen_until: Option<Instant>,
     lag: Duration,
+    /// The member does not acknowledge writes (its replication is held back by a test): a
+    /// write concern counts it only once this is lifted.
+    replication_paused: bool,
     changed: watch::Sender<i64>,
     after_write: Option<AfterWrite>,
 }
@@ -99,6 +106,7 @@ const WRITE_COMMANDS: &[&str] = &[
     "insert",
     "update",
     "delete",
+    "bulkWrite",
     "findAndModify",
     "findandmodify",
     "create",
@@ -109,6 +117,15 @@ const WRITE_COMMANDS: &[&str] = &[
     "collMod",
     "renameCollection",
 ];
+
+/// A `writeConcernError` document as mongod writes it.
+fn write_concern_error(code: ErrorCode, errmsg: String, info: Option<Document>) -> Document {
+    let mut d = doc! {"code": code.0, "codeName": code.name(), "errmsg": errmsg};
+    if let Some(info) = info {
+        d.insert("errInfo", info);
+    }
+    d
+}
 
 /// Whether `name` is a command a secondary refuses (a write).
 pub fn is_write(name: &str) -> bool {
@@ -156,6 +173,7 @@ impl ReplicaSetState {
                 counter: 0,
                 frozen_until: None,
                 lag: Duration::ZERO,
+                replication_paused: false,
                 changed: watch::channel(0).0,
                 after_write: None,
             })
@@ -478,6 +496,78 @@ impl MemberLink {
         lock(&self.set.inner).members[self.index].after_write.take()
     }
 
+    /// Waits for the write concern of a write this member just applied (`writeConcern` of
+    /// `body`), as a primary does: `w` 0 or 1 is satisfied at once; a number or
+    /// `"majority"` (of every member, running or not) waits until that many members have the
+    /// write — every running member whose replication is not held back has it, since the set
+    /// shares its data — or `wtimeout` milliseconds pass (none or 0: no limit). Returns the
+    /// `writeConcernError` of the reply, if any: 64 `waiting for replication timed out` with
+    /// `errInfo.wtimeout`, 100 for more members than the set has, 79 for a tag set the
+    /// configuration does not define, 189 when the member stops being primary meanwhile.
+    pub async fn wait_for_write_concern(&self, body: &Document) -> Option<Document> {
+        let wc = body.get_document("writeConcern").ok()?;
+        let members = lock(&self.set.inner).members.len() as i64;
+        let needed = match wc.get("w") {
+            Some(Bson::String(m)) if m == "majority" => members / 2 + 1,
+            Some(Bson::String(tag)) => {
+                return Some(write_concern_error(
+                    ErrorCode::UnknownReplWriteConcern,
+                    format!(
+                        "No write concern mode named '{tag}' found in replica set configuration"
+                    ),
+                    None,
+                ))
+            }
+            Some(_) => number_field(wc, "w").unwrap_or(1),
+            None => 1,
+        };
+        if needed <= 1 {
+            return None;
+        }
+        if needed > members {
+            return Some(write_concern_error(
+                ErrorCode::UnsatisfiableWriteConcern,
+                "Not enough data-bearing nodes".to_string(),
+                None,
+            ));
+        }
+        let timeout = number_field(wc, "wtimeout")
+            .filter(|ms| *ms > 0)
+            .map(|ms| Duration::from_millis(ms as u64));
+        let started = Instant::now();
+        loop {
+            let (have, primary) = {
+                let inner = lock(&self.set.inner);
+                let have = inner
+                    .members
+                    .iter()
+                    .filter(|m| m.role != MemberRole::Stopped && !m.replication_paused)
+                    .count() as i64;
+                (have, inner.primary == Some(self.index))
+            };
+            if !primary {
+                return Some(write_concern_error(
+                    ErrorCode::PrimarySteppedDown,
+                    "Primary stepped down while waiting for replication".to_string(),
+                    None,
+                ));
+            }
+            if have >= needed {
+                return None;
+            }
+            if timeout.is_some_and(|t| started.elapsed() >= t) {
+                let mut echoed = wc.clone();
+                echoed.insert("provenance", "clientSupplied");
+                return Some(write_concern_error(
+                    ErrorCode::WriteConcernTimeout,
+                    "waiting for replication timed out".to_string(),
+                    Some(doc! {"wtimeout": true, "writeConcern": echoed}),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Steps the primary down now (the `AfterWrite::StepDown` hook), frozen for `freeze`.
     pub fn step_down_now(&self, freeze: Duration) {
         let mut inner = lock(&self.set.inner);
@@ -678,6 +768,15 @@ impl EmbeddedReplicaSet {
             m.lag = lag;
             m.counter += 1;
             let _ = m.changed.send(m.counter);
+        }
+    }
+
+    /// Holds back (or lets go) member `i`'s replication: while held back it does not count
+    /// towards a write concern, so `w: "majority"` or `w: <n>` waits for it, up to `wtimeout`.
+    pub fn pause_replication(&self, i: usize, paused: bool) {
+        let mut inner = lock(&self.state.inner);
+        if let Some(m) = inner.members.get_mut(i) {
+            m.replication_paused = paused;
         }
     }
 

@@ -41,8 +41,8 @@ use crate::wire::Reply;
 
 use cursors::{FirstBatch, Source};
 pub use cursors::{RouterCursors, MAX_BUFFERED_CURSOR_BYTES, MAX_ROUTER_CURSORS};
-pub use shard_io::read_one;
 use shard_io::{drain, on_each, open_streams};
+pub use shard_io::{read_one, read_one_at};
 use stream_merge::{Merge, SortKeys};
 
 /// Default first-batch size, as mongod and mongos.

@@ -146,8 +146,21 @@ pub async fn read_one(
     ns: &str,
     cmd: &Document,
 ) -> Result<Document, CommandError> {
-    read_document(cluster, shard, ns, cmd)
+    read_one_at(cluster, shard, None, ns, cmd).await
+}
+
+/// [`read_one`] on the member `at` when given (a `getMore` for a cursor a write opened goes to
+/// the member that holds it, whatever it is now).
+pub async fn read_one_at(
+    cluster: &Cluster,
+    shard: &str,
+    at: Option<&str>,
+    ns: &str,
+    cmd: &Document,
+) -> Result<Document, CommandError> {
+    read_at(cluster, shard, at, ns, cmd)
         .await
+        .map(|(r, _)| r.to_document())
         .map_err(ReadFailure::into_error)
 }
 

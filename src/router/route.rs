@@ -935,6 +935,22 @@ pub(super) async fn forward_with(
     for f in SHARD_ONLY_FIELDS {
         d.remove(*f);
     }
+    // A shard's writeConcernError names the shard, as mongos reports it: a batch write's
+    // through the merge of its batch write path (`<CodeName>: <errmsg>; Error details: … at
+    // <shard>`, no errInfo), any other command's with its reason suffixed (`… at <shard>`).
+    if let Ok(wce) = d.get_document("writeConcernError") {
+        let named = if is_write {
+            crate::write::merge::merge_write_concern_errors(&[(shard.to_string(), wce.clone())])
+        } else {
+            let mut w = wce.clone();
+            let reason = format!("{} at {shard}", wce.get_str("errmsg").unwrap_or_default());
+            w.insert("errmsg", reason);
+            Some(w)
+        };
+        if let Some(w) = named {
+            d.insert("writeConcernError", w);
+        }
+    }
     // A write command a shard refused because its member stopped being primary or is going
     // away (and that the router could not, or may not, resend): mongos's batch write path
     // reports it as the statements' write error, without labels.

@@ -237,7 +237,7 @@ impl Run<'_> {
             operations: ops.len(),
             bytes,
         };
-        let outcome = super::send_frame(
+        let (outcome, member) = super::send_frame_from(
             self.cluster,
             shard,
             work,
@@ -275,11 +275,13 @@ impl Run<'_> {
         let cursor = reply.get_document("cursor").ok();
         take(cursor.and_then(|c| c.get_array("firstBatch").ok()));
         let mut cursor_id = cursor.and_then(|c| number_field(c, "id")).unwrap_or(0);
-        // Replies too large for one message continue behind the shard's cursor.
+        // Replies too large for one message continue behind the shard's cursor, on the member
+        // that opened it (a replica set's primary may have changed since).
         while cursor_id != 0 {
             let get_more =
                 doc! {"getMore": cursor_id, "collection": "$cmd.bulkWrite", "$db": "admin"};
-            match crate::read::read_one(self.cluster, shard, CURSOR_NS, &get_more).await {
+            let at = member.as_deref();
+            match crate::read::read_one_at(self.cluster, shard, at, CURSOR_NS, &get_more).await {
                 Ok(r) => {
                     let c = r.get_document("cursor").ok();
                     take(c.and_then(|c| c.get_array("nextBatch").ok()));

@@ -546,29 +546,18 @@ fn count(n: i64) -> Bson {
     i32::try_from(n).map(Bson::Int32).unwrap_or(Bson::Int64(n))
 }
 
-/// One write concern error: same code, message suffixed with the shard; several: code 64 with
-/// every message joined.
+/// The client's `writeConcernError` from the child batches' ones, each with its shard, in the
+/// order they arrived, merged as mongos 8.0 merges them (the replica-set core's
+/// [`merge_write_concern_errors`](crate::backend::topology::write_concern::merge_write_concern_errors):
+/// one keeps its code, with `"<CodeName>: <errmsg>; Error details: <errInfo> at <shard>"`;
+/// several are 64, `"Multiple errors reported :: … :: and :: …"`).
 pub fn merge_write_concern_errors(wces: &[(String, Document)]) -> Option<Document> {
-    match wces {
-        [] => None,
-        [(shard, w)] => {
-            let mut d = w.clone();
-            let msg = format!("{} at {shard}", w.get_str("errmsg").unwrap_or(""));
-            d.insert("errmsg", msg);
-            Some(d)
-        }
-        many => {
-            let joined: Vec<String> = many
-                .iter()
-                .map(|(s, w)| format!("{} at {s}", w.get_str("errmsg").unwrap_or("")))
-                .collect();
-            Some(doc! {
-                "code": ErrorCode::WriteConcernTimeout.0,
-                "codeName": ErrorCode::WriteConcernTimeout.name(),
-                "errmsg": format!("multiple errors reported : {}", joined.join(" :: and :: ")),
-            })
-        }
-    }
+    use crate::backend::topology::write_concern::{self, ShardWriteConcernError};
+    let errors: Vec<ShardWriteConcernError> = wces
+        .iter()
+        .filter_map(|(shard, w)| ShardWriteConcernError::from_document(shard, w))
+        .collect();
+    write_concern::merge_write_concern_errors(&errors, &crate::backend::shard::PRINTER)
 }
 
 #[cfg(test)]
@@ -720,16 +709,20 @@ mod tests {
         let one =
             merge_write_concern_errors(&[("s1".into(), doc! {"code": 64, "errmsg": "timeout"})])
                 .unwrap();
-        assert_eq!(one.get_str("errmsg").unwrap(), "timeout at s1");
+        assert_eq!(
+            one.get_str("errmsg").unwrap(),
+            "WriteConcernTimeout: timeout; Error details: <none> at s1"
+        );
         let two = merge_write_concern_errors(&[
-            ("s1".into(), doc! {"code": 64, "errmsg": "a"}),
+            ("s1".into(), doc! {"code": 91, "errmsg": "a"}),
             ("s2".into(), doc! {"code": 100, "errmsg": "b"}),
         ])
         .unwrap();
         assert_eq!(two.get_i32("code").unwrap(), 64);
         assert_eq!(
             two.get_str("errmsg").unwrap(),
-            "multiple errors reported : a at s1 :: and :: b at s2"
+            "Multiple errors reported :: ShutdownInProgress: a; Error details: <none> at s1 \
+             :: and :: UnsatisfiableWriteConcern: b; Error details: <none> at s2"
         );
     }
 }

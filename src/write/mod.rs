@@ -556,19 +556,36 @@ pub(crate) async fn send_frame(
     frame: &Bytes,
     id: i32,
 ) -> ChildOutcome {
+    send_frame_from(cluster, shard, work, max_time, retryable, frame, id)
+        .await
+        .0
+}
+
+/// [`send_frame`], with the member that answered (a cursor the reply opened lives there).
+pub(crate) async fn send_frame_from(
+    cluster: &Cluster,
+    shard: &str,
+    work: crate::cluster::SlotRequest<'_>,
+    max_time: Option<std::time::Duration>,
+    retryable: bool,
+    frame: &Bytes,
+    id: i32,
+) -> (ChildOutcome, Option<String>) {
     let Some(pool) = cluster.pool(shard) else {
-        return ChildOutcome::Failed {
+        let failed = ChildOutcome::Failed {
             code: ErrorCode::ShardNotFound,
             message: format!("unknown shard {shard}"),
         };
+        return (failed, None);
     };
     let permit = match cluster.slot(shard, work, max_time).await {
         Ok(p) => p,
         Err(e) => {
-            return ChildOutcome::Failed {
+            let failed = ChildOutcome::Failed {
                 code: ErrorCode::ExceededTimeLimit,
                 message: e.to_string(),
-            }
+            };
+            return (failed, None);
         }
     };
     let finish = |permit: Option<crate::backend::queue::LimitPermit>, outcome: Outcome| {
@@ -584,9 +601,9 @@ pub(crate) async fn send_frame(
     };
     let deadline = max_time.map(|d| std::time::Instant::now() + d);
     match pool.send(frame, id, &Need::Write, deadline, resend).await {
-        Ok((reply, _)) => {
+        Ok((reply, member)) => {
             finish(permit, Outcome::Completed);
-            ChildOutcome::Reply(reply.to_document())
+            (ChildOutcome::Reply(reply.to_document()), Some(member))
         }
         Err(e) => {
             tracing::debug!(shard, error = %e, "child batch failed");
@@ -597,13 +614,14 @@ pub(crate) async fn send_frame(
                     _ => Outcome::NotCounted,
                 },
             );
-            ChildOutcome::Failed {
+            let failed = ChildOutcome::Failed {
                 code: e.code(),
                 message: match e {
                     BackendError::NoMember(_, m) => m,
                     e => format!("{e} (shard {shard})"),
                 },
-            }
+            };
+            (failed, None)
         }
     }
 }

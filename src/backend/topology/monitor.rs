@@ -109,7 +109,12 @@ struct Inner {
     counts: Mutex<HashMap<HostAddr, MonitorCounts>>,
     options: MonitorOptions,
     stopped: std::sync::atomic::AtomicBool,
+    /// Clears the data path's pool of a member (set once by the pools' owner).
+    pool_clearer: std::sync::OnceLock<PoolClearer>,
 }
+
+/// What clears the data path's pool of a member when the topology says so.
+pub type PoolClearer = Box<dyn Fn(&HostAddr) + Send + Sync>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -147,11 +152,20 @@ impl ShardMonitor {
             counts: Mutex::new(HashMap::new()),
             options,
             stopped: std::sync::atomic::AtomicBool::new(false),
+            pool_clearer: std::sync::OnceLock::new(),
         });
         for h in &seeds.hosts {
             spawn_member(&inner, h.clone());
         }
         ShardMonitor { inner }
+    }
+
+    /// Sets what clears a member's pool in the data path: called whenever the topology says
+    /// the member's pool must be cleared — a monitor's own failed check (server discovery
+    /// clears the pool of a member it marks Unknown, so connections opened before are not
+    /// reused) or a failure the data path reported. Set once; later calls are ignored.
+    pub fn on_pool_clear(&self, clear: PoolClearer) {
+        let _ = self.inner.pool_clearer.set(clear);
     }
 
     /// A receiver of the topology's version: it changes with every applied change.
@@ -203,6 +217,7 @@ impl ShardMonitor {
         if update.applied && unknown {
             cancel_of(&self.inner, addr).notify_waiters();
         }
+        clear_pool(&self.inner, addr, &update);
         apply(&self.inner, &update);
         update
     }
@@ -469,7 +484,17 @@ fn report_monitor_error(inner: &Arc<Inner>, addr: &HostAddr, error: MonitorError
         let mut topology = lock(&inner.topology);
         topology.on_monitor_error(addr, error, now())
     };
+    clear_pool(inner, addr, &update);
     apply(inner, &update);
+}
+
+/// Clears `addr`'s pool in the data path when `update` says so.
+fn clear_pool(inner: &Inner, addr: &HostAddr, update: &Update) {
+    if update.clear_pool {
+        if let Some(clear) = inner.pool_clearer.get() {
+            clear(addr);
+        }
+    }
 }
 
 /// Round trips of a member monitored by streaming: a `ping` every heartbeat on a connection

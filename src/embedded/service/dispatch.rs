@@ -260,7 +260,7 @@ impl ShardService {
                 } else {
                     None
                 };
-                let reply = crate::embedded::commands::run(self, req, &body, retry.as_ref())?;
+                let mut reply = crate::embedded::commands::run(self, req, &body, retry.as_ref())?;
                 if let Some(member) = &self.member {
                     if crate::embedded::replset::is_write(name) {
                         match member.take_after_write() {
@@ -274,7 +274,16 @@ impl ShardService {
                                     "operation was interrupted because a replica set state change occurred",
                                 ));
                             }
+                            Some(crate::embedded::replset::AfterWrite::StepDownAfterReply) => {
+                                member.step_down_now(Duration::from_secs(10));
+                                // Answer once the set has had time to elect another primary
+                                // (and its monitors to hear of it).
+                                tokio::time::sleep(Duration::from_millis(500)).await;
+                            }
                             None => {}
+                        }
+                        if let Some(wce) = member.wait_for_write_concern(&body).await {
+                            reply.insert("writeConcernError", wce);
                         }
                     }
                 }

@@ -64,7 +64,7 @@ impl DataSet {
 #[derive(Debug)]
 pub struct ShardService {
     state: Arc<ServerState>,
-    options: ShardOptions,
+    pub(in crate::embedded) options: ShardOptions,
     address: Mutex<String>,
     election_id: ObjectId,
     pub(super) catalog: Arc<Mutex<Catalog>>,
