@@ -169,6 +169,11 @@ impl AuthError {
         }
     }
 
+    /// 2 BadValue: a malformed argument to a user or role command.
+    pub fn bad_value(message: impl Into<String>) -> AuthError {
+        AuthError::new(ErrorCode::BadValue, message)
+    }
+
     /// 18 AuthenticationFailed "Authentication failed.", with the real reason for the log.
     pub fn authentication_failed(log_detail: impl Into<String>) -> AuthError {
         AuthError {

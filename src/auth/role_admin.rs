@@ -34,10 +34,6 @@ pub fn is_write(command: &str) -> bool {
     command != "rolesInfo"
 }
 
-fn bad(msg: impl Into<String>) -> AuthError {
-    AuthError::new(ErrorCode::BadValue, msg)
-}
-
 fn missing(command: &str, field: &str) -> AuthError {
     AuthError::new(
         ErrorCode::IdlMissingField,
@@ -64,7 +60,7 @@ fn not_found(role: &RoleName) -> AuthError {
 
 fn builtin_unmodifiable(role: &RoleName) -> Result<(), AuthError> {
     if is_builtin_role(role) {
-        return Err(bad(format!(
+        return Err(AuthError::bad_value(format!(
             "{role} is a built-in role and cannot be modified"
         )));
     }
@@ -94,7 +90,7 @@ fn privileges_arg(command: &str, value: &Bson) -> Result<Vec<Privilege>, AuthErr
         let resource = p
             .get_document("resource")
             .map_err(|_| missing("privilege", "resource"))
-            .and_then(|r| ResourcePattern::from_document(r).map_err(bad))?;
+            .and_then(|r| ResourcePattern::from_document(r).map_err(AuthError::bad_value))?;
         let actions = p
             .get_array("actions")
             .map_err(|_| missing("privilege", "actions"))?;
@@ -105,7 +101,7 @@ fn privileges_arg(command: &str, value: &Bson) -> Result<Vec<Privilege>, AuthErr
                     Some(action) => set.insert(action),
                     None => unknown.push(name.to_string()),
                 },
-                None => return Err(bad("Privilege actions must be strings")),
+                None => return Err(AuthError::bad_value("Privilege actions must be strings")),
             }
         }
         merged.add(Privilege {
@@ -114,7 +110,7 @@ fn privileges_arg(command: &str, value: &Bson) -> Result<Vec<Privilege>, AuthErr
         });
     }
     if !unknown.is_empty() {
-        return Err(bad(format!(
+        return Err(AuthError::bad_value(format!(
             "Unrecognized action privilege strings: {}",
             unknown.join(", ")
         )));
@@ -240,7 +236,7 @@ pub fn run(
             let name = role_name_arg(command, body, db)?;
             let roles = roles_of(command, body, db, users.roles())?;
             if roles.is_empty() {
-                return Err(bad(format!(
+                return Err(AuthError::bad_value(format!(
                     "{command} command requires a non-empty \"roles\" array"
                 )));
             }
@@ -270,7 +266,7 @@ pub fn run(
                 None => return Err(missing(command, "privileges")),
             };
             if privileges.is_empty() {
-                return Err(bad(format!(
+                return Err(AuthError::bad_value(format!(
                     "{command} command requires a non-empty \"privileges\" array"
                 )));
             }
@@ -331,16 +327,20 @@ fn create_role(users: &mut UsersFile, db: &str, body: &Document) -> Result<Admin
     const C: &str = "createRole";
     let name = role_name_arg(C, body, db)?;
     if name.role.is_empty() {
-        return Err(bad("Role name must be non-empty"));
+        return Err(AuthError::bad_value("Role name must be non-empty"));
     }
     if db == "local" {
-        return Err(bad("Cannot create roles in the local database"));
+        return Err(AuthError::bad_value(
+            "Cannot create roles in the local database",
+        ));
     }
     if db == super::EXTERNAL_DB {
-        return Err(bad("Cannot create roles in the $external database"));
+        return Err(AuthError::bad_value(
+            "Cannot create roles in the $external database",
+        ));
     }
     if is_builtin_role(&name) {
-        return Err(bad(
+        return Err(AuthError::bad_value(
             "Cannot create roles with the same name as a built-in role",
         ));
     }
@@ -373,7 +373,7 @@ fn update_role(users: &mut UsersFile, db: &str, body: &Document) -> Result<Admin
     let has_privileges = body.contains_key("privileges");
     let has_restrictions = body.contains_key("authenticationRestrictions");
     if !(has_roles || has_privileges || has_restrictions) {
-        return Err(bad(
+        return Err(AuthError::bad_value(
             "Must specify at least one field to update in updateRole",
         ));
     }
@@ -412,8 +412,10 @@ fn flag(body: &Document, field: &str) -> bool {
 /// One role of `rolesInfo`: `"name"` (in `db`) or `{role, db}`.
 fn role_spec(v: &Bson, db: &str) -> Result<RoleName, AuthError> {
     match v {
-        Bson::String(_) | Bson::Document(_) => RoleName::from_bson(v, db).map_err(bad),
-        _ => Err(bad(
+        Bson::String(_) | Bson::Document(_) => {
+            RoleName::from_bson(v, db).map_err(AuthError::bad_value)
+        }
+        _ => Err(AuthError::bad_value(
             "Role name must be either a string or an object with 'role' and 'db' fields",
         )),
     }

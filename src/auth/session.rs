@@ -104,7 +104,7 @@ fn read_payload(body: &Document, command: &str) -> Result<(Vec<u8>, bool), AuthE
         Some(Bson::String(s)) => BASE64
             .decode(s)
             .map(|p| (p, true))
-            .map_err(|_| AuthError::new(ErrorCode::BadValue, "Invalid base64 in SASL payload")),
+            .map_err(|_| AuthError::bad_value("Invalid base64 in SASL payload")),
         Some(_) => Err(AuthError::new(
             ErrorCode::TypeMismatch,
             format!(

@@ -37,14 +37,12 @@ pub fn is_write(command: &str) -> bool {
     command != "usersInfo"
 }
 
-fn bad(msg: impl Into<String>) -> AuthError {
-    AuthError::new(ErrorCode::BadValue, msg)
-}
-
 fn user_name_arg(command: &str, body: &Document, db: &str) -> Result<UserName, AuthError> {
     match body.get(command) {
         Some(Bson::String(u)) if !u.is_empty() => Ok(UserName::new(u.as_str(), db)),
-        Some(Bson::String(_)) => Err(bad("User document needs 'user' field to be non-empty")),
+        Some(Bson::String(_)) => Err(AuthError::bad_value(
+            "User document needs 'user' field to be non-empty",
+        )),
         _ => Err(AuthError::new(
             ErrorCode::TypeMismatch,
             format!("BSON field '{command}.{command}' is the wrong type, expected type 'string'"),
@@ -67,7 +65,7 @@ pub fn roles_arg(
     };
     let mut roles = Vec::new();
     for item in items {
-        let role = RoleName::from_bson(item, db).map_err(bad)?;
+        let role = RoleName::from_bson(item, db).map_err(AuthError::bad_value)?;
         if !graph.exists(&role) {
             return Err(AuthError::new(
                 ErrorCode::RoleNotFound,
@@ -90,7 +88,7 @@ fn password_arg(
         return Ok(None);
     };
     if name.db == EXTERNAL_DB {
-        return Err(bad(
+        return Err(AuthError::bad_value(
             "Cannot set the password for users defined on the '$external' database",
         ));
     }
@@ -101,13 +99,15 @@ fn password_arg(
         ));
     };
     if pwd.is_empty() {
-        return Err(bad("User passwords must not be empty"));
+        return Err(AuthError::bad_value("User passwords must not be empty"));
     }
     if body
         .get("digestPassword")
         .is_some_and(|d| d.as_bool() == Some(false))
     {
-        return Err(bad("Use of SCRAM-SHA-256 requires undigested passwords"));
+        return Err(AuthError::bad_value(
+            "Use of SCRAM-SHA-256 requires undigested passwords",
+        ));
     }
     Ok(Some(pwd.clone()))
 }
@@ -167,7 +167,9 @@ fn create_user(users: &mut UsersFile, db: &str, body: &Document) -> Result<Admin
     const C: &str = "createUser";
     let name = user_name_arg(C, body, db)?;
     if db == "local" {
-        return Err(bad("Cannot create users in the local database"));
+        return Err(AuthError::bad_value(
+            "Cannot create users in the local database",
+        ));
     }
     let roles = match body.get("roles") {
         Some(r) => roles_arg(C, r, db, users.roles())?,
@@ -181,14 +183,14 @@ fn create_user(users: &mut UsersFile, db: &str, body: &Document) -> Result<Admin
     let password = password_arg(C, body, &name)?;
     let mut user = if db == EXTERNAL_DB {
         if body.contains_key("mechanisms") {
-            return Err(bad(
+            return Err(AuthError::bad_value(
                 "mechanisms field must not be set for users on the $external database",
             ));
         }
         UserDocument::new_external(&name.user, roles)
     } else {
         let Some(password) = password else {
-            return Err(bad(
+            return Err(AuthError::bad_value(
                 "Must provide a 'pwd' field for all user documents, except those with \
                  '$external' as the user's source db",
             ));
@@ -223,7 +225,7 @@ fn update_user(users: &mut UsersFile, db: &str, body: &Document) -> Result<Admin
         && restrictions.is_none()
         && !body.contains_key("mechanisms")
     {
-        return Err(bad(
+        return Err(AuthError::bad_value(
             "Must specify at least one field to update in updateUser",
         ));
     }
@@ -245,7 +247,7 @@ fn update_user(users: &mut UsersFile, db: &str, body: &Document) -> Result<Admin
             let mechanisms = parse_mechanisms(C, body.get("mechanisms"))?;
             for m in super::scram::ScramMechanism::ALL {
                 if mechanisms.contains(&m) && user.credentials.scram(m).is_none() {
-                    return Err(bad(
+                    return Err(AuthError::bad_value(
                         "mechanisms field must be a subset of previously set mechanisms",
                     ));
                 }
@@ -293,7 +295,7 @@ fn grant_roles(
         }
     };
     if roles.is_empty() {
-        return Err(bad(format!(
+        return Err(AuthError::bad_value(format!(
             "{command} command requires a non-empty \"roles\" array"
         )));
     }
@@ -351,7 +353,11 @@ fn users_info(users: &UsersFile, db: &str, body: &Document) -> Result<AdminResul
             let name = user_spec(v, db)?;
             Box::new(move |u| u.name == name)
         }
-        None => return Err(bad("usersInfo requires a user specification")),
+        None => {
+            return Err(AuthError::bad_value(
+                "usersInfo requires a user specification",
+            ))
+        }
     };
     let mut found: Vec<&UserDocument> = users.users().iter().filter(|u| wanted(u)).collect();
     found.sort_by(|a, b| (&a.name.user, &a.name.db).cmp(&(&b.name.user, &b.name.db)));
@@ -389,9 +395,11 @@ fn user_spec(v: &Bson, db: &str) -> Result<UserName, AuthError> {
         Bson::String(s) => Ok(UserName::new(s.as_str(), db)),
         Bson::Document(d) => match (d.get_str("user"), d.get_str("db")) {
             (Ok(u), Ok(d)) => Ok(UserName::new(u, d)),
-            _ => Err(bad("User name must contain 'user' and 'db' fields")),
+            _ => Err(AuthError::bad_value(
+                "User name must contain 'user' and 'db' fields",
+            )),
         },
-        _ => Err(bad(
+        _ => Err(AuthError::bad_value(
             "User name must be either a string or an object with 'user' and 'db' fields",
         )),
     }
