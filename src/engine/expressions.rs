@@ -402,6 +402,36 @@ fn time_unit(op: &str, v: &Bson) -> Result<&'static str, EngineError> {
     })
 }
 
+/// An optional argument that is given: its value, null when it evaluates to missing; `None` when
+/// it is not given at all (the date operators' `timezone`).
+fn given_or_null(
+    d: &Document,
+    key: &str,
+    get: &mut impl FnMut(&str) -> Result<Option<Bson>, EngineError>,
+) -> Result<Option<Bson>, EngineError> {
+    if !d.contains_key(key) {
+        return Ok(None);
+    }
+    Ok(Some(get(key)?.unwrap_or(Bson::Null)))
+}
+
+/// The first day of the week for a `week` unit of `$dateDiff`/`$dateTrunc` (0, Sunday, when
+/// `startOfWeek` is absent or the unit is not `week`); `None` when `startOfWeek` is null.
+fn week_start(
+    op: &str,
+    unit: &str,
+    d: &Document,
+    get: &mut impl FnMut(&str) -> Result<Option<Bson>, EngineError>,
+) -> Result<Option<i64>, EngineError> {
+    if unit != "week" || !d.contains_key("startOfWeek") {
+        return Ok(Some(0));
+    }
+    match get("startOfWeek")?.filter(|v| !nullish(v)) {
+        Some(s) => day_of_week(op, &s).map(Some),
+        None => Ok(None),
+    }
+}
+
 /// `startOfWeek` as the days after Sunday (0 to 6).
 fn day_of_week(op: &str, v: &Bson) -> Result<i64, EngineError> {
     let Bson::String(s) = v else {
@@ -1557,10 +1587,7 @@ pub(super) fn named(
             let date = get("date")?;
             let format = get("format")?;
             let on_null = get("onNull")?;
-            let tz = match d.contains_key("timezone") {
-                true => Some(get("timezone")?.unwrap_or(Bson::Null)),
-                false => None,
-            };
+            let tz = given_or_null(d, "timezone", &mut get)?;
             let offset = time_zone(tz)?;
             let Some(ms) = date_of(op, date.as_ref().unwrap_or(&Bson::Null))? else {
                 return Ok(Some(Some(on_null.unwrap_or(Bson::Null))));
@@ -1634,10 +1661,7 @@ pub(super) fn named(
             let Some(amount) = get("amount")?.filter(|v| !nullish(v)) else {
                 return null;
             };
-            let tz = match d.contains_key("timezone") {
-                true => Some(get("timezone")?.unwrap_or(Bson::Null)),
-                false => None,
-            };
+            let tz = given_or_null(d, "timezone", &mut get)?;
             let Some(offset) = time_zone(tz)? else {
                 return null;
             };
@@ -1698,17 +1722,10 @@ pub(super) fn named(
                 return null;
             };
             let unit = time_unit(op, &unit)?;
-            let mut start_of_week = 0;
-            if unit == "week" && d.contains_key("startOfWeek") {
-                let Some(s) = get("startOfWeek")?.filter(|v| !nullish(v)) else {
-                    return null;
-                };
-                start_of_week = day_of_week(op, &s)?;
-            }
-            let tz = match d.contains_key("timezone") {
-                true => Some(get("timezone")?.unwrap_or(Bson::Null)),
-                false => None,
+            let Some(start_of_week) = week_start(op, unit, d, &mut get)? else {
+                return null;
             };
+            let tz = given_or_null(d, "timezone", &mut get)?;
             let Some(offset) = time_zone(tz).map_err(|e| {
                 EngineError::new(
                     e.code,
@@ -1782,17 +1799,10 @@ pub(super) fn named(
                 return null;
             };
             let unit = time_unit(op, &unit)?;
-            let mut start_of_week = 0;
-            if unit == "week" && d.contains_key("startOfWeek") {
-                let Some(s) = get("startOfWeek")?.filter(|v| !nullish(v)) else {
-                    return null;
-                };
-                start_of_week = day_of_week(op, &s)?;
-            }
-            let tz = match d.contains_key("timezone") {
-                true => Some(get("timezone")?.unwrap_or(Bson::Null)),
-                false => None,
+            let Some(start_of_week) = week_start(op, unit, d, &mut get)? else {
+                return null;
             };
+            let tz = given_or_null(d, "timezone", &mut get)?;
             let Some(offset) = time_zone(tz)? else {
                 return null;
             };
