@@ -487,6 +487,32 @@ impl AuthSession {
         Document::new()
     }
 
+    /// The user an authentication request names before it runs: a `saslStart`'s SCRAM user
+    /// on `db`, or a `hello`'s `saslSupportedMechs` user or speculative `saslStart` user. A
+    /// server that reads its users from elsewhere fetches one it does not know yet. `None` for
+    /// any other request, or when the request cannot be read (running it says why).
+    pub fn named_user(command: &str, db: &str, body: &Document) -> Option<UserName> {
+        let sasl_start = |db: &str, body: &Document| {
+            let (payload, _) = read_payload(body, "saslStart").ok()?;
+            let first = ClientFirst::parse(&payload).ok()?;
+            Some(UserName::new(first.user(), db))
+        };
+        match command {
+            "saslStart" => sasl_start(db, body),
+            "hello" | "isMaster" | "ismaster" => {
+                if let Some(Bson::String(s)) = body.get("saslSupportedMechs") {
+                    return UserName::parse_db_dot_user(s).ok();
+                }
+                let spec = body.get_document("speculativeAuthenticate").ok()?;
+                if !spec.contains_key("saslStart") {
+                    return None;
+                }
+                sasl_start(spec.get_str("db").ok()?, spec)
+            }
+            _ => None,
+        }
+    }
+
     /// `hello {saslSupportedMechs: "<db>.<user>"}`: the mechanisms of that user, `None` when
     /// the request did not ask or the user does not exist (mongod then omits the field).
     pub fn sasl_supported_mechs(
