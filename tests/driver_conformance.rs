@@ -203,3 +203,96 @@ async fn dollar_prefixed_names_in_id_are_refused() {
         );
     }
 }
+
+#[tokio::test]
+async fn list_local_sessions_lists_the_routers_sessions() {
+    let (_c, cl) = setup().await;
+    let admin = cl.database("admin");
+    let mut session = cl.start_session().await.unwrap();
+    let id = match session.id().get("id") {
+        Some(Bson::Binary(b)) => b.bytes.clone(),
+        other => panic!("{other:?}"),
+    };
+    cl.database("crud")
+        .run_command(doc! {"ping": 1})
+        .session(&mut session)
+        .await
+        .unwrap();
+    let r = admin
+        .run_command(doc! {"aggregate": 1, "pipeline": [
+            {"$listLocalSessions": {}},
+            {"$project": {"_id": 1, "lastUse": 1}},
+        ], "cursor": {}})
+        .await
+        .unwrap();
+    let listed = r
+        .get_document("cursor")
+        .unwrap()
+        .get_array("firstBatch")
+        .unwrap();
+    let ids: Vec<Vec<u8>> = listed
+        .iter()
+        .map(|d| {
+            let key = d.as_document().unwrap().get_document("_id").unwrap();
+            assert_eq!(key.get_binary_generic("uid").unwrap().len(), 32, "{key}");
+            match key.get("id") {
+                Some(Bson::Binary(b)) => b.bytes.clone(),
+                other => panic!("{other:?}"),
+            }
+        })
+        .collect();
+    assert!(ids.contains(&id), "{listed:?}");
+    // Any database's {aggregate: 1}; not a collection's.
+    let r = cl
+        .database("crud")
+        .run_command(doc! {"aggregate": 1, "pipeline": [{"$listLocalSessions": {"allUsers": true}}, {"$count": "n"}], "cursor": {}})
+        .await
+        .unwrap();
+    let n = r
+        .get_document("cursor")
+        .unwrap()
+        .get_array("firstBatch")
+        .unwrap()[0]
+        .as_document()
+        .unwrap()
+        .get_i32("n")
+        .unwrap();
+    assert!(n >= 1);
+    let e = cl
+        .database("crud")
+        .run_command(
+            doc! {"aggregate": "plain", "pipeline": [{"$listLocalSessions": {}}], "cursor": {}},
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(command_code(&e), 73, "{e}");
+    let e = admin
+        .run_command(
+            doc! {"aggregate": 1, "pipeline": [{"$listLocalSessions": {"x": 1}}], "cursor": {}},
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(command_code(&e), 40415, "{e}");
+}
+
+#[tokio::test]
+async fn output_stages_refuse_a_linearizable_read() {
+    let (_c, cl) = setup().await;
+    let db = cl.database("crud");
+    for coll in ["sharded", "plain"] {
+        seed(&db, coll).await;
+        for stage in [doc! {"$out": "copy"}, doc! {"$merge": {"into": "sharded"}}] {
+            let e = db
+                .run_command(doc! {"aggregate": coll, "pipeline": [{"$match": {"_id": {"$gt": 1}}}, stage.clone()], "cursor": {}, "readConcern": {"level": "linearizable"}})
+                .await
+                .unwrap_err();
+            assert_eq!(command_code(&e), 72, "{coll} {stage}: {e}");
+        }
+    }
+    let copies = db
+        .collection::<Document>("copy")
+        .count_documents(doc! {})
+        .await
+        .unwrap();
+    assert_eq!(copies, 0);
+}

@@ -204,6 +204,9 @@ pub async fn read(
                 return Err(CommandError::new(ErrorCode::FailedToParse, "The 'cursor' option is required, except for aggregate with the explain argument"));
             }
             let (stages, output) = crate::engine::output::split_output(&pipeline, &db).map_err(CommandError::from)?;
+            if let Some(o) = &output {
+                o.check_read_concern(body).map_err(CommandError::from)?;
+            }
             let split = merge::split_pipeline(stages);
             let filter = leading_match(stages);
             let mut shard_cmd = doc! {"aggregate": &coll, "pipeline": split.shard_part.clone(), "cursor": {"batchSize": 10_000}};
