@@ -97,7 +97,7 @@ impl LocalSessions {
             return Vec::new();
         }
         let mut records: Vec<(&[u8; 16], &Used)> = sessions.iter().collect();
-        records.sort_by(|a, b| b.1.at.cmp(&a.1.at));
+        records.sort_by_key(|r| std::cmp::Reverse(r.1.at));
         records
             .into_iter()
             .map(|(id, used)| {
