@@ -12,11 +12,10 @@
 //! every session is recorded under the digest of no user: with authorization enabled only
 //! `{allUsers: true}` (which needs the `listSessions` privilege) lists them.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, Document};
+use dashmap::DashMap;
 use sha2::{Digest, Sha256};
 
 use super::CommandError;
@@ -29,10 +28,11 @@ pub const MAX_SESSIONS: usize = 1_000_000;
 /// How long an unused session stays (`logicalSessionTimeoutMinutes`, 30, as `hello` says).
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
-/// The local session cache.
+/// The local session cache. Every request with an `lsid` records its use, so the map is
+/// sharded (one lock per shard of keys, not one for the process).
 #[derive(Debug, Default)]
 pub struct LocalSessions {
-    sessions: Mutex<HashMap<[u8; 16], Used>>,
+    sessions: DashMap<[u8; 16], Used>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -62,11 +62,8 @@ impl LocalSessions {
             at: Instant::now(),
             wall: bson::DateTime::now(),
         };
-        let mut sessions = match self.sessions.lock() {
-            Ok(s) => s,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if let Some(used) = sessions.get_mut(&id) {
+        let sessions = &self.sessions;
+        if let Some(mut used) = sessions.get_mut(&id) {
             *used = now;
             return Ok(());
         }
@@ -87,16 +84,17 @@ impl LocalSessions {
     /// returns them: all of them, or those of the users whose digests are given.
     pub fn list(&self, users: Option<&[[u8; 32]]>) -> Vec<Document> {
         let now = Instant::now();
-        let mut sessions = match self.sessions.lock() {
-            Ok(s) => s,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        sessions.retain(|_, u| now.duration_since(u.at) < SESSION_TIMEOUT);
+        self.sessions
+            .retain(|_, u| now.duration_since(u.at) < SESSION_TIMEOUT);
         let uid = no_user_digest();
         if users.is_some_and(|u| !u.contains(&uid)) {
             return Vec::new();
         }
-        let mut records: Vec<(&[u8; 16], &Used)> = sessions.iter().collect();
+        let mut records: Vec<([u8; 16], Used)> = self
+            .sessions
+            .iter()
+            .map(|e| (*e.key(), *e.value()))
+            .collect();
         records.sort_by_key(|r| std::cmp::Reverse(r.1.at));
         records
             .into_iter()
