@@ -206,6 +206,9 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut auth = ConnectionAuth::default();
+    if let Ok(local) = socket.local_addr() {
+        auth.set_addresses(peer, local);
+    }
     let mut socket = tokio::select! {
         s = admit(socket, peer, &security, &mut auth) => match s {
             Some(s) => s,

@@ -444,6 +444,9 @@ impl UserLookup for Security {
     fn principal(&self, user: &UserDocument) -> Result<Principal, RoleName> {
         lock(&self.users).principal(user)
     }
+    fn restrictions(&self, user: &UserDocument) -> Vec<Vec<bson::Bson>> {
+        lock(&self.users).restrictions(user)
+    }
 }
 
 /// A connection's authentication state: the session and the users generation it last saw.
@@ -454,6 +457,15 @@ pub struct ConnectionAuth {
 }
 
 impl ConnectionAuth {
+    /// Records the connection's client and server addresses (for `authenticationRestrictions`).
+    pub fn set_addresses(&mut self, client: std::net::SocketAddr, server: std::net::SocketAddr) {
+        self.session
+            .set_addresses(crate::auth::restrictions::ConnectionAddresses {
+                client: client.ip(),
+                server: server.ip(),
+            });
+    }
+
     /// Records the verified client certificate's subject, and whether it names a member of
     /// the cluster (the `O`, `OU` and `DC` of this server's own certificate).
     pub fn set_peer(&mut self, security: &Security, subject: &crate::auth::x509::X509Name) {
