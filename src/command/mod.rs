@@ -13,6 +13,7 @@ pub mod failpoint;
 pub mod hello;
 pub mod server_info;
 pub mod service;
+pub mod sessions;
 pub mod write_kind;
 
 pub use service::{BoxFuture, Response, Service};
@@ -459,6 +460,8 @@ pub struct ServerState {
     next_connection_id: AtomicI64,
     /// Flips to `true` when the router begins shutting down.
     shutdown: watch::Receiver<bool>,
+    /// The sessions requests named (`$listLocalSessions`).
+    pub sessions: sessions::LocalSessions,
 }
 
 impl ServerState {
@@ -475,6 +478,7 @@ impl ServerState {
             next_request_id: AtomicI32::new(1),
             next_connection_id: AtomicI64::new(1),
             shutdown,
+            sessions: sessions::LocalSessions::default(),
         }
     }
 

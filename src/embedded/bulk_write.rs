@@ -55,6 +55,7 @@ pub fn bulk_write(
             WriteKind::Delete => {
                 let q = op.statement.get_document("q").cloned().unwrap_or_default();
                 let limit = number_field(&op.statement, "limit").unwrap_or(1);
+                let vars = vars.with_collation_option(op.statement.get("collation"))?;
                 delete_one_statement(&mut cat, db, coll, &q, limit, &vars)
             }
         }

@@ -107,7 +107,7 @@ impl Collection {
     /// The record ids of the documents `matcher` accepts, in natural order. `filter` is the
     /// original filter, inspected for an `_id` equality that the `_id` index can answer.
     pub fn find(&self, filter: &Document, matcher: &Matcher) -> Vec<RecordId> {
-        if let Some(id) = id_equality(filter) {
+        if let Some(id) = id_equality(filter).filter(|id| !matcher.collates(id)) {
             return match self.id_index.get(&OrdBson(id.clone())) {
                 Some(rid) if self.docs.get(rid).is_some_and(|d| matcher.matches(d)) => vec![*rid],
                 _ => Vec::new(),

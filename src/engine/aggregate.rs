@@ -266,7 +266,7 @@ pub fn run_in(
                 let Bson::Document(s) = spec else {
                     return Err(err(15973, "the $sort key specification must be an object"));
                 };
-                let s = SortSpec::parse(s)?;
+                let s = SortSpec::parse(s)?.with_collation(vars.collation().cloned());
                 if !options.allow_disk_use && input_bytes > options.stage_memory {
                     return Err(err(
                         ErrorCode::QueryExceededMemoryLimitNoDiskUseAllowed.0,
@@ -760,14 +760,19 @@ pub(super) fn group(
     let mut groups: HashMap<usize, Vec<Acc>> = HashMap::new();
     let mut index: BTreeMap<OrdBson, usize> = BTreeMap::new();
     for d in &docs {
-        let key = OrdBson(eval_with(id_expr, d, vars)?.unwrap_or(Bson::Null));
-        let gi = match index.get(&key) {
+        let key = eval_with(id_expr, d, vars)?.unwrap_or(Bson::Null);
+        // Under a collation, keys it holds equal are one group, the first seen its `_id`.
+        let lookup = match vars.collation() {
+            Some(c) if super::collation::has_string(&key) => OrdBson(c.key_value(&key)),
+            _ => OrdBson(key.clone()),
+        };
+        let gi = match index.get(&lookup) {
             Some(i) => *i,
             None => {
-                charge(measure_value(&key.0).bytes)?;
+                charge(measure_value(&key).bytes)?;
                 let i = order.len();
-                order.push(key.clone());
-                index.insert(key, i);
+                order.push(OrdBson(key));
+                index.insert(lookup, i);
                 groups.insert(
                     i,
                     accs.iter()
@@ -1064,6 +1069,9 @@ fn variable(s: &str, root: &Document, vars: &Variables) -> Result<Option<Bson>, 
 pub struct Variables {
     now: bson::DateTime,
     bound: Vec<(String, Bson)>,
+    /// The request's (or the statement's) collation: how the filters, sorts and sets
+    /// evaluated in this context compare strings. `None` is the simple collation.
+    collation: Option<std::sync::Arc<super::collation::Collation>>,
 }
 
 impl Default for Variables {
@@ -1078,7 +1086,23 @@ impl Variables {
         Variables {
             now: bson::DateTime::now(),
             bound: Vec::new(),
+            collation: None,
         }
+    }
+
+    /// The collation strings compare under here (`None`: simple).
+    pub fn collation(&self) -> Option<&std::sync::Arc<super::collation::Collation>> {
+        self.collation.as_ref()
+    }
+
+    /// These variables under a request's or a statement's `collation` option (unchanged when
+    /// the option is absent; `{locale: "simple"}` is the simple collation).
+    pub fn with_collation_option(&self, option: Option<&Bson>) -> Result<Variables, EngineError> {
+        let mut out = self.clone();
+        if option.is_some() {
+            out.collation = super::collation::Collation::from_option(option)?;
+        }
+        Ok(out)
     }
 
     /// Whether `name` is bound (a `let` variable or one bound by an enclosing stage).

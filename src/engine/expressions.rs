@@ -174,23 +174,46 @@ pub(super) fn lazy(
             }
         }
         "$getField" => {
+            let current = Bson::String("$$CURRENT".into());
+            // `{$getField: {field, input}}`, or the short form `{$getField: <field>}` (which an
+            // object whose first key is an operator, such as `{$literal: "a.b"}`, also is).
             let (field, input) = match args {
-                Bson::String(f) => (Bson::String(f.clone()), Bson::String("$$CURRENT".into())),
-                Bson::Document(d) => (
-                    d.get("field").cloned().unwrap_or(Bson::Null),
-                    d.get("input")
-                        .cloned()
-                        .unwrap_or(Bson::String("$$CURRENT".into())),
-                ),
-                _ => return Err(err(3041704, "$getField requires 'field' to be specified")),
+                Bson::Document(d) if !d.keys().next().is_some_and(|k| k.starts_with('$')) => {
+                    if let Some(k) = d.keys().find(|k| *k != "field" && *k != "input") {
+                        return Err(err(
+                            3041701,
+                            format!("$getField found an unknown argument: {k}"),
+                        ));
+                    }
+                    let Some(field) = d.get("field") else {
+                        return Err(err(3041702, "$getField requires 'field' to be specified"));
+                    };
+                    (field, d.get("input").unwrap_or(&current))
+                }
+                other => (other, &current),
             };
-            let Some(Bson::String(field)) = ev(&field, vars, budget)? else {
-                return Err(err(
-                    5654602,
-                    "$getField requires 'field' to evaluate to type String",
-                ));
+            let field = match constant_field_name(field) {
+                ConstantField::Name(f) => f,
+                ConstantField::Path(p) => {
+                    return Err(err(
+                        5654600,
+                        format!("'{p}' is a field path reference which is not allowed in this context. Did you mean {{$literal: '{p}'}}?"),
+                    ))
+                }
+                ConstantField::NotConstant => {
+                    return Err(err(
+                        5654601,
+                        "$getField requires 'field' to evaluate to a constant, but got a non-constant argument",
+                    ))
+                }
+                ConstantField::NotString(t) => {
+                    return Err(err(
+                        5654602,
+                        format!("$getField requires 'field' to evaluate to type String, but got {t}"),
+                    ))
+                }
             };
-            match ev(&input, vars, budget)? {
+            match ev(input, vars, budget)? {
                 Some(Bson::Document(d)) => d.get(&field).cloned(),
                 Some(v) if nullish(&v) => Some(Bson::Null),
                 None => Some(Bson::Null),
@@ -205,8 +228,127 @@ pub(super) fn lazy(
                 }
             }
         }
+        "$setField" | "$unsetField" => {
+            let (input, field, value) = field_mutation_arguments(op, args)?;
+            let input = match ev(input, vars, budget)? {
+                Some(Bson::Document(d)) => d,
+                None => return Ok(Some(Some(Bson::Null))),
+                Some(v) if nullish(&v) => return Ok(Some(Some(Bson::Null))),
+                Some(_) => {
+                    return Err(err(
+                        4161105,
+                        format!("{op} requires 'input' to evaluate to type Object"),
+                    ))
+                }
+            };
+            // A missing value (`$$REMOVE`, an absent path, or `$unsetField`) removes the field.
+            let value = match value {
+                Some(v) => ev(v, vars, budget)?,
+                None => None,
+            };
+            let mut out = input;
+            match value {
+                Some(v) => {
+                    // Replaces in place when present (the field keeps its position), appends
+                    // otherwise; the name is taken literally, dots and dollars included.
+                    out.insert(field, v);
+                }
+                None => {
+                    out.remove(&field);
+                }
+            }
+            Some(Bson::Document(out))
+        }
         _ => return Ok(None),
     }))
+}
+
+/// What a `field` argument of `$getField`/`$setField`/`$unsetField` is: these operators take
+/// a field name only as a constant (a string that is not a path, or `$literal`/`$const`).
+enum ConstantField {
+    Name(String),
+    /// A field path (`"$a.b"`), which mongod refuses with a hint to wrap it in `$literal`.
+    Path(String),
+    NotConstant,
+    NotString(&'static str),
+}
+
+fn constant_field_name(field: &Bson) -> ConstantField {
+    let constant = match field {
+        Bson::String(s) if s.starts_with('$') => return ConstantField::Path(s.clone()),
+        Bson::Document(d) if d.len() == 1 => match d.iter().next() {
+            Some((k, v)) if k == "$literal" || k == "$const" => v,
+            _ => return ConstantField::NotConstant,
+        },
+        Bson::Document(_) | Bson::Array(_) => return ConstantField::NotConstant,
+        other => other,
+    };
+    match constant {
+        Bson::String(s) => ConstantField::Name(s.clone()),
+        other => ConstantField::NotString(type_name(other)),
+    }
+}
+
+/// The `input`, the field name and the `value` expression (`None` for `$unsetField`) of
+/// `$setField`/`$unsetField`, checked as mongod parses them.
+fn field_mutation_arguments<'a>(
+    op: &str,
+    args: &'a Bson,
+) -> Result<(&'a Bson, String, Option<&'a Bson>), EngineError> {
+    let Bson::Document(d) = args else {
+        return Err(err(
+            4161100,
+            format!("{op} only supports an object as its argument"),
+        ));
+    };
+    let setting = op == "$setField";
+    for k in d.keys() {
+        let known = k == "field" || k == "input" || (setting && k == "value");
+        if !known {
+            return Err(err(4161101, format!("{op} found an unknown argument: {k}")));
+        }
+    }
+    let Some(field) = d.get("field") else {
+        return Err(err(
+            4161102,
+            format!("{op} requires 'field' to be specified"),
+        ));
+    };
+    let value = d.get("value");
+    if setting && value.is_none() {
+        return Err(err(
+            4161103,
+            format!("{op} requires 'value' to be specified"),
+        ));
+    }
+    let Some(input) = d.get("input") else {
+        return Err(err(
+            4161109,
+            format!("{op} requires 'input' to be specified"),
+        ));
+    };
+    let field = match constant_field_name(field) {
+        ConstantField::Name(f) => f,
+        ConstantField::Path(p) => {
+            return Err(err(
+                4161108,
+                format!("'{p}' is a field path reference which is not allowed in this context. Did you mean {{$literal: '{p}'}}?"),
+            ))
+        }
+        ConstantField::NotConstant => {
+            return Err(err(
+                4161106,
+                "$setField requires 'field' to evaluate to a constant, but got a non-constant argument",
+            ))
+        }
+        ConstantField::NotString(t) => {
+            return Err(err(
+                4161107,
+                format!("$setField requires 'field' to evaluate to type String, but got {t}"),
+            ))
+        }
+    };
+    Ok((input, field, value))
 }
 
 fn int_or_long(n: i64) -> Bson {
@@ -2190,6 +2332,105 @@ mod tests {
         assert_eq!(
             eval_with(&Bson::String("$$x".into()), &doc! {}, &vars).unwrap(),
             Some(Bson::Int32(3))
+        );
+    }
+
+    /// `$setField`/`$unsetField`/`$getField` take their field name literally: a name with dots
+    /// or a leading `$` (given through `$literal`) is one field, not a path, which is how the
+    /// drivers' dots-and-dollars tests write such keys.
+    #[test]
+    fn field_operators_take_names_literally() {
+        let root = doc! {"_id": 1, "foo": {"x": 1}, "a": {"b": 2}, "a.b": 3, "$p": 4};
+        let ev = |e: bson::Document| eval(&Bson::Document(e), &root);
+        assert_eq!(
+            ev(doc! {"$setField": {"field": {"$literal": "$a"}, "value": 1, "input": "$$ROOT"}})
+                .unwrap(),
+            Some(Bson::Document(
+                doc! {"_id": 1, "foo": {"x": 1}, "a": {"b": 2}, "a.b": 3, "$p": 4, "$a": 1}
+            ))
+        );
+        // An existing field keeps its place; a dotted name is one field of `input`.
+        assert_eq!(
+            ev(doc! {"$setField": {"field": "a.b", "value": 9, "input": "$$ROOT"}}).unwrap(),
+            Some(Bson::Document(
+                doc! {"_id": 1, "foo": {"x": 1}, "a": {"b": 2}, "a.b": 9, "$p": 4}
+            ))
+        );
+        assert_eq!(
+            ev(doc! {"$setField": {"field": {"$literal": "$a"}, "value": 1, "input": "$foo"}})
+                .unwrap(),
+            Some(Bson::Document(doc! {"x": 1, "$a": 1}))
+        );
+        // `$$REMOVE` and `$unsetField` remove; a null or missing input gives null.
+        assert_eq!(
+            ev(doc! {"$setField": {"field": "foo", "value": "$$REMOVE", "input": "$$ROOT"}})
+                .unwrap(),
+            Some(Bson::Document(
+                doc! {"_id": 1, "a": {"b": 2}, "a.b": 3, "$p": 4}
+            ))
+        );
+        assert_eq!(
+            ev(doc! {"$unsetField": {"field": {"$literal": "$p"}, "input": "$$ROOT"}}).unwrap(),
+            Some(Bson::Document(
+                doc! {"_id": 1, "foo": {"x": 1}, "a": {"b": 2}, "a.b": 3}
+            ))
+        );
+        assert_eq!(
+            ev(doc! {"$setField": {"field": "x", "value": 1, "input": "$nothing"}}).unwrap(),
+            Some(Bson::Null)
+        );
+        assert_eq!(
+            ev(doc! {"$getField": {"field": "a.b", "input": "$$ROOT"}}).unwrap(),
+            Some(Bson::Int32(3))
+        );
+        assert_eq!(
+            ev(doc! {"$getField": {"$literal": "$p"}}).unwrap(),
+            Some(Bson::Int32(4))
+        );
+        // mongod's parse errors.
+        let code = |e: bson::Document| ev(e).unwrap_err().code.0;
+        assert_eq!(code(doc! {"$setField": 1}), 4161100);
+        assert_eq!(
+            code(doc! {"$setField": {"field": "a", "value": 1, "input": {}, "x": 1}}),
+            4161101
+        );
+        assert_eq!(code(doc! {"$setField": {"value": 1, "input": {}}}), 4161102);
+        assert_eq!(
+            code(doc! {"$setField": {"field": "a", "input": {}}}),
+            4161103
+        );
+        assert_eq!(
+            code(doc! {"$setField": {"field": "a", "value": 1}}),
+            4161109
+        );
+        assert_eq!(code(doc! {"$unsetField": {"field": "a"}}), 4161109);
+        assert_eq!(
+            code(doc! {"$unsetField": {"field": "a", "input": {}, "value": 1}}),
+            4161101
+        );
+        assert_eq!(
+            code(doc! {"$setField": {"field": {"$concat": ["a", "b"]}, "value": 1, "input": {}}}),
+            4161106
+        );
+        assert_eq!(
+            code(doc! {"$setField": {"field": true, "value": 1, "input": {}}}),
+            4161107
+        );
+        assert_eq!(
+            code(doc! {"$setField": {"field": "$a", "value": 1, "input": {}}}),
+            4161108
+        );
+        assert_eq!(
+            code(doc! {"$setField": {"field": "a", "value": 1, "input": 5}}),
+            4161105
+        );
+        assert_eq!(code(doc! {"$getField": {"field": "$a"}}), 5654600);
+        assert_eq!(code(doc! {"$getField": {"field": [1]}}), 5654601);
+        assert_eq!(code(doc! {"$getField": {"field": 1}}), 5654602);
+        assert_eq!(code(doc! {"$getField": {"input": {}}}), 3041702);
+        assert_eq!(
+            code(doc! {"$getField": {"field": "a", "other": 1}}),
+            3041701
         );
     }
 }

@@ -8,13 +8,17 @@
 //! bracketed by type as in MongoDB (`{a: {$gt: 5}}` never matches a string). Anything else is a
 //! `BadValue` error naming the operator.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use bson::{Bson, Document};
 use regex::Regex;
 
+use super::collation::Collation;
 use super::path::{lookup, Lookup};
 use super::EngineError;
 use crate::limits::MAX_MATCH_PATH_PARTS;
-use crate::value::compare::{canonical_type, compare, values_equal};
+use crate::value::compare::{canonical_type, compare, values_equal, OrdBson};
 use crate::value::error_codes::ErrorCode;
 
 /// A parsed filter.
@@ -23,6 +27,9 @@ pub struct Matcher {
     root: Expr,
     /// The variables `$expr` sees (`$$NOW`, the request's `let`).
     vars: super::aggregate::Variables,
+    /// The collation strings compare under (from `vars`); the operands in `root` are already
+    /// its keys.
+    collation: Option<Arc<Collation>>,
 }
 
 #[derive(Debug, Clone)]
@@ -98,11 +105,16 @@ impl Matcher {
         filter: &Document,
         vars: &super::aggregate::Variables,
     ) -> Result<Matcher, EngineError> {
-        let root = parse_doc(filter)?;
+        let mut root = parse_doc(filter)?;
         check_expr_references(&root, vars)?;
+        let collation = vars.collation().cloned();
+        if let Some(c) = &collation {
+            collate_expr(&mut root, c);
+        }
         Ok(Matcher {
             root,
             vars: vars.clone(),
+            collation,
         })
     }
 
@@ -111,12 +123,73 @@ impl Matcher {
         Matcher {
             root: Expr::And(Vec::new()),
             vars: super::aggregate::Variables::new(),
+            collation: None,
         }
     }
 
     /// Whether `doc` matches.
     pub fn matches(&self, doc: &Document) -> bool {
-        eval(&self.root, doc, &self.vars)
+        eval(&self.root, doc, &self.vars, self.collation.as_deref())
+    }
+
+    /// Whether equality with `v` is decided by this matcher's collation rather than by the
+    /// value itself (a store cannot serve it from an index of plain values).
+    pub fn collates(&self, v: &Bson) -> bool {
+        self.collation.is_some() && super::collation::has_string(v)
+    }
+}
+
+/// Replaces the operands a collation compares (equality, ranges, `$in`/`$nin`, `$all`) by
+/// their keys, in `$not` and `$elemMatch` too; regular expressions stay as they are (mongod
+/// does not collate them).
+fn collate_expr(e: &mut Expr, c: &Arc<Collation>) {
+    match e {
+        Expr::And(items) | Expr::Or(items) | Expr::Nor(items) => {
+            items.iter_mut().for_each(|i| collate_expr(i, c))
+        }
+        Expr::Field(_, ops) => collate_ops(ops, c),
+        Expr::Aggregate(_) => {}
+    }
+}
+
+fn collate_ops(ops: &mut [Op], c: &Arc<Collation>) {
+    for op in ops {
+        match op {
+            Op::Eq(v) | Op::Ne(v) | Op::Cmp(_, v) => *v = c.key_value(v),
+            Op::In(list) | Op::Nin(list) => {
+                list.values = std::mem::take(&mut list.values)
+                    .into_iter()
+                    .map(|v| OrdBson(c.key_value(&v.0)))
+                    .collect();
+            }
+            Op::Not(inner) => collate_ops(inner, c),
+            Op::ElemMatch(ElemMatch::Value(inner)) => collate_ops(inner, c),
+            Op::ElemMatch(ElemMatch::Doc(m)) => {
+                collate_expr(&mut m.root, c);
+                m.collation = Some(c.clone());
+            }
+            Op::All(items) => {
+                for item in items.iter_mut() {
+                    let keep = match item {
+                        Bson::RegularExpression(_) => true,
+                        Bson::Document(d) => d.contains_key("$elemMatch"),
+                        _ => false,
+                    };
+                    if !keep {
+                        *item = c.key_value(item);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A document's value as a collation compares it: its key when it holds a string.
+fn collated<'a>(v: &'a Bson, c: Option<&Collation>) -> Cow<'a, Bson> {
+    match c {
+        Some(c) if super::collation::has_string(v) => Cow::Owned(c.key_value(v)),
+        _ => Cow::Borrowed(v),
     }
 }
 
@@ -417,14 +490,19 @@ fn parse_ops(d: &Document) -> Result<Vec<Op>, EngineError> {
     Ok(ops)
 }
 
-fn eval(e: &Expr, doc: &Document, vars: &super::aggregate::Variables) -> bool {
+fn eval(
+    e: &Expr,
+    doc: &Document,
+    vars: &super::aggregate::Variables,
+    c: Option<&Collation>,
+) -> bool {
     match e {
-        Expr::And(items) => items.iter().all(|i| eval(i, doc, vars)),
-        Expr::Or(items) => items.iter().any(|i| eval(i, doc, vars)),
-        Expr::Nor(items) => !items.iter().any(|i| eval(i, doc, vars)),
+        Expr::And(items) => items.iter().all(|i| eval(i, doc, vars, c)),
+        Expr::Or(items) => items.iter().any(|i| eval(i, doc, vars, c)),
+        Expr::Nor(items) => !items.iter().any(|i| eval(i, doc, vars, c)),
         Expr::Field(path, ops) => {
             let l = lookup(doc, path);
-            ops.iter().all(|op| eval_op(op, &l))
+            ops.iter().all(|op| eval_op(op, &l, c))
         }
         Expr::Aggregate(e) => super::aggregate::eval_with(e, doc, vars)
             .ok()
@@ -433,14 +511,16 @@ fn eval(e: &Expr, doc: &Document, vars: &super::aggregate::Variables) -> bool {
     }
 }
 
-fn eq_matches(target: &Bson, l: &Lookup) -> bool {
+fn eq_matches(target: &Bson, l: &Lookup, c: Option<&Collation>) -> bool {
     if matches!(target, Bson::Null) && (l.missing || l.values.is_empty()) {
         return true;
     }
-    l.candidates().into_iter().any(|v| values_equal(v, target))
+    l.candidates()
+        .into_iter()
+        .any(|v| values_equal(&collated(v, c), target))
 }
 
-fn cmp_matches(op: CmpOp, target: &Bson, l: &Lookup) -> bool {
+fn cmp_matches(op: CmpOp, target: &Bson, l: &Lookup, c: Option<&Collation>) -> bool {
     if matches!(target, Bson::Null)
         && matches!(op, CmpOp::Gte | CmpOp::Lte)
         && (l.missing || l.values.is_empty())
@@ -453,7 +533,7 @@ fn cmp_matches(op: CmpOp, target: &Bson, l: &Lookup) -> bool {
         if !bracket {
             return false;
         }
-        let o = compare(v, target);
+        let o = compare(&collated(v, c), target);
         match op {
             CmpOp::Gt => o.is_gt(),
             CmpOp::Gte => o.is_ge(),
@@ -473,7 +553,7 @@ fn regex_matches(re: &Regex, v: &Bson) -> bool {
     }
 }
 
-fn in_matches(list: &InList, l: &Lookup) -> bool {
+fn in_matches(list: &InList, l: &Lookup, c: Option<&Collation>) -> bool {
     if (l.missing || l.values.is_empty())
         && list
             .values
@@ -481,31 +561,31 @@ fn in_matches(list: &InList, l: &Lookup) -> bool {
     {
         return true;
     }
-    let hit = l.candidates().into_iter().any(|v| {
-        list.values
-            .contains(&crate::value::compare::OrdBson(v.clone()))
-    });
+    let hit = l
+        .candidates()
+        .into_iter()
+        .any(|v| list.values.contains(&OrdBson(collated(v, c).into_owned())));
     hit || list
         .regexes
         .iter()
         .any(|re| l.expanded().into_iter().any(|v| regex_matches(re, v)))
 }
 
-fn eval_value_ops(ops: &[Op], v: &Bson) -> bool {
+fn eval_value_ops(ops: &[Op], v: &Bson, c: Option<&Collation>) -> bool {
     let l = Lookup {
         values: vec![v],
         missing: false,
     };
-    ops.iter().all(|op| eval_op(op, &l))
+    ops.iter().all(|op| eval_op(op, &l, c))
 }
 
-fn eval_op(op: &Op, l: &Lookup) -> bool {
+fn eval_op(op: &Op, l: &Lookup, c: Option<&Collation>) -> bool {
     match op {
-        Op::Eq(t) => eq_matches(t, l),
-        Op::Ne(t) => !eq_matches(t, l),
-        Op::Cmp(c, t) => cmp_matches(*c, t, l),
-        Op::In(items) => in_matches(items, l),
-        Op::Nin(items) => !in_matches(items, l),
+        Op::Eq(t) => eq_matches(t, l, c),
+        Op::Ne(t) => !eq_matches(t, l, c),
+        Op::Cmp(cmp, t) => cmp_matches(*cmp, t, l, c),
+        Op::In(items) => in_matches(items, l, c),
+        Op::Nin(items) => !in_matches(items, l, c),
         Op::Exists(want) => l.values.is_empty() != *want,
         Op::Type(sels) => l.candidates().into_iter().any(|v| {
             sels.iter().any(|s| match s {
@@ -514,10 +594,10 @@ fn eval_op(op: &Op, l: &Lookup) -> bool {
             })
         }),
         Op::Regex(re) => l.expanded().into_iter().any(|v| regex_matches(re, v)),
-        Op::Not(ops) => !ops.iter().all(|o| eval_op(o, l)),
+        Op::Not(ops) => !ops.iter().all(|o| eval_op(o, l, c)),
         Op::ElemMatch(em) => l.values.iter().any(|v| match v {
             Bson::Array(items) => items.iter().any(|item| match em {
-                ElemMatch::Value(ops) => eval_value_ops(ops, item),
+                ElemMatch::Value(ops) => eval_value_ops(ops, item, c),
                 ElemMatch::Doc(m) => match item {
                     Bson::Document(d) => m.matches(d),
                     _ => false,
@@ -534,7 +614,7 @@ fn eval_op(op: &Op, l: &Lookup) -> bool {
             !items.is_empty()
                 && items.iter().all(|item| match item {
                     Bson::Document(d) if d.contains_key("$elemMatch") => match parse_ops(d) {
-                        Ok(ops) => ops.iter().all(|o| eval_op(o, l)),
+                        Ok(ops) => ops.iter().all(|o| eval_op(o, l, None)),
                         Err(_) => false,
                     },
                     Bson::RegularExpression(r) => {
@@ -543,7 +623,7 @@ fn eval_op(op: &Op, l: &Lookup) -> bool {
                             Err(_) => false,
                         }
                     }
-                    other => eq_matches(other, l),
+                    other => eq_matches(other, l, c),
                 })
         }
         Op::Mod(div, rem) => l.expanded().into_iter().any(|v| {
@@ -587,6 +667,33 @@ pub fn equality_fields(filter: &Document) -> Vec<(String, Bson)> {
 mod tests {
     use super::*;
     use bson::doc;
+
+    /// Under a collation, equality, ranges, `$in`/`$nin`, `$all`, `$not` and `$elemMatch`
+    /// compare strings by it; regular expressions and non-strings do not change.
+    #[test]
+    fn collation_decides_string_comparisons() {
+        let vars = super::super::aggregate::Variables::new()
+            .with_collation_option(Some(&Bson::Document(doc! {"locale": "en", "strength": 2})))
+            .unwrap();
+        let m = |f: Document| Matcher::parse_with(&f, &vars).unwrap();
+        let d = doc! {"x": "ping", "tags": ["Red", "blue"], "sub": [{"k": "ABC"}], "n": 5};
+        assert!(m(doc! {"x": "PING"}).matches(&d));
+        assert!(!Matcher::parse(&doc! {"x": "PING"}).unwrap().matches(&d));
+        assert!(m(doc! {"x": {"$in": ["PONG", "PiNg"]}}).matches(&d));
+        assert!(!m(doc! {"x": {"$nin": ["PING"]}}).matches(&d));
+        assert!(m(doc! {"x": {"$gt": "PINE", "$lt": "PINH"}}).matches(&d));
+        assert!(m(doc! {"tags": {"$all": ["RED", "BLUE"]}}).matches(&d));
+        assert!(!m(doc! {"x": {"$not": {"$eq": "Ping"}}}).matches(&d));
+        assert!(m(doc! {"sub": {"$elemMatch": {"k": "abc"}}}).matches(&d));
+        assert!(m(doc! {"tags": {"$elemMatch": {"$eq": "RED"}}}).matches(&d));
+        assert!(!m(doc! {"x": {"$regex": "^P"}}).matches(&d));
+        assert!(m(doc! {"n": 5}).matches(&d));
+        assert!(m(doc! {"x": "PING"}).collates(&Bson::String("a".into())));
+        assert!(!m(doc! {"x": "PING"}).collates(&Bson::Int32(1)));
+        assert!(!Matcher::parse(&doc! {})
+            .unwrap()
+            .collates(&Bson::String("a".into())));
+    }
 
     #[test]
     fn undefined_variables_in_expr_fail_at_parse() {

@@ -9,6 +9,7 @@
 //! - [`update`]: update operators and replacements, parsed once and applied; the document an
 //!   upsert inserts.
 //! - [`aggregate`]: the pipeline runner, the basic stages and expressions.
+//! - [`collation`]: a request's `collation`, as sort keys the other modules compare.
 //! - [`output`]: `$out` and `$merge`, parsed, and `$merge`'s decision per document.
 //! - [`expressions`]: the expression operator families beyond the core.
 //! - [`stages`]: the joining, reshaping, bucketing and window stages.
@@ -17,6 +18,7 @@
 //! mongod puts beside them.
 
 pub mod aggregate;
+pub mod collation;
 pub mod expressions;
 pub mod matcher;
 pub mod output;

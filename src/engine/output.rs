@@ -37,6 +37,27 @@ impl OutputStage {
     pub fn to_stage(&self, original: &Bson) -> Bson {
         original.clone()
     }
+
+    /// Refuses the output stage under a `linearizable` read concern (`body` is the aggregate
+    /// command), as mongod and mongos do when they parse the pipeline: a linearizable read
+    /// cannot also write.
+    pub fn check_read_concern(&self, body: &Document) -> Result<(), EngineError> {
+        let level = body
+            .get_document("readConcern")
+            .ok()
+            .and_then(|rc| rc.get_str("level").ok());
+        if level == Some("linearizable") {
+            let name = match self {
+                OutputStage::Out { .. } => "$out",
+                OutputStage::Merge(_) => "$merge",
+            };
+            return Err(EngineError::new(
+                ErrorCode::InvalidOptions,
+                format!("{name} cannot be used with a 'linearizable' read concern level"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `whenMatched` of `$merge`.
@@ -428,5 +449,35 @@ impl MergeSpec {
                 MergeAction::Replace(d)
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn output_stages_refuse_a_linearizable_read_concern() {
+        let pipeline = [Bson::Document(doc! {"$out": "other"})];
+        let (_, out) = split_output(&pipeline, "db").unwrap();
+        let out = out.unwrap();
+        let linearizable = doc! {"aggregate": "c", "readConcern": {"level": "linearizable"}};
+        let e = out.check_read_concern(&linearizable).unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidOptions);
+        assert_eq!(
+            e.message,
+            "$out cannot be used with a 'linearizable' read concern level"
+        );
+        assert!(out
+            .check_read_concern(&doc! {"readConcern": {"level": "majority"}})
+            .is_ok());
+        let pipeline = [Bson::Document(doc! {"$merge": {"into": "other"}})];
+        let (_, merge) = split_output(&pipeline, "db").unwrap();
+        let e = merge
+            .unwrap()
+            .check_read_concern(&linearizable)
+            .unwrap_err();
+        assert!(e.message.starts_with("$merge"), "{}", e.message);
     }
 }

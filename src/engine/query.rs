@@ -2,17 +2,20 @@
 //! that share them.
 
 use std::cmp::Ordering;
+use std::sync::Arc;
 
 use bson::{Bson, Document};
 
+use super::collation::Collation;
 use super::path::lookup;
 use super::EngineError;
 use crate::value::compare::compare;
 use crate::value::error_codes::ErrorCode;
 
-/// A parsed sort specification: `(path, ascending)` in priority order.
+/// A parsed sort specification: `(path, ascending)` in priority order, and the collation
+/// strings sort under (`None`: simple).
 #[derive(Debug, Clone, Default)]
-pub struct SortSpec(Vec<(String, bool)>);
+pub struct SortSpec(Vec<(String, bool)>, Option<Arc<Collation>>);
 
 impl SortSpec {
     /// Parses `{a: 1, b: -1}`.
@@ -40,7 +43,13 @@ impl SortSpec {
             super::path::check_field_path(k)?;
             keys.push((k.clone(), dir));
         }
-        Ok(SortSpec(keys))
+        Ok(SortSpec(keys, None))
+    }
+
+    /// This sort under a collation (`None`: simple).
+    pub fn with_collation(mut self, collation: Option<Arc<Collation>>) -> SortSpec {
+        self.1 = collation;
+        self
     }
 
     /// Whether there is nothing to sort by.
@@ -50,9 +59,16 @@ impl SortSpec {
 
     /// The key a document sorts by on one path: the smallest element for ascending order, the
     /// largest for descending (how MongoDB sorts arrays); null when missing.
-    fn key(doc: &Document, path: &str, ascending: bool) -> Bson {
+    fn key(&self, doc: &Document, path: &str, ascending: bool) -> Bson {
         let l = lookup(doc, path);
-        let vals = l.expanded();
+        let keyed: Vec<Bson>;
+        let vals: Vec<&Bson> = match &self.1 {
+            Some(c) => {
+                keyed = l.expanded().into_iter().map(|v| c.key_value(v)).collect();
+                keyed.iter().collect()
+            }
+            None => l.expanded(),
+        };
         let mut best: Option<&Bson> = None;
         for v in vals {
             best = match best {
@@ -81,7 +97,7 @@ impl SortSpec {
     /// Compares two documents under this sort.
     pub fn compare(&self, a: &Document, b: &Document) -> Ordering {
         for (path, asc) in &self.0 {
-            let o = compare(&Self::key(a, path, *asc), &Self::key(b, path, *asc));
+            let o = compare(&self.key(a, path, *asc), &self.key(b, path, *asc));
             let o = if *asc { o } else { o.reverse() };
             if o != Ordering::Equal {
                 return o;
@@ -401,6 +417,24 @@ fn exclude(doc: &mut Document, parts: &[&str]) {
 mod tests {
     use super::*;
     use bson::doc;
+
+    #[test]
+    fn sorts_under_a_collation() {
+        let c = Collation::from_option(Some(&Bson::Document(doc! {"locale": "en"}))).unwrap();
+        let mut docs: Vec<Document> = ["b", "B", "a", "A"]
+            .iter()
+            .map(|v| doc! {"v": *v})
+            .collect();
+        SortSpec::parse(&doc! {"v": 1})
+            .unwrap()
+            .with_collation(c)
+            .sort(&mut docs);
+        let order: Vec<&str> = docs.iter().map(|d| d.get_str("v").unwrap()).collect();
+        assert_eq!(order, ["a", "A", "b", "B"]);
+        SortSpec::parse(&doc! {"v": 1}).unwrap().sort(&mut docs);
+        let order: Vec<&str> = docs.iter().map(|d| d.get_str("v").unwrap()).collect();
+        assert_eq!(order, ["A", "B", "a", "b"]);
+    }
 
     #[test]
     fn sorts_across_types_and_arrays() {

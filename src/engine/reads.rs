@@ -17,9 +17,10 @@ use crate::value::field::{number_field, truthy, type_name};
 /// Documents in a first batch when the client names no `batchSize`, as mongod.
 pub const DEFAULT_BATCH: usize = 101;
 
-/// The variables a request's expressions see: `$$NOW` fixed for the request and its `let`.
+/// The variables a request's expressions see: `$$NOW` fixed for the request, its `let`, and
+/// its `collation`.
 pub fn request_variables(body: &Document) -> Result<Variables, EngineError> {
-    let vars = Variables::new();
+    let vars = Variables::new().with_collation_option(body.get("collation"))?;
     match body.get("let") {
         None => Ok(vars),
         Some(Bson::Document(l)) => vars.with_let(l, &Document::new()),
@@ -116,7 +117,9 @@ impl FindSpec {
             Some(0) | None => None,
             Some(l) => Some(l as usize),
         };
-        let matcher = Matcher::parse_with(&filter, &request_variables(body)?)?;
+        let vars = request_variables(body)?;
+        let sort = sort.with_collation(vars.collation().cloned());
+        let matcher = Matcher::parse_with(&filter, &vars)?;
         let batch_size = count_argument(body, "batchSize")?.unwrap_or(DEFAULT_BATCH);
         Ok(FindSpec {
             filter,
@@ -192,6 +195,7 @@ pub struct DistinctSpec {
     pub query: Document,
     /// The query, parsed.
     pub matcher: Matcher,
+    collation: Option<std::sync::Arc<super::collation::Collation>>,
 }
 
 impl DistinctSpec {
@@ -205,25 +209,43 @@ impl DistinctSpec {
         })?;
         path::check_field_path(key)?;
         let query = document_argument(body, "query", "distinct")?;
-        let matcher = Matcher::parse_with(&query, &request_variables(body)?)?;
+        let vars = request_variables(body)?;
+        let matcher = Matcher::parse_with(&query, &vars)?;
         Ok(DistinctSpec {
             key: key.to_string(),
             query,
             matcher,
+            collation: vars.collation().cloned(),
         })
     }
 
     /// The distinct values of the key over the matching documents, in MongoDB's order (array
-    /// values count element by element).
+    /// values count element by element). Under a collation, values it holds equal are one,
+    /// the first seen standing for them.
     pub fn values<'a>(&self, docs: impl IntoIterator<Item = &'a Document>) -> Vec<Bson> {
-        let mut values: std::collections::BTreeSet<OrdBson> = Default::default();
-        for d in docs {
-            for v in path::lookup(d, &self.key).expanded() {
-                values.insert(OrdBson(v.clone()));
-            }
-        }
-        values.into_iter().map(|v| v.0).collect()
+        distinct_values(
+            docs.into_iter()
+                .flat_map(|d| path::lookup(d, &self.key).expanded().into_iter().cloned()),
+            self.collation.as_deref(),
+        )
     }
+}
+
+/// Distinct values in MongoDB's order; under a collation, values it holds equal are one, the
+/// first seen standing for them (the router merges shards' `distinct` replies with it too).
+pub fn distinct_values(
+    values: impl IntoIterator<Item = Bson>,
+    collation: Option<&super::collation::Collation>,
+) -> Vec<Bson> {
+    let mut set: std::collections::BTreeMap<OrdBson, Bson> = Default::default();
+    for v in values {
+        let key = match collation {
+            Some(c) if super::collation::has_string(&v) => OrdBson(c.key_value(&v)),
+            _ => OrdBson(v.clone()),
+        };
+        set.entry(key).or_insert(v);
+    }
+    set.into_values().collect()
 }
 
 /// An `aggregate`'s pipeline and first batch size, after the collection name was read.
@@ -320,6 +342,40 @@ pub fn db_stats_reply(
 mod tests {
     use super::*;
     use bson::doc;
+
+    /// A request's `collation` reaches its filter, its sort and `distinct`'s set.
+    #[test]
+    fn requests_read_under_their_collation() {
+        let docs = [
+            doc! {"_id": 1, "s": "PING"},
+            doc! {"_id": 2, "s": "ping"},
+            doc! {"_id": 3, "s": "Pong"},
+        ];
+        let coll = doc! {"locale": "en_US", "strength": 2};
+        let d = DistinctSpec::parse(&doc! {"distinct": "c", "key": "s", "collation": coll.clone()})
+            .unwrap();
+        assert_eq!(
+            d.values(&docs),
+            vec![Bson::from("PING"), Bson::from("Pong")]
+        );
+        let plain = DistinctSpec::parse(&doc! {"distinct": "c", "key": "s"}).unwrap();
+        assert_eq!(plain.values(&docs).len(), 3);
+        let f = FindSpec::parse(&doc! {"find": "c", "filter": {"s": "ping"}, "sort": {"s": -1}, "collation": coll.clone()}).unwrap();
+        let hits: Vec<Document> = docs
+            .iter()
+            .filter(|d| f.matcher.matches(d))
+            .cloned()
+            .collect();
+        assert_eq!(hits.len(), 2);
+        let c = CountSpec::parse(
+            &doc! {"count": "c", "query": {"s": {"$gte": "PO"}}, "collation": coll},
+        )
+        .unwrap();
+        assert_eq!(docs.iter().filter(|d| c.matcher.matches(d)).count(), 1);
+        let e = FindSpec::parse(&doc! {"find": "c", "collation": {"locale": "en", "x": 1}})
+            .unwrap_err();
+        assert_eq!(e.code.0, 40415);
+    }
 
     #[test]
     fn find_applies_sort_skip_limit_projection_in_order() {

@@ -1016,6 +1016,35 @@ pub fn describe(doc: &Document) -> String {
     render_doc(doc)
 }
 
+/// Refuses an `_id` holding a `$`-prefixed field name at any depth, as mongod does since 5.0
+/// allowed such names elsewhere in a document (52, DollarPrefixedFieldName). The names of a
+/// DBRef (`$ref`, `$id`, `$db`) are storable.
+fn check_id_storage(id: &Bson) -> Result<(), EngineError> {
+    fn walk(v: &Bson) -> Option<String> {
+        match v {
+            Bson::Document(d) => d.iter().find_map(|(k, v)| {
+                let dbref = matches!(k.as_str(), "$ref" | "$id" | "$db");
+                if k.starts_with('$') && !dbref {
+                    Some(k.clone())
+                } else {
+                    walk(v)
+                }
+            }),
+            Bson::Array(items) => items.iter().find_map(walk),
+            _ => None,
+        }
+    }
+    match walk(id) {
+        Some(name) => Err(EngineError::new(
+            ErrorCode::DollarPrefixedFieldName,
+            format!(
+                "_id fields may not contain '$'-prefixed fields: {name} is not valid for storage."
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Puts `_id` first, generating an ObjectId when missing, as mongod stores documents.
 pub fn prepare_insert(mut d: Document) -> Result<Document, EngineError> {
     let id = match d.remove("_id") {
@@ -1037,7 +1066,10 @@ pub fn prepare_insert(mut d: Document) -> Result<Document, EngineError> {
                 "The '_id' value cannot be of type undefined",
             ))
         }
-        Some(v) => v,
+        Some(v) => {
+            check_id_storage(&v)?;
+            v
+        }
         None => Bson::ObjectId(ObjectId::new()),
     };
     let mut out = Document::new();
@@ -1111,6 +1143,25 @@ mod tests {
         let mut d = d;
         Update::parse(&Bson::Document(u))?.apply(&mut d, false)?;
         Ok(d)
+    }
+
+    /// An `_id` with a `$`-prefixed name at any depth is refused (52), other `$`-prefixed
+    /// names are stored, and a DBRef is a storable `_id`.
+    #[test]
+    fn dollar_prefixed_names_in_id_are_refused() {
+        for id in [
+            doc! {"$a": 1},
+            doc! {"x": {"$b": 1}},
+            doc! {"x": [{"$c": 1}]},
+        ] {
+            let e = prepare_insert(doc! {"_id": id.clone(), "v": 1}).unwrap_err();
+            assert_eq!(e.code, ErrorCode::DollarPrefixedFieldName, "{id}");
+        }
+        assert_eq!(
+            prepare_insert(doc! {"$a": 1, "_id": 1, "b": {"$c": 2}}).unwrap(),
+            doc! {"_id": 1, "$a": 1, "b": {"$c": 2}}
+        );
+        assert!(prepare_insert(doc! {"_id": {"$ref": "c", "$id": 1, "$db": "d"}}).is_ok());
     }
 
     #[test]

@@ -33,6 +33,7 @@ use bson::{doc, Bson, Document};
 
 use crate::cluster::Cluster;
 use crate::command::{CommandError, CommandRequest};
+use crate::engine::collation::{has_string, Collation};
 use crate::engine::query::{Projection, SortSpec};
 use crate::routing::{FilterKeys, RoutingSnapshot};
 use crate::value::error_codes::ErrorCode;
@@ -74,10 +75,24 @@ pub(crate) fn target_shards(snap: &RoutingSnapshot, filter: &Document) -> Vec<St
     }
 }
 
+/// The shards a read under the request's collation must be sent to: a collation other than
+/// the simple one can hold equal strings that hash or range apart, so a filter with strings
+/// targets every shard, as mongos does.
+fn collated_targets(
+    snap: &RoutingSnapshot,
+    filter: &Document,
+    collation: Option<&Collation>,
+) -> Vec<String> {
+    if collation.is_some() && has_string(&Bson::Document(filter.clone())) {
+        return snap.chunks.shards().into_iter().collect();
+    }
+    target_shards(snap, filter)
+}
+
 /// What every shard command of a read carries from the client's request, as mongos attaches
-/// it: `$readPreference` (each shard picks its member by it) and `readConcern`.
+/// it: `$readPreference` (each shard picks its member by it), `readConcern` and `collation`.
 fn read_envelope(cmd: &mut Document, body: &Document) {
-    for k in ["$readPreference", "readConcern"] {
+    for k in ["$readPreference", "readConcern", "collation"] {
         if let Some(v) = body.get(k) {
             cmd.insert(k, v.clone());
         }
@@ -118,11 +133,15 @@ pub async fn read(
         }
     }
     cursors.reap(cluster).await;
+    let collation = match Collation::from_option(body.get("collation")) {
+        Ok(c) => c,
+        Err(e) => return Some(Err(CommandError::from(e))),
+    };
     Some(match req.name.as_str() {
         "find" => async {
             let filter = doc_field(body, "filter", "find")?;
             let sort_doc = doc_field(body, "sort", "find")?;
-            let sort = SortSpec::parse(&sort_doc).map_err(CommandError::from)?;
+            let sort = SortSpec::parse(&sort_doc).map_err(CommandError::from)?.with_collation(collation.clone());
             let projection_doc = doc_field(body, "projection", "find")?;
             let projection = Projection::parse(&projection_doc).map_err(CommandError::from)?;
             let skip = number_field(body, "skip").unwrap_or(0).max(0) as usize;
@@ -162,7 +181,7 @@ pub async fn read(
                     shard_cmd.insert(k, v.clone());
                 }
             }
-            let (streams, skipped) = open_streams(cluster, snap, target_shards(snap, &filter), &db, &coll, &shard_cmd, partial).await?;
+            let (streams, skipped) = open_streams(cluster, snap, collated_targets(snap, &filter, collation.as_deref()), &db, &coll, &shard_cmd, partial).await?;
             let merge = Merge::new(
                 db.clone(),
                 coll.clone(),
@@ -185,6 +204,9 @@ pub async fn read(
                 return Err(CommandError::new(ErrorCode::FailedToParse, "The 'cursor' option is required, except for aggregate with the explain argument"));
             }
             let (stages, output) = crate::engine::output::split_output(&pipeline, &db).map_err(CommandError::from)?;
+            if let Some(o) = &output {
+                o.check_read_concern(body).map_err(CommandError::from)?;
+            }
             let split = merge::split_pipeline(stages);
             let filter = leading_match(stages);
             let mut shard_cmd = doc! {"aggregate": &coll, "pipeline": split.shard_part.clone(), "cursor": {"batchSize": 10_000}};
@@ -192,11 +214,11 @@ pub async fn read(
                 shard_cmd.insert("let", l.clone());
             }
             read_envelope(&mut shard_cmd, body);
-            let (streams, _) = open_streams(cluster, snap, target_shards(snap, &filter), &db, &coll, &shard_cmd, false).await?;
+            let (streams, _) = open_streams(cluster, snap, collated_targets(snap, &filter, collation.as_deref()), &db, &coll, &shard_cmd, false).await?;
             let stage_memory = cluster.stage_memory();
             let streams = drain(cluster, &db, &coll, streams, stage_memory).await?;
             let merged = match &split.merge_sort {
-                Some(sort) => merge::k_way_merge(&SortSpec::parse(sort).map_err(CommandError::from)?, streams),
+                Some(sort) => merge::k_way_merge(&SortSpec::parse(sort).map_err(CommandError::from)?.with_collation(collation.clone()), streams),
                 None => streams.into_iter().flatten().collect(),
             };
             let options = crate::engine::aggregate::AggregateOptions::for_request(stage_memory, body);
@@ -209,6 +231,7 @@ pub async fn read(
                 Ok(l) => crate::engine::aggregate::Variables::new().with_let(l, &Document::new()).map_err(CommandError::from)?,
                 Err(_) => crate::engine::aggregate::Variables::new(),
             };
+            let vars = vars.with_collation_option(body.get("collation")).map_err(CommandError::from)?;
             let env = crate::engine::aggregate::Env { db: db.clone(), vars, namespaces: Some(&prefetched) };
             let out = crate::engine::aggregate::run_in(&split.router_part, merged, &options, &env).map_err(CommandError::from)?;
             let out = match (&output, pipeline.last()) {
@@ -247,7 +270,7 @@ pub async fn read(
                 cmd.insert("limit", l.saturating_add(skip));
             }
             read_envelope(&mut cmd, body);
-            let replies = on_each(cluster, snap, target_shards(snap, &query), &db, &cmd).await?;
+            let replies = on_each(cluster, snap, collated_targets(snap, &query, collation.as_deref()), &db, &cmd).await?;
             let total: i64 = replies
                 .iter()
                 .map(|r| number_field(r, "n").unwrap_or(0))
@@ -267,14 +290,11 @@ pub async fn read(
             let query = doc_field(body, "query", "distinct")?;
             let mut cmd = doc! {"distinct": &coll, "key": &key, "query": query.clone()};
             read_envelope(&mut cmd, body);
-            let replies = on_each(cluster, snap, target_shards(snap, &query), &db, &cmd).await?;
-            let mut values: std::collections::BTreeSet<crate::value::compare::OrdBson> = Default::default();
-            for r in &replies {
-                for v in r.get_array("values").into_iter().flatten() {
-                    values.insert(crate::value::compare::OrdBson(v.clone()));
-                }
-            }
-            let values: Vec<Bson> = values.into_iter().map(|v| v.0).collect();
+            let replies = on_each(cluster, snap, collated_targets(snap, &query, collation.as_deref()), &db, &cmd).await?;
+            let values = crate::engine::reads::distinct_values(
+                replies.iter().flat_map(|r| r.get_array("values").into_iter().flatten().cloned()),
+                collation.as_deref(),
+            );
             Ok(doc! {"values": values}.into())
         }
         .await,

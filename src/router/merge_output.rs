@@ -53,6 +53,9 @@ pub async fn merge_into_sharded(
     else {
         return None;
     };
+    if let Err(e) = OutputStage::Merge(spec.clone()).check_read_concern(&body) {
+        return Some(Err(e.into()));
+    }
     let target = format!("{}.{}", spec.db, spec.coll);
     let snap = match sharded.cluster.routing.lookup(&target).await {
         Ok(Some(snap)) => snap,

@@ -284,8 +284,8 @@ fn no_such_command(name: &str) -> CommandError {
 }
 
 /// Checks what mongos checks of every request before running it: the database name, the
-/// `local` database (not usable through mongos), `lsid`.
-fn check_envelope(req: &CommandRequest) -> Result<(), CommandError> {
+/// `local` database (not usable through mongos), `lsid`; the session's id when there is one.
+fn check_envelope(req: &CommandRequest) -> Result<Option<[u8; 16]>, CommandError> {
     if let Err(message) = crate::limits::check_database_name(&req.db) {
         return Err(CommandError::new(ErrorCode::InvalidNamespace, message));
     }
@@ -296,20 +296,17 @@ fn check_envelope(req: &CommandRequest) -> Result<(), CommandError> {
         ));
     }
     match req.body.raw().get("lsid") {
-        Ok(None) => {}
+        Ok(None) => Ok(None),
         Ok(Some(bson::RawBsonRef::Document(lsid))) => {
             let lsid = Document::try_from(lsid)
                 .map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?;
-            session_id(&lsid)?;
+            session_id(&lsid).map(Some)
         }
-        Ok(Some(_)) | Err(_) => {
-            return Err(CommandError::new(
-                ErrorCode::TypeMismatch,
-                "BSON field 'OperationSessionInfo.lsid' is the wrong type, expected type 'object'",
-            ))
-        }
+        Ok(Some(_)) | Err(_) => Err(CommandError::new(
+            ErrorCode::TypeMismatch,
+            "BSON field 'OperationSessionInfo.lsid' is the wrong type, expected type 'object'",
+        )),
     }
-    Ok(())
 }
 
 /// Runs one command and returns its reply, `$clusterTime` and `operationTime` included, as
@@ -322,7 +319,10 @@ pub async fn dispatch(
     req: &CommandRequest,
 ) -> Reply {
     state.counters.op_command.fetch_add(1, Ordering::Relaxed);
-    let result = match check_envelope(req).and_then(|_| {
+    let result = match check_envelope(req).and_then(|session| {
+        if let Some(id) = session {
+            state.sessions.touch(id)?;
+        }
         if Handler::of(&req.name) == Some(Handler::Hello) {
             Ok(None)
         } else {
@@ -416,6 +416,11 @@ async fn run_command(
             Some(cluster) => return route::bulk_write(cluster, &state.config, req).await,
             None => Err(no_such_command(&req.name)),
         },
+        Handler::Forward(route::Forwarded::Aggregate)
+            if sharding::first_stage(req).as_deref() == Some("$listLocalSessions") =>
+        {
+            sharding::list_local_sessions(state, req)
+        }
         Handler::Forward(route::Forwarded::Aggregate) if req.namespace.is_none() => {
             match sharding::local_documents_aggregate(req, state.config.stage_memory_bytes) {
                 Some(r) => r,

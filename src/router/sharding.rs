@@ -482,22 +482,80 @@ pub fn local_documents_aggregate(
     if !first_is_documents {
         return None;
     }
-    let options = crate::engine::aggregate::AggregateOptions::for_request(stage_memory, &body);
-    let docs = match crate::engine::aggregate::run_with(pipeline, Vec::new(), &options) {
-        Ok(docs) => docs,
-        Err(e) => return Some(Err(e.into())),
-    };
-    // The whole result is one batch (the router keeps no cursor for it), so it must fit in
-    // one reply.
+    Some(local_aggregate(
+        req,
+        &body,
+        pipeline,
+        Vec::new(),
+        stage_memory,
+    ))
+}
+
+/// Runs `pipeline` over `docs` on the router and answers with the whole result in one batch
+/// (the router keeps no cursor for it, so it must fit in one reply).
+fn local_aggregate(
+    req: &CommandRequest,
+    body: &Document,
+    pipeline: &[Bson],
+    docs: Vec<Document>,
+    stage_memory: usize,
+) -> Result<Document, CommandError> {
+    let options = crate::engine::aggregate::AggregateOptions::for_request(stage_memory, body);
+    let docs = crate::engine::aggregate::run_with(pipeline, docs, &options)?;
     let bytes: usize = docs.iter().map(|d| crate::limits::measure(d).bytes).sum();
     if bytes > crate::wire::MAX_BSON_OBJECT_SIZE {
-        return Some(Err(CommandError::new(
+        return Err(CommandError::new(
             ErrorCode::BSONObjectTooLarge,
             format!("the result of this collection-less aggregation ({bytes} bytes) does not fit in one reply of {} bytes", crate::wire::MAX_BSON_OBJECT_SIZE),
-        )));
+        ));
     }
     let batch: Vec<Bson> = docs.into_iter().map(Bson::Document).collect();
-    Some(Ok(
+    Ok(
         doc! {"cursor": {"firstBatch": batch, "id": 0i64, "ns": format!("{}.$cmd.aggregate", req.db)}},
-    ))
+    )
+}
+
+/// The name of an `aggregate`'s first stage, read from the raw body (nothing is decoded).
+pub fn first_stage(req: &CommandRequest) -> Option<String> {
+    let pipeline = req.body.raw().get_array("pipeline").ok()?;
+    let first = pipeline.into_iter().next()?.ok()?.as_document()?;
+    let (name, _) = first.into_iter().next()?.ok()?;
+    Some(name.to_string())
+}
+
+/// `aggregate` with `$listLocalSessions` first: the sessions of the router's own cache
+/// (`{aggregate: 1}` on any database, as mongos answers it), then the rest of the pipeline on
+/// the router.
+pub fn list_local_sessions(
+    state: &crate::command::ServerState,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    if req.namespace.is_some() {
+        return Err(CommandError::new(
+            ErrorCode::InvalidNamespace,
+            "$listLocalSessions must be run against the database with {aggregate: 1}, not a collection",
+        ));
+    }
+    let body = req.body_document();
+    let pipeline = body.get_array("pipeline").map_err(|_| {
+        CommandError::new(
+            ErrorCode::TypeMismatch,
+            "'pipeline' option must be specified as an array",
+        )
+    })?;
+    let spec = pipeline
+        .first()
+        .and_then(|s| s.as_document())
+        .and_then(|s| s.get("$listLocalSessions"))
+        .cloned()
+        .unwrap_or(Bson::Null);
+    let users = crate::command::sessions::parse_list_sessions("$listLocalSessions", &spec)?;
+    let docs = state.sessions.list(users.as_deref());
+    local_aggregate(
+        req,
+        &body,
+        &pipeline[1..],
+        docs,
+        state.config.stage_memory_bytes,
+    )
 }

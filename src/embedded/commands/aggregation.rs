@@ -62,6 +62,9 @@ pub(super) fn aggregate_cmd(
     let vars = request_variables(body)?;
     let coll_less = coll == "$cmd.aggregate";
     let (stages, output) = crate::engine::output::split_output(pipeline, &req.db)?;
+    if let Some(o) = &output {
+        o.check_read_concern(body)?;
+    }
     let docs = if coll_less {
         Vec::new()
     } else {

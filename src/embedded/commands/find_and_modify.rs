@@ -43,6 +43,7 @@ pub(super) fn find_and_modify(
     let sort = SortSpec::parse(&body.get_document("sort").cloned().unwrap_or_default())?;
     let projection = Projection::parse(&body.get_document("fields").cloned().unwrap_or_default())?;
     let vars = request_variables(body)?;
+    let sort = sort.with_collation(vars.collation().cloned());
     let matcher = Matcher::parse_with(&query, &vars)?;
     let show = |d: &Document| match &projection {
         Some(p) => Bson::Document(p.apply_matched(d, Some(&matcher))),

@@ -127,6 +127,7 @@ pub(in crate::embedded) fn update_one_statement(
     vars: &aggregate::Variables,
 ) -> Result<StmtOutcome, EngineError> {
     let q = statement_filter(stmt, "update.updates")?.clone();
+    let vars = &vars.with_collation_option(stmt.get("collation"))?;
     let Some(u) = stmt.get("u") else {
         return Err(err(
             ErrorCode(40414),
@@ -157,7 +158,7 @@ pub(in crate::embedded) fn update_one_statement(
                     "Cannot specify sort with multi=true",
                 ));
             }
-            Some(SortSpec::parse(s)?)
+            Some(SortSpec::parse(s)?.with_collation(vars.collation().cloned()))
         }
         _ => None,
     };
@@ -247,6 +248,7 @@ pub(super) fn delete(
     let mut cat = lock(&svc.catalog);
     let out = run_statements(svc, retry, parsed.len(), batch.ordered, |i| {
         let (q, limit) = parsed[i];
+        let vars = vars.with_collation_option(batch.stmts[i].get("collation"))?;
         delete_one_statement(&mut cat, &req.db, &batch.coll, q, limit, &vars)
     });
     drop(cat);
