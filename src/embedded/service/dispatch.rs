@@ -43,9 +43,16 @@ impl ShardService {
             }
             if let Some(e) = fp.error(name, &body) {
                 let mut err = EngineError::new(e.code, e.message);
-                if !e.labels.is_empty() {
-                    err = err.with_extra(doc! {"errorLabels": e.labels});
+                // The labels mongod gives an error of a transaction, unless the fail point
+                // names its own. Always set here (even empty) so none is added later.
+                let mut labels = Bson::Array(e.labels.into_iter().map(Bson::String).collect());
+                if fp.error_labels.is_none() && in_transaction(name, &body) {
+                    super::txn::label_transaction_error(&mut err, name, false);
+                    if let Some(l) = err.extra.as_mut().and_then(|x| x.remove("errorLabels")) {
+                        labels = l;
+                    }
                 }
+                err = err.with_extra(doc! {"errorLabels": labels});
                 return Err(err);
             }
         }
@@ -174,16 +181,19 @@ impl ShardService {
 
         let _slot = self.admit(req).await;
 
-        if body
-            .get("startTransaction")
-            .is_some_and(crate::value::field::truthy)
-            || matches!(body.get("autocommit"), Some(Bson::Boolean(false)))
-            || matches!(name, "commitTransaction" | "abortTransaction")
-        {
-            return Err(EngineError::new(
-                ErrorCode::IllegalOperation,
-                "Transactions are not supported by the embedded shard (it is a test and demo backend); real mongod shards run them",
-            ));
+        if let Some(txn) = super::txn::transaction_request(name, &body)? {
+            let mut reply = self.run_transaction(req, &body, txn)?;
+            if let Some(member) = &self.member {
+                if matches!(name, "commitTransaction" | "abortTransaction") {
+                    if let Some(wce) = member.wait_for_write_concern(&body).await {
+                        reply.insert("writeConcernError", wce);
+                    }
+                }
+            }
+            if let Some(fp) = &failpoint {
+                fp.decorate(name, &body, &mut reply);
+            }
+            return Ok(Some(reply));
         }
         let mut reply = match name {
             "hello" | "isMaster" | "ismaster" => {
@@ -297,6 +307,14 @@ impl ShardService {
     }
 }
 
+/// Whether a command belongs to a transaction (`autocommit` with `txnNumber`, as mongod
+/// decides where its transaction labels apply).
+fn in_transaction(name: &str, body: &Document) -> bool {
+    body.contains_key("txnNumber")
+        && (body.contains_key("autocommit")
+            || matches!(name, "commitTransaction" | "abortTransaction"))
+}
+
 /// Internal commands run on `admin` only.
 fn check_admin(req: &CommandRequest) -> Result<(), EngineError> {
     if req.db != "admin" {
@@ -364,8 +382,20 @@ impl Service for ShardService {
                     }
                 }
             }
-            if let (Err(e), Some(_)) = (&mut result, &self.member) {
-                label_retryable_write_error(e, &req.name, &req.body_document());
+            if let Err(e) = &mut result {
+                let body = req.body_document();
+                let labelled = e.extra.as_ref().is_some_and(|x| x.contains_key("errorLabels"));
+                if !labelled && in_transaction(&req.name, &body) {
+                    super::txn::label_transaction_error(e, &req.name, false);
+                }
+                if self.member.is_some() {
+                    label_retryable_write_error(e, &req.name, &body);
+                }
+                if let Some(x) = e.extra.as_mut() {
+                    if matches!(x.get("errorLabels"), Some(Bson::Array(l)) if l.is_empty()) {
+                        x.remove("errorLabels");
+                    }
+                }
             }
             let mut reply = match result {
                 Ok(None) => {
