@@ -155,6 +155,7 @@ named {
     SnapshotTooOld = 239,
     PreparedTransactionInProgress = 267,
     StaleShardVersion = 63,
+    Interrupted = 11601,
 }
 location {
     TransactionBannedDatabase = 50844,

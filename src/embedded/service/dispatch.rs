@@ -229,9 +229,16 @@ impl ShardService {
             "getLog" => server_info::get_log(req)?,
             "whatsmyuri" => doc! {"you": client.peer.to_string()},
             "connectionStatus" => server_info::connection_status(req),
-            "endSessions" => server_info::end_sessions(req)?,
-            // The shard's sessions hold only retryable-write history, which outlives a kill.
-            "killAllSessions" | "killAllSessionsByPattern" | "killSessions" => Document::new(),
+            "endSessions" => {
+                let reply = server_info::end_sessions(req)?;
+                self.kill_sessions(name, &body);
+                reply
+            }
+            // Open transactions are aborted; retryable-write history outlives a kill.
+            "killAllSessions" | "killAllSessionsByPattern" | "killSessions" => {
+                self.kill_sessions(name, &body);
+                Document::new()
+            }
             "getCmdLineOpts" => server_info::get_cmd_line_opts(&self.state),
             "configureFailPoint" => self.failpoints.configure(&body)?,
             "sluiceSetShardVersion" => self.set_shard_version(&body)?,

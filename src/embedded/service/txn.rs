@@ -65,6 +65,24 @@ thread_local! {
     static VIEW: RefCell<Option<Arc<Mutex<Catalog>>>> = const { RefCell::new(None) };
 }
 
+/// The transaction's copy as the catalog of the data commands run while it lives; cleared
+/// when dropped, so a panic inside a command leaves no copy behind for the thread's next
+/// command.
+struct ViewScope;
+
+impl ViewScope {
+    fn enter(view: Arc<Mutex<Catalog>>) -> ViewScope {
+        VIEW.with(|v| *v.borrow_mut() = Some(view));
+        ViewScope
+    }
+}
+
+impl Drop for ViewScope {
+    fn drop(&mut self) {
+        VIEW.with(|v| *v.borrow_mut() = None);
+    }
+}
+
 /// A namespace and a document `_id`: what one transaction holds until it ends.
 type DocKey = (String, OrdBson);
 
@@ -93,6 +111,7 @@ enum State {
 struct Session {
     txn_number: i64,
     state: State,
+    last_used: Instant,
 }
 
 /// The transactions of one shard (shared by the members of an embedded replica set): each
@@ -116,8 +135,13 @@ impl Transactions {
         }
     }
 
-    /// Aborts the transactions open for longer than [`TRANSACTION_LIFETIME`].
+    /// Aborts the transactions open for longer than [`TRANSACTION_LIFETIME`], and forgets
+    /// sessions unused for [`super::SESSION_IDLE_TIMEOUT`].
     fn reap(&mut self) {
+        self.sessions.retain(|_, s| {
+            matches!(s.state, State::InProgress(_))
+                || s.last_used.elapsed() < super::SESSION_IDLE_TIMEOUT
+        });
         let expired: Vec<String> = self
             .sessions
             .iter()
@@ -127,6 +151,22 @@ impl Transactions {
             .map(|(k, _)| k.clone())
             .collect();
         for k in expired {
+            self.finish(&k, State::Aborted);
+        }
+    }
+
+    /// Aborts the open transactions of the sessions `lsids` names (`None`: of every session),
+    /// as killing or ending a session does.
+    fn kill(&mut self, lsids: Option<&[Bson]>) {
+        let keys: Vec<String> = match lsids {
+            None => self.sessions.keys().cloned().collect(),
+            Some(list) => list
+                .iter()
+                .filter_map(|l| l.as_document())
+                .filter_map(|l| super::retry::session_key(l).ok())
+                .collect(),
+        };
+        for k in keys {
             self.finish(&k, State::Aborted);
         }
     }
@@ -293,6 +333,20 @@ impl ShardService {
             .unwrap_or_else(|| self.catalog.clone())
     }
 
+    /// `killSessions`, `killAllSessions`, `killAllSessionsByPattern`, `endSessions`: the
+    /// transactions the sessions had open are aborted (what else a session holds here, its
+    /// retryable-write records, outlives a kill).
+    pub(super) fn kill_sessions(&self, name: &str, body: &Document) {
+        let lsids = match name {
+            "killSessions" | "endSessions" => match body.get(name) {
+                Some(Bson::Array(a)) => Some(a.as_slice()),
+                _ => Some(&[][..]),
+            },
+            _ => None,
+        };
+        lock(&self.transactions).kill(lsids);
+    }
+
     /// Transactions open on this shard now.
     pub fn open_transactions(&self) -> usize {
         lock(&self.transactions).open()
@@ -309,7 +363,10 @@ impl ShardService {
         let name = req.name.as_str();
         let mut txns = lock(&self.transactions);
         txns.reap();
-        let current = txns.sessions.get(&txn.session).map(|s| s.txn_number);
+        let current = txns.sessions.get_mut(&txn.session).map(|s| {
+            s.last_used = Instant::now();
+            s.txn_number
+        });
         if let Some(cur) = current {
             if txn.txn_number < cur {
                 return Err(err(
@@ -361,6 +418,7 @@ impl ShardService {
                 Session {
                     txn_number: txn.txn_number,
                     state: State::InProgress(Box::new(open)),
+                    last_used: Instant::now(),
                 },
             );
         } else {
@@ -478,10 +536,10 @@ impl ShardService {
             }
         }
         let view = open.view.clone();
-        VIEW.with(|v| *v.borrow_mut() = Some(view.clone()));
-        let reply = crate::embedded::commands::run(self, req, body, None);
-        VIEW.with(|v| *v.borrow_mut() = None);
-        let reply = reply?;
+        let reply = {
+            let _scope = ViewScope::enter(view.clone());
+            crate::embedded::commands::run(self, req, body, None)
+        }?;
 
         // The documents this statement wrote for the first time: each must be unchanged since
         // the snapshot and held by no other transaction.
@@ -529,7 +587,8 @@ impl ShardService {
         let mut outcome = Ok(());
         'colls: for (db, colls) in &view.dbs {
             for (coll, c) in colls {
-                if c.journal().next().is_none() {
+                let created = !open.snapshot.contains(&c.uuid);
+                if c.journal().next().is_none() && !created {
                     continue;
                 }
                 let ns = format!("{db}.{coll}");
@@ -539,10 +598,22 @@ impl ShardService {
                         break 'colls;
                     }
                 }
-                let Some(current) = shared.collection(db, coll) else {
-                    // Created by the transaction: published whole.
-                    replaced.push((db.clone(), coll.clone(), c.clone().without_journal()));
-                    continue;
+                let current = match shared.collection(db, coll) {
+                    // Created by the transaction: published whole, with its indexes.
+                    None if created => {
+                        replaced.push((db.clone(), coll.clone(), c.clone().without_journal()));
+                        continue;
+                    }
+                    // Created outside meanwhile too (or dropped since the snapshot).
+                    _ if created => {
+                        outcome = Err(write_conflict());
+                        break 'colls;
+                    }
+                    None => {
+                        outcome = Err(write_conflict());
+                        break 'colls;
+                    }
+                    Some(current) => current,
                 };
                 match apply_writes(current.clone(), c, &ns) {
                     Ok(next) => replaced.push((db.clone(), coll.clone(), next)),
