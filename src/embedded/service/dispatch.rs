@@ -43,16 +43,14 @@ impl ShardService {
             }
             if let Some(e) = fp.error(name, &body) {
                 let mut err = EngineError::new(e.code, e.message);
-                // The labels mongod gives an error of a transaction, unless the fail point
-                // names its own. Always set here (even empty) so none is added later.
-                let mut labels = Bson::Array(e.labels.into_iter().map(Bson::String).collect());
-                if fp.error_labels.is_none() && in_transaction(name, &body) {
-                    super::txn::label_transaction_error(&mut err, name, false);
-                    if let Some(l) = err.extra.as_mut().and_then(|x| x.remove("errorLabels")) {
-                        labels = l;
-                    }
+                if !e.labels.is_empty() {
+                    err = err.with_extra(doc! {"errorLabels": e.labels});
+                } else if fp.error_labels.is_some() {
+                    // The fail point's own empty list: no label is added later either.
+                    err = err.with_extra(doc! {"errorLabels": Bson::Array(Vec::new())});
                 }
-                err = err.with_extra(doc! {"errorLabels": labels});
+                // A failed statement ends its transaction, as any failure does.
+                self.abort_failed_statement(name, &body);
                 return Err(err);
             }
         }
@@ -314,14 +312,6 @@ impl ShardService {
     }
 }
 
-/// Whether a command belongs to a transaction (`autocommit` with `txnNumber`, as mongod
-/// decides where its transaction labels apply).
-fn in_transaction(name: &str, body: &Document) -> bool {
-    body.contains_key("txnNumber")
-        && (body.contains_key("autocommit")
-            || matches!(name, "commitTransaction" | "abortTransaction"))
-}
-
 /// Internal commands run on `admin` only.
 fn check_admin(req: &CommandRequest) -> Result<(), EngineError> {
     if req.db != "admin" {
@@ -392,7 +382,7 @@ impl Service for ShardService {
             if let Err(e) = &mut result {
                 let body = req.body_document();
                 let labelled = e.extra.as_ref().is_some_and(|x| x.contains_key("errorLabels"));
-                if !labelled && in_transaction(&req.name, &body) {
+                if !labelled && crate::command::failpoint::in_transaction(&req.name, &body) {
                     super::txn::label_transaction_error(e, &req.name, false);
                 }
                 if self.member.is_some() {

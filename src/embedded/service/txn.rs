@@ -56,8 +56,7 @@ const ALLOWED: &[&str] = &[
     "abortTransaction",
 ];
 
-/// The label mongod puts on an error after which the whole transaction may be retried.
-pub const TRANSIENT_TRANSACTION_ERROR: &str = "TransientTransactionError";
+pub use crate::backend::topology::retry::TRANSIENT_TRANSACTION_ERROR;
 
 thread_local! {
     /// The catalog the data commands of the current transaction statement run on (set only
@@ -268,30 +267,10 @@ pub(super) fn transaction_request(
 }
 
 /// The `errorLabels` mongod gives an error of a transaction's command: TransientTransactionError
-/// when retrying the whole transaction is safe (mongod's `isTransientTransactionError`).
+/// when retrying the whole transaction is safe.
 pub(super) fn label_transaction_error(e: &mut EngineError, name: &str, has_wce: bool) {
-    let code = e.code;
     let end = matches!(name, "commitTransaction" | "abortTransaction");
-    let mut transient = matches!(
-        code,
-        ErrorCode::WriteConflict
-            | ErrorCode::LockTimeout
-            | ErrorCode::PreparedTransactionInProgress
-            | ErrorCode::StaleDbVersion
-            | ErrorCode::SnapshotUnavailable
-            | ErrorCode::SnapshotTooOld
-            | ErrorCode::StaleConfig
-            | ErrorCode::StaleEpoch
-            | ErrorCode::StaleShardVersion
-            | ErrorCode::CannotImplicitlyCreateCollection
-    );
-    if end {
-        transient |= code == ErrorCode::NoSuchTransaction && !has_wce;
-    } else {
-        transient |= code == ErrorCode::NoSuchTransaction
-            || crate::backend::topology::retry::is_retriable_code(code.0);
-    }
-    if !transient {
+    if !crate::backend::topology::retry::is_transient_transaction_error(e.code.0, has_wce, end) {
         return;
     }
     let mut extra = e.extra.take().unwrap_or_default();
@@ -345,6 +324,21 @@ impl ShardService {
             _ => None,
         };
         lock(&self.transactions).kill(lsids);
+    }
+
+    /// Ends the open transaction a failed statement (here: one a fail point failed) belonged
+    /// to, as mongod aborts a transaction whose command fails.
+    pub(super) fn abort_failed_statement(&self, name: &str, body: &Document) {
+        if matches!(name, "commitTransaction" | "abortTransaction") {
+            return;
+        }
+        let Ok(Some(txn)) = transaction_request(name, body) else {
+            return;
+        };
+        let mut txns = lock(&self.transactions);
+        if txns.sessions.get(&txn.session).map(|s| s.txn_number) == Some(txn.txn_number) {
+            txns.finish(&txn.session, State::Aborted);
+        }
     }
 
     /// Transactions open on this shard now.
