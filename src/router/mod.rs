@@ -98,11 +98,6 @@ impl Router {
             if let Some(block) = fp.block {
                 tokio::time::sleep(block).await;
             }
-            if fp.close_connection || fp.error_code.is_some() {
-                if let Some(cluster) = &self.cluster {
-                    route::abort_after_failed_statement(cluster, name, &body).await;
-                }
-            }
             if fp.close_connection {
                 return Response::CloseConnection;
             }

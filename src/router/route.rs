@@ -813,34 +813,6 @@ async fn statement_on(
     })
 }
 
-/// mongos's implicit abort: a statement of a transaction failed on the router itself (its
-/// fail point), so the router forgets the transaction and aborts it on its shard; the client's
-/// commit then gets NoSuchTransaction, labelled transient.
-pub async fn abort_after_failed_statement(sharded: &ShardedCluster, name: &str, body: &Document) {
-    if !in_transaction(body) || matches!(name, "commitTransaction" | "abortTransaction") {
-        return;
-    }
-    let (Ok(lsid), Some(txn)) = (
-        body.get_document("lsid"),
-        crate::value::field::number_field(body, "txnNumber"),
-    ) else {
-        return;
-    };
-    let Ok(session) = crate::command::session_id(lsid) else {
-        return;
-    };
-    let cluster = &sharded.cluster;
-    let Some(shard) = cluster.transactions.end(&session, txn) else {
-        return;
-    };
-    if let Some(pool) = cluster.pool(&shard) {
-        let abort = bson::doc! {"abortTransaction": 1, "lsid": lsid.clone(), "txnNumber": txn, "autocommit": false, "$db": "admin"};
-        if let Err(e) = pool.run_command(&abort).await {
-            tracing::debug!(shard = %shard, error = %e, "implicit abort not delivered");
-        }
-    }
-}
-
 /// A transaction statement the router could not get an answer to from its shard (the
 /// connection was lost, no primary): retrying the whole transaction is safe, so the error
 /// carries `TransientTransactionError`, as mongos labels it.

@@ -264,6 +264,22 @@ mod tests {
     };
 
     #[test]
+    fn transient_transaction_errors_are_mongods() {
+        // Always transient: a write conflict, on a statement and on a commit.
+        assert!(is_transient_transaction_error(112, false, false));
+        assert!(is_transient_transaction_error(112, false, true));
+        // A retriable code: transient on a statement, not on a commit (it is retried there).
+        assert!(is_transient_transaction_error(10107, false, false));
+        assert!(!is_transient_transaction_error(10107, false, true));
+        // NoSuchTransaction on a commit: transient only without a write-concern error.
+        assert!(is_transient_transaction_error(251, false, true));
+        assert!(!is_transient_transaction_error(251, true, true));
+        // Not transient: a duplicate key, a refused command.
+        assert!(!is_transient_transaction_error(11000, false, false));
+        assert!(!is_transient_transaction_error(263, false, false));
+    }
+
+    #[test]
     fn the_issue_codes_are_state_changes() {
         for code in [10107, 13435, 13436, 189, 11602] {
             assert!(is_not_primary_code(code), "{code}");

@@ -49,8 +49,6 @@ impl ShardService {
                     // The fail point's own empty list: no label is added later either.
                     err = err.with_extra(doc! {"errorLabels": Bson::Array(Vec::new())});
                 }
-                // A failed statement ends its transaction, as any failure does.
-                self.abort_failed_statement(name, &body);
                 return Err(err);
             }
         }

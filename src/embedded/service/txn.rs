@@ -326,21 +326,6 @@ impl ShardService {
         lock(&self.transactions).kill(lsids);
     }
 
-    /// Ends the open transaction a failed statement (here: one a fail point failed) belonged
-    /// to, as mongod aborts a transaction whose command fails.
-    pub(super) fn abort_failed_statement(&self, name: &str, body: &Document) {
-        if matches!(name, "commitTransaction" | "abortTransaction") {
-            return;
-        }
-        let Ok(Some(txn)) = transaction_request(name, body) else {
-            return;
-        };
-        let mut txns = lock(&self.transactions);
-        if txns.sessions.get(&txn.session).map(|s| s.txn_number) == Some(txn.txn_number) {
-            txns.finish(&txn.session, State::Aborted);
-        }
-    }
-
     /// Transactions open on this shard now.
     pub fn open_transactions(&self) -> usize {
         lock(&self.transactions).open()
