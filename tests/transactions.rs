@@ -57,7 +57,9 @@ fn coll(cl: &Client, name: &str) -> Collection<Document> {
 
 async fn ids(c: &Collection<Document>) -> Vec<Bson> {
     let docs = common::all(c.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await;
-    docs.iter().map(|d| d.get("_id").cloned().unwrap()).collect()
+    docs.iter()
+        .map(|d| d.get("_id").cloned().unwrap())
+        .collect()
 }
 
 /// Every document of `c` as transaction `s` sees it.
@@ -216,6 +218,28 @@ async fn concurrent_writes_to_one_document_conflict() {
         a.commit_transaction().await.unwrap();
         let _ = b.abort_transaction().await;
         assert_eq!(c.count_documents(doc! {"_id": 9}).await.unwrap(), 1);
+
+        // A write outside any transaction to a document a transaction holds is not made to
+        // wait (docs/design/transactions.md): it applies, and the transaction's commit then
+        // fails with a labelled WriteConflict and applies nothing.
+        a.start_transaction().await.unwrap();
+        c.update_one(doc! {"_id": 1}, doc! {"$set": {"v": 100}})
+            .session(&mut a)
+            .await
+            .unwrap();
+        c.insert_one(doc! {"_id": 10})
+            .session(&mut a)
+            .await
+            .unwrap();
+        c.update_one(doc! {"_id": 1}, doc! {"$set": {"v": 7}})
+            .await
+            .unwrap();
+        let e = a.commit_transaction().await.unwrap_err();
+        assert_eq!(code(&e), 112, "{}: {e}", target.name());
+        assert!(e.contains_label(LABEL), "{}: {e}", target.name());
+        let d = c.find_one(doc! {"_id": 1}).await.unwrap().unwrap();
+        assert_eq!(d.get_i32("v").unwrap(), 7, "{}", target.name());
+        assert_eq!(c.count_documents(doc! {"_id": 10}).await.unwrap(), 0);
         target.stop().await;
     }
 }
@@ -236,7 +260,9 @@ async fn commit_may_be_retried_and_with_transaction_commits() {
         let c2 = c.clone();
         s.start_transaction()
             .and_run2(async move |session| {
-                c2.insert_one(doc! {"_id": 2}).session(&mut *session).await?;
+                c2.insert_one(doc! {"_id": 2})
+                    .session(&mut *session)
+                    .await?;
                 c2.update_one(doc! {"_id": 1}, doc! {"$set": {"done": true}})
                     .session(&mut *session)
                     .await?;
@@ -415,6 +441,22 @@ async fn the_router_runs_one_shard_transactions_and_refuses_more() {
     s.commit_transaction().await.unwrap();
     assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 2);
     assert_eq!(c.count_on_shards("txn", "sharded"), 2);
+
+    // A cursor opened in the transaction is read on with getMore on the same shard.
+    s.start_transaction().await.unwrap();
+    let mut cursor = sharded
+        .find(doc! {"_id": {"$in": [a, a2]}})
+        .batch_size(1)
+        .session(&mut s)
+        .await
+        .unwrap();
+    let mut seen = 0;
+    while cursor.advance(&mut s).await.unwrap() {
+        seen += 1;
+    }
+    drop(cursor);
+    assert_eq!(seen, 2);
+    s.commit_transaction().await.unwrap();
 
     // A statement bound for a second shard: refused, and the transaction commits nothing.
     s.start_transaction().await.unwrap();

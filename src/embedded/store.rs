@@ -284,7 +284,12 @@ impl Collection {
 
     /// Removes the document at `rid`.
     pub fn remove(&mut self, rid: RecordId) -> Option<Document> {
-        let id = self.docs.get(&rid)?.get("_id").cloned().unwrap_or(Bson::Null);
+        let id = self
+            .docs
+            .get(&rid)?
+            .get("_id")
+            .cloned()
+            .unwrap_or(Bson::Null);
         self.note_write(&id);
         let old = self.docs.remove(&rid)?;
         self.index_entries(rid, &old, false);

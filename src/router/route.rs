@@ -649,7 +649,10 @@ async fn db_stats(cluster: &Arc<Cluster>, req: &CommandRequest) -> Result<Docume
 fn in_transaction_raw(req: &CommandRequest) -> bool {
     let raw = req.body.raw();
     matches!(raw.get("autocommit"), Ok(Some(RawBsonRef::Boolean(false))))
-        || matches!(raw.get("startTransaction"), Ok(Some(RawBsonRef::Boolean(true))))
+        || matches!(
+            raw.get("startTransaction"),
+            Ok(Some(RawBsonRef::Boolean(true)))
+        )
         || matches!(req.name.as_str(), "commitTransaction" | "abortTransaction")
 }
 
@@ -700,7 +703,12 @@ async fn transaction(
         };
         return forward(cluster, &shard, req, None).await;
     }
+    // A cursor of the transaction lives on the transaction's shard.
+    let recorded = matches!(how, Forwarded::GetMore | Forwarded::KillCursors)
+        .then(|| cluster.transactions.shard_of(&session, txn))
+        .flatten();
     let shard = match snapshot {
+        _ if recorded.is_some() => recorded.unwrap_or_default(),
         None => match store.database(&req.db) {
             Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
             None => store
@@ -722,7 +730,15 @@ async fn transaction(
             }
         }
     };
-    statement_on(cluster, session, txn, &shard, req, version_of(cluster, snapshot, &shard)).await
+    statement_on(
+        cluster,
+        session,
+        txn,
+        &shard,
+        req,
+        version_of(cluster, snapshot, &shard),
+    )
+    .await
 }
 
 /// The `shardVersion` a statement bound for `shard` carries, when the shard checks one.

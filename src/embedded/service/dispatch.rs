@@ -379,7 +379,10 @@ impl Service for ShardService {
             }
             if let Err(e) = &mut result {
                 let body = req.body_document();
-                let labelled = e.extra.as_ref().is_some_and(|x| x.contains_key("errorLabels"));
+                let labelled = e
+                    .extra
+                    .as_ref()
+                    .is_some_and(|x| x.contains_key("errorLabels"));
                 if !labelled && crate::command::failpoint::in_transaction(&req.name, &body) {
                     super::txn::label_transaction_error(e, &req.name, false);
                 }

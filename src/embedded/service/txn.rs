@@ -212,12 +212,10 @@ pub(super) fn transaction_request(
                 "Specifying autocommit=true is not allowed.",
             ))
         }
-        Some(_) => {
-            return Err(err(
-                ErrorCode::TypeMismatch,
-                "BSON field 'OperationSessionInfo.autocommit' is the wrong type, expected type 'bool'",
-            ))
-        }
+        Some(_) => return Err(err(
+            ErrorCode::TypeMismatch,
+            "BSON field 'OperationSessionInfo.autocommit' is the wrong type, expected type 'bool'",
+        )),
         None if start.is_some() => {
             return Err(err(
                 ErrorCode::InvalidOptions,
@@ -534,8 +532,7 @@ impl ShardService {
                         continue;
                     }
                     let other = holders.get(&key).is_some_and(|s| *s != txn.session);
-                    if other || changed_since(&shared, &open.snapshot, db, coll, c, &id.0, base)
-                    {
+                    if other || changed_since(&shared, &open.snapshot, db, coll, c, &id.0, base) {
                         return Err(write_conflict());
                     }
                     taken.push(key);
@@ -626,7 +623,11 @@ impl ShardService {
 /// `current` (a copy of a shared collection) with the documents the transaction's collection
 /// `view` wrote: removed ones removed, then the others replaced or inserted, in the order the
 /// transaction wrote them.
-fn apply_writes(mut current: Collection, view: &Collection, ns: &str) -> Result<Collection, EngineError> {
+fn apply_writes(
+    mut current: Collection,
+    view: &Collection,
+    ns: &str,
+) -> Result<Collection, EngineError> {
     let mut present = Vec::new();
     for (id, _) in view.journal() {
         match view.by_id(&id.0) {
