@@ -325,6 +325,19 @@ impl TransactionTable {
         Ok((shard.to_string(), true))
     }
 
+    /// The shard of transaction `txn` of `session`, if recorded. The entry stays (a commit
+    /// may be retried) until a newer transaction of the session replaces it or it is reaped.
+    pub fn shard_of(&self, session: &[u8; 16], txn: i64) -> Option<String> {
+        let mut entries = crate::sync::lock(&self.entries);
+        match entries.get_mut(session) {
+            Some(e) if e.txn_number == txn => {
+                e.last_used = std::time::Instant::now();
+                Some(e.shard.clone())
+            }
+            _ => None,
+        }
+    }
+
     /// Forgets transaction `txn` of `session`; returns its shard if it was recorded.
     pub fn end(&self, session: &[u8; 16], txn: i64) -> Option<String> {
         let mut entries = crate::sync::lock(&self.entries);

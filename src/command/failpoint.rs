@@ -59,6 +59,14 @@ pub fn is_retryable_command(name: &str, body: &Document) -> bool {
             && !matches!(body.get("autocommit"), Some(Bson::Boolean(false))))
 }
 
+/// Whether a command belongs to a transaction (`txnNumber` with `autocommit`, or a commit or
+/// abort), where the servers' transaction labels apply.
+pub fn in_transaction(name: &str, body: &Document) -> bool {
+    body.contains_key("txnNumber")
+        && (body.contains_key("autocommit")
+            || matches!(name, "commitTransaction" | "abortTransaction"))
+}
+
 impl FailPoints {
     /// `configureFailPoint: "failCommand"`: `mode` `alwaysOn`, `off` or `{times: n}`, and
     /// `data` with `failCommands` (required), `errorCode`, `closeConnection`,
@@ -167,16 +175,31 @@ impl FailCommand {
             ErrorCode(code),
             "Failing command via 'failCommand' failpoint",
         );
-        e.labels = self.labels(name, body, code);
+        e.labels = self.labels(name, body, code, false);
         Some(e)
     }
 
-    fn labels(&self, name: &str, body: &Document, code: i32) -> Vec<String> {
+    /// The fail point's own labels, or those the server gives: `TransientTransactionError`
+    /// for a transaction's command failing with a transient code (not for a
+    /// `writeConcernError`, `from_wce`), else `RetryableWriteError` for a retryable code on a
+    /// retryable command.
+    fn labels(&self, name: &str, body: &Document, code: i32, from_wce: bool) -> Vec<String> {
+        use crate::backend::topology::retry;
         match &self.error_labels {
             Some(l) => l
                 .iter()
                 .filter_map(|v| v.as_str().map(|s| s.to_string()))
                 .collect(),
+            None if !from_wce
+                && in_transaction(name, body)
+                && retry::is_transient_transaction_error(
+                    code,
+                    false,
+                    matches!(name, "commitTransaction" | "abortTransaction"),
+                ) =>
+            {
+                vec![retry::TRANSIENT_TRANSACTION_ERROR.to_string()]
+            }
             None if is_retryable_command(name, body) && RETRYABLE_CODES.contains(&code) => {
                 vec!["RetryableWriteError".to_string()]
             }
@@ -193,7 +216,7 @@ impl FailCommand {
         };
         reply.insert("writeConcernError", wce.clone());
         let code = wce.get_i32("code").unwrap_or(0);
-        let labels = self.labels(name, body, code);
+        let labels = self.labels(name, body, code, true);
         if !labels.is_empty() {
             reply.insert("errorLabels", labels);
         }

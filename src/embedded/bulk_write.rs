@@ -30,7 +30,8 @@ pub fn bulk_write(
         .zip(&bulk.namespaces)
         .map(|(entry, ns)| svc.check_version(ns, entry).err())
         .collect();
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     let out = run_statements(svc, retry, bulk.ops.len(), bulk.ordered, |i| {
         let op = &bulk.ops[i];
         if let Some(e) = &stale[op.ns] {

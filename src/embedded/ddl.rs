@@ -84,7 +84,8 @@ pub fn coll_mod(
             ));
         }
     }
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     let Some(c) = cat.existing_mut(&req.db, &coll) else {
         return Err(err(ErrorCode::NamespaceNotFound, "ns does not exist"));
     };
@@ -130,7 +131,8 @@ pub fn validate(
 ) -> Result<Document, EngineError> {
     let coll = collection_arg(req, body)?;
     let ns = format!("{}.{coll}", req.db);
-    let cat = lock(&svc.catalog);
+    let data = svc.data();
+    let cat = lock(&data);
     let Some(c) = cat.collection(&req.db, &coll) else {
         return Err(err(
             ErrorCode::NamespaceNotFound,
@@ -185,7 +187,8 @@ pub fn data_size(svc: &ShardService, body: &Document) -> Result<Document, Engine
         _ => None,
     };
     let start = std::time::Instant::now();
-    let cat = lock(&svc.catalog);
+    let data = svc.data();
+    let cat = lock(&data);
     let (mut size, mut n) = (0i64, 0i64);
     if let Some(c) = cat.collection(&db, &coll) {
         for (_, d) in c.iter() {
@@ -275,7 +278,8 @@ pub fn split_vector(svc: &ShardService, body: &Document) -> Result<Document, Eng
         ));
     }
     let (mut keys, bytes) = {
-        let cat = lock(&svc.catalog);
+        let data = svc.data();
+        let cat = lock(&data);
         let mut keys = Vec::new();
         let mut bytes = 0i64;
         if let Some(c) = cat.collection(&db, &coll) {
@@ -361,7 +365,8 @@ pub fn rename_collection(
             "Can't rename a collection to itself",
         ));
     }
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     if cat.collection(&fdb, &fcoll).is_none() {
         return Err(err(
             ErrorCode::NamespaceNotFound,

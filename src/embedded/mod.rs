@@ -10,6 +10,7 @@
 //! `createIndexes`, `listIndexes`, `dropIndexes`, `collStats`, `dbStats`, `collMod`, `validate`,
 //! `dataSize`, `renameCollection`), `serverStatus` with
 //! `metrics.commands.<name>.total`, retryable writes (`lsid` + `txnNumber` + `stmtIds`),
+//! multi-document transactions (`service::txn`, docs/design/transactions.md),
 //! shard versions (`shardVersion` checked against what `sluiceSetShardVersion` recorded),
 //! MongoDB's `failCommand` failpoint, and injected latency and a concurrency cap to model a
 //! slow or saturated shard.

@@ -44,7 +44,8 @@ fn out(
     results: Vec<Document>,
 ) -> Result<(), EngineError> {
     let ns = format!("{db}.{coll}");
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     let (options, specs) = match cat.collection(db, coll) {
         Some(c) => (
             c.options.clone(),
@@ -77,7 +78,8 @@ fn merge(
     vars: &Variables,
 ) -> Result<(), EngineError> {
     let ns = format!("{}.{}", spec.db, spec.coll);
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     let (c, _) = cat.collection_mut(&spec.db, &spec.coll);
     if spec.on != ["_id"] {
         let wanted: std::collections::BTreeSet<&str> = spec.on.iter().map(|s| s.as_str()).collect();

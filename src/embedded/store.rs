@@ -44,7 +44,18 @@ pub struct Collection {
     id_index: BTreeMap<OrdBson, RecordId>,
     indexes: Vec<IndexSpec>,
     unique_entries: BTreeMap<String, BTreeMap<Vec<OrdBson>, RecordId>>,
+    /// How many times each record was replaced in place (absent: never), so a document's
+    /// identity (record id, replacements) changes with every write to it.
+    stamps: BTreeMap<RecordId, u64>,
+    /// In a transaction's private copy: each `_id` the transaction wrote, with the identity the
+    /// document had in the transaction's snapshot (`None`: it did not exist there).
+    journal: Option<BTreeMap<OrdBson, Option<DocIdentity>>>,
 }
+
+/// What a document is in one collection at one time: its record id and how many times that
+/// record was replaced. A write to the document, a delete or a delete and re-insert all change
+/// it; transactions compare it to detect write conflicts.
+pub type DocIdentity = (RecordId, u64);
 
 impl Default for Collection {
     fn default() -> Self {
@@ -68,6 +79,48 @@ impl Collection {
                 spec: crate::engine::reads::id_index_spec(),
             }],
             unique_entries: BTreeMap::new(),
+            stamps: BTreeMap::new(),
+            journal: None,
+        }
+    }
+
+    /// The identity of the document with this `_id`, if there is one.
+    pub fn identity(&self, id: &Bson) -> Option<DocIdentity> {
+        let rid = *self.id_index.get(&OrdBson(id.clone()))?;
+        Some((rid, self.stamps.get(&rid).copied().unwrap_or(0)))
+    }
+
+    /// The record id and document with this `_id`, if there is one.
+    pub fn by_id(&self, id: &Bson) -> Option<(RecordId, &Document)> {
+        let rid = *self.id_index.get(&OrdBson(id.clone()))?;
+        Some((rid, self.docs.get(&rid)?))
+    }
+
+    /// Starts recording which documents are written (a transaction's private copy).
+    pub fn start_journal(&mut self) {
+        self.journal = Some(BTreeMap::new());
+    }
+
+    /// The documents written since [`Collection::start_journal`], with their identities in the
+    /// snapshot (empty when no journal is kept).
+    pub fn journal(&self) -> impl Iterator<Item = (&OrdBson, &Option<DocIdentity>)> {
+        self.journal.iter().flatten()
+    }
+
+    /// This collection without its journal (what a transaction's commit publishes).
+    pub fn without_journal(mut self) -> Collection {
+        self.journal = None;
+        self
+    }
+
+    /// Notes, before a write to the document with this `_id`, what it was in the snapshot.
+    fn note_write(&mut self, id: &Bson) {
+        if self.journal.is_none() {
+            return;
+        }
+        let before = self.identity(id);
+        if let Some(journal) = self.journal.as_mut() {
+            journal.entry(OrdBson(id.clone())).or_insert(before);
         }
     }
 
@@ -204,6 +257,7 @@ impl Collection {
     /// Inserts a document (which already has its `_id` first).
     pub fn insert(&mut self, ns: &str, d: Document) -> Result<RecordId, EngineError> {
         self.check_unique(ns, &d, None)?;
+        self.note_write(d.get("_id").unwrap_or(&Bson::Null));
         let rid = self.next_rid;
         self.next_rid += 1;
         self.index_entries(rid, &d, true);
@@ -214,18 +268,32 @@ impl Collection {
     /// Replaces the document at `rid`.
     pub fn replace(&mut self, ns: &str, rid: RecordId, d: Document) -> Result<(), EngineError> {
         self.check_unique(ns, &d, Some(rid))?;
+        if let Some(old) = self.docs.get(&rid) {
+            let id = old.get("_id").cloned().unwrap_or(Bson::Null);
+            self.note_write(&id);
+        }
+        self.note_write(d.get("_id").unwrap_or(&Bson::Null));
         if let Some(old) = self.docs.remove(&rid) {
             self.index_entries(rid, &old, false);
         }
         self.index_entries(rid, &d, true);
         self.docs.insert(rid, d);
+        *self.stamps.entry(rid).or_insert(0) += 1;
         Ok(())
     }
 
     /// Removes the document at `rid`.
     pub fn remove(&mut self, rid: RecordId) -> Option<Document> {
+        let id = self
+            .docs
+            .get(&rid)?
+            .get("_id")
+            .cloned()
+            .unwrap_or(Bson::Null);
+        self.note_write(&id);
         let old = self.docs.remove(&rid)?;
         self.index_entries(rid, &old, false);
+        self.stamps.remove(&rid);
         Some(old)
     }
 
@@ -374,10 +442,12 @@ fn id_equality(filter: &Document) -> Option<&Bson> {
 }
 
 /// Databases of collections.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Catalog {
     /// Database name → collection name → collection.
     pub dbs: BTreeMap<String, BTreeMap<String, Collection>>,
+    /// A transaction's private copy: collections it creates keep a journal too.
+    journaling: bool,
 }
 
 impl Catalog {
@@ -390,7 +460,26 @@ impl Catalog {
     pub fn collection_mut(&mut self, db: &str, coll: &str) -> (&mut Collection, bool) {
         let colls = self.dbs.entry(db.to_string()).or_default();
         let created = !colls.contains_key(coll);
-        (colls.entry(coll.to_string()).or_default(), created)
+        let journaling = self.journaling;
+        let c = colls.entry(coll.to_string()).or_insert_with(|| {
+            let mut c = Collection::default();
+            if journaling {
+                c.start_journal();
+            }
+            c
+        });
+        (c, created)
+    }
+
+    /// A transaction's private copy of this catalog: every collection, present and created
+    /// later, records what the transaction writes.
+    pub fn journaled_copy(&self) -> Catalog {
+        let mut copy = self.clone();
+        copy.journaling = true;
+        for c in copy.dbs.values_mut().flat_map(|colls| colls.values_mut()) {
+            c.start_journal();
+        }
+        copy
     }
 
     /// The collection for changing, only if it exists.

@@ -110,7 +110,13 @@ pub async fn route(
     let mut attempt = 1;
     loop {
         let result = route_once(sharded, how, policy, req, client_id).await;
-        if !sharded.has_config_server() || attempt >= super::configdb::MAX_ATTEMPTS {
+        // A transaction's statement is never resent by the router: the shard's stale error
+        // reaches the client as a TransientTransactionError and the client retries the whole
+        // transaction.
+        if !sharded.has_config_server()
+            || attempt >= super::configdb::MAX_ATTEMPTS
+            || in_transaction_raw(req)
+        {
             return result;
         }
         let Some(stale) = super::configdb::stale_error(&result) else {
@@ -380,6 +386,11 @@ pub async fn bulk_write(
             }
         });
     }
+    if in_transaction_raw(req) {
+        return bulk_write_in_transaction(cluster, req, &routes)
+            .await
+            .map(Reply::from);
+    }
     let refresh = |ns: String| -> crate::frontend::BoxFuture<'_, _> {
         Box::pin(async move {
             cluster
@@ -634,6 +645,17 @@ async fn db_stats(cluster: &Arc<Cluster>, req: &CommandRequest) -> Result<Docume
     Ok(out)
 }
 
+/// [`in_transaction`] on the raw body, or a commit or abort.
+fn in_transaction_raw(req: &CommandRequest) -> bool {
+    let raw = req.body.raw();
+    matches!(raw.get("autocommit"), Ok(Some(RawBsonRef::Boolean(false))))
+        || matches!(
+            raw.get("startTransaction"),
+            Ok(Some(RawBsonRef::Boolean(true)))
+        )
+        || matches!(req.name.as_str(), "commitTransaction" | "abortTransaction")
+}
+
 fn in_transaction(body: &Document) -> bool {
     body.get("startTransaction")
         .is_some_and(crate::value::field::truthy)
@@ -660,16 +682,33 @@ async fn transaction(
     let session = crate::command::session_id(lsid)?;
     let txn = crate::value::field::number_field(body, "txnNumber").unwrap_or(0);
     if how == Forwarded::EndTransaction {
-        let shard = cluster.transactions.end(&session, txn);
+        // The shard the transaction ran on, as this router recorded it or as the client's
+        // `recoveryToken` (from an earlier reply, maybe of another router) names it.
+        let shard = cluster.transactions.shard_of(&session, txn).or_else(|| {
+            body.get_document("recoveryToken")
+                .ok()
+                .and_then(|t| t.get_str("recoveryShardId").ok())
+                .filter(|s| cluster.pool(s).is_some())
+                .map(str::to_string)
+        });
         let Some(shard) = shard else {
-            return Err(CommandError::new(
+            // Labelled as mongod and mongos label it: nothing of it can be committed, so the
+            // whole transaction may be retried.
+            let mut e = CommandError::new(
                 ErrorCode::NoSuchTransaction,
                 format!("Transaction with txnNumber {txn} has not been started on this router"),
-            ));
+            );
+            e.labels.push("TransientTransactionError".to_string());
+            return Err(e);
         };
         return forward(cluster, &shard, req, None).await;
     }
+    // A cursor of the transaction lives on the transaction's shard.
+    let recorded = matches!(how, Forwarded::GetMore | Forwarded::KillCursors)
+        .then(|| cluster.transactions.shard_of(&session, txn))
+        .flatten();
     let shard = match snapshot {
+        _ if recorded.is_some() => recorded.unwrap_or_default(),
         None => match store.database(&req.db) {
             Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
             None => store
@@ -691,6 +730,78 @@ async fn transaction(
             }
         }
     };
+    statement_on(
+        cluster,
+        session,
+        txn,
+        &shard,
+        req,
+        version_of(cluster, snapshot, &shard),
+    )
+    .await
+}
+
+/// The `shardVersion` a statement bound for `shard` carries, when the shard checks one.
+fn version_of(
+    cluster: &Arc<Cluster>,
+    snapshot: Option<&crate::routing::RoutingSnapshot>,
+    shard: &str,
+) -> Option<Document> {
+    snapshot
+        .filter(|_| cluster.is_shard_server(shard))
+        .map(|s| s.shard_version(shard))
+}
+
+/// A client `bulkWrite` inside a transaction: passed through when every namespace it names
+/// lives on one shard (unsharded on that primary, or sharded with every chunk there), refused
+/// with OperationNotSupportedInTransaction otherwise (no statement-by-statement targeting, no
+/// ordered rewrite inside a transaction).
+async fn bulk_write_in_transaction(
+    cluster: &Arc<Cluster>,
+    req: &CommandRequest,
+    routes: &[crate::write::bulk::NsRoute],
+) -> Result<Document, CommandError> {
+    let body = req.options_document();
+    let Ok(lsid) = body.get_document("lsid") else {
+        return Err(CommandError::new(
+            ErrorCode::InvalidOptions,
+            "Transaction statements require a session (lsid)",
+        ));
+    };
+    let session = crate::command::session_id(lsid)?;
+    let txn = crate::value::field::number_field(&body, "txnNumber").unwrap_or(0);
+    let mut shards = std::collections::BTreeSet::new();
+    for route in routes {
+        match route {
+            crate::write::bulk::NsRoute::Unsharded(primary) => {
+                shards.insert(primary.clone());
+            }
+            crate::write::bulk::NsRoute::Sharded(snap) => shards.extend(snap.chunks.shards()),
+        }
+    }
+    let shard = match shards.len() {
+        1 => shards.into_iter().next().unwrap_or_default(),
+        n => {
+            return Err(CommandError::new(
+                ErrorCode::OperationNotSupportedInTransaction,
+                format!("bulkWrite inside a transaction spans {n} shards; Sluice runs transactions on a single shard only"),
+            ))
+        }
+    };
+    statement_on(cluster, session, txn, &shard, req, None).await
+}
+
+/// Sends one statement of transaction `txn` of `session` to `shard`, the shard the
+/// transaction runs on (recorded by its first statement).
+async fn statement_on(
+    cluster: &Arc<Cluster>,
+    session: [u8; 16],
+    txn: i64,
+    shard: &str,
+    req: &CommandRequest,
+    version: Option<Document>,
+) -> Result<Document, CommandError> {
+    let shard = shard.to_string();
     let (recorded, started) = cluster.transactions.begin(session, txn, &shard)?;
     if recorded != shard {
         return Err(CommandError::new(
@@ -698,10 +809,9 @@ async fn transaction(
             format!("this statement targets shard {shard} but the transaction runs on shard {recorded}; Sluice runs transactions on a single shard only"),
         ));
     }
-    let version = snapshot
-        .filter(|_| cluster.is_shard_server(&shard))
-        .map(|s| s.shard_version(&shard));
-    let reply = forward(cluster, &shard, req, version).await;
+    let reply = forward(cluster, &shard, req, version)
+        .await
+        .map_err(transient_statement_error);
     // A transaction whose first statement failed does not exist on its shard: its entry
     // goes, so failed attempts leave nothing behind.
     let failed = reply
@@ -710,7 +820,27 @@ async fn transaction(
     if started && failed {
         cluster.transactions.end(&session, txn);
     }
-    reply
+    // What a client sends with a commit or abort to any router, as mongos hands it out.
+    reply.map(|mut d| {
+        if d.get_f64("ok").ok() == Some(1.0) {
+            d.insert("recoveryToken", bson::doc! {"recoveryShardId": &shard});
+        }
+        d
+    })
+}
+
+/// A transaction statement the router could not get an answer to from its shard (the
+/// connection was lost, no primary): retrying the whole transaction is safe, so the error
+/// carries `TransientTransactionError`, as mongos labels it.
+fn transient_statement_error(mut e: CommandError) -> CommandError {
+    let transient = retry::is_retriable_code(e.code.0)
+        || retry::is_network_code(e.code.0)
+        || e.code == ErrorCode::NoSuchTransaction;
+    if transient && !e.labels.iter().any(|l| l == "TransientTransactionError") {
+        e.labels.retain(|l| l != retry::RETRYABLE_WRITE_ERROR);
+        e.labels.push("TransientTransactionError".to_string());
+    }
+    e
 }
 
 /// The shards a transaction statement on a sharded collection touches, by the command's kind
@@ -859,6 +989,8 @@ pub(super) async fn forward_with(
         crate::backend::shard::need_of(raw).map_err(|e| CommandError::new(e.code, e.message))?;
     let resend = if crate::backend::shard::batch_session(raw).is_retryable_write() {
         Resend::RetryableWrite
+    } else if in_transaction_raw(req) {
+        Resend::Never
     } else if matches!(need, Need::Read(_)) || is_idempotent_read(&req.name) {
         Resend::Read
     } else if crate::backend::shard::writes_documents(Some(&req.name))
@@ -877,7 +1009,10 @@ pub(super) async fn forward_with(
     .map(|m| std::time::Instant::now() + std::time::Duration::from_millis(m as u64));
     // Labels of a shard's error are for its client, the router, which has done the retrying
     // (docs/design/replica-sets.md §5): none reaches the client.
-    let is_write = matches!(req.name.as_str(), "insert" | "update" | "delete");
+    // Inside a transaction the shard's own error (and its labels) is the client's: no
+    // statement is resent and no failure becomes a write error.
+    let in_txn = in_transaction_raw(req);
+    let is_write = matches!(req.name.as_str(), "insert" | "update" | "delete") && !in_txn;
     // A cursor's `getMore` / `killCursors` go to the member that holds it.
     let cursor = match req.name.as_str() {
         "getMore" => match raw.get("getMore") {

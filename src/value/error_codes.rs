@@ -148,8 +148,17 @@ named {
     QueryExceededMemoryLimitNoDiskUseAllowed = 292,
     ConversionFailure = 241,
     DatabaseDifferCase = 13297,
+    WriteConflict = 112,
+    LockTimeout = 24,
+    TransactionCommitted = 256,
+    SnapshotUnavailable = 246,
+    SnapshotTooOld = 239,
+    PreparedTransactionInProgress = 267,
+    StaleShardVersion = 63,
+    Interrupted = 11601,
 }
 location {
+    TransactionBannedDatabase = 50844,
     OpMsgMultipleBodies = 40430,
     OpMsgDuplicateSequence = 40431,
     OpMsgUnknownSectionKind = 40432,

@@ -110,6 +110,39 @@ pub fn is_network_timeout_code(code: i32) -> bool {
     NETWORK_TIMEOUT.contains(&code)
 }
 
+/// The label on an error after which the client may retry its whole transaction.
+pub const TRANSIENT_TRANSACTION_ERROR: &str = "TransientTransactionError";
+
+/// Whether an error with `code` of a transaction's command gets `TransientTransactionError`
+/// (mongod's and mongos's `isTransientTransactionError`): write conflicts, lock timeouts,
+/// snapshot and stale-routing errors always; a statement's retriable and NoSuchTransaction
+/// errors too; a commit's or abort's NoSuchTransaction only without a write-concern error.
+pub fn is_transient_transaction_error(code: i32, has_wce: bool, commit_or_abort: bool) -> bool {
+    const ALWAYS: &[i32] = &[
+        112,   // WriteConflict
+        24,    // LockTimeout
+        267,   // PreparedTransactionInProgress
+        249,   // StaleDbVersion
+        239,   // SnapshotTooOld
+        246,   // SnapshotUnavailable
+        311,   // StaleChunkHistory
+        327,   // MigrationConflict
+        63,    // StaleShardVersion
+        150,   // StaleEpoch
+        13388, // StaleConfig
+        287,   // CannotImplicitlyCreateCollection
+    ];
+    if ALWAYS.contains(&code) {
+        return true;
+    }
+    let no_such_transaction = code == ErrorCode::NoSuchTransaction.0;
+    if commit_or_abort {
+        no_such_transaction && !has_wce
+    } else {
+        no_such_transaction || is_retriable_code(code)
+    }
+}
+
 /// Whether `code` is in the RetriableError category.
 pub fn is_retriable_code(code: i32) -> bool {
     RETRIABLE.contains(&code)
@@ -229,6 +262,22 @@ mod tests {
         txn_number: true,
         in_transaction: false,
     };
+
+    #[test]
+    fn transient_transaction_errors_are_mongods() {
+        // Always transient: a write conflict, on a statement and on a commit.
+        assert!(is_transient_transaction_error(112, false, false));
+        assert!(is_transient_transaction_error(112, false, true));
+        // A retriable code: transient on a statement, not on a commit (it is retried there).
+        assert!(is_transient_transaction_error(10107, false, false));
+        assert!(!is_transient_transaction_error(10107, false, true));
+        // NoSuchTransaction on a commit: transient only without a write-concern error.
+        assert!(is_transient_transaction_error(251, false, true));
+        assert!(!is_transient_transaction_error(251, true, true));
+        // Not transient: a duplicate key, a refused command.
+        assert!(!is_transient_transaction_error(11000, false, false));
+        assert!(!is_transient_transaction_error(263, false, false));
+    }
 
     #[test]
     fn the_issue_codes_are_state_changes() {

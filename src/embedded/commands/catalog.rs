@@ -20,7 +20,8 @@ pub(super) fn create(
     body: &Document,
 ) -> Result<Document, EngineError> {
     let coll = collection_name(req, body)?;
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     if cat.collection(&req.db, &coll).is_some() {
         return Err(err(
             ErrorCode::NamespaceExists,
@@ -47,7 +48,8 @@ pub(super) fn drop_collection(
 ) -> Result<Document, EngineError> {
     let coll = collection_name(req, body)?;
     let ns = format!("{}.{coll}", req.db);
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     let removed = cat
         .dbs
         .get_mut(&req.db)
@@ -74,7 +76,8 @@ pub(super) fn list_collections(
     let filter = document_argument(body, "filter", "listCollections")?;
     let matcher = Matcher::parse(&filter)?;
     let name_only = body.get("nameOnly").is_some_and(truthy);
-    let cat = lock(&svc.catalog);
+    let data = svc.data();
+    let cat = lock(&data);
     let mut out = Vec::new();
     if let Some(colls) = cat.dbs.get(&req.db) {
         for (name, c) in colls {
@@ -98,7 +101,8 @@ pub(super) fn list_databases(svc: &ShardService, body: &Document) -> Result<Docu
     let filter = document_argument(body, "filter", "listDatabases")?;
     let matcher = Matcher::parse(&filter)?;
     let name_only = body.get("nameOnly").is_some_and(truthy);
-    let cat = lock(&svc.catalog);
+    let data = svc.data();
+    let cat = lock(&data);
     let mut dbs = Vec::new();
     let mut total = 0i64;
     for (name, colls) in &cat.dbs {
@@ -128,7 +132,8 @@ pub(super) fn coll_stats(
 ) -> Result<Document, EngineError> {
     let coll = collection_name(req, body)?;
     let ns = format!("{}.{coll}", req.db);
-    let cat = lock(&svc.catalog);
+    let data = svc.data();
+    let cat = lock(&data);
     let (count, size, nindexes) = match cat.collection(&req.db, &coll) {
         Some(c) => (
             c.len() as i64,
@@ -143,7 +148,8 @@ pub(super) fn coll_stats(
 }
 
 pub(super) fn db_stats(svc: &ShardService, req: &CommandRequest) -> Result<Document, EngineError> {
-    let cat = lock(&svc.catalog);
+    let data = svc.data();
+    let cat = lock(&data);
     let (mut colls, mut objects, mut size, mut indexes) = (0i64, 0i64, 0i64, 0i64);
     if let Some(db) = cat.dbs.get(&req.db) {
         for c in db.values() {

@@ -49,7 +49,8 @@ pub(super) fn find_and_modify(
         Some(p) => Bson::Document(p.apply_matched(d, Some(&matcher))),
         None => Bson::Document(d.clone()),
     };
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     let mut candidates: Vec<(u64, Document)> = match cat.collection(&req.db, &coll) {
         Some(c) => c
             .find(&query, &matcher)

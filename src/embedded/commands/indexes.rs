@@ -28,7 +28,8 @@ pub(super) fn create_indexes(
         ));
     }
     let ns = format!("{}.{coll}", req.db);
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     let (c, created) = cat.collection_mut(&req.db, &coll);
     let before = c.indexes().len() as i32;
     let mut backup = c.clone();
@@ -62,7 +63,8 @@ pub(super) fn list_indexes(
     let coll = collection_name(req, body)?;
     let ns = format!("{}.{coll}", req.db);
     let specs: Vec<Document> = {
-        let cat = lock(&svc.catalog);
+        let data = svc.data();
+        let cat = lock(&data);
         let Some(c) = cat.collection(&req.db, &coll) else {
             return Err(err(
                 ErrorCode::NamespaceNotFound,
@@ -81,7 +83,8 @@ pub(super) fn drop_indexes(
 ) -> Result<Document, EngineError> {
     let coll = collection_name(req, body)?;
     let ns = format!("{}.{coll}", req.db);
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     let Some(c) = cat.existing_mut(&req.db, &coll) else {
         return Err(err(
             ErrorCode::NamespaceNotFound,

@@ -72,7 +72,7 @@ pub fn run(
         "create" => create(svc, req, body),
         "drop" => drop_collection(svc, req, body),
         "dropDatabase" => {
-            lock(&svc.catalog).dbs.remove(&req.db);
+            lock(&svc.data()).dbs.remove(&req.db);
             Ok(doc! {"dropped": &req.db})
         }
         "listCollections" => list_collections(svc, req, body),

@@ -29,7 +29,8 @@ pub(super) fn matching_documents(
     filter: &Document,
     matcher: &Matcher,
 ) -> Vec<Document> {
-    let cat = lock(&svc.catalog);
+    let data = svc.data();
+    let cat = lock(&data);
     match cat.collection(db, coll) {
         Some(c) => c
             .find(filter, matcher)

@@ -53,7 +53,8 @@ pub(super) fn insert(
         stmts: mut docs,
         ordered,
     } = batch;
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     let (c, _) = cat.collection_mut(&req.db, &coll);
     let out = run_statements(svc, retry, docs.len(), ordered, |i| {
         prepare_insert(std::mem::take(&mut docs[i]))
@@ -82,7 +83,8 @@ pub(super) fn update(
         crate::command::check_write_statement("update", stmt)?;
     }
     let vars = request_variables(body)?;
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     let out = run_statements(svc, retry, batch.stmts.len(), batch.ordered, |i| {
         update_one_statement(
             &mut cat,
@@ -245,7 +247,8 @@ pub(super) fn delete(
         })
         .collect::<Result<_, _>>()?;
     let vars = request_variables(body)?;
-    let mut cat = lock(&svc.catalog);
+    let data = svc.data();
+    let mut cat = lock(&data);
     let out = run_statements(svc, retry, parsed.len(), batch.ordered, |i| {
         let (q, limit) = parsed[i];
         let vars = vars.with_collation_option(batch.stmts[i].get("collation"))?;

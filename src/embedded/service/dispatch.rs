@@ -45,6 +45,9 @@ impl ShardService {
                 let mut err = EngineError::new(e.code, e.message);
                 if !e.labels.is_empty() {
                     err = err.with_extra(doc! {"errorLabels": e.labels});
+                } else if fp.error_labels.is_some() {
+                    // The fail point's own empty list: no label is added later either.
+                    err = err.with_extra(doc! {"errorLabels": Bson::Array(Vec::new())});
                 }
                 return Err(err);
             }
@@ -174,16 +177,19 @@ impl ShardService {
 
         let _slot = self.admit(req).await;
 
-        if body
-            .get("startTransaction")
-            .is_some_and(crate::value::field::truthy)
-            || matches!(body.get("autocommit"), Some(Bson::Boolean(false)))
-            || matches!(name, "commitTransaction" | "abortTransaction")
-        {
-            return Err(EngineError::new(
-                ErrorCode::IllegalOperation,
-                "Transactions are not supported by the embedded shard (it is a test and demo backend); real mongod shards run them",
-            ));
+        if let Some(txn) = super::txn::transaction_request(name, &body)? {
+            let mut reply = self.run_transaction(req, &body, txn)?;
+            if let Some(member) = &self.member {
+                if matches!(name, "commitTransaction" | "abortTransaction") {
+                    if let Some(wce) = member.wait_for_write_concern(&body).await {
+                        reply.insert("writeConcernError", wce);
+                    }
+                }
+            }
+            if let Some(fp) = &failpoint {
+                fp.decorate(name, &body, &mut reply);
+            }
+            return Ok(Some(reply));
         }
         let mut reply = match name {
             "hello" | "isMaster" | "ismaster" => {
@@ -219,9 +225,16 @@ impl ShardService {
             "getLog" => server_info::get_log(req)?,
             "whatsmyuri" => doc! {"you": client.peer.to_string()},
             "connectionStatus" => server_info::connection_status(req),
-            "endSessions" => server_info::end_sessions(req)?,
-            // The shard's sessions hold only retryable-write history, which outlives a kill.
-            "killAllSessions" | "killAllSessionsByPattern" | "killSessions" => Document::new(),
+            "endSessions" => {
+                let reply = server_info::end_sessions(req)?;
+                self.kill_sessions(name, &body);
+                reply
+            }
+            // Open transactions are aborted; retryable-write history outlives a kill.
+            "killAllSessions" | "killAllSessionsByPattern" | "killSessions" => {
+                self.kill_sessions(name, &body);
+                Document::new()
+            }
             "getCmdLineOpts" => server_info::get_cmd_line_opts(&self.state),
             "configureFailPoint" => self.failpoints.configure(&body)?,
             "sluiceSetShardVersion" => self.set_shard_version(&body)?,
@@ -364,8 +377,23 @@ impl Service for ShardService {
                     }
                 }
             }
-            if let (Err(e), Some(_)) = (&mut result, &self.member) {
-                label_retryable_write_error(e, &req.name, &req.body_document());
+            if let Err(e) = &mut result {
+                let body = req.body_document();
+                let labelled = e
+                    .extra
+                    .as_ref()
+                    .is_some_and(|x| x.contains_key("errorLabels"));
+                if !labelled && crate::command::failpoint::in_transaction(&req.name, &body) {
+                    super::txn::label_transaction_error(e, &req.name, false);
+                }
+                if self.member.is_some() {
+                    label_retryable_write_error(e, &req.name, &body);
+                }
+                if let Some(x) = e.extra.as_mut() {
+                    if matches!(x.get("errorLabels"), Some(Bson::Array(l)) if l.is_empty()) {
+                        x.remove("errorLabels");
+                    }
+                }
             }
             // As mongod: a command it does not have is counted as `<UNKNOWN>`, so a client
             // sending made-up names cannot grow the table.

@@ -1,14 +1,15 @@
 //! The embedded shard's command handler, by concern: [`dispatch`] (the order a command goes
 //! through, `hello` as a replica-set primary, the `failCommand` failpoint), [`retry`]
 //! (retryable-write records), [`versions`] (shard versions), [`latency`] (injected latency and
-//! the concurrency cap), [`status`] (`serverStatus` and per-command counters) and [`idle`] (the
-//! cursor and session monitor). The data commands themselves are in [`super::commands`].
+//! the concurrency cap), [`status`] (`serverStatus` and per-command counters), [`txn`]
+//! (multi-document transactions) and [`idle`] (the cursor and session monitor). The data commands themselves are in [`super::commands`].
 
 mod dispatch;
 mod idle;
 mod latency;
 mod retry;
 mod status;
+mod txn;
 mod versions;
 
 use std::collections::{BTreeMap, HashMap};
@@ -35,6 +36,7 @@ pub use idle::{spawn_idle_monitor, MAX_OPEN_CURSORS};
 use retry::SessionRecord;
 pub use retry::{RetryCtx, StmtOutcome, MAX_SESSIONS, SESSION_IDLE_TIMEOUT};
 use status::CommandCount;
+pub use txn::{Transactions, TRANSACTION_LIFETIME, TRANSIENT_TRANSACTION_ERROR};
 
 /// What a shard's data is: the catalog, the retryable-write records and the shard versions.
 /// One shard owns its own; the members of an embedded replica set share one.
@@ -43,6 +45,7 @@ pub struct DataSet {
     catalog: Arc<Mutex<Catalog>>,
     sessions: Arc<Mutex<HashMap<String, SessionRecord>>>,
     versions: Arc<Mutex<HashMap<String, Document>>>,
+    transactions: Arc<Mutex<Transactions>>,
 }
 
 impl DataSet {
@@ -72,6 +75,7 @@ pub struct ShardService {
     sessions: Arc<Mutex<HashMap<String, SessionRecord>>>,
     failpoints: crate::command::failpoint::FailPoints,
     pub(super) versions: Arc<Mutex<HashMap<String, Document>>>,
+    transactions: Arc<Mutex<Transactions>>,
     member: Option<super::replset::MemberLink>,
     counts: Mutex<BTreeMap<String, CommandCount>>,
     opcounters: Mutex<BTreeMap<&'static str, i64>>,
@@ -116,6 +120,7 @@ impl ShardService {
             sessions: data.sessions,
             failpoints: Default::default(),
             versions: data.versions,
+            transactions: data.transactions,
             member,
             counts: Mutex::new(BTreeMap::new()),
             opcounters: Mutex::new(BTreeMap::new()),

@@ -161,7 +161,7 @@ impl ShardService {
 }
 
 /// The key of a session's records: its `lsid.id`, a UUID ([`command::session_id`]), in hex.
-fn session_key(lsid: &Document) -> Result<String, EngineError> {
+pub(super) fn session_key(lsid: &Document) -> Result<String, EngineError> {
     let id = command::session_id(lsid)?;
     Ok(id.iter().map(|x| format!("{x:02x}")).collect())
 }

@@ -1,0 +1,505 @@
+//! Multi-document transactions through the stock Rust driver (`start_session`,
+//! `start_transaction`, commit, abort, `and_run2`), against one embedded shard and through the
+//! router: isolation, snapshot reads, abort, write conflicts (112 with
+//! `TransientTransactionError`), commit retries, and the session errors mongod gives
+//! (NoSuchTransaction, TransactionTooOld, TransactionCommitted, a command refused inside a
+//! transaction).
+
+mod common;
+
+use bson::{doc, Bson, Document};
+use common::{Raw, TestCluster};
+use mongodb::{Client, Collection};
+use sluice::embedded::{EmbeddedShard, ShardOptions};
+
+const LABEL: &str = "TransientTransactionError";
+
+async fn shard() -> EmbeddedShard {
+    EmbeddedShard::start("127.0.0.1:0", ShardOptions::for_tests())
+        .await
+        .expect("shard starts")
+}
+
+/// The two deployments every scenario runs on: one shard directly, and a router in front of
+/// two shards (the scenarios' collection is unsharded: it lives on its database's primary).
+enum Target {
+    Shard(EmbeddedShard),
+    Router(TestCluster),
+}
+
+impl Target {
+    async fn all() -> Vec<(Target, Client)> {
+        let s = shard().await;
+        let direct = common::direct(s.local_addr()).await;
+        let c = TestCluster::start(2, &[("txn.sharded", doc! {"_id": "hashed"})]).await;
+        let routed = common::driver(c.addr(), "").await;
+        vec![(Target::Shard(s), direct), (Target::Router(c), routed)]
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Target::Shard(_) => "shard",
+            Target::Router(_) => "router",
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Target::Shard(s) => s.shutdown().await,
+            Target::Router(c) => c.stop().await,
+        }
+    }
+}
+
+fn coll(cl: &Client, name: &str) -> Collection<Document> {
+    cl.database("txn").collection(name)
+}
+
+async fn ids(c: &Collection<Document>) -> Vec<Bson> {
+    let docs = common::all(c.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await;
+    docs.iter()
+        .map(|d| d.get("_id").cloned().unwrap())
+        .collect()
+}
+
+/// Every document of `c` as transaction `s` sees it.
+async fn find_in(c: &Collection<Document>, s: &mut mongodb::ClientSession) -> Vec<Document> {
+    let mut cursor = c.find(doc! {}).session(&mut *s).await.unwrap();
+    let mut out = Vec::new();
+    while cursor.advance(&mut *s).await.unwrap() {
+        out.push(cursor.deserialize_current().unwrap());
+    }
+    out
+}
+
+fn code(e: &mongodb::error::Error) -> i32 {
+    common::command_code(e)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncommitted_writes_are_invisible_until_commit() {
+    for (target, cl) in Target::all().await {
+        let c = coll(&cl, "isolation");
+        c.insert_one(doc! {"_id": 0}).await.unwrap();
+        let mut s = cl.start_session().await.unwrap();
+        s.start_transaction().await.unwrap();
+        c.insert_one(doc! {"_id": 1}).session(&mut s).await.unwrap();
+        c.update_one(doc! {"_id": 0}, doc! {"$set": {"x": 1}})
+            .session(&mut s)
+            .await
+            .unwrap();
+        // Inside: its own writes. Outside: nothing of them.
+        let inside = find_in(&c, &mut s).await;
+        assert_eq!(inside.len(), 2, "{}: {inside:?}", target.name());
+        assert_eq!(ids(&c).await, vec![Bson::Int32(0)], "{}", target.name());
+        let outside = c.find_one(doc! {"_id": 0}).await.unwrap().unwrap();
+        assert!(!outside.contains_key("x"), "{}: {outside}", target.name());
+        s.commit_transaction().await.unwrap();
+        assert_eq!(ids(&c).await, vec![Bson::Int32(0), Bson::Int32(1)]);
+        let after = c.find_one(doc! {"_id": 0}).await.unwrap().unwrap();
+        assert_eq!(after.get_i32("x").unwrap(), 1, "{}", target.name());
+        target.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_see_the_snapshot_of_the_first_operation() {
+    for (target, cl) in Target::all().await {
+        let c = coll(&cl, "snapshot");
+        c.insert_one(doc! {"_id": 1, "v": 1}).await.unwrap();
+        let mut s = cl.start_session().await.unwrap();
+        s.start_transaction().await.unwrap();
+        let first = c.find_one(doc! {"_id": 1}).session(&mut s).await.unwrap();
+        assert_eq!(first.unwrap().get_i32("v").unwrap(), 1);
+        // Written outside after the snapshot: neither the change nor the new document is seen.
+        c.update_one(doc! {"_id": 1}, doc! {"$set": {"v": 2}})
+            .await
+            .unwrap();
+        c.insert_one(doc! {"_id": 2, "v": 1}).await.unwrap();
+        let again = find_in(&c, &mut s).await;
+        assert_eq!(again, vec![doc! {"_id": 1, "v": 1}], "{}", target.name());
+        s.commit_transaction().await.unwrap();
+        let now = c.find_one(doc! {"_id": 1}).await.unwrap().unwrap();
+        assert_eq!(now.get_i32("v").unwrap(), 2);
+        target.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_discards_every_write() {
+    for (target, cl) in Target::all().await {
+        let c = coll(&cl, "abort");
+        c.insert_many(vec![doc! {"_id": 1, "v": 1}, doc! {"_id": 2, "v": 2}])
+            .await
+            .unwrap();
+        let mut s = cl.start_session().await.unwrap();
+        s.start_transaction().await.unwrap();
+        c.insert_one(doc! {"_id": 3}).session(&mut s).await.unwrap();
+        c.update_one(doc! {"_id": 1}, doc! {"$set": {"v": 10}})
+            .session(&mut s)
+            .await
+            .unwrap();
+        c.delete_one(doc! {"_id": 2}).session(&mut s).await.unwrap();
+        s.abort_transaction().await.unwrap();
+        let docs = common::all(c.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await;
+        assert_eq!(
+            docs,
+            vec![doc! {"_id": 1, "v": 1}, doc! {"_id": 2, "v": 2}],
+            "{}",
+            target.name()
+        );
+        // A new transaction on the session starts from the committed state.
+        s.start_transaction().await.unwrap();
+        let n = c.count_documents(doc! {}).session(&mut s).await.unwrap();
+        assert_eq!(n, 2);
+        s.commit_transaction().await.unwrap();
+        target.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_to_one_document_conflict() {
+    for (target, cl) in Target::all().await {
+        let c = coll(&cl, "conflict");
+        c.insert_many(vec![doc! {"_id": 1, "v": 0}, doc! {"_id": 2, "v": 0}])
+            .await
+            .unwrap();
+        // Two transactions write the same document: the second gets WriteConflict, labelled,
+        // and its transaction is gone.
+        let mut a = cl.start_session().await.unwrap();
+        let mut b = cl.start_session().await.unwrap();
+        a.start_transaction().await.unwrap();
+        b.start_transaction().await.unwrap();
+        c.update_one(doc! {"_id": 1}, doc! {"$inc": {"v": 1}})
+            .session(&mut a)
+            .await
+            .unwrap();
+        let e = c
+            .update_one(doc! {"_id": 1}, doc! {"$inc": {"v": 10}})
+            .session(&mut b)
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), 112, "{}: {e}", target.name());
+        assert!(e.contains_label(LABEL), "{}: {e}", target.name());
+        let e = b.commit_transaction().await.unwrap_err();
+        assert_eq!(code(&e), 251, "{}: {e}", target.name());
+        assert!(e.contains_label(LABEL), "{}: {e}", target.name());
+        a.commit_transaction().await.unwrap();
+        let d = c.find_one(doc! {"_id": 1}).await.unwrap().unwrap();
+        assert_eq!(d.get_i32("v").unwrap(), 1, "{}", target.name());
+
+        // A document changed outside since the transaction's snapshot: writing it conflicts.
+        a.start_transaction().await.unwrap();
+        c.find_one(doc! {"_id": 2}).session(&mut a).await.unwrap();
+        c.update_one(doc! {"_id": 2}, doc! {"$set": {"v": 5}})
+            .await
+            .unwrap();
+        let e = c
+            .update_one(doc! {"_id": 2}, doc! {"$set": {"v": 6}})
+            .session(&mut a)
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), 112, "{}: {e}", target.name());
+        assert!(e.contains_label(LABEL));
+        let _ = a.abort_transaction().await;
+        let d = c.find_one(doc! {"_id": 2}).await.unwrap().unwrap();
+        assert_eq!(d.get_i32("v").unwrap(), 5);
+
+        // Inserting the same new `_id` in two transactions conflicts too.
+        a.start_transaction().await.unwrap();
+        b.start_transaction().await.unwrap();
+        c.insert_one(doc! {"_id": 9}).session(&mut a).await.unwrap();
+        let e = c
+            .insert_one(doc! {"_id": 9})
+            .session(&mut b)
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), 112, "{}: {e}", target.name());
+        a.commit_transaction().await.unwrap();
+        let _ = b.abort_transaction().await;
+        assert_eq!(c.count_documents(doc! {"_id": 9}).await.unwrap(), 1);
+
+        // A write outside any transaction to a document a transaction holds is not made to
+        // wait (docs/design/transactions.md): it applies, and the transaction's commit then
+        // fails with a labelled WriteConflict and applies nothing.
+        a.start_transaction().await.unwrap();
+        c.update_one(doc! {"_id": 1}, doc! {"$set": {"v": 100}})
+            .session(&mut a)
+            .await
+            .unwrap();
+        c.insert_one(doc! {"_id": 10})
+            .session(&mut a)
+            .await
+            .unwrap();
+        c.update_one(doc! {"_id": 1}, doc! {"$set": {"v": 7}})
+            .await
+            .unwrap();
+        let e = a.commit_transaction().await.unwrap_err();
+        assert_eq!(code(&e), 112, "{}: {e}", target.name());
+        assert!(e.contains_label(LABEL), "{}: {e}", target.name());
+        let d = c.find_one(doc! {"_id": 1}).await.unwrap().unwrap();
+        assert_eq!(d.get_i32("v").unwrap(), 7, "{}", target.name());
+        assert_eq!(c.count_documents(doc! {"_id": 10}).await.unwrap(), 0);
+        target.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_may_be_retried_and_with_transaction_commits() {
+    for (target, cl) in Target::all().await {
+        let c = coll(&cl, "retry");
+        let mut s = cl.start_session().await.unwrap();
+        s.start_transaction().await.unwrap();
+        c.insert_one(doc! {"_id": 1}).session(&mut s).await.unwrap();
+        s.commit_transaction().await.unwrap();
+        // A retried commit of a committed transaction answers ok and applies nothing twice.
+        s.commit_transaction().await.unwrap();
+        assert_eq!(ids(&c).await, vec![Bson::Int32(1)], "{}", target.name());
+
+        // The convenient API: the callback's writes are committed together.
+        let c2 = c.clone();
+        s.start_transaction()
+            .and_run2(async move |session| {
+                c2.insert_one(doc! {"_id": 2})
+                    .session(&mut *session)
+                    .await?;
+                c2.update_one(doc! {"_id": 1}, doc! {"$set": {"done": true}})
+                    .session(&mut *session)
+                    .await?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(ids(&c).await, vec![Bson::Int32(1), Bson::Int32(2)]);
+        let d = c.find_one(doc! {"_id": 1}).await.unwrap().unwrap();
+        assert!(d.get_bool("done").unwrap(), "{}", target.name());
+        target.stop().await;
+    }
+}
+
+/// A command of session `lsid` in transaction `txn` (`start`: its first).
+fn txn_cmd(mut cmd: Document, lsid: &Document, txn: i64, start: bool) -> Document {
+    cmd.insert("lsid", lsid.clone());
+    cmd.insert("txnNumber", txn);
+    if start {
+        cmd.insert("startTransaction", true);
+    }
+    cmd.insert("autocommit", false);
+    cmd
+}
+
+fn labels(reply: &Document) -> Vec<String> {
+    reply
+        .get_array("errorLabels")
+        .map(|a| {
+            a.iter()
+                .filter_map(|l| l.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn session_errors_are_mongods() {
+    let s = shard().await;
+    let mut raw = Raw::connect(s.local_addr()).await;
+    let lsid = doc! {"id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![5; 16] })};
+    let insert = |id: i32| doc! {"insert": "c", "documents": [{"_id": id}], "$db": "d"};
+    let commit = doc! {"commitTransaction": 1, "$db": "admin"};
+    let abort = doc! {"abortTransaction": 1, "$db": "admin"};
+
+    // Nothing started: NoSuchTransaction, labelled.
+    let r = raw.command(&txn_cmd(commit.clone(), &lsid, 1, false)).await;
+    assert_eq!(r.get_i32("code").unwrap(), 251, "{r}");
+    assert_eq!(labels(&r), vec![LABEL]);
+    let r = raw.command(&txn_cmd(insert(1), &lsid, 1, false)).await;
+    assert_eq!(r.get_i32("code").unwrap(), 251, "{r}");
+
+    // Started and committed: a retried commit is ok; abort, continue and restart are refused.
+    let r = raw.command(&txn_cmd(insert(1), &lsid, 2, true)).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    for _ in 0..2 {
+        let r = raw.command(&txn_cmd(commit.clone(), &lsid, 2, false)).await;
+        assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    }
+    let r = raw.command(&txn_cmd(abort.clone(), &lsid, 2, false)).await;
+    assert_eq!(r.get_i32("code").unwrap(), 256, "{r}");
+    let r = raw.command(&txn_cmd(insert(2), &lsid, 2, false)).await;
+    assert_eq!(r.get_i32("code").unwrap(), 256, "{r}");
+    let r = raw.command(&txn_cmd(insert(2), &lsid, 2, true)).await;
+    assert_eq!(r.get_i32("code").unwrap(), 117, "{r}");
+
+    // Older than the session's newest: TransactionTooOld.
+    let r = raw.command(&txn_cmd(insert(3), &lsid, 1, true)).await;
+    assert_eq!(r.get_i32("code").unwrap(), 225, "{r}");
+
+    // Aborted: commit, abort and continue get NoSuchTransaction.
+    let r = raw.command(&txn_cmd(insert(3), &lsid, 3, true)).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    let r = raw.command(&txn_cmd(abort.clone(), &lsid, 3, false)).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    for cmd in [commit.clone(), abort.clone(), insert(4)] {
+        let r = raw.command(&txn_cmd(cmd, &lsid, 3, false)).await;
+        assert_eq!(r.get_i32("code").unwrap(), 251, "{r}");
+    }
+    assert_eq!(s.service().count_documents("d", "c"), 1);
+
+    // A command transactions do not run: refused, and the transaction is gone.
+    let r = raw.command(&txn_cmd(insert(5), &lsid, 4, true)).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    let r = raw
+        .command(&txn_cmd(
+            doc! {"count": "c", "query": {}, "$db": "d"},
+            &lsid,
+            4,
+            false,
+        ))
+        .await;
+    assert_eq!(r.get_i32("code").unwrap(), 263, "{r}");
+    assert!(labels(&r).is_empty(), "{r}");
+    let r = raw.command(&txn_cmd(commit.clone(), &lsid, 4, false)).await;
+    assert_eq!(r.get_i32("code").unwrap(), 251, "{r}");
+
+    // readConcern only on the first statement, writeConcern only on commit and abort, and
+    // not on admin, config or local.
+    let r = raw.command(&txn_cmd(insert(6), &lsid, 5, true)).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    let mut with_rc = txn_cmd(insert(7), &lsid, 5, false);
+    with_rc.insert("readConcern", doc! {"level": "snapshot"});
+    let r = raw.command(&with_rc).await;
+    assert_eq!(r.get_i32("code").unwrap(), 72, "{r}");
+    let mut with_wc = txn_cmd(insert(8), &lsid, 6, true);
+    with_wc.insert("writeConcern", doc! {"w": 1});
+    let r = raw.command(&with_wc).await;
+    assert_eq!(r.get_i32("code").unwrap(), 72, "{r}");
+    let mut in_admin = txn_cmd(insert(9), &lsid, 7, true);
+    in_admin.insert("$db", "admin");
+    let r = raw.command(&in_admin).await;
+    assert_eq!(r.get_i32("code").unwrap(), 50844, "{r}");
+    let mut bad_level = txn_cmd(insert(10), &lsid, 8, true);
+    bad_level.insert("readConcern", doc! {"level": "available"});
+    let r = raw.command(&bad_level).await;
+    assert_eq!(r.get_i32("code").unwrap(), 72, "{r}");
+    assert_eq!(s.service().open_transactions(), 0);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_fail_point_error_inside_a_transaction_is_labelled() {
+    let s = shard().await;
+    let mut raw = Raw::connect(s.local_addr()).await;
+    let lsid = doc! {"id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![6; 16] })};
+    for (code, transient) in [(112, true), (10107, true), (11000, false)] {
+        let r = raw
+            .command(&doc! {"configureFailPoint": "failCommand", "mode": {"times": 1}, "data": {"failCommands": ["insert"], "errorCode": code}, "$db": "admin"})
+            .await;
+        assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+        let r = raw
+            .command(&txn_cmd(
+                doc! {"insert": "c", "documents": [{"_id": 1}], "$db": "d"},
+                &lsid,
+                i64::from(code),
+                true,
+            ))
+            .await;
+        assert_eq!(r.get_i32("code").unwrap(), code, "{r}");
+        let expected: Vec<String> = if transient {
+            vec![LABEL.to_string()]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(labels(&r), expected, "{code}: {r}");
+    }
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_runs_one_shard_transactions_and_refuses_more() {
+    let c = TestCluster::start(2, &[("txn.sharded", doc! {"_id": "hashed"})]).await;
+    let cl = common::driver(c.addr(), "").await;
+    let sharded = coll(&cl, "sharded");
+    // Two `_id`s owned by different shards, and one more on the first one's shard.
+    let owner = |id: i32| c.owner("txn.sharded", &doc! {"_id": id});
+    let a = 1;
+    let b = (2..100).find(|i| owner(*i) != owner(a)).unwrap();
+    let a2 = (2..100).find(|i| owner(*i) == owner(a)).unwrap();
+
+    // Every statement on one shard: passed through, committed there.
+    let mut s = cl.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    sharded
+        .insert_one(doc! {"_id": a})
+        .session(&mut s)
+        .await
+        .unwrap();
+    sharded
+        .insert_one(doc! {"_id": a2})
+        .session(&mut s)
+        .await
+        .unwrap();
+    assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 0);
+    s.commit_transaction().await.unwrap();
+    assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 2);
+    assert_eq!(c.count_on_shards("txn", "sharded"), 2);
+
+    // A cursor opened in the transaction is read on with getMore on the same shard.
+    s.start_transaction().await.unwrap();
+    let mut cursor = sharded
+        .find(doc! {"_id": {"$in": [a, a2]}})
+        .batch_size(1)
+        .session(&mut s)
+        .await
+        .unwrap();
+    let mut seen = 0;
+    while cursor.advance(&mut s).await.unwrap() {
+        seen += 1;
+    }
+    drop(cursor);
+    assert_eq!(seen, 2);
+    s.commit_transaction().await.unwrap();
+
+    // A statement bound for a second shard: refused, and the transaction commits nothing.
+    s.start_transaction().await.unwrap();
+    sharded
+        .update_one(doc! {"_id": a}, doc! {"$set": {"t": 1}})
+        .session(&mut s)
+        .await
+        .unwrap();
+    let e = sharded
+        .insert_one(doc! {"_id": b})
+        .session(&mut s)
+        .await
+        .unwrap_err();
+    assert_eq!(common::error_code(&e), 263, "{e}");
+    s.abort_transaction().await.unwrap();
+    let d = sharded.find_one(doc! {"_id": a}).await.unwrap().unwrap();
+    assert!(!d.contains_key("t"), "{d}");
+
+    // A lost shard connection inside a transaction comes back labelled transient.
+    let shard_of_a = c
+        .shards
+        .iter()
+        .position(|sh| sh.service().name() == owner(a))
+        .unwrap();
+    let direct = c.direct(shard_of_a).await;
+    direct
+        .database("admin")
+        .run_command(doc! {"configureFailPoint": "failCommand", "mode": {"times": 1}, "data": {"failCommands": ["update"], "closeConnection": true}})
+        .await
+        .unwrap();
+    s.start_transaction().await.unwrap();
+    let e = sharded
+        .update_one(doc! {"_id": a}, doc! {"$set": {"t": 2}})
+        .session(&mut s)
+        .await
+        .unwrap_err();
+    assert!(e.contains_label(LABEL), "{e}");
+    let _ = s.abort_transaction().await;
+    let open: usize = c
+        .shards
+        .iter()
+        .map(|sh| sh.service().open_transactions())
+        .sum();
+    assert_eq!(open, 0);
+    c.stop().await;
+}
