@@ -350,6 +350,25 @@ async fn row07_shards_refuse_test_commands_unless_enabled() {
         assert_eq!(r.get_i32("code").unwrap(), 59, "{r}");
     }
     let r = raw
+        .command(&doc! {"noSuchCommandAtAll": 1, "$db": "admin"})
+        .await;
+    assert_eq!(r.get_i32("code").unwrap(), 59, "{r}");
+    // As mongod counts them: commands it does not have are one `<UNKNOWN>` counter, so made-up
+    // names cannot grow the table.
+    let r = raw.command(&doc! {"serverStatus": 1, "$db": "admin"}).await;
+    let commands = r
+        .get_document("metrics")
+        .and_then(|m| m.get_document("commands"))
+        .unwrap();
+    assert_eq!(commands.get_i64("<UNKNOWN>").unwrap(), 3, "{commands}");
+    for name in [
+        "configureFailPoint",
+        "sluiceSetLatency",
+        "noSuchCommandAtAll",
+    ] {
+        assert!(!commands.contains_key(name), "{commands}");
+    }
+    let r = raw
         .command(&doc! {"getParameter": 1, "enableTestCommands": 1, "$db": "admin"})
         .await;
     assert!(!r.get_bool("enableTestCommands").unwrap());

@@ -861,3 +861,92 @@ async fn a_bulk_write_cursor_is_read_from_the_member_that_opened_it() {
     );
     c.stop().await;
 }
+
+/// A `bulkWrite` whose shard reply continues behind a cursor that cannot be read (the shard's
+/// `getMore` fails): the shard ran the child, but the results it had not yet reported are lost.
+/// Each operation without a result is reported as an error with the `getMore`'s code — none is
+/// silently dropped from the reply or counted as done — while the first batch's results stand.
+/// An ordered bulk reports the error at its first unreported operation and stops there.
+#[tokio::test]
+async fn a_bulk_write_whose_cursor_cannot_be_read_reports_the_lost_results_as_errors() {
+    let sets = vec![
+        start_set_with("rs0", Some(2)).await,
+        start_set_with("rs1", Some(2)).await,
+    ];
+    let c = Cluster::start_on(sets, Policy::RetrySafe).await;
+    let client = c.client("").await;
+    client
+        .database("test")
+        .collection::<Document>("u")
+        .insert_one(doc! {"_id": "warm"})
+        .await
+        .unwrap();
+    let s = c
+        .sets
+        .iter()
+        .find(|s| s.documents("test", "u").len() == 1)
+        .expect("the database's primary shard");
+    let p = s.primary().unwrap();
+    let member = common::direct(s.hosts()[p].parse().expect("member address")).await;
+    member
+        .database("admin")
+        .run_command(doc! {"configureFailPoint": "failCommand", "mode": "alwaysOn", "data": {"failCommands": ["getMore"], "errorCode": 43}})
+        .await
+        .unwrap();
+    let items_of = |r: &Document| -> Vec<Document> {
+        r.get_document("cursor")
+            .and_then(|c| c.get_array("firstBatch"))
+            .map(|a| a.iter().filter_map(|d| d.as_document().cloned()).collect())
+            .unwrap_or_default()
+    };
+    let code_of = |d: &Document| d.get_i32("code").ok();
+
+    // Unordered: two results read, four lost.
+    let ops: Vec<Document> = (0..6)
+        .map(|i| doc! {"insert": 0, "document": {"_id": format!("u-{i}")}})
+        .collect();
+    let r = client
+        .database("admin")
+        .run_command(
+            doc! {"bulkWrite": 1, "ops": ops, "ordered": false, "nsInfo": [{"ns": "test.u"}]},
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.get_i32("nInserted").unwrap(), 2, "{r}");
+    assert_eq!(r.get_i32("nErrors").unwrap(), 4, "{r}");
+    let items = items_of(&r);
+    assert_eq!(items.len(), 6, "a result for every operation: {r}");
+    for (k, item) in items.iter().enumerate() {
+        assert_eq!(item.get_i32("idx").unwrap(), k as i32, "{r}");
+        if k < 2 {
+            assert_eq!(item.get_f64("ok").unwrap(), 1.0, "{r}");
+        } else {
+            assert_eq!(code_of(item), Some(43), "{r}");
+        }
+    }
+    // The shard did apply them: the errors say the results are unknown, not that nothing ran.
+    assert_eq!(s.documents("test", "u").len(), 7);
+
+    // Ordered: the error at the first unreported operation, nothing reported after it.
+    let ops: Vec<Document> = (0..6)
+        .map(|i| doc! {"insert": 0, "document": {"_id": format!("o-{i}")}})
+        .collect();
+    let r = client
+        .database("admin")
+        .run_command(doc! {"bulkWrite": 1, "ops": ops, "nsInfo": [{"ns": "test.u"}]})
+        .await
+        .unwrap();
+    assert_eq!(r.get_i32("nInserted").unwrap(), 2, "{r}");
+    assert_eq!(r.get_i32("nErrors").unwrap(), 1, "{r}");
+    let items = items_of(&r);
+    assert_eq!(items.len(), 3, "{r}");
+    assert_eq!(items[2].get_i32("idx").unwrap(), 2, "{r}");
+    assert_eq!(code_of(&items[2]), Some(43), "{r}");
+
+    member
+        .database("admin")
+        .run_command(doc! {"configureFailPoint": "failCommand", "mode": "off"})
+        .await
+        .unwrap();
+    c.stop().await;
+}

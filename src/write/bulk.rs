@@ -75,6 +75,32 @@ fn failed_item(idx: usize, kind: WriteKind, code: ErrorCode, message: &str) -> D
     error_item(idx, kind, &doc! {"code": code.0, "errmsg": message})
 }
 
+/// The operations of a child batch whose results a failed `getMore` lost: the shard ran the
+/// child and reported `items` before the failure. They may or may not have been applied, so
+/// each gets the failure as its error rather than being counted or silently left out
+/// (mongos, too, reports a failed `getMore` as an error of the batch). An ordered child
+/// reports its operations in order and stops at its first error: the first operation without
+/// an item is the one the error belongs to, and none is lost when an error was already read.
+/// An unordered child may have run every one of them.
+fn unreported(ops: &[usize], items: &[(usize, Document)], ordered: bool) -> Vec<usize> {
+    let reported: std::collections::HashSet<usize> = items.iter().map(|(i, _)| *i).collect();
+    if ordered {
+        if items.iter().any(|(_, d)| !is_ok(d)) {
+            return Vec::new();
+        }
+        return ops
+            .iter()
+            .copied()
+            .find(|i| !reported.contains(i))
+            .into_iter()
+            .collect();
+    }
+    ops.iter()
+        .copied()
+        .filter(|i| !reported.contains(i))
+        .collect()
+}
+
 /// One operation's item from the items several shards returned for it (a multi-shard update or
 /// delete): counts add up; one error, or errors with one code, pass through; different codes
 /// become 65 MultipleErrorsOccurred, as mongos combines them.
@@ -275,6 +301,7 @@ impl Run<'_> {
         let cursor = reply.get_document("cursor").ok();
         take(cursor.and_then(|c| c.get_array("firstBatch").ok()));
         let mut cursor_id = cursor.and_then(|c| number_field(c, "id")).unwrap_or(0);
+        let mut failed_get_more = None;
         // Replies too large for one message continue behind the shard's cursor, on the member
         // that opened it (a replica set's primary may have changed since).
         while cursor_id != 0 {
@@ -287,7 +314,16 @@ impl Run<'_> {
                     take(c.and_then(|c| c.get_array("nextBatch").ok()));
                     cursor_id = c.and_then(|c| number_field(c, "id")).unwrap_or(0);
                 }
-                Err(_) => break,
+                Err(e) => {
+                    failed_get_more = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed_get_more {
+            let message = format!("{} (reading the results of a child bulkWrite)", e.message);
+            for i in unreported(ops, &items, ordered) {
+                items.push((i, failed_item(i, self.kind(i), e.code, &message)));
             }
         }
         (items, wce)

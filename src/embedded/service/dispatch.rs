@@ -367,18 +367,24 @@ impl Service for ShardService {
             if let (Err(e), Some(_)) = (&mut result, &self.member) {
                 label_retryable_write_error(e, &req.name, &req.body_document());
             }
+            // As mongod: a command it does not have is counted as `<UNKNOWN>`, so a client
+            // sending made-up names cannot grow the table.
+            let counted = match &result {
+                Err(e) if e.code == ErrorCode::CommandNotFound => super::status::UNKNOWN,
+                _ => req.name.as_str(),
+            };
             let mut reply = match result {
                 Ok(None) => {
-                    self.count_command(&req.name, true);
+                    self.count_command(counted, true);
                     return Response::CloseConnection;
                 }
                 Ok(Some(mut d)) => {
-                    self.count_command(&req.name, false);
+                    self.count_command(counted, false);
                     d.insert("ok", 1.0);
                     d
                 }
                 Err(e) => {
-                    self.count_command(&req.name, true);
+                    self.count_command(counted, true);
                     e.to_reply()
                 }
             };

@@ -6,6 +6,9 @@ use super::ShardService;
 use crate::command::server_info;
 use crate::sync::lock;
 
+/// The counter of commands the server does not have (`metrics.commands.<UNKNOWN>`).
+pub(super) const UNKNOWN: &str = "<UNKNOWN>";
+
 /// Per-command counters (`metrics.commands.<name>`).
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct CommandCount {
@@ -40,10 +43,14 @@ impl ShardService {
             None => doc! {"setName": &self.options.set_name, "isWritablePrimary": true},
         };
         d.insert("repl", repl);
-        let mut commands = Document::new();
-        for (name, c) in lock(&self.counts).iter() {
+        // mongod reports the commands it does not have as one number, `<UNKNOWN>`, first.
+        let counts = lock(&self.counts);
+        let unknown = counts.get(UNKNOWN).map_or(0, |c| c.total);
+        let mut commands = doc! {UNKNOWN: unknown};
+        for (name, c) in counts.iter().filter(|(name, _)| name.as_str() != UNKNOWN) {
             commands.insert(name.clone(), doc! {"failed": c.failed, "total": c.total});
         }
+        drop(counts);
         let mut ops = doc! {"insert": 0i64, "query": 0i64, "update": 0i64, "delete": 0i64, "getmore": 0i64, "command": 0i64};
         for (k, v) in lock(&self.opcounters).iter() {
             ops.insert(*k, *v);
