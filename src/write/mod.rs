@@ -1409,7 +1409,8 @@ mod tests {
     #[test]
     fn options_read_in_place_are_the_options_read_from_a_document() {
         let lsid = doc! {"id": bson::Binary { subtype: BinarySubtype::Uuid, bytes: vec![7; 16] }};
-        let cluster_time = doc! {"clusterTime": Timestamp { time: 1, increment: 2 }, "signature": {"keyId": 0i64}};
+        let cluster_time =
+            doc! {"clusterTime": Timestamp { time: 1, increment: 2 }, "signature": {"keyId": 0i64}};
         for body in [
             doc! {"insert": "c", "documents": [{"_id": 1}], "$db": "d"},
             doc! {
@@ -1435,7 +1436,11 @@ mod tests {
         ] {
             let (read, owned) = both(&raw(&body));
             let read = read.expect("read in place");
-            assert_eq!(read.template.as_bytes(), owned.template.as_bytes(), "{body}");
+            assert_eq!(
+                read.template.as_bytes(),
+                owned.template.as_bytes(),
+                "{body}"
+            );
             assert_eq!(
                 (
                     read.ordered,
