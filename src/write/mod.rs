@@ -18,7 +18,6 @@ pub mod target;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use bson::spec::ElementType;
 use bson::{doc, oid::ObjectId, Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 use bytes::Bytes;
 
@@ -225,24 +224,16 @@ impl WriteOptions {
     /// would change by being owned ([`changes_when_owned`]): such a body goes through
     /// [`WriteOptions::from_document`], to be read exactly as before.
     pub fn from_raw(body: &RawDocument, statements: &str) -> Option<Self> {
-        let bytes = body.as_bytes();
         let mut names: Vec<&str> = Vec::with_capacity(16);
-        // The template's elements are the body's own bytes, copied range by range (each is
-        // its type byte, its name and NUL, then its value), behind a length written last.
-        let mut template: Vec<u8> = Vec::with_capacity(bytes.len());
-        template.extend_from_slice(&[0; 4]);
-        let mut at = 4;
+        let mut template = RawDocumentBuf::new();
         let mut ordered = true;
         let (mut lsid, mut txn_number) = (false, false);
         let (mut start_transaction, mut autocommit_false) = (false, false);
         let mut client_stmt_ids = None;
         let mut max_time = None;
-        for element in body.iter_elements() {
-            let element = element.ok()?;
-            let k = element.key().as_str();
-            let end = at + 1 + k.len() + 1 + element.size();
-            let whole = bytes.get(at..end)?;
-            at = end;
+        for item in body.iter() {
+            let (key, value) = item.ok()?;
+            let k = key.as_str();
             if names.contains(&k) {
                 return None;
             }
@@ -251,17 +242,13 @@ impl WriteOptions {
                 continue;
             }
             match k {
-                "ordered" => ordered = truthy(&Bson::try_from(element.value().ok()?).ok()?),
+                "ordered" => ordered = truthy(&Bson::try_from(value).ok()?),
                 "lsid" => lsid = true,
                 "txnNumber" => txn_number = true,
-                "startTransaction" => {
-                    start_transaction = truthy(&Bson::try_from(element.value().ok()?).ok()?)
-                }
-                "autocommit" => {
-                    autocommit_false = matches!(element.value().ok()?, RawBsonRef::Boolean(false))
-                }
+                "startTransaction" => start_transaction = truthy(&Bson::try_from(value).ok()?),
+                "autocommit" => autocommit_false = matches!(value, RawBsonRef::Boolean(false)),
                 "stmtIds" => {
-                    client_stmt_ids = match element.value().ok()? {
+                    client_stmt_ids = match value {
                         RawBsonRef::Array(ids) => Some(
                             ids.into_iter()
                                 .map(|v| match v {
@@ -275,7 +262,7 @@ impl WriteOptions {
                     }
                 }
                 "maxTimeMS" => {
-                    max_time = match element.value().ok()? {
+                    max_time = match value {
                         RawBsonRef::Int32(v) => Some(v as i64),
                         RawBsonRef::Int64(v) => Some(v),
                         RawBsonRef::Double(v) if v.is_finite() => Some(v as i64),
@@ -290,7 +277,6 @@ impl WriteOptions {
                 "stmtIds" | "stmtId" | "shardVersion" | "databaseVersion" | "ordered"
                 | "$readPreference" => {}
                 "writeConcern" => {
-                    let value = element.value().ok()?;
                     let wc = match value {
                         RawBsonRef::Document(wc) => wc,
                         _ => crate::wire::empty_document(),
@@ -312,33 +298,19 @@ impl WriteOptions {
                                 raised.append(k, v);
                             }
                         }
-                        push_document(&mut template, k, raised.as_bytes());
-                    } else if matches!(value, RawBsonRef::Document(_)) {
-                        template.extend_from_slice(whole);
+                        template.append(key, raised);
                     } else {
-                        // Not a document: the template carries `{}`, as an owned one does.
-                        push_document(&mut template, k, wc.as_bytes());
+                        template.append(key, wc);
                     }
                 }
                 _ => {
-                    let nested = matches!(
-                        element.element_type(),
-                        ElementType::EmbeddedDocument
-                            | ElementType::Array
-                            | ElementType::RegularExpression
-                            | ElementType::JavaScriptCodeWithScope
-                    );
-                    if nested && changes_when_owned(element.value().ok()?) {
+                    if changes_when_owned(value) {
                         return None;
                     }
-                    template.extend_from_slice(whole);
+                    template.append(key, value);
                 }
             }
         }
-        template.push(0);
-        let len = i32::try_from(template.len()).ok()?;
-        template[..4].copy_from_slice(&len.to_le_bytes());
-        let template = RawDocumentBuf::from_bytes(template).ok()?;
         Some(WriteOptions {
             ordered,
             retryable: lsid && txn_number,
@@ -348,14 +320,6 @@ impl WriteOptions {
             template,
         })
     }
-}
-
-/// Appends the element `name: <the document encoded as doc>` to an encoded document's elements.
-fn push_document(out: &mut Vec<u8>, name: &str, doc: &[u8]) {
-    out.push(0x03);
-    out.extend_from_slice(name.as_bytes());
-    out.push(0);
-    out.extend_from_slice(doc);
 }
 
 /// Whether converting `value` to an owned value and encoding it again would give other bytes:
