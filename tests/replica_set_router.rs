@@ -809,12 +809,10 @@ async fn write_concern_majority_waits_for_a_majority_and_wtimeout_reports_64() {
     c.stop().await;
 }
 
-/// A `bulkWrite` whose shard reply continues behind a cursor (the shards here put two items
-/// in a first batch, as mongod does past its reply limit): the router's `getMore`s go to the
-/// member that opened the cursor even when it stepped down right after answering, so the
-/// client gets every item.
-#[tokio::test]
-async fn a_bulk_write_cursor_is_read_from_the_member_that_opened_it() {
+/// Two sets whose `bulkWrite` replies put two items in their first batch (as mongod does past
+/// its reply limit), with `test.u` (unsharded) created: the cluster, a client, and the index
+/// of the set holding `test.u` (the database's primary shard).
+async fn bulk_write_cursor_cluster() -> (Cluster, mongodb::Client, usize) {
     let sets = vec![
         start_set_with("rs0", Some(2)).await,
         start_set_with("rs1", Some(2)).await,
@@ -827,12 +825,22 @@ async fn a_bulk_write_cursor_is_read_from_the_member_that_opened_it() {
         .insert_one(doc! {"_id": "warm"})
         .await
         .unwrap();
-    // The unsharded collection's shard: the one holding it.
-    let s = c
+    let k = c
         .sets
         .iter()
-        .find(|s| s.documents("test", "u").len() == 1)
+        .position(|s| s.documents("test", "u").len() == 1)
         .expect("the database's primary shard");
+    (c, client, k)
+}
+
+/// A `bulkWrite` whose shard reply continues behind a cursor (the shards here put two items
+/// in a first batch, as mongod does past its reply limit): the router's `getMore`s go to the
+/// member that opened the cursor even when it stepped down right after answering, so the
+/// client gets every item.
+#[tokio::test]
+async fn a_bulk_write_cursor_is_read_from_the_member_that_opened_it() {
+    let (c, client, k) = bulk_write_cursor_cluster().await;
+    let s = &c.sets[k];
     let p = s.primary().unwrap();
     s.after_next_write(p, AfterWrite::StepDownAfterReply);
     let ops: Vec<Document> = (0..6)
@@ -869,23 +877,8 @@ async fn a_bulk_write_cursor_is_read_from_the_member_that_opened_it() {
 /// An ordered bulk reports the error at its first unreported operation and stops there.
 #[tokio::test]
 async fn a_bulk_write_whose_cursor_cannot_be_read_reports_the_lost_results_as_errors() {
-    let sets = vec![
-        start_set_with("rs0", Some(2)).await,
-        start_set_with("rs1", Some(2)).await,
-    ];
-    let c = Cluster::start_on(sets, Policy::RetrySafe).await;
-    let client = c.client("").await;
-    client
-        .database("test")
-        .collection::<Document>("u")
-        .insert_one(doc! {"_id": "warm"})
-        .await
-        .unwrap();
-    let s = c
-        .sets
-        .iter()
-        .find(|s| s.documents("test", "u").len() == 1)
-        .expect("the database's primary shard");
+    let (c, client, k) = bulk_write_cursor_cluster().await;
+    let s = &c.sets[k];
     let p = s.primary().unwrap();
     let member = common::direct(s.hosts()[p].parse().expect("member address")).await;
     member

@@ -823,3 +823,94 @@ async fn custom_roles_in_static_mode_are_kept_in_the_roles_file() {
     }
     c.stop().await;
 }
+
+/// `authenticationRestrictions` are enforced at authentication, as on mongod: a user whose own
+/// restrictions, or whose roles' restrictions, this connection's client or server address
+/// does not meet cannot authenticate (18, the reason kept from the client); one whose
+/// restrictions are met can; a user given restrictions it no longer meets is logged out.
+#[tokio::test]
+async fn authentication_restrictions_decide_who_may_authenticate_from_where() {
+    let users = users_file("restrictions");
+    let roles = users.with_file_name("roles.json");
+    let mut config = Config::default();
+    config.security.users_file = Some(users.display().to_string());
+    config.security.roles_file = Some(roles.display().to_string());
+    config.security.authorization = Authorization::Enabled;
+    let c = TestCluster::start_with(1, &[], config).await;
+    let alice = client(c.addr(), "alice:secret", "").await;
+    let admin = alice.database("admin");
+    let read = doc! {"role": "read", "db": "test"};
+    for (user, restrictions) in [
+        (
+            "here",
+            vec![doc! {"clientSource": ["127.0.0.0/8"], "serverAddress": ["127.0.0.1"]}],
+        ),
+        (
+            "either",
+            vec![
+                doc! {"clientSource": ["10.0.0.0/8"]},
+                doc! {"clientSource": ["127.0.0.1"]},
+            ],
+        ),
+        ("away", vec![doc! {"clientSource": ["10.0.0.0/8"]}]),
+        ("otherserver", vec![doc! {"serverAddress": ["127.0.0.2"]}]),
+        ("unrestricted", vec![]),
+    ] {
+        admin
+            .run_command(doc! {"createUser": user, "pwd": "pw", "roles": [read.clone()], "authenticationRestrictions": restrictions})
+            .await
+            .unwrap();
+    }
+    admin
+        .run_command(doc! {"createRole": "remoteOnly", "privileges": [], "roles": [read.clone()], "authenticationRestrictions": [{"clientSource": ["10.0.0.0/8"]}]})
+        .await
+        .unwrap();
+    admin
+        .run_command(
+            doc! {"createRole": "inheritsRemoteOnly", "privileges": [], "roles": ["remoteOnly"]},
+        )
+        .await
+        .unwrap();
+    admin
+        .run_command(doc! {"createUser": "viarole", "pwd": "pw", "roles": ["inheritsRemoteOnly"]})
+        .await
+        .unwrap();
+
+    let ping = |user: &'static str| {
+        let addr = c.addr();
+        async move {
+            client(addr, &format!("{user}:pw"), "")
+                .await
+                .database("admin")
+                .run_command(doc! {"ping": 1})
+                .await
+        }
+    };
+    for user in ["here", "either", "unrestricted"] {
+        ping(user).await.unwrap_or_else(|e| panic!("{user}: {e}"));
+    }
+    for user in ["away", "otherserver", "viarole"] {
+        let e = ping(user).await.unwrap_err();
+        let text = format!("{e}");
+        assert!(
+            text.contains("Authentication failed") && text.contains("18"),
+            "{user}: {text}"
+        );
+        assert!(
+            !text.contains("restriction"),
+            "the reason stays in the log: {text}"
+        );
+    }
+
+    // Restrictions added to a user this connection does not meet log it out.
+    let here = client(c.addr(), "here:pw", "").await;
+    let coll = here.database("test").collection::<Document>("c");
+    coll.count_documents(doc! {}).await.unwrap();
+    admin
+        .run_command(doc! {"updateUser": "here", "authenticationRestrictions": [{"clientSource": ["10.0.0.0/8"]}]})
+        .await
+        .unwrap();
+    let e = coll.count_documents(doc! {}).await.unwrap_err();
+    assert_eq!(command_error(&e).0, 13, "{e}");
+    c.stop().await;
+}

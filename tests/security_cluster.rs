@@ -437,10 +437,11 @@ async fn a_users_file_given_to_the_cluster_layout_is_the_config_servers() {
     c.shutdown().await;
 }
 
-/// `invalidateUserCache` makes a router read the config server's users at once (mongos's
-/// command), whatever its period.
+/// A router reads a user it does not hold from the config server when a client authenticates
+/// as it (mongos fetches a user missing from its cache), and keeps a user it holds until its
+/// period or `invalidateUserCache` (mongos's command) makes it read the users again.
 #[tokio::test]
-async fn invalidate_user_cache_reads_the_config_servers_users_at_once() {
+async fn routers_fetch_unknown_users_at_once_and_reread_known_ones_on_invalidate_user_cache() {
     let c = cluster_reading_users_every(3600).await;
     let (a, b) = (router(&c, 0), router(&c, 1));
     let first = doc! {"createUser": "admin", "pwd": "adminpw", "roles": ["root"]};
@@ -450,9 +451,10 @@ async fn invalidate_user_cache_reads_the_config_servers_users_at_once() {
         .run_command(first.clone())
         .await
         .expect("the first user, through A");
-    // B read the config server when it started, before the user existed, and does not know
-    // the user; its localhost exception asks the config server, which holds a user now.
-    assert!(!authenticates(b, "admin", "adminpw", "admin").await);
+    // B read the config server when it started, before the user existed: it fetches the user
+    // when a client authenticates as it.
+    assert!(authenticates(b, "admin", "adminpw", "admin").await);
+    // Its localhost exception asks the config server, which holds a user now.
     let e = client(b, "", "admin")
         .await
         .database("admin")
@@ -460,21 +462,28 @@ async fn invalidate_user_cache_reads_the_config_servers_users_at_once() {
         .await
         .unwrap_err();
     assert_eq!(code(&e), 13, "B's localhost exception is closed: {e}");
-    // That check read the users: B knows the first one now.
-    assert!(authenticates(b, "admin", "adminpw", "admin").await);
     let root_a = client(a, "admin:adminpw@", "admin").await;
     root_a
         .database("test")
         .run_command(doc! {"createUser": "carl", "pwd": "carlpw", "roles": ["read"]})
         .await
         .unwrap();
-    assert!(!authenticates(b, "carl", "carlpw", "test").await);
+    assert!(authenticates(b, "carl", "carlpw", "test").await);
+    // A user B holds is used as held: a new password set through A is not B's yet.
+    root_a
+        .database("test")
+        .run_command(doc! {"updateUser": "carl", "pwd": "carlpw2"})
+        .await
+        .unwrap();
+    assert!(authenticates(b, "carl", "carlpw", "test").await);
+    assert!(!authenticates(b, "carl", "carlpw2", "test").await);
     client(b, "admin:adminpw@", "admin")
         .await
         .database("admin")
         .run_command(doc! {"invalidateUserCache": 1})
         .await
         .expect("invalidateUserCache");
-    assert!(authenticates(b, "carl", "carlpw", "test").await);
+    assert!(authenticates(b, "carl", "carlpw2", "test").await);
+    assert!(!authenticates(b, "carl", "carlpw", "test").await);
     c.shutdown().await;
 }

@@ -9,7 +9,7 @@
 //!                  "SCRAM-SHA-256": { iterationCount: 15000, salt: "<28 B>", storedKey, serverKey } },
 //!   customData: { … },                      // only if given
 //!   roles: [ { role: "readWrite", db: "test" } ],
-//!   authenticationRestrictions: [ … ] }     // only if given; kept, not enforced
+//!   authenticationRestrictions: [ … ] }     // only if given; auth::restrictions
 //! ```
 //!
 //! `$external` users (X.509 subjects) have `credentials: {external: true}` and no password.
@@ -264,7 +264,8 @@ pub struct UserDocument {
     pub roles: Vec<RoleName>,
     /// `customData`, when given.
     pub custom_data: Option<Document>,
-    /// `authenticationRestrictions`, when given: kept and returned, not enforced.
+    /// `authenticationRestrictions`, when given (enforced at authentication,
+    /// [`crate::auth::restrictions`]).
     pub authentication_restrictions: Option<Vec<Bson>>,
 }
 
@@ -591,6 +592,14 @@ impl UsersFile {
     /// A user's principal, its roles resolved through the custom roles.
     pub fn principal(&self, user: &UserDocument) -> Result<Principal, RoleName> {
         user.principal_in(&self.roles)
+    }
+
+    /// The `authenticationRestrictions` a user must meet: its own and those of every custom
+    /// role it holds, directly or by inheritance.
+    pub fn restrictions(&self, user: &UserDocument) -> Vec<Vec<Bson>> {
+        let mut out: Vec<Vec<Bson>> = user.authentication_restrictions.iter().cloned().collect();
+        out.extend(self.roles.restrictions(&user.roles));
+        out
     }
 
     /// One user.

@@ -19,7 +19,8 @@ pub struct RoleDocument {
     pub roles: Vec<RoleName>,
     /// `privileges`: its own privileges.
     pub privileges: Vec<Privilege>,
-    /// `authenticationRestrictions`, when given: kept and returned, not enforced.
+    /// `authenticationRestrictions`, when given (enforced at authentication,
+    /// [`crate::auth::restrictions`]).
     pub authentication_restrictions: Option<Vec<Bson>>,
 }
 
@@ -234,6 +235,27 @@ impl RoleGraph {
             roles: seen,
             privileges,
         })
+    }
+
+    /// The `authenticationRestrictions` of every custom role `start` reaches, inherited ones
+    /// included: each must be met for a user holding `start` to authenticate.
+    pub fn restrictions(&self, start: &[RoleName]) -> Vec<Vec<Bson>> {
+        let mut seen: Vec<&RoleName> = Vec::new();
+        let mut queue: Vec<&RoleName> = start.iter().collect();
+        let mut out = Vec::new();
+        while let Some(role) = queue.pop() {
+            if seen.contains(&role) {
+                continue;
+            }
+            seen.push(role);
+            if let Some(custom) = self.find(role) {
+                if let Some(r) = &custom.authentication_restrictions {
+                    out.push(r.clone());
+                }
+                queue.extend(custom.roles.iter());
+            }
+        }
+        out
     }
 
     /// Whether `from` inherits `target`, directly or not (`from` itself excluded).

@@ -29,6 +29,7 @@ pub mod cursors;
 pub mod custom_roles;
 pub mod keyfile;
 pub mod render;
+pub mod restrictions;
 pub mod role_admin;
 pub mod roles;
 pub mod scram;

@@ -21,6 +21,7 @@
 
 use super::credentials::UserDocument;
 use super::keyfile::InternalCredentials;
+use super::restrictions::ConnectionAddresses;
 use super::roles::{Principal, RoleName};
 use super::scram::{
     server_nonce, ClientFirst, ScramError, ScramMechanism, ServerConversation, ServerStep,
@@ -42,6 +43,11 @@ pub trait UserLookup {
     /// knows custom roles); a role it cannot resolve is the error.
     fn principal(&self, user: &UserDocument) -> Result<Principal, RoleName> {
         user.principal()
+    }
+    /// The `authenticationRestrictions` the user must meet (its own, and its custom roles'
+    /// when the lookup knows custom roles).
+    fn restrictions(&self, user: &UserDocument) -> Vec<Vec<Bson>> {
+        user.authentication_restrictions.iter().cloned().collect()
     }
 }
 
@@ -86,6 +92,9 @@ pub struct AuthSession {
     /// authenticate by certificate (`clusterAuthMode` other than `keyFile`), `Some(false)`
     /// when they may not, `None` for any other certificate.
     peer_member: Option<bool>,
+    /// The connection's addresses, which `authenticationRestrictions` are checked against
+    /// (`None`: unknown, and a user with restrictions cannot authenticate).
+    addresses: Option<ConnectionAddresses>,
 }
 
 impl std::fmt::Debug for AuthSession {
@@ -159,6 +168,11 @@ impl AuthSession {
         self.peer_subject = subject;
     }
 
+    /// Records the connection's client and server addresses.
+    pub fn set_addresses(&mut self, addresses: ConnectionAddresses) {
+        self.addresses = Some(addresses);
+    }
+
     /// Records that the client certificate names a member of the cluster, and whether
     /// members may authenticate by certificate (see [`AuthSession::authenticate`]).
     pub fn set_peer_cluster_member(&mut self, accepted: Option<bool>) {
@@ -187,7 +201,21 @@ impl AuthSession {
         if self.principal.as_ref().map(|p| &p.user) != Some(name) {
             return;
         }
-        self.principal = user.and_then(|u| principal_of(u, users).ok());
+        // A user whose restrictions this connection no longer meets is logged out.
+        self.principal = user
+            .filter(|u| self.restrictions_met(u, users))
+            .and_then(|u| principal_of(u, users).ok());
+    }
+
+    /// Whether this connection meets the user's `authenticationRestrictions` and those of its
+    /// roles.
+    fn restrictions_met(&self, user: &UserDocument, users: &dyn UserLookup) -> bool {
+        users.restrictions(user).iter().all(|r| {
+            r.is_empty()
+                || self
+                    .addresses
+                    .is_some_and(|at| super::restrictions::met(r, at))
+        })
     }
 
     /// `saslStart` on `db`.
@@ -345,7 +373,22 @@ impl AuthSession {
             return Ok(Principal::internal());
         }
         match users.user(name) {
-            Some(u) => principal_of(&u, users),
+            Some(u) => {
+                let principal = principal_of(&u, users)?;
+                if !self.restrictions_met(&u, users) {
+                    return Err(AuthError::authentication_failed(format!(
+                        "Client {} does not meet the authentication restrictions of user \"{}\" \
+                         for db \"{}\"",
+                        self.addresses
+                            .map_or("at an unknown address".to_string(), |a| a
+                                .client
+                                .to_string()),
+                        name.user,
+                        name.db
+                    )));
+                }
+                Ok(principal)
+            }
             None => Err(AuthError::authentication_failed(format!(
                 "Could not find user \"{}\" for db \"{}\"",
                 name.user, name.db
@@ -442,6 +485,32 @@ impl AuthSession {
         self.pending = None;
         self.principal = None;
         Document::new()
+    }
+
+    /// The user an authentication request names before it runs: a `saslStart`'s SCRAM user
+    /// on `db`, or a `hello`'s `saslSupportedMechs` user or speculative `saslStart` user. A
+    /// server that reads its users from elsewhere fetches one it does not know yet. `None` for
+    /// any other request, or when the request cannot be read (running it says why).
+    pub fn named_user(command: &str, db: &str, body: &Document) -> Option<UserName> {
+        let sasl_start = |db: &str, body: &Document| {
+            let (payload, _) = read_payload(body, "saslStart").ok()?;
+            let first = ClientFirst::parse(&payload).ok()?;
+            Some(UserName::new(first.user(), db))
+        };
+        match command {
+            "saslStart" => sasl_start(db, body),
+            "hello" | "isMaster" | "ismaster" => {
+                if let Some(Bson::String(s)) = body.get("saslSupportedMechs") {
+                    return UserName::parse_db_dot_user(s).ok();
+                }
+                let spec = body.get_document("speculativeAuthenticate").ok()?;
+                if !spec.contains_key("saslStart") {
+                    return None;
+                }
+                sasl_start(spec.get_str("db").ok()?, spec)
+            }
+            _ => None,
+        }
     }
 
     /// `hello {saslSupportedMechs: "<db>.<user>"}`: the mechanisms of that user, `None` when

@@ -206,6 +206,9 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut auth = ConnectionAuth::default();
+    if let Ok(local) = socket.local_addr() {
+        auth.set_addresses(peer, local);
+    }
     let mut socket = tokio::select! {
         s = admit(socket, peer, &security, &mut auth) => match s {
             Some(s) => s,
@@ -687,6 +690,8 @@ async fn serve_request(
 ) -> Response {
     let conn = client.id;
     let peer = client.peer;
+    // A user an authentication request names that a `--configdb` router does not hold yet.
+    security.fetch_named_user(req).await;
     // Authorization and the authentication and user commands: answered before the service.
     if let Some(reply) = security.before(auth, state, (conn, &peer), req) {
         return Response::Reply(reply);

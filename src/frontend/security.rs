@@ -47,6 +47,9 @@ pub struct Security {
     store: OnceLock<UserStore>,
     /// How often users held by another server are read again.
     refresh_interval: Duration,
+    /// Held while a user an authentication request names is fetched from the config server,
+    /// so that such reads run one at a time.
+    on_demand: tokio::sync::Mutex<()>,
     /// Bumped on every change of the users, so connections re-read their user.
     generation: AtomicU64,
     internal: Option<InternalCredentials>,
@@ -141,6 +144,7 @@ impl Security {
             roles_path: sec.roles_file.as_ref().map(PathBuf::from),
             store: OnceLock::new(),
             refresh_interval: Duration::from_secs(refresh_secs),
+            on_demand: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
             internal,
             tls,
@@ -268,28 +272,8 @@ impl Security {
             return Ok(());
         };
         let (user_docs, role_docs) = remote.load().await?;
-        let roles = RoleGraph::from_roles(
-            role_docs
-                .iter()
-                .filter_map(|d| match RoleDocument::from_document(d) {
-                    Ok(r) => Some(r),
-                    Err(e) => {
-                        tracing::warn!(document = ?d.get("_id"), error = %e, "admin.system.roles document skipped");
-                        None
-                    }
-                })
-                .collect(),
-        );
-        let users: Vec<UserDocument> = user_docs
-            .iter()
-            .filter_map(|d| match UserDocument::from_document(d) {
-                Ok(u) => Some(u),
-                Err(e) => {
-                    tracing::warn!(document = ?d.get("_id"), error = %e, "admin.system.users document skipped");
-                    None
-                }
-            })
-            .collect();
+        let roles = role_graph_of(&role_docs);
+        let users = users_of(&user_docs);
         let fresh = UsersFile::from_parts(users, roles);
         let mut current = lock(&self.users);
         if *current != fresh {
@@ -297,6 +281,59 @@ impl Security {
             self.generation.fetch_add(1, Ordering::Release);
         }
         Ok(())
+    }
+
+    /// For a `--configdb` router: when an authentication request (`saslStart`, or a `hello`
+    /// naming a user for `saslSupportedMechs` or a speculative `saslStart`) names a user this
+    /// router has not read yet, reads the users from the config server before it runs, as
+    /// mongos fetches a user missing from its cache. A user it already holds is used as held
+    /// until the next periodic read or `invalidateUserCache`. Such reads run one at a time.
+    pub async fn fetch_named_user(&self, req: &CommandRequest) {
+        if self.remote().is_none()
+            || !matches!(
+                req.name.as_str(),
+                "saslStart" | "hello" | "isMaster" | "ismaster"
+            )
+        {
+            return;
+        }
+        let Some(name) = AuthSession::named_user(&req.name, &req.db, &req.body_document()) else {
+            return;
+        };
+        let known = |s: &Self| name.is_internal() || lock(&s.users).find(&name).is_some();
+        if known(self) {
+            return;
+        }
+        let _one_at_a_time = self.on_demand.lock().await;
+        if known(self) {
+            return;
+        }
+        if let Err(e) = self.fetch_user(&name).await {
+            tracing::warn!(user = %name, error = %e, "cannot read the users from the config server");
+        }
+    }
+
+    /// Adds the user `name` as the config server holds it now, when it exists there, leaving
+    /// every user already held as it is. When the user's roles do not all resolve here, the
+    /// roles are taken from the config server too (mongos resolves a user's roles when it
+    /// fetches the user).
+    async fn fetch_user(&self, name: &UserName) -> Result<(), String> {
+        let Some(remote) = self.remote() else {
+            return Ok(());
+        };
+        let (user_docs, role_docs) = remote.load().await?;
+        let Some(user) = users_of(&user_docs).into_iter().find(|u| u.name == *name) else {
+            return Ok(());
+        };
+        let mut current = lock(&self.users);
+        if current.find(name).is_some() {
+            return Ok(());
+        }
+        if current.principal(&user).is_err() {
+            *current = UsersFile::from_parts(current.users().to_vec(), role_graph_of(&role_docs));
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+        current.insert(user).map_err(|e| e.message)
     }
 
     /// For a `--configdb` router: runs an authorized user- or role-management command on the
@@ -434,6 +471,36 @@ async fn refresh_loop(security: Weak<Security>) {
     }
 }
 
+/// The users of a config server's `admin.system.users` documents; one that does not parse is
+/// left out and logged.
+fn users_of(docs: &[Document]) -> Vec<UserDocument> {
+    docs.iter()
+        .filter_map(|d| match UserDocument::from_document(d) {
+            Ok(u) => Some(u),
+            Err(e) => {
+                tracing::warn!(document = ?d.get("_id"), error = %e, "admin.system.users document skipped");
+                None
+            }
+        })
+        .collect()
+}
+
+/// The custom roles of a config server's `admin.system.roles` documents; one that does not
+/// parse is left out and logged.
+fn role_graph_of(docs: &[Document]) -> RoleGraph {
+    RoleGraph::from_roles(
+        docs.iter()
+            .filter_map(|d| match RoleDocument::from_document(d) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::warn!(document = ?d.get("_id"), error = %e, "admin.system.roles document skipped");
+                    None
+                }
+            })
+            .collect(),
+    )
+}
+
 impl UserLookup for Security {
     fn user(&self, name: &UserName) -> Option<UserDocument> {
         lock(&self.users).find(name).cloned()
@@ -443,6 +510,9 @@ impl UserLookup for Security {
     }
     fn principal(&self, user: &UserDocument) -> Result<Principal, RoleName> {
         lock(&self.users).principal(user)
+    }
+    fn restrictions(&self, user: &UserDocument) -> Vec<Vec<bson::Bson>> {
+        lock(&self.users).restrictions(user)
     }
 }
 
@@ -454,6 +524,15 @@ pub struct ConnectionAuth {
 }
 
 impl ConnectionAuth {
+    /// Records the connection's client and server addresses (for `authenticationRestrictions`).
+    pub fn set_addresses(&mut self, client: std::net::SocketAddr, server: std::net::SocketAddr) {
+        self.session
+            .set_addresses(crate::auth::restrictions::ConnectionAddresses {
+                client: client.ip(),
+                server: server.ip(),
+            });
+    }
+
     /// Records the verified client certificate's subject, and whether it names a member of
     /// the cluster (the `O`, `OU` and `DC` of this server's own certificate).
     pub fn set_peer(&mut self, security: &Security, subject: &crate::auth::x509::X509Name) {
