@@ -54,6 +54,12 @@ pub enum Resend {
     /// A read (`find`, `aggregate`, `count`, …): sent again to a newly selected member after
     /// the same failures, up to [`MAX_RESENDS`] times.
     Read,
+    /// A command that writes no user documents (DDL such as `dropDatabase` or `create`,
+    /// administration): sent again to the new primary after a member refused it as not
+    /// primary (NotWritablePrimary 10107, NotPrimaryNoSecondaryOk 13435), which it does before
+    /// running it, up to [`MAX_RESENDS`] times, as mongos retries such commands on a shard's
+    /// new primary. Otherwise as [`Resend::Never`].
+    IfRefusedAsNotPrimary,
     /// Anything else (a write without a session number, a transaction's statement): sent
     /// again only when it never left Sluice (no connection could be made).
     Never,
@@ -433,6 +439,15 @@ impl Shard {
                                 }
                             }
                     }
+                    Resend::IfRefusedAsNotPrimary => {
+                        resends < MAX_RESENDS
+                            && matches!(
+                                failure,
+                                BatchFailure::Command(c)
+                                    if c == crate::value::error_codes::ErrorCode::NotWritablePrimary.0
+                                        || c == crate::value::error_codes::ErrorCode::NotPrimaryNoSecondaryOk.0
+                            )
+                    }
                     Resend::Never => false,
                 }
             };
@@ -494,17 +509,31 @@ impl Shard {
         let raw = RawDocument::from_bytes(&bytes)
             .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))?;
         let need = need_of(raw).map_err(|e| BackendError::NoMember(e.code, e.message))?;
+        let session = batch_session(raw);
         let resend = if matches!(need, Need::Read(_)) {
             Resend::Read
-        } else if batch_session(raw).is_retryable_write() {
+        } else if session.is_retryable_write() {
             Resend::RetryableWrite
-        } else {
+        } else if session.in_transaction || writes_documents(body.keys().next()) {
             Resend::Never
+        } else {
+            Resend::IfRefusedAsNotPrimary
         };
         self.send(&frame, id, &need, None, resend)
             .await
             .map(|(r, _)| r.to_document())
     }
+}
+
+/// Whether a command named `name` writes user documents (its statements are not resent
+/// without a session number, as mongos does not).
+pub fn writes_documents(name: Option<&String>) -> bool {
+    name.is_some_and(|n| {
+        matches!(
+            n.as_str(),
+            "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "bulkWrite"
+        )
+    })
 }
 
 /// A failure as the monitor is told it.

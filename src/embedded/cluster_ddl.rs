@@ -28,7 +28,7 @@ use crate::value::field::{number_field, truthy};
 
 use super::configsvr::object_field;
 use super::filtering::engine_error;
-use super::migration::{first_host, now_secs, Donor};
+use super::migration::{now_secs, Donor};
 
 /// The commands of this module.
 pub const COMMANDS: &[&str] = &[
@@ -102,7 +102,7 @@ async fn shard_entries(d: &Donor) -> Result<Vec<(String, String, bool)>, EngineE
         .map_err(engine_error)?;
     let mut out: Vec<(String, String, bool)> = registry
         .shards()
-        .map(|s| (s.id.clone(), first_host(&s.host).to_string(), s.draining))
+        .map(|s| (s.id.clone(), s.host.clone(), s.draining))
         .collect();
     out.sort();
     Ok(out)

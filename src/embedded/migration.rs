@@ -181,10 +181,15 @@ fn driver_error(host: &str, e: mongodb::error::Error) -> EngineError {
     }
 }
 
-/// The first `host:port` of a `config.shards` `host` (`"rs/h1:p,h2:p"` or `"h:p"`).
-pub(super) fn first_host(host: &str) -> &str {
-    let hosts = host.split_once('/').map_or(host, |(_, h)| h);
-    hosts.split(',').next().unwrap_or(hosts)
+/// The connection string of a `config.shards` `host`: a replica set's (`"rs/h1:p,h2:p"`)
+/// names the set, so commands go to its current primary, as a mongod shard's commands to
+/// another shard do; a single server's (`"h:p"`) connects to it directly.
+fn peer_uri(host: &str) -> String {
+    const OPTIONS: &str = "serverSelectionTimeoutMS=10000&appName=sluice-migration";
+    match host.split_once('/') {
+        Some((set, hosts)) => format!("mongodb://{hosts}/?replicaSet={set}&{OPTIONS}"),
+        None => format!("mongodb://{host}/?directConnection=true&{OPTIONS}"),
+    }
 }
 
 impl Migrations {
@@ -241,10 +246,7 @@ impl Migrations {
         let client = match cached {
             Some(c) => c,
             None => {
-                let uri = format!(
-                    "mongodb://{host}/?directConnection=true&serverSelectionTimeoutMS=10000&appName=sluice-migration"
-                );
-                let c = mongodb::Client::with_uri_str(&uri)
+                let c = mongodb::Client::with_uri_str(peer_uri(host))
                     .await
                     .map_err(|e| driver_error(host, e))?;
                 lock(&self.peers).insert(host.to_string(), c.clone());
@@ -338,7 +340,7 @@ async fn donate(
         .shard(&to)
         .await
         .map_err(super::filtering::engine_error)?;
-    let host = first_host(&recipient.host).to_string();
+    let host = recipient.host.clone();
     let session = ObjectId::new().to_hex();
     d.migrations
         .run_on(
@@ -709,7 +711,7 @@ impl Migrations {
                 .iter()
                 .find(|s| s.get_str("_id").ok() == Some(from.as_str()))
                 .and_then(|s| s.get_str("host").ok())
-                .map(|h| first_host(h).to_string())
+                .map(str::to_string)
                 .ok_or_else(|| {
                     EngineError::new(ErrorCode::ShardNotFound, format!("Shard {from} not found"))
                 })?;

@@ -885,8 +885,12 @@ pub(super) async fn forward_with(
         Resend::RetryableWrite
     } else if matches!(need, Need::Read(_)) || is_idempotent_read(&req.name) {
         Resend::Read
-    } else {
+    } else if crate::backend::shard::writes_documents(Some(&req.name))
+        || crate::backend::shard::batch_session(raw).in_transaction
+    {
         Resend::Never
+    } else {
+        Resend::IfRefusedAsNotPrimary
     };
     let deadline = match raw.get("maxTimeMS") {
         Ok(Some(RawBsonRef::Int32(m))) if m > 0 => Some(i64::from(m)),
