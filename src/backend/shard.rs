@@ -462,13 +462,15 @@ impl Shard {
                 }
                 Err(e) => return Err(e),
             };
-            let member = HostAddr::parse(conn.addr()).ok();
+            // The member is read from the address only when a failure is reported to the
+            // monitor: a reply without one (the hot path) needs no parse.
             match conn.request(frame, id).await {
                 Ok(reply) => {
                     let Some((failure, code, tv)) = reply_failure(&reply) else {
                         return Ok((reply, conn.addr().to_string()));
                     };
                     let addr = conn.addr().to_string();
+                    let member = HostAddr::parse(&addr).ok();
                     let stale = conn.is_stale();
                     drop(conn);
                     if let Some(m) = &member {
@@ -480,6 +482,7 @@ impl Shard {
                     tracing::debug!(shard = %self.id, code, "resending after a retriable error");
                 }
                 Err(e) => {
+                    let member = HostAddr::parse(conn.addr()).ok();
                     let stale = conn.is_stale();
                     drop(conn);
                     if let Some(m) = &member {

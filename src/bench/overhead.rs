@@ -171,8 +171,17 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
         }
     };
     check_valgrind().await?;
+    // The instruction counts alone (no throughput lanes): what a change to the hot path is
+    // judged by, in a fraction of the time.
+    let cpu_only = std::env::var_os("SLUICE_BENCH_CPU_ONLY").is_some();
     let pin = pinning_available().await;
-    let modes: Vec<bool> = if pin { vec![false, true] } else { vec![false] };
+    let modes: Vec<bool> = if cpu_only {
+        Vec::new()
+    } else if pin {
+        vec![false, true]
+    } else {
+        vec![false]
+    };
     let loads_per_mode = s.rounds * s.clients.len() * 2 * 3;
     let mut progress = Progress::new("overhead", modes.len() * (loads_per_mode + 1) + 8);
     let mut lanes = Vec::new();

@@ -240,13 +240,15 @@ impl CommandRequest {
     /// (`documents`, `updates`, `deletes`): the command's options. Converting a 1,000-statement
     /// body costs more than routing its statements, and the options are all the write path
     /// reads from it; the statements are read raw by [`CommandRequest::statement_bytes`].
+    /// The client's `$clusterTime` is left out too: it is gossip that no handler reads (every
+    /// reply carries the router's own), and the largest of the generic fields to convert.
     pub fn options_document(&self) -> Document {
         let skip: &[&str] = match WriteKind::from_command(&self.name) {
-            Some(WriteKind::Insert) => &["documents"],
-            Some(WriteKind::Update) => &["updates"],
-            Some(WriteKind::Delete) => &["deletes"],
-            None if self.name == "bulkWrite" => &["ops", "nsInfo"],
-            None => return self.body_document(),
+            Some(WriteKind::Insert) => &["documents", "$clusterTime"],
+            Some(WriteKind::Update) => &["updates", "$clusterTime"],
+            Some(WriteKind::Delete) => &["deletes", "$clusterTime"],
+            None if self.name == "bulkWrite" => &["ops", "nsInfo", "$clusterTime"],
+            None => &["$clusterTime"],
         };
         let mut d = Document::new();
         for (k, v) in self.body.raw().iter().flatten() {
@@ -563,7 +565,39 @@ pub fn max_time(body: &bson::RawDocument) -> Result<Option<std::time::Duration>,
 /// bytes) as mongod's session parser requires, so no client can make a server keep a large
 /// key per session.
 pub fn session_id(lsid: &Document) -> Result<[u8; 16], CommandError> {
-    match lsid.get("id") {
+    session_key(lsid.get("id"))
+}
+
+/// [`session_id`] of an `lsid` read in place (the request's own bytes): the same checks and
+/// errors, on the last `id` field as an owned document would keep it, without building one.
+pub fn raw_session_id(lsid: &bson::RawDocument) -> Result<[u8; 16], CommandError> {
+    let mut id = None;
+    for item in lsid.iter() {
+        let (k, v) = item.map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?;
+        if k.as_str() == "id" {
+            id = Some(v);
+        }
+    }
+    match id {
+        Some(bson::RawBsonRef::Binary(b))
+            if b.subtype == bson::spec::BinarySubtype::Uuid && b.bytes.len() == 16 =>
+        {
+            let mut key = [0u8; 16];
+            key.copy_from_slice(b.bytes);
+            Ok(key)
+        }
+        Some(v) => {
+            let v = Bson::try_from(v)
+                .map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?;
+            session_key(Some(&v))
+        }
+        None => session_key(None),
+    }
+}
+
+/// The checks of [`session_id`] on the `lsid.id` value.
+fn session_key(id: Option<&Bson>) -> Result<[u8; 16], CommandError> {
+    match id {
         Some(Bson::Binary(b)) if b.subtype == bson::spec::BinarySubtype::Uuid => {
             b.bytes.as_slice().try_into().map_err(|_| {
                 CommandError::new(

@@ -26,7 +26,7 @@ use bson::{doc, Document};
 use crate::backend::PoolOptions;
 use crate::cluster::Cluster;
 use crate::command::{
-    hello, max_time, server_info, session_id, ClientState, CommandError, CommandRequest,
+    hello, max_time, raw_session_id, server_info, ClientState, CommandError, CommandRequest,
     ServerState,
 };
 use crate::config::Config;
@@ -297,11 +297,7 @@ fn check_envelope(req: &CommandRequest) -> Result<Option<[u8; 16]>, CommandError
     }
     match req.body.raw().get("lsid") {
         Ok(None) => Ok(None),
-        Ok(Some(bson::RawBsonRef::Document(lsid))) => {
-            let lsid = Document::try_from(lsid)
-                .map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?;
-            session_id(&lsid).map(Some)
-        }
+        Ok(Some(bson::RawBsonRef::Document(lsid))) => raw_session_id(lsid).map(Some),
         Ok(Some(_)) | Err(_) => Err(CommandError::new(
             ErrorCode::TypeMismatch,
             "BSON field 'OperationSessionInfo.lsid' is the wrong type, expected type 'object'",

@@ -178,7 +178,19 @@ async fn route_once(
             "compact not allowed through mongos",
         ));
     }
-    let body = req.options_document();
+    // A write is read in place ([`crate::write::WriteOptions::from_raw`]): no owned options
+    // document is built for it, and `body` stays empty on that path, where only the
+    // transaction branch below reads options (and builds them itself).
+    let write_options = match how {
+        Forwarded::Write(kind) => {
+            crate::write::WriteOptions::from_raw(req.body.raw(), kind.statements_field())
+        }
+        _ => None,
+    };
+    let body = match write_options {
+        Some(_) => Document::new(),
+        None => req.options_document(),
+    };
     if let Some(c) = req.collection() {
         // Checked before anything is looked up, cached or recorded.
         crate::limits::check_namespace(&req.db, c)
@@ -191,7 +203,15 @@ async fn route_once(
     if let Some(snap) = &snapshot {
         sharded.know_shards_of(snap).await?;
     }
-    if in_transaction(&body) || how == Forwarded::EndTransaction {
+    let transactional = match &write_options {
+        Some(o) => o.in_transaction,
+        None => in_transaction(&body),
+    };
+    if transactional || how == Forwarded::EndTransaction {
+        let body = match write_options {
+            Some(_) => req.options_document(),
+            None => body,
+        };
         return transaction(cluster, store, how, req, &body, snapshot.as_deref())
             .await
             .map(Reply::from);
@@ -203,13 +223,17 @@ async fn route_once(
         };
         match how {
             Forwarded::Write(kind) => {
+                let options = match write_options {
+                    Some(o) => o,
+                    None => crate::write::WriteOptions::from_document(&body)?,
+                };
                 let mut reply = crate::write::execute(
                     cluster,
                     sharded.coalescer(),
                     &sharded.writes,
                     policy,
                     req,
-                    &body,
+                    options,
                     kind,
                     snap,
                 )

@@ -77,6 +77,26 @@ impl RoutingSnapshot {
             "v": self.chunks.shard_version(shard).timestamp(),
         }
     }
+
+    /// [`RoutingSnapshot::shard_version`] encoded, written with its fixed layout (every child
+    /// batch to a shard server carries one, so no document is built for it).
+    pub fn shard_version_bytes(&self, shard: &str) -> bson::RawDocumentBuf {
+        const LEN: usize = 4 + (3 + 12) + (3 + 8) + (3 + 8) + 1;
+        let v = self.chunks.shard_version(shard).timestamp();
+        let mut b = Vec::with_capacity(LEN);
+        b.extend_from_slice(&(LEN as i32).to_le_bytes());
+        b.extend_from_slice(b"\x07e\0");
+        b.extend_from_slice(&self.epoch.bytes());
+        for (name, t) in [(b"\x11t\0", self.timestamp), (b"\x11v\0", v)] {
+            b.extend_from_slice(name);
+            b.extend_from_slice(&t.increment.to_le_bytes());
+            b.extend_from_slice(&t.time.to_le_bytes());
+        }
+        b.push(0);
+        // The layout above is a well-formed document by construction; the check is on its
+        // length and terminator only.
+        bson::RawDocumentBuf::from_bytes(b).unwrap_or_default()
+    }
 }
 
 /// How the routing table fills a miss: the routing state of a namespace, or `None` when it is
@@ -249,5 +269,27 @@ impl RoutingTable {
     /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fixed_shard_version_layout_is_the_document_encoded() {
+        let pattern = ShardKeyPattern::parse(&doc! {"_id": "hashed"}).expect("a key pattern");
+        let mut snap = RoutingSnapshot::initial("d.c", pattern, 3).expect("a snapshot");
+        snap.timestamp = Timestamp {
+            time: 1_764_000_000,
+            increment: 0xfedc_ba98,
+        };
+        for shard in ["shard0", "shard1", "shard2", "not-a-shard"] {
+            assert_eq!(
+                snap.shard_version_bytes(shard).as_bytes(),
+                snap.shard_version(shard).to_vec().expect("encodes"),
+                "{shard}"
+            );
+        }
     }
 }

@@ -86,19 +86,13 @@ impl Reply {
                 d.insert("operationTime", t);
             }
             Reply::Raw(r) => {
-                let mut signature = RawDocumentBuf::new();
-                signature.append(
-                    bson::raw::cstr!("hash"),
-                    bson::RawBinaryRef {
-                        subtype: bson::spec::BinarySubtype::Generic,
-                        bytes: &ZERO_SIGNATURE,
-                    },
-                );
-                signature.append(bson::raw::cstr!("keyId"), 0i64);
-                let mut ct = RawDocumentBuf::new();
-                ct.append(bson::raw::cstr!("clusterTime"), t);
-                ct.append(bson::raw::cstr!("signature"), signature);
-                r.append(bson::raw::cstr!("$clusterTime"), ct);
+                let ct = cluster_time_bytes(t);
+                match bson::RawDocument::from_bytes(&ct) {
+                    Ok(ct) => r.append(bson::raw::cstr!("$clusterTime"), ct),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot append $clusterTime to a raw reply")
+                    }
+                }
                 r.append(bson::raw::cstr!("operationTime"), t);
             }
         }
@@ -119,6 +113,38 @@ impl Reply {
             Reply::Raw(r) => Document::try_from(r.as_ref()).unwrap_or_default(),
         }
     }
+}
+
+/// Bytes of an encoded `$clusterTime` value (see [`cluster_time_bytes`]).
+const CLUSTER_TIME_LEN: usize = 88;
+
+/// [`cluster_time_document`] encoded, written with its fixed layout (every reply carries one,
+/// so no document is built for it):
+/// `{clusterTime: Timestamp, signature: {hash: BinData(0, 20 zero bytes), keyId: Int64(0)}}`.
+pub fn cluster_time_bytes(t: Timestamp) -> [u8; CLUSTER_TIME_LEN] {
+    let mut b = [0u8; CLUSTER_TIME_LEN];
+    let mut at = 0;
+    let mut put = |bytes: &[u8]| {
+        b[at..at + bytes.len()].copy_from_slice(bytes);
+        at += bytes.len();
+    };
+    put(&(CLUSTER_TIME_LEN as i32).to_le_bytes());
+    put(b"\x11clusterTime\0");
+    put(&t.increment.to_le_bytes());
+    put(&t.time.to_le_bytes());
+    put(b"\x03signature\0");
+    // The signature: 4 + (1 + 5 + 4 + 1 + 20) + (1 + 6 + 8) + 1 bytes.
+    put(&51i32.to_le_bytes());
+    put(b"\x05hash\0");
+    put(&(ZERO_SIGNATURE.len() as i32).to_le_bytes());
+    put(&[0]);
+    put(&ZERO_SIGNATURE);
+    put(b"\x12keyId\0");
+    put(&0i64.to_le_bytes());
+    put(&[0]);
+    put(&[0]);
+    debug_assert_eq!(at, CLUSTER_TIME_LEN);
+    b
 }
 
 /// `{clusterTime: t, signature: {hash: BinData(0, 20 zero bytes), keyId: 0}}`.
@@ -164,5 +190,29 @@ mod tests {
             d.into_bytes().expect("encodes"),
             r.into_bytes().expect("encodes")
         );
+    }
+
+    #[test]
+    fn the_fixed_cluster_time_layout_is_the_document_encoded() {
+        for t in [
+            Timestamp {
+                time: 0,
+                increment: 0,
+            },
+            Timestamp {
+                time: 1_764_000_000,
+                increment: 0xfedc_ba98,
+            },
+            Timestamp {
+                time: u32::MAX,
+                increment: 1,
+            },
+        ] {
+            let bytes = cluster_time_bytes(t);
+            assert_eq!(
+                bytes.to_vec(),
+                cluster_time_document(t).to_vec().expect("encodes")
+            );
+        }
     }
 }

@@ -373,6 +373,15 @@ impl Run<'_> {
             client_id: vec![false],
             parsed: vec![stmt],
         };
+        let template = match bson::RawDocumentBuf::try_from(&template) {
+            Ok(t) => t,
+            Err(e) => {
+                return (
+                    failed_item(i, kind, ErrorCode::InternalError, &e.to_string()),
+                    None,
+                )
+            }
+        };
         let sender = ClusterSender {
             cluster: self.cluster,
             coalescer: None,

@@ -67,12 +67,24 @@ impl std::fmt::Debug for Coalescer {
 
 /// What must agree for two child batches to be merged.
 fn key(shard: &str, child: &ChildSpec<'_>) -> Vec<u8> {
-    let mut t = child.template.clone();
-    for f in ["ordered", "maxTimeMS", "comment", "$db"] {
-        t.remove(f);
+    let mut t = bson::RawDocumentBuf::new();
+    for (k, v) in child.template.iter().flatten() {
+        if !["ordered", "maxTimeMS", "comment", "$db"].contains(&k.as_str()) {
+            t.append(k, v);
+        }
     }
-    let d = doc! {"shard": shard, "ns": child.ns, "options": t, "version": child.version.clone().map(Bson::Document).unwrap_or(Bson::Null)};
-    d.to_vec().unwrap_or_default()
+    // Shard and namespace hold no NUL; the options and the version are length-prefixed.
+    let mut key = Vec::with_capacity(shard.len() + child.ns.len() + t.as_bytes().len() + 32);
+    key.extend_from_slice(shard.as_bytes());
+    key.push(0);
+    key.extend_from_slice(child.ns.as_bytes());
+    key.push(0);
+    key.extend_from_slice(t.as_bytes());
+    match &child.version {
+        Some(v) => key.extend_from_slice(v.as_bytes()),
+        None => key.push(0),
+    }
+    key
 }
 
 /// The part of a merged reply that belongs to statements `offset..offset + len`.

@@ -18,7 +18,7 @@ pub mod target;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use bson::{doc, oid::ObjectId, Bson, Document, RawDocument};
+use bson::{doc, oid::ObjectId, Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 use bytes::Bytes;
 
 use crate::backend::limiter::{OpKind, Outcome};
@@ -170,25 +170,198 @@ fn child_template(options: &Document) -> Document {
     t
 }
 
+/// What the write path reads from a write command besides its statements: read once, and the
+/// child batches' template already encoded.
+#[derive(Debug, Clone)]
+pub struct WriteOptions {
+    /// The client's `ordered` (default true).
+    pub ordered: bool,
+    /// The request carries `lsid` and `txnNumber`.
+    pub retryable: bool,
+    /// `startTransaction` (truthy) or `autocommit: false`: a statement of a transaction.
+    pub in_transaction: bool,
+    /// The client's `stmtIds`.
+    pub client_stmt_ids: Option<Vec<i32>>,
+    /// The client's `maxTimeMS`, when positive.
+    pub max_time: Option<std::time::Duration>,
+    /// [`child_template`], encoded.
+    pub template: RawDocumentBuf,
+}
+
+impl WriteOptions {
+    /// From the command's options as a document ([`CommandRequest::options_document`]).
+    pub fn from_document(body: &Document) -> Result<Self, CommandError> {
+        let template = RawDocumentBuf::try_from(&child_template(body)).map_err(|e| {
+            CommandError::new(
+                ErrorCode::InternalError,
+                format!("cannot encode child batch: {e}"),
+            )
+        })?;
+        Ok(WriteOptions {
+            ordered: body.get("ordered").map(truthy).unwrap_or(true),
+            retryable: body.contains_key("lsid") && body.contains_key("txnNumber"),
+            in_transaction: body.get("startTransaction").is_some_and(truthy)
+                || matches!(body.get("autocommit"), Some(Bson::Boolean(false))),
+            client_stmt_ids: body.get_array("stmtIds").ok().map(|ids| {
+                ids.iter()
+                    .map(|v| match v {
+                        Bson::Int32(i) => *i,
+                        Bson::Int64(i) => *i as i32,
+                        _ => 0,
+                    })
+                    .collect()
+            }),
+            max_time: number_field(body, "maxTimeMS")
+                .filter(|m| *m > 0)
+                .map(|m| std::time::Duration::from_millis(m as u64)),
+            template,
+        })
+    }
+
+    /// The same, read from the request body in place (`statements`: the field that holds the
+    /// statements), with no owned document built: the template is the body's own elements
+    /// copied. `None` when a field name repeats in the body, or a value the template carries
+    /// would change by being owned ([`changes_when_owned`]): such a body goes through
+    /// [`WriteOptions::from_document`], to be read exactly as before.
+    pub fn from_raw(body: &RawDocument, statements: &str) -> Option<Self> {
+        let mut names: Vec<&str> = Vec::with_capacity(16);
+        let mut template = RawDocumentBuf::new();
+        let mut ordered = true;
+        let (mut lsid, mut txn_number) = (false, false);
+        let (mut start_transaction, mut autocommit_false) = (false, false);
+        let mut client_stmt_ids = None;
+        let mut max_time = None;
+        for item in body.iter() {
+            let (key, value) = item.ok()?;
+            let k = key.as_str();
+            if names.contains(&k) {
+                return None;
+            }
+            names.push(k);
+            if k == statements || k == "$clusterTime" {
+                continue;
+            }
+            match k {
+                "ordered" => ordered = truthy(&Bson::try_from(value).ok()?),
+                "lsid" => lsid = true,
+                "txnNumber" => txn_number = true,
+                "startTransaction" => start_transaction = truthy(&Bson::try_from(value).ok()?),
+                "autocommit" => autocommit_false = matches!(value, RawBsonRef::Boolean(false)),
+                "stmtIds" => {
+                    client_stmt_ids = match value {
+                        RawBsonRef::Array(ids) => Some(
+                            ids.into_iter()
+                                .map(|v| match v {
+                                    Ok(RawBsonRef::Int32(i)) => i,
+                                    Ok(RawBsonRef::Int64(i)) => i as i32,
+                                    _ => 0,
+                                })
+                                .collect(),
+                        ),
+                        _ => None,
+                    }
+                }
+                "maxTimeMS" => {
+                    max_time = match value {
+                        RawBsonRef::Int32(v) => Some(v as i64),
+                        RawBsonRef::Int64(v) => Some(v),
+                        RawBsonRef::Double(v) if v.is_finite() => Some(v as i64),
+                        _ => None,
+                    }
+                    .filter(|m| *m > 0)
+                    .map(|m| std::time::Duration::from_millis(m as u64))
+                }
+                _ => {}
+            }
+            match k {
+                "stmtIds" | "stmtId" | "shardVersion" | "databaseVersion" | "ordered"
+                | "$readPreference" => {}
+                "writeConcern" => {
+                    let wc = match value {
+                        RawBsonRef::Document(wc) => wc,
+                        _ => crate::wire::empty_document(),
+                    };
+                    if changes_when_owned(RawBsonRef::Document(wc)) {
+                        return None;
+                    }
+                    if matches!(
+                        wc.get("w"),
+                        Ok(Some(RawBsonRef::Int32(0) | RawBsonRef::Int64(0)))
+                    ) {
+                        // `w: 0` raised to `w: 1` in its place, as the router must see errors.
+                        let mut raised = RawDocumentBuf::new();
+                        for item in wc.iter() {
+                            let (k, v) = item.ok()?;
+                            if k.as_str() == "w" {
+                                raised.append(k, 1i32);
+                            } else {
+                                raised.append(k, v);
+                            }
+                        }
+                        template.append(key, raised);
+                    } else {
+                        template.append(key, wc);
+                    }
+                }
+                _ => {
+                    if changes_when_owned(value) {
+                        return None;
+                    }
+                    template.append(key, value);
+                }
+            }
+        }
+        Some(WriteOptions {
+            ordered,
+            retryable: lsid && txn_number,
+            in_transaction: start_transaction || autocommit_false,
+            client_stmt_ids,
+            max_time,
+            template,
+        })
+    }
+}
+
+/// Whether converting `value` to an owned value and encoding it again would give other bytes:
+/// a field name that repeats within a document (an owned document keeps the last), or a
+/// regular expression whose options are not in order (an owned one sorts them).
+fn changes_when_owned(value: RawBsonRef<'_>) -> bool {
+    let doc = match value {
+        RawBsonRef::Document(d) => d,
+        RawBsonRef::Array(a) => {
+            return a.into_iter().any(|v| v.map_or(true, changes_when_owned));
+        }
+        RawBsonRef::JavaScriptCodeWithScope(c) => c.scope,
+        RawBsonRef::RegularExpression(re) => {
+            let o = re.options.as_str().as_bytes();
+            return o.windows(2).any(|w| w[0] > w[1]);
+        }
+        _ => return false,
+    };
+    let mut names: Vec<&str> = Vec::new();
+    for item in doc.iter() {
+        let Ok((k, v)) = item else { return true };
+        if names.contains(&k.as_str()) || changes_when_owned(v) {
+            return true;
+        }
+        names.push(k.as_str());
+    }
+    false
+}
+
 /// Builds one child batch's frame: the template plus `ordered`, `stmtIds` (for retryable
 /// writes), `shardVersion` (for shard servers), and the statements as a kind-1 sequence. The
 /// template is encoded as it is and the per-child fields are appended to the encoded body (none
 /// of them is in a template), so the template document is never copied.
 fn encode_child(
-    template: &Document,
+    template: &RawDocument,
     kind: WriteKind,
     ordered: bool,
     stmt_ids: Option<&[i32]>,
-    shard_version: Option<&Document>,
+    shard_version: Option<&RawDocument>,
     stmts: &[Bytes],
-) -> Result<(Bytes, i32), CommandError> {
-    let cannot = |e: bson::error::Error| {
-        CommandError::new(
-            ErrorCode::InternalError,
-            format!("cannot encode child batch: {e}"),
-        )
-    };
-    let mut body = bson::RawDocumentBuf::try_from(template).map_err(cannot)?;
+) -> (Bytes, i32) {
+    let mut body = template.to_owned();
     body.append(bson::raw::cstr!("ordered"), ordered);
     if let Some(ids) = stmt_ids {
         let mut array = bson::RawArrayBuf::new();
@@ -198,10 +371,7 @@ fn encode_child(
         body.append(bson::raw::cstr!("stmtIds"), array);
     }
     if let Some(v) = shard_version {
-        body.append(
-            bson::raw::cstr!("shardVersion"),
-            bson::RawDocumentBuf::try_from(v).map_err(cannot)?,
-        );
+        body.append(bson::raw::cstr!("shardVersion"), v);
     }
     let mut b = OpMsgBuilder::new(0, body.as_bytes());
     b.begin_sequence(kind.statements_field());
@@ -209,7 +379,7 @@ fn encode_child(
         b.push_document(s);
     }
     let id = PooledConnection::next_request_id();
-    Ok((b.finish(id, 0), id))
+    (b.finish(id, 0), id)
 }
 
 /// Sends one shard's statements of a round; the cluster's pools in production, a model store
@@ -329,19 +499,22 @@ pub async fn run_write(
             stats.count_plan(plan_kind);
             let span = tracing::Span::current();
             span.record("plan", plan_kind.label());
-            let mut shards: Vec<&str> = targeted
-                .iter()
-                .flat_map(|t| match &t.target {
-                    target::Target::One(s) => vec![s.as_str()],
-                    target::Target::Many(v) | target::Target::Lookup(v) => {
-                        v.iter().map(|s| s.as_str()).collect()
-                    }
-                    target::Target::Error { .. } => Vec::new(),
-                })
-                .collect();
-            shards.sort_unstable();
-            shards.dedup();
-            span.record("shards", shards.join(",").as_str());
+            // The shards list is built only where a subscriber records the request span.
+            if !span.is_disabled() {
+                let mut shards: Vec<&str> = targeted
+                    .iter()
+                    .flat_map(|t| match &t.target {
+                        target::Target::One(s) => vec![s.as_str()],
+                        target::Target::Many(v) | target::Target::Lookup(v) => {
+                            v.iter().map(|s| s.as_str()).collect()
+                        }
+                        target::Target::Error { .. } => Vec::new(),
+                    })
+                    .collect();
+                shards.sort_unstable();
+                shards.dedup();
+                span.record("shards", shards.join(",").as_str());
+            }
         }
         let finished_before = merger.finished();
         for round in rounds {
@@ -479,8 +652,8 @@ pub async fn run_write(
 /// One child batch's settings, apart from its statements.
 #[derive(Debug, Clone)]
 pub struct ChildSpec<'a> {
-    /// The client's command minus its statements and routing fields.
-    pub template: &'a Document,
+    /// The client's command minus its statements and routing fields, encoded.
+    pub template: &'a RawDocument,
     /// insert, update or delete.
     pub kind: WriteKind,
     /// `db.coll`.
@@ -489,8 +662,8 @@ pub struct ChildSpec<'a> {
     pub ordered: bool,
     /// `stmtIds`, for retryable writes.
     pub stmt_ids: Option<Vec<i32>>,
-    /// `shardVersion`, for shard servers.
-    pub version: Option<Document>,
+    /// `shardVersion`, for shard servers ([`RoutingSnapshot::shard_version_bytes`]).
+    pub version: Option<RawDocumentBuf>,
     /// Whether the batch carries `lsid` + `txnNumber` (and may be resent once).
     pub retryable: bool,
     /// The client's `maxTimeMS`.
@@ -516,22 +689,14 @@ pub async fn send_child(
     };
     // Encoded before waiting for a slot, so a held slot is spent on the shard alone; a resend
     // reuses the frame.
-    let (frame, id) = match encode_child(
+    let (frame, id) = encode_child(
         child.template,
         child.kind,
         child.ordered,
         child.stmt_ids.as_deref(),
-        child.version.as_ref(),
+        child.version.as_deref(),
         raws,
-    ) {
-        Ok(f) => f,
-        Err(e) => {
-            return ChildOutcome::Failed {
-                code: e.code,
-                message: e.message,
-            }
-        }
-    };
+    );
     send_frame(
         cluster,
         shard,
@@ -603,7 +768,7 @@ pub(crate) async fn send_frame_from(
     match pool.send(frame, id, &Need::Write, deadline, resend).await {
         Ok((reply, member)) => {
             finish(permit, Outcome::Completed);
-            (ChildOutcome::Reply(reply.to_document()), Some(member))
+            (ChildOutcome::Reply(child_reply(&reply)), Some(member))
         }
         Err(e) => {
             tracing::debug!(shard, error = %e, "child batch failed");
@@ -626,6 +791,33 @@ pub(crate) async fn send_frame_from(
     }
 }
 
+/// A shard's reply as the write path reads it: an owned document without the shard's
+/// cluster-time and replication gossip (`$clusterTime`, `operationTime`, `opTime`,
+/// `electionId`, …), which no reader of a child's reply looks at (the client's reply carries
+/// the router's own) and which costs more to convert than the rest of a small reply.
+fn child_reply(reply: &crate::wire::BsonDoc) -> Document {
+    let mut d = Document::new();
+    for (k, v) in reply.raw().iter().flatten() {
+        if matches!(
+            k.as_str(),
+            "$clusterTime"
+                | "operationTime"
+                | "opTime"
+                | "electionId"
+                | "$configServerState"
+                | "$gleStats"
+                | "lastCommittedOpTime"
+                | "$topologyTime"
+        ) {
+            continue;
+        }
+        if let Ok(v) = Bson::try_from(v) {
+            d.insert(k.as_str(), v);
+        }
+    }
+    d
+}
+
 /// Sends child batches over the cluster's shard pools.
 struct ClusterSender<'a> {
     cluster: &'a Arc<Cluster>,
@@ -633,7 +825,7 @@ struct ClusterSender<'a> {
     ns: String,
     max_time: Option<std::time::Duration>,
     kind: WriteKind,
-    template: Document,
+    template: RawDocumentBuf,
     stmts: &'a Statements,
     retryable: bool,
     client_stmt_ids: Option<Vec<i32>>,
@@ -652,7 +844,7 @@ impl ClusterSender<'_> {
         shard: &str,
         piece: &[usize],
         ordered: bool,
-        version: Option<Document>,
+        version: Option<RawDocumentBuf>,
     ) -> ChildOutcome {
         let stmt_ids = self
             .retryable
@@ -670,8 +862,8 @@ impl ClusterSender<'_> {
         };
         // Inserts that need no session of their own may share a child batch with other
         // clients' inserts (never retryable writes: one child carries one lsid/txnNumber).
-        let has_session =
-            self.template.contains_key("lsid") || self.template.contains_key("txnNumber");
+        let has = |k: &str| matches!(self.template.get(k), Ok(Some(_)));
+        let has_session = has("lsid") || has("txnNumber");
         if self.kind == WriteKind::Insert && !has_session && (!ordered || piece.len() == 1) {
             if let Some(c) = self.coalescer {
                 return c.submit(self.cluster, shard, child, raws).await;
@@ -689,7 +881,7 @@ impl ClusterSender<'_> {
 
     /// A body for another write command on the same collection, with the client's write
     /// concern (and, when `session`, its session fields).
-    fn other_template(&self, command: &str, session: bool) -> Document {
+    fn other_template(&self, command: &str, session: bool) -> Result<RawDocumentBuf, String> {
         let mut t = doc! {command: self.names().1};
         let keep: &[&str] = if session {
             &[
@@ -704,11 +896,20 @@ impl ClusterSender<'_> {
             &["$db", "writeConcern", "comment"]
         };
         for k in keep {
-            if let Some(v) = self.template.get(*k) {
-                t.insert(*k, v.clone());
+            if let Some(v) = self.template.get(k).ok().flatten() {
+                if let Ok(v) = Bson::try_from(v) {
+                    t.insert(*k, v);
+                }
             }
         }
-        t
+        RawDocumentBuf::try_from(&t).map_err(|e| e.to_string())
+    }
+
+    /// [`ClusterSender::version`] encoded, as a child batch carries it.
+    fn raw_version(&self, snap: &RoutingSnapshot, shard: &str) -> Option<RawDocumentBuf> {
+        self.cluster
+            .is_shard_server(shard)
+            .then(|| snap.shard_version_bytes(shard))
     }
 
     fn version(&self, snap: &RoutingSnapshot, shard: &str) -> Option<Document> {
@@ -801,10 +1002,7 @@ impl ChildSender for ClusterSender<'_> {
             if !current.is_empty() {
                 pieces.push(current);
             }
-            let version = self
-                .cluster
-                .is_shard_server(shard)
-                .then(|| snap.shard_version(shard));
+            let version = self.raw_version(snap, shard);
             for piece in pieces {
                 let outcome = self.send(shard, &piece, ordered, version.clone()).await;
                 let stop = ordered
@@ -881,7 +1079,7 @@ impl ChildSender for ClusterSender<'_> {
                                     ns: &self.ns,
                                     ordered: true,
                                     stmt_ids,
-                                    version: self.version(snap, &shard),
+                                    version: self.raw_version(snap, &shard),
                                     retryable: self.retryable,
                                     max_time: self.max_time,
                                 };
@@ -912,14 +1110,21 @@ impl ChildSender for ClusterSender<'_> {
                                 return result(&shard, ChildOutcome::Reply(reply));
                             }
                         };
-                        let template = self.other_template("insert", true);
+                        let template = match self.other_template("insert", true) {
+                            Ok(t) => t,
+                            Err(e) => {
+                                let reply =
+                                    lookup::failed_reply(self.kind, ErrorCode::InternalError, &e);
+                                return result(&shard, ChildOutcome::Reply(reply));
+                            }
+                        };
                         let child = ChildSpec {
                             template: &template,
                             kind: WriteKind::Insert,
                             ns: &self.ns,
                             ordered: true,
                             stmt_ids,
-                            version: self.version(snap, &shard),
+                            version: self.raw_version(snap, &shard),
                             retryable: self.retryable,
                             max_time: self.max_time,
                         };
@@ -950,7 +1155,7 @@ impl ChildSender for ClusterSender<'_> {
                             ns: &self.ns,
                             ordered: true,
                             stmt_ids,
-                            version: self.version(snap, &shard),
+                            version: self.raw_version(snap, &shard),
                             retryable: self.retryable,
                             max_time: self.max_time,
                         };
@@ -1005,7 +1210,12 @@ impl ChildSender for ClusterSender<'_> {
                     Err(_) => left.push(i),
                 }
             }
-            let template = self.other_template("delete", false);
+            let Ok(template) = self.other_template("delete", false) else {
+                // Nothing can be deleted: every document stays as inserted.
+                left.extend(by_shard.into_values().flatten().map(|(i, _, _)| i));
+                left.sort_unstable();
+                return left;
+            };
             let futures = by_shard.into_iter().map(|(shard, items)| {
                 let template = &template;
                 async move {
@@ -1016,7 +1226,7 @@ impl ChildSender for ClusterSender<'_> {
                         ns: &self.ns,
                         ordered: false,
                         stmt_ids: None,
-                        version: self.version(snap, &shard),
+                        version: self.raw_version(snap, &shard),
                         retryable: false,
                         max_time: self.max_time,
                     };
@@ -1090,8 +1300,8 @@ fn target_statement(
 }
 
 /// Executes a write command on a sharded collection and returns the client's reply (without
-/// `ok`), or a command-level error. `body` is the request's
-/// [`CommandRequest::options_document`]. Inserts without a session of their own may share child
+/// `ok`), or a command-level error. `options` are the request's, read by
+/// [`WriteOptions::from_raw`] (or [`WriteOptions::from_document`]). Inserts without a session of their own may share child
 /// batches through `coalescer`, when the router has one.
 #[allow(clippy::too_many_arguments)]
 pub async fn execute(
@@ -1100,21 +1310,18 @@ pub async fn execute(
     stats: &WriteStats,
     policy: Policy,
     req: &CommandRequest,
-    body: &Document,
+    options: WriteOptions,
     kind: WriteKind,
     snapshot: Arc<RoutingSnapshot>,
 ) -> Result<Document, CommandError> {
-    let ordered = body.get("ordered").map(truthy).unwrap_or(true);
-    let retryable = body.contains_key("lsid") && body.contains_key("txnNumber");
-    let client_stmt_ids = body.get_array("stmtIds").ok().map(|ids| {
-        ids.iter()
-            .map(|v| match v {
-                Bson::Int32(i) => *i,
-                Bson::Int64(i) => *i as i32,
-                _ => 0,
-            })
-            .collect()
-    });
+    let WriteOptions {
+        ordered,
+        retryable,
+        client_stmt_ids,
+        max_time,
+        template,
+        ..
+    } = options;
     let stmts = statements(req, kind)?;
     let spec = WriteSpec {
         kind,
@@ -1124,16 +1331,13 @@ pub async fn execute(
         statements: stmts.raw.len(),
         ns: snapshot.ns.clone(),
     };
-    let max_time = number_field(body, "maxTimeMS")
-        .filter(|m| *m > 0)
-        .map(|m| std::time::Duration::from_millis(m as u64));
     let sender = ClusterSender {
         cluster,
         coalescer,
         ns: snapshot.ns.clone(),
         max_time,
         kind,
-        template: child_template(body),
+        template,
         stmts: &stmts,
         retryable,
         client_stmt_ids,
@@ -1173,4 +1377,131 @@ pub async fn execute(
         return Err(e);
     }
     Ok(reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::raw::cstr;
+    use bson::spec::BinarySubtype;
+    use bson::Timestamp;
+
+    /// The options of `body` read in place and read from its options document.
+    fn both(body: &RawDocument) -> (Option<WriteOptions>, WriteOptions) {
+        let req = CommandRequest::new(
+            "d".into(),
+            crate::wire::BsonDoc::from_encoded(body.as_bytes().to_vec()),
+            Vec::new(),
+            false,
+        );
+        let kind = WriteKind::from_command(&req.name).expect("a write command");
+        let owned = WriteOptions::from_document(&req.options_document()).expect("encodes");
+        (
+            WriteOptions::from_raw(req.body.raw(), kind.statements_field()),
+            owned,
+        )
+    }
+
+    fn raw(d: &Document) -> RawDocumentBuf {
+        RawDocumentBuf::try_from(d).expect("encodes")
+    }
+
+    #[test]
+    fn options_read_in_place_are_the_options_read_from_a_document() {
+        let lsid = doc! {"id": bson::Binary { subtype: BinarySubtype::Uuid, bytes: vec![7; 16] }};
+        let cluster_time =
+            doc! {"clusterTime": Timestamp { time: 1, increment: 2 }, "signature": {"keyId": 0i64}};
+        for body in [
+            doc! {"insert": "c", "documents": [{"_id": 1}], "$db": "d"},
+            doc! {
+                "insert": "c", "ordered": false, "lsid": lsid.clone(), "txnNumber": 5i64,
+                "$clusterTime": cluster_time.clone(), "writeConcern": {"w": 0, "j": true},
+                "stmtIds": [3, 4i64, "x"], "maxTimeMS": 2500.0, "$db": "d",
+                "comment": {"a": [1, {"b": 2}]}, "documents": [{"_id": 1}],
+            },
+            doc! {
+                "update": "c", "updates": [{"q": {}, "u": {}}], "writeConcern": "majority",
+                "ordered": 0, "$readPreference": {"mode": "primary"},
+                "shardVersion": {"e": 1}, "databaseVersion": {"v": 1}, "stmtId": 1, "$db": "d",
+            },
+            doc! {
+                "delete": "c", "deletes": [], "writeConcern": {"j": false, "w": 0i64},
+                "startTransaction": true, "autocommit": false, "maxTimeMS": -1, "$db": "d",
+            },
+            doc! {
+                "insert": "c", "documents": [], "writeConcern": {"w": 1, "wtimeout": 10},
+                "maxTimeMS": 0i32, "bypassDocumentValidation": true, "let": {"x": 1}, "$db": "d",
+            },
+            doc! {"update": "c", "ordered": true, "autocommit": true, "startTransaction": 0, "$db": "d"},
+        ] {
+            let (read, owned) = both(&raw(&body));
+            let read = read.expect("read in place");
+            assert_eq!(
+                read.template.as_bytes(),
+                owned.template.as_bytes(),
+                "{body}"
+            );
+            assert_eq!(
+                (
+                    read.ordered,
+                    read.retryable,
+                    read.in_transaction,
+                    &read.client_stmt_ids,
+                    read.max_time
+                ),
+                (
+                    owned.ordered,
+                    owned.retryable,
+                    owned.in_transaction,
+                    &owned.client_stmt_ids,
+                    owned.max_time
+                ),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn bodies_an_owned_document_would_change_are_read_as_a_document() {
+        // A repeated top-level field: an owned document keeps the last value in the first place.
+        let mut repeated = RawDocumentBuf::new();
+        repeated.append(cstr!("insert"), "c");
+        repeated.append(cstr!("ordered"), false);
+        repeated.append(cstr!("ordered"), true);
+        assert!(WriteOptions::from_raw(&repeated, "documents").is_none());
+        // A repeated field inside a value the child batches carry.
+        let mut wc = RawDocumentBuf::new();
+        wc.append(cstr!("w"), 0);
+        wc.append(cstr!("w"), 1);
+        let mut inner = RawDocumentBuf::new();
+        inner.append(cstr!("insert"), "c");
+        inner.append(cstr!("writeConcern"), wc);
+        assert!(WriteOptions::from_raw(&inner, "documents").is_none());
+        // A regular expression whose options an owned value would sort.
+        let mut regex = RawDocumentBuf::new();
+        regex.append(cstr!("insert"), "c");
+        regex.append(
+            cstr!("comment"),
+            bson::RawRegexRef {
+                pattern: cstr!("a"),
+                options: cstr!("xi"),
+            },
+        );
+        assert!(WriteOptions::from_raw(&regex, "documents").is_none());
+        // The same in order is read in place, and alike.
+        let mut sorted = RawDocumentBuf::new();
+        sorted.append(cstr!("insert"), "c");
+        sorted.append(
+            cstr!("comment"),
+            bson::RawRegexRef {
+                pattern: cstr!("a"),
+                options: cstr!("ix"),
+            },
+        );
+        let (read, owned) = both(&sorted);
+        assert_eq!(
+            read.expect("read in place").template.as_bytes(),
+            owned.template.as_bytes()
+        );
+    }
 }
