@@ -192,27 +192,7 @@ pub(super) fn lazy(
                 }
                 other => (other, &current),
             };
-            let field = match constant_field_name(field) {
-                ConstantField::Name(f) => f,
-                ConstantField::Path(p) => {
-                    return Err(err(
-                        5654600,
-                        format!("'{p}' is a field path reference which is not allowed in this context. Did you mean {{$literal: '{p}'}}?"),
-                    ))
-                }
-                ConstantField::NotConstant => {
-                    return Err(err(
-                        5654601,
-                        "$getField requires 'field' to evaluate to a constant, but got a non-constant argument",
-                    ))
-                }
-                ConstantField::NotString(t) => {
-                    return Err(err(
-                        5654602,
-                        format!("$getField requires 'field' to evaluate to type String, but got {t}"),
-                    ))
-                }
-            };
+            let field = constant_field_arg(field, "$getField", [5654600, 5654601, 5654602])?;
             match ev(input, vars, budget)? {
                 Some(Bson::Document(d)) => d.get(&field).cloned(),
                 Some(v) if nullish(&v) => Some(Bson::Null),
@@ -273,6 +253,26 @@ enum ConstantField {
     NotString(&'static str),
 }
 
+/// The constant field name of `$getField` or `$setField` (`op`), or mongod's error: `codes` are
+/// its codes for a field path, a value that is not constant, and one that is not a string.
+fn constant_field_arg(field: &Bson, op: &str, codes: [i32; 3]) -> Result<String, EngineError> {
+    match constant_field_name(field) {
+        ConstantField::Name(f) => Ok(f),
+        ConstantField::Path(p) => Err(err(
+            codes[0],
+            format!("'{p}' is a field path reference which is not allowed in this context. Did you mean {{$literal: '{p}'}}?"),
+        )),
+        ConstantField::NotConstant => Err(err(
+            codes[1],
+            format!("{op} requires 'field' to evaluate to a constant, but got a non-constant argument"),
+        )),
+        ConstantField::NotString(t) => Err(err(
+            codes[2],
+            format!("{op} requires 'field' to evaluate to type String, but got {t}"),
+        )),
+    }
+}
+
 fn constant_field_name(field: &Bson) -> ConstantField {
     let constant = match field {
         Bson::String(s) if s.starts_with('$') => return ConstantField::Path(s.clone()),
@@ -327,27 +327,7 @@ fn field_mutation_arguments<'a>(
             format!("{op} requires 'input' to be specified"),
         ));
     };
-    let field = match constant_field_name(field) {
-        ConstantField::Name(f) => f,
-        ConstantField::Path(p) => {
-            return Err(err(
-                4161108,
-                format!("'{p}' is a field path reference which is not allowed in this context. Did you mean {{$literal: '{p}'}}?"),
-            ))
-        }
-        ConstantField::NotConstant => {
-            return Err(err(
-                4161106,
-                "$setField requires 'field' to evaluate to a constant, but got a non-constant argument",
-            ))
-        }
-        ConstantField::NotString(t) => {
-            return Err(err(
-                4161107,
-                format!("$setField requires 'field' to evaluate to type String, but got {t}"),
-            ))
-        }
-    };
+    let field = constant_field_arg(field, "$setField", [4161108, 4161106, 4161107])?;
     Ok((input, field, value))
 }
 
