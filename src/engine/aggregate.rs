@@ -483,6 +483,7 @@ fn unwind(spec: &Bson, docs: Vec<Document>, cap: usize) -> Result<Vec<Document>,
         ));
     };
     path::check_field_path(&field)?;
+    check_unwind_path(&field)?;
     let mut out = Sink::new("$unwind", cap);
     for d in docs {
         match path::get(&d, &field).cloned() {
@@ -515,6 +516,35 @@ fn unwind(spec: &Bson, docs: Vec<Document>, cap: usize) -> Result<Vec<Document>,
         }
     }
     Ok(out.docs)
+}
+
+/// The field path of `$unwind` (its `$` removed) as mongod's `FieldPath` reads it: not empty,
+/// no empty part, no part starting with `$` (`"$$var"` names a variable, not a field), no NUL.
+fn check_unwind_path(field: &str) -> Result<(), EngineError> {
+    if field.is_empty() {
+        return Err(err(
+            40352,
+            "FieldPath cannot be constructed with empty string",
+        ));
+    }
+    for part in field.split('.') {
+        if part.is_empty() {
+            return Err(err(
+                15998,
+                "FieldPath field names may not be empty strings.",
+            ));
+        }
+        if part.starts_with('$') {
+            return Err(err(
+                16410,
+                "FieldPath field names may not start with '$'. Consider using $getField or $setField.",
+            ));
+        }
+        if part.contains('\0') {
+            return Err(err(16411, "FieldPath field names may not contain '\\0'."));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone)]
@@ -1647,6 +1677,27 @@ mod tests {
         assert_eq!(a.get_array("p").unwrap().len(), 2);
         assert_eq!(a.get_array("u").unwrap().len(), 1);
         assert_eq!(out[1].get_f64("s").unwrap(), 2.5);
+    }
+
+    #[test]
+    fn unwind_paths_are_read_as_mongods_field_paths() {
+        let code = |path: &str| {
+            run(&[Bson::Document(doc! {"$unwind": path})], docs())
+                .err()
+                .map(|e| e.code.0)
+        };
+        assert_eq!(code("t"), Some(28818));
+        assert_eq!(code("$$not"), Some(16410));
+        assert_eq!(code("$a.$b"), Some(16410));
+        assert_eq!(code("$"), Some(40352));
+        assert_eq!(code("$a..b"), Some(15998));
+        assert_eq!(code("$t"), None);
+        assert_eq!(
+            run(&[Bson::Document(doc! {"$unwind": "$t"})], docs())
+                .unwrap()
+                .len(),
+            3
+        );
     }
 
     #[test]
