@@ -514,7 +514,8 @@ impl Shard {
             Resend::Read
         } else if session.is_retryable_write() {
             Resend::RetryableWrite
-        } else if session.in_transaction || writes_documents(body.keys().next()) {
+        } else if session.in_transaction || body.keys().next().is_some_and(|n| writes_documents(n))
+        {
             Resend::Never
         } else {
             Resend::IfRefusedAsNotPrimary
@@ -527,13 +528,11 @@ impl Shard {
 
 /// Whether a command named `name` writes user documents (its statements are not resent
 /// without a session number, as mongos does not).
-pub fn writes_documents(name: Option<&String>) -> bool {
-    name.is_some_and(|n| {
-        matches!(
-            n.as_str(),
-            "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "bulkWrite"
-        )
-    })
+pub fn writes_documents(name: &str) -> bool {
+    matches!(
+        name,
+        "insert" | "update" | "delete" | "findAndModify" | "findandmodify" | "bulkWrite"
+    )
 }
 
 /// A failure as the monitor is told it.

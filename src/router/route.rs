@@ -1017,9 +1017,7 @@ pub(super) async fn forward_with(
         Resend::Never
     } else if matches!(need, Need::Read(_)) || is_idempotent_read(&req.name) {
         Resend::Read
-    } else if crate::backend::shard::writes_documents(Some(&req.name))
-        || crate::backend::shard::batch_session(raw).in_transaction
-    {
+    } else if crate::backend::shard::writes_documents(&req.name) {
         Resend::Never
     } else {
         Resend::IfRefusedAsNotPrimary
