@@ -610,6 +610,19 @@ async fn main() -> anyhow::Result<()> {
     }
     sampler.abort();
     let breakdown_end = memory_breakdown(pid);
+    // Connections each server still holds after the run's own are closed (the router's pooled
+    // connections to the shards count on both sides, as one process serves them all).
+    let mut held = Vec::new();
+    for addr in &targets {
+        let status = run_commands(*addr, &[doc! {"serverStatus": 1, "$db": "admin"}]).await?;
+        let current = status[0]
+            .get_document("connections")
+            .ok()
+            .and_then(|c| c.get_i32("current").ok())
+            .unwrap_or(-1);
+        // This connection is one of them.
+        held.push((current - 1).to_string());
+    }
     if let Ok(secs) = std::env::var("MUTATION_RUN_HOLD_SECS") {
         eprintln!("holding pid {pid} for {secs} s");
         tokio::time::sleep(Duration::from_secs(secs.parse().unwrap_or(0))).await;
@@ -645,6 +658,10 @@ async fn main() -> anyhow::Result<()> {
         growth * 100.0
     );
     println!("  by kind at the end   {breakdown_end}");
+    println!(
+        "connections held       {} (router, then each shard)",
+        held.join(", ")
+    );
     println!("panics logged          {panics}");
     println!("process answers        {alive}");
     let _ = child.kill().await;

@@ -47,8 +47,11 @@ const OP_QUERY_COMMANDS: &[&str] = &["hello", "isMaster", "ismaster"];
 
 const LEGACY_OPCODE_MESSAGE: &str = "OP_QUERY is no longer supported. The client driver may require an upgrade. For more details see https://dochub.mongodb.org/core/legacy-opcode-removal";
 
-/// Messages larger than this release the read buffer once handled.
-const IDLE_BUFFER_LIMIT: usize = 64 * 1024;
+/// Most a connection's read buffer may keep while it waits for the next message. The buffer
+/// starts at 4 KiB and doubles whenever a message does not fit, so one 40 KB message would
+/// otherwise leave an idle connection (a client's, or a pooled one between the router and a
+/// shard) holding 64–128 KiB for as long as it stays open.
+const IDLE_BUFFER_KEEP: usize = 8 * 1024;
 
 /// A request's future with panics caught: a panic while one request is handled fails that
 /// request, not the connection or the process.
@@ -249,7 +252,7 @@ pub async fn serve(
                 break;
             }
         };
-        let large = frame.len() > IDLE_BUFFER_LIMIT;
+        let frame_len = frame.len();
         let mut session = Session {
             socket: &mut socket,
             buf: &mut buf,
@@ -260,11 +263,7 @@ pub async fn serve(
             auth: &mut auth,
         };
         let flow = session.handle_frame(frame).await;
-        // A large message leaves its allocation behind the buffer: give it back rather than
-        // keep it for the life of the connection.
-        if large && buf.is_empty() {
-            buf = BytesMut::new();
-        }
+        release_idle_buffer(&mut buf, frame_len);
         match flow {
             Ok(Flow::Continue) => {}
             Ok(Flow::Close) => break,
@@ -277,6 +276,16 @@ pub async fn serve(
     service.connection_closed(&client).await;
     let _ = socket.shutdown().await;
     tracing::debug!(conn, %peer, "connection closed");
+}
+
+/// Gives back the read buffer's allocation once the message it held is handled, when that
+/// allocation grew past [`IDLE_BUFFER_KEEP`] (the message's bytes and the room left behind
+/// them): the next read starts a fresh 4 KiB buffer. Messages that fit the first buffer keep
+/// reusing it. Bytes of a message that arrived behind this one are never dropped.
+fn release_idle_buffer(buf: &mut BytesMut, frame_len: usize) {
+    if buf.is_empty() && frame_len + buf.capacity() > IDLE_BUFFER_KEEP {
+        *buf = BytesMut::new();
+    }
 }
 
 /// Reads one whole frame into `buf` and splits it off. `Ok(None)` on a clean EOF between
@@ -845,4 +854,77 @@ fn command_label(name: &str) -> &'static str {
         .copied()
         .find(|k| *k == name)
         .unwrap_or("other")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A frame of `len` bytes as a client sends it (only the length field matters here).
+    fn frame(len: usize) -> Vec<u8> {
+        let mut f = vec![0u8; len];
+        f[..4].copy_from_slice(&(len as i32).to_le_bytes());
+        f[12..16].copy_from_slice(&2013i32.to_le_bytes());
+        f
+    }
+
+    /// Reads `sizes` frames one after another as the connection loop does, returning the
+    /// capacity the buffer holds while it waits for the next one.
+    async fn idle_capacities(sizes: &[usize]) -> Vec<usize> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let frames: Vec<Vec<u8>> = sizes.iter().map(|&n| frame(n)).collect();
+        let client = tokio::spawn(async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            for f in frames {
+                s.write_all(&f).await.unwrap();
+                // One message at a time, as a client waiting for each reply sends them.
+                let mut ack = [0u8; 1];
+                s.read_exact(&mut ack).await.unwrap();
+            }
+        });
+        let (socket, _) = listener.accept().await.unwrap();
+        let mut socket = ClientStream::Plain(socket);
+        let mut buf = BytesMut::new();
+        let mut first = true;
+        let mut kept = Vec::new();
+        for &n in sizes {
+            let f = read_frame(&mut socket, &mut buf, &mut first)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(f.len(), n);
+            drop(f);
+            release_idle_buffer(&mut buf, n);
+            // What the buffer holds while it waits: read_frame makes room for a header first
+            // (taking back the whole allocation when the buffer is its only user).
+            buf.reserve(4096);
+            kept.push(buf.capacity());
+            socket.write_all(&[1]).await.unwrap();
+        }
+        client.await.unwrap();
+        kept
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_keeps_no_large_read_buffer() {
+        // Messages between the first buffer and the old 64 KiB release threshold: before, the
+        // buffer doubled to fit them and stayed at that size while the connection was idle.
+        let sizes = [20_000, 40_000, 60_000, 30_000, 50_000, 65_000];
+        for (n, kept) in sizes.iter().zip(idle_capacities(&sizes).await) {
+            assert!(
+                kept <= IDLE_BUFFER_KEEP,
+                "after a {n}-byte message the idle buffer keeps {kept} bytes"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn small_messages_keep_reusing_their_buffer() {
+        let kept = idle_capacities(&[200; 50]).await;
+        assert!(
+            kept.iter().all(|&k| (4096..=IDLE_BUFFER_KEEP).contains(&k)),
+            "a buffer that fits small messages stays: {kept:?}"
+        );
+    }
 }
