@@ -127,9 +127,11 @@ impl SnapshotHistory {
                 Ok((self.file(now, catalog), now))
             }
             Some(t) => {
-                if let Some(c) = self.copies.iter().rev().find(|c| {
-                    key(c.at) <= key(t) && c.valid_until.is_none_or(|u| key(t) < key(u))
-                }) {
+                if let Some(c) =
+                    self.copies.iter().rev().find(|c| {
+                        key(c.at) <= key(t) && c.valid_until.is_none_or(|u| key(t) < key(u))
+                    })
+                {
                     return Ok((c.view.clone(), t));
                 }
                 if self.last_write.is_none_or(|w| key(t) >= key(w)) {
@@ -178,9 +180,9 @@ fn writes_output(body: &Document) -> bool {
     let Ok(stages) = body.get_array("pipeline") else {
         return false;
     };
-    stages.iter().any(|s| {
-        matches!(s, Bson::Document(d) if d.contains_key("$out") || d.contains_key("$merge"))
-    })
+    stages.iter().any(
+        |s| matches!(s, Bson::Document(d) if d.contains_key("$out") || d.contains_key("$merge")),
+    )
 }
 
 /// What a command outside a transaction asks of snapshot reads: `None` when its read concern
@@ -262,7 +264,11 @@ mod tests {
     fn ids(view: &Arc<Mutex<Catalog>>) -> Vec<Bson> {
         lock(view)
             .collection("db", "c")
-            .map(|c| c.iter().map(|(_, d)| d.get("_id").cloned().unwrap()).collect())
+            .map(|c| {
+                c.iter()
+                    .map(|(_, d)| d.get("_id").cloned().unwrap())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -311,7 +317,13 @@ mod tests {
     fn only_find_aggregate_and_distinct_read_at_a_snapshot() {
         let rc = doc! {"readConcern": {"level": "snapshot"}};
         assert_eq!(snapshot_request("find", &rc).unwrap(), Some(None));
-        for name in ["findAndModify", "insert", "listCollections", "listIndexes", "count"] {
+        for name in [
+            "findAndModify",
+            "insert",
+            "listCollections",
+            "listIndexes",
+            "count",
+        ] {
             let e = snapshot_request(name, &rc).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidOptions, "{name}");
         }
@@ -327,6 +339,9 @@ mod tests {
         assert!(may_write("insert", &doc! {}));
         assert!(!may_write("find", &doc! {}));
         assert!(!may_write("aggregate", &doc! {"pipeline": []}));
-        assert!(may_write("aggregate", &doc! {"pipeline": [{"$merge": "x"}]}));
+        assert!(may_write(
+            "aggregate",
+            &doc! {"pipeline": [{"$merge": "x"}]}
+        ));
     }
 }
