@@ -744,3 +744,233 @@ async fn merge_into_a_sharded_collection_writes_through_the_router() {
         }
     }
 }
+
+/// Runs `pipeline` on the sharded collection and on its unsharded copy, checks both give the
+/// same documents (sorted by `_id` first, so the pipeline's own order need not be total) and
+/// returns them.
+async fn same_on_both(cl: &mongodb::Client, pipeline: &[Document]) -> Vec<Document> {
+    let sharded = sorted_by_id(run(cl, "orders", pipeline).await);
+    let plain = sorted_by_id(run(cl, "orders_plain", pipeline).await);
+    assert_eq!(sharded, plain, "{pipeline:?}");
+    sharded
+}
+
+/// The code each collection answers for `pipeline`, which must fail.
+async fn failure_code(cl: &mongodb::Client, pipeline: &[Document]) -> i32 {
+    let db = cl.database("shop");
+    let mut codes = Vec::new();
+    for coll in ["orders", "orders_plain"] {
+        let e = db
+            .collection::<Document>(coll)
+            .aggregate(pipeline.to_vec())
+            .await
+            .unwrap_err();
+        codes.push(error_code(&e));
+    }
+    assert_eq!(codes[0], codes[1], "{pipeline:?}");
+    codes[0]
+}
+
+/// `$sortArray` sorts whole values in MongoDB's comparison order or by fields of its
+/// elements, on a sharded collection as on one shard, with mongod's codes for bad arguments.
+#[tokio::test]
+async fn sort_array_matches_one_shard() {
+    let (_c, cl) = setup().await;
+    let r = same_on_both(
+        &cl,
+        &[doc! {"$project": {
+            "up": {"$sortArray": {"input": ["$qty", "$cust", {"$toString": "$_id"}, null, "$tags"], "sortBy": 1}},
+            "down": {"$sortArray": {"input": "$tags", "sortBy": -1}},
+            "byField": {"$sortArray": {"input": [{"k": "$qty", "i": 1}, {"k": "$cust", "i": 2}, {"k": 5, "i": 3}], "sortBy": {"k": -1, "i": 1}}},
+            "none": {"$sortArray": {"input": "$missing", "sortBy": 1}},
+        }}],
+    )
+    .await;
+    assert_eq!(r.len(), 90);
+    for d in &r {
+        let id = d.get_i32("_id").unwrap();
+        let (qty, cust) = ((id * 13) % 17, id % 7);
+        let (lo, hi) = (qty.min(cust), qty.max(cust));
+        let tags: Vec<Bson> = if id % 3 == 0 {
+            vec!["a".into(), "b".into()]
+        } else {
+            vec!["c".into()]
+        };
+        assert_eq!(
+            d.get_array("up").unwrap(),
+            &vec![
+                Bson::Null,
+                lo.into(),
+                hi.into(),
+                id.to_string().into(),
+                Bson::Array(tags.clone())
+            ],
+            "{d}"
+        );
+        let mut down = tags;
+        down.reverse();
+        assert_eq!(d.get_array("down").unwrap(), &down);
+        let mut keyed = [(qty, 1), (cust, 2), (5, 3)];
+        keyed.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let want: Vec<Bson> = keyed
+            .iter()
+            .map(|(k, i)| Bson::Document(doc! {"k": k, "i": i}))
+            .collect();
+        assert_eq!(d.get_array("byField").unwrap(), &want);
+        assert_eq!(d.get("none"), Some(&Bson::Null));
+    }
+    for (expr, code) in [
+        (doc! {"$sortArray": "$tags"}, 2942500),
+        (
+            doc! {"$sortArray": {"input": "$tags", "sortBy": 1, "by": 1}},
+            2942501,
+        ),
+        (doc! {"$sortArray": {"sortBy": 1}}, 2942502),
+        (doc! {"$sortArray": {"input": "$tags"}}, 2942503),
+        (doc! {"$sortArray": {"input": "$qty", "sortBy": 1}}, 2942504),
+        (
+            doc! {"$sortArray": {"input": "$tags", "sortBy": 0}},
+            2942506,
+        ),
+        (
+            doc! {"$sortArray": {"input": "$tags", "sortBy": {"a": "up"}}},
+            15975,
+        ),
+    ] {
+        assert_eq!(
+            failure_code(&cl, &[doc! {"$project": {"x": expr.clone()}}]).await,
+            code,
+            "{expr}"
+        );
+    }
+}
+
+/// `$median` and `$percentile` (`method: "approximate"`) as `$group` accumulators, window
+/// functions and expressions give the input value at mongod's rank, ignore non-numbers, give
+/// null without numbers, and refuse bad `p` and `method` with mongod's codes.
+#[tokio::test]
+async fn median_and_percentile_match_one_shard() {
+    let (_c, cl) = setup().await;
+    let rank = |n: usize, p: f64| -> usize {
+        if p >= 1.0 {
+            n - 1
+        } else {
+            ((n as f64 * p).ceil() as usize).max(1) - 1
+        }
+    };
+    let groups = same_on_both(
+        &cl,
+        &[doc! {"$group": {
+            "_id": "$cust",
+            "m": {"$median": {"input": "$qty", "method": "approximate"}},
+            "p": {"$percentile": {"input": "$qty", "p": [0, 0.1, 0.5, 0.9, 1], "method": "approximate"}},
+            "none": {"$median": {"input": "$tags", "method": "approximate"}},
+        }}],
+    )
+    .await;
+    assert_eq!(groups.len(), 7);
+    for g in &groups {
+        let cust = g.get_i32("_id").unwrap();
+        let mut qtys: Vec<i32> = (0..90)
+            .filter(|i| i % 7 == cust)
+            .map(|i| (i * 13) % 17)
+            .collect();
+        qtys.sort();
+        let at = |p: f64| Bson::Double(qtys[rank(qtys.len(), p)] as f64);
+        assert_eq!(g.get("m"), Some(&at(0.5)), "{g}");
+        assert_eq!(
+            g.get_array("p").unwrap(),
+            &vec![at(0.0), at(0.1), at(0.5), at(0.9), at(1.0)]
+        );
+        assert_eq!(g.get("none"), Some(&Bson::Null));
+    }
+    // As a window function: the running median of a customer's quantities by _id.
+    let w = same_on_both(
+        &cl,
+        &[
+            doc! {"$match": {"cust": 3}},
+            doc! {"$setWindowFields": {"partitionBy": "$cust", "sortBy": {"_id": 1}, "output": {
+                "run": {"$median": {"input": "$qty", "method": "approximate"}, "window": {"documents": ["unbounded", "current"]}},
+            }}},
+        ],
+    )
+    .await;
+    let mut seen = Vec::new();
+    for d in &w {
+        seen.push(d.get_i32("qty").unwrap());
+        let mut s = seen.clone();
+        s.sort();
+        assert_eq!(
+            d.get("run"),
+            Some(&Bson::Double(s[rank(s.len(), 0.5)] as f64)),
+            "{d}"
+        );
+    }
+    // As expressions, over an array or a number.
+    let e = same_on_both(
+        &cl,
+        &[
+            doc! {"$match": {"_id": {"$lt": 5}}},
+            doc! {"$project": {
+                "m": {"$median": {"input": ["$qty", "$cust", "$_id", "x"], "method": "approximate"}},
+                "p": {"$percentile": {"input": "$qty", "p": [0.25, 0.75], "method": "approximate"}},
+                "empty": {"$percentile": {"input": [], "p": [0.5], "method": "approximate"}},
+            }},
+        ],
+    )
+    .await;
+    for d in &e {
+        let id = d.get_i32("_id").unwrap();
+        let mut v = [(id * 13) % 17, id % 7, id];
+        v.sort();
+        assert_eq!(d.get("m"), Some(&Bson::Double(v[1] as f64)), "{d}");
+        let q = Bson::Double(((id * 13) % 17) as f64);
+        assert_eq!(d.get_array("p").unwrap(), &vec![q.clone(), q]);
+        assert_eq!(d.get_array("empty").unwrap(), &vec![Bson::Null]);
+    }
+    for (stage, code) in [
+        (
+            doc! {"$group": {"_id": null, "m": {"$median": "$qty"}}},
+            7436100,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$percentile": "$qty"}}},
+            7429703,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$median": {"input": "$qty", "method": "continuous"}}}},
+            2,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$median": {"input": "$qty"}}}},
+            40414,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$percentile": {"input": "$qty", "p": "$qty", "method": "approximate"}}}},
+            7750300,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$percentile": {"input": "$qty", "p": [], "method": "approximate"}}}},
+            7750301,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$percentile": {"input": "$qty", "p": ["a"], "method": "approximate"}}}},
+            7750302,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$percentile": {"input": "$qty", "p": [1.5], "method": "approximate"}}}},
+            7750303,
+        ),
+        (doc! {"$project": {"m": {"$median": [1, 2]}}}, 7436201),
+        (
+            doc! {"$project": {"m": {"$percentile": {"input": "$qty", "p": [0.5], "method": "approximate", "x": 1}}}},
+            40415,
+        ),
+    ] {
+        assert_eq!(
+            failure_code(&cl, std::slice::from_ref(&stage)).await,
+            code,
+            "{stage}"
+        );
+    }
+}

@@ -173,6 +173,45 @@ pub(super) fn lazy(
                 }
             }
         }
+        "$sortArray" => {
+            let Bson::Document(d) = args else {
+                return Err(err(
+                    2942500,
+                    format!(
+                        "$sortArray requires an object as an argument, found: {}",
+                        type_name(args)
+                    ),
+                ));
+            };
+            if let Some(k) = d.keys().find(|k| *k != "input" && *k != "sortBy") {
+                return Err(err(
+                    2942501,
+                    format!("$sortArray found an unknown argument: {k}"),
+                ));
+            }
+            let Some(input) = d.get("input") else {
+                return Err(err(2942502, "$sortArray requires 'input' to be specified"));
+            };
+            let Some(sort_by) = d.get("sortBy") else {
+                return Err(err(2942503, "$sortArray requires 'sortBy' to be specified"));
+            };
+            let order = ArrayOrder::parse(sort_by, vars)?;
+            match ev(input, vars, budget)? {
+                Some(Bson::Array(mut items)) => {
+                    order.sort(&mut items);
+                    Some(Bson::Array(items))
+                }
+                None => Some(Bson::Null),
+                Some(v) if nullish(&v) => Some(Bson::Null),
+                Some(other) => return Err(err(
+                    2942504,
+                    format!(
+                        "The input argument to $sortArray must be an array, but was of type: {}",
+                        type_name(&other)
+                    ),
+                )),
+            }
+        }
         "$getField" => {
             let current = Bson::String("$$CURRENT".into());
             // `{$getField: {field, input}}`, or the short form `{$getField: <field>}` (which an
@@ -241,6 +280,60 @@ pub(super) fn lazy(
         }
         _ => return Ok(None),
     }))
+}
+
+/// How `$sortArray` orders elements: whole values in MongoDB's comparison order (`sortBy: 1`
+/// or `-1`), or by fields of the elements (`sortBy: {a: 1, "b.c": -1}`), where an element that
+/// is not a document has every field missing (null). The sort is stable, and strings compare
+/// under the request's collation.
+enum ArrayOrder {
+    Whole(bool, Option<std::sync::Arc<super::collation::Collation>>),
+    Fields(super::query::SortSpec),
+}
+
+impl ArrayOrder {
+    fn parse(sort_by: &Bson, vars: &Variables) -> Result<ArrayOrder, EngineError> {
+        let collation = vars.collation().cloned();
+        match sort_by {
+            Bson::Document(spec) if !spec.is_empty() => Ok(ArrayOrder::Fields(
+                super::query::SortSpec::parse(spec)?.with_collation(collation),
+            )),
+            v if is_number(v) && (to_f64(v) == 1.0 || to_f64(v) == -1.0) => {
+                Ok(ArrayOrder::Whole(to_f64(v) > 0.0, collation))
+            }
+            _ => Err(err(
+                2942506,
+                "The $sort element value must be either 1 or -1",
+            )),
+        }
+    }
+
+    fn sort(&self, items: &mut [Bson]) {
+        match self {
+            ArrayOrder::Whole(ascending, collation) => {
+                let key = |v: &Bson| match collation {
+                    Some(c) => c.key_value(v),
+                    None => v.clone(),
+                };
+                items.sort_by(|a, b| {
+                    let o = compare(&key(a), &key(b));
+                    if *ascending {
+                        o
+                    } else {
+                        o.reverse()
+                    }
+                });
+            }
+            ArrayOrder::Fields(spec) => {
+                let empty = Document::new();
+                let as_doc = |v: &Bson| match v {
+                    Bson::Document(d) => d.clone(),
+                    _ => empty.clone(),
+                };
+                items.sort_by(|a, b| spec.compare(&as_doc(a), &as_doc(b)));
+            }
+        }
+    }
 }
 
 /// What a `field` argument of `$getField`/`$setField`/`$unsetField` is: these operators take
@@ -2411,6 +2504,74 @@ mod tests {
         assert_eq!(
             code(doc! {"$getField": {"field": "a", "other": 1}}),
             3041701
+        );
+    }
+
+    #[test]
+    fn sort_array_orders_as_mongod() {
+        let r = |e: bson::Document| {
+            eval(&Bson::Document(e), &doc! {}).map(|v| v.unwrap_or(Bson::Undefined))
+        };
+        // Whole values in BSON order: numbers (by value, across types) before strings, objects,
+        // arrays, booleans; null first.
+        assert_eq!(
+            r(doc! {"$sortArray": {"input": [true, "b", 2.5, {"x": 1}, 1, null, "a", [0], 3i64], "sortBy": 1}}).unwrap(),
+            Bson::Array(vec![Bson::Null, 1.into(), 2.5.into(), 3i64.into(), "a".into(), "b".into(), Bson::Document(doc! {"x": 1}), Bson::Array(vec![0.into()]), true.into()])
+        );
+        assert_eq!(
+            r(doc! {"$sortArray": {"input": [2, 3, 1], "sortBy": -1}}).unwrap(),
+            Bson::Array(vec![3.into(), 2.into(), 1.into()])
+        );
+        // By fields, stable for ties; elements that are not documents have the fields missing.
+        assert_eq!(
+            r(doc! {"$sortArray": {"input": [{"a": 2, "n": 1}, {"a": 1, "n": 2}, 7, {"a": 2, "n": 3}, {"a": 1, "n": 4}], "sortBy": {"a": -1}}}).unwrap(),
+            Bson::Array(vec![
+                Bson::Document(doc! {"a": 2, "n": 1}),
+                Bson::Document(doc! {"a": 2, "n": 3}),
+                Bson::Document(doc! {"a": 1, "n": 2}),
+                Bson::Document(doc! {"a": 1, "n": 4}),
+                7.into(),
+            ])
+        );
+        assert_eq!(
+            r(doc! {"$sortArray": {"input": [{"a": {"b": 2}}, {"a": {"b": 1}}], "sortBy": {"a.b": 1}}}).unwrap(),
+            Bson::Array(vec![Bson::Document(doc! {"a": {"b": 1}}), Bson::Document(doc! {"a": {"b": 2}})])
+        );
+        assert_eq!(
+            r(doc! {"$sortArray": {"input": "$nope", "sortBy": 1}}).unwrap(),
+            Bson::Null
+        );
+        assert_eq!(
+            r(doc! {"$sortArray": {"input": null, "sortBy": 1}}).unwrap(),
+            Bson::Null
+        );
+        let code = |e: bson::Document| r(e).unwrap_err().code.0;
+        assert_eq!(code(doc! {"$sortArray": [1]}), 2942500);
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": [1], "sortBy": 1, "x": 1}}),
+            2942501
+        );
+        assert_eq!(code(doc! {"$sortArray": {"sortBy": 1}}), 2942502);
+        assert_eq!(code(doc! {"$sortArray": {"input": [1]}}), 2942503);
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": 5, "sortBy": 1}}),
+            2942504
+        );
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": "s", "sortBy": 1}}),
+            2942504
+        );
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": [1], "sortBy": 2}}),
+            2942506
+        );
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": [1], "sortBy": "a"}}),
+            2942506
+        );
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": [1], "sortBy": {"a": 2}}}),
+            15975
         );
     }
 }

@@ -13,6 +13,8 @@
 //! - [`output`]: `$out` and `$merge`, parsed, and `$merge`'s decision per document.
 //! - [`expressions`]: the expression operator families beyond the core.
 //! - [`stages`]: the joining, reshaping, bucketing and window stages.
+//! - [`quantile`]: `$percentile` and `$median`, as accumulators, window functions and
+//!   expressions.
 //!
 //! Every failure is an [`EngineError`]: a MongoDB code and message, with the extra fields
 //! mongod puts beside them.
@@ -23,6 +25,7 @@ pub mod expressions;
 pub mod matcher;
 pub mod output;
 pub mod path;
+pub mod quantile;
 pub mod query;
 pub mod reads;
 pub mod stages;

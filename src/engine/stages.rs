@@ -731,12 +731,17 @@ pub(super) fn set_window_fields(
                 | "$denseRank"
                 | "$documentNumber"
                 | "$shift"
+                | "$median"
+                | "$percentile"
         );
         if !known {
             return Err(err(
                 crate::value::error_codes::ErrorCode::FailedToParse.0,
                 format!("Unrecognized window function, {op}"),
             ));
+        }
+        if matches!(op.as_str(), "$median" | "$percentile") {
+            super::quantile::Quantile::parse(&op, &arg, super::quantile::Usage::Accumulator, vars)?;
         }
         if matches!(
             op.as_str(),
@@ -952,6 +957,17 @@ fn accumulate(
     docs: &[Document],
     vars: &Variables,
 ) -> Result<Bson, EngineError> {
+    if matches!(op, "$median" | "$percentile") {
+        let q =
+            super::quantile::Quantile::parse(op, arg, super::quantile::Usage::Accumulator, vars)?;
+        let mut values = Vec::with_capacity(docs.len());
+        for d in docs {
+            if let Some(v) = eval_with(&q.input, d, vars)? {
+                values.push(v);
+            }
+        }
+        return Ok(q.finish(&values));
+    }
     let mut values = Vec::with_capacity(docs.len());
     for d in docs {
         values.push(eval_with(arg, d, vars)?);
