@@ -974,3 +974,101 @@ async fn median_and_percentile_match_one_shard() {
         );
     }
 }
+
+/// `$dateToParts` and `$dateFromParts`: calendar and ISO week parts in a time zone, the round
+/// trip between them, mongod's carry of out-of-range parts and its codes for bad arguments.
+#[tokio::test]
+async fn date_parts_match_one_shard() {
+    let (_c, cl) = setup().await;
+    let r = same_on_both(
+        &cl,
+        &[
+            doc! {"$set": {
+                "p": {"$dateToParts": {"date": "$day", "timezone": "+05:30"}},
+                "iso": {"$dateToParts": {"date": "$day", "iso8601": true}},
+            }},
+            doc! {"$set": {
+                "back": {"$dateFromParts": {
+                    "year": "$p.year", "month": "$p.month", "day": "$p.day", "hour": "$p.hour",
+                    "minute": "$p.minute", "second": "$p.second", "millisecond": "$p.millisecond",
+                    "timezone": "+05:30"}},
+                "isoBack": {"$dateFromParts": {
+                    "isoWeekYear": "$iso.isoWeekYear", "isoWeek": "$iso.isoWeek",
+                    "isoDayOfWeek": "$iso.isoDayOfWeek", "hour": "$iso.hour", "minute": "$iso.minute",
+                    "second": "$iso.second", "millisecond": "$iso.millisecond"}},
+                "carried": {"$dateFromParts": {"year": 2023, "month": {"$add": ["$qty", 1]}, "day": {"$subtract": [0, "$cust"]}}},
+            }},
+        ],
+    )
+    .await;
+    assert_eq!(r.len(), 90);
+    for d in &r {
+        let id = d.get_i32("_id").unwrap();
+        let day = d.get_datetime("day").unwrap();
+        assert_eq!(d.get_datetime("back").unwrap(), day, "{d}");
+        assert_eq!(d.get_datetime("isoBack").unwrap(), day, "{d}");
+        // 1_700_000_000_000 is 2023-11-14T22:13:20Z: 03:43:20 on the 15th at +05:30.
+        let p = d.get_document("p").unwrap();
+        assert_eq!(p.get_i32("hour").unwrap(), 3);
+        assert_eq!(p.get_i32("minute").unwrap(), 43);
+        assert_eq!(p.get_i32("day").unwrap(), 15 + (id % 10));
+        let iso = d.get_document("iso").unwrap();
+        assert_eq!(iso.get_i32("isoWeekYear").unwrap(), 2023);
+        assert_eq!(iso.get_i32("hour").unwrap(), 22);
+        // Month qty+1 of 2023 (carried into 2024 past December), day -cust: cust + 1 days
+        // before the first of that month.
+        let qty = (id * 13) % 17;
+        let months = 2023 * 12 + qty;
+        let (y, m) = (months / 12, months % 12 + 1);
+        let first = bson::DateTime::parse_rfc3339_str(format!("{y:04}-{m:02}-01T00:00:00Z"))
+            .unwrap()
+            .timestamp_millis();
+        assert_eq!(
+            d.get_datetime("carried").unwrap().timestamp_millis(),
+            first - (id % 7 + 1) as i64 * 86_400_000,
+            "{d}"
+        );
+    }
+    for (expr, code) in [
+        (doc! {"$dateFromParts": "$day"}, 40519),
+        (doc! {"$dateFromParts": {"year": 2020, "week": 1}}, 40518),
+        (doc! {"$dateFromParts": {"month": 1}}, 40516),
+        (
+            doc! {"$dateFromParts": {"year": 2020, "isoWeek": 1}},
+            40489,
+        ),
+        (
+            doc! {"$dateFromParts": {"isoWeekYear": 2020, "month": 1}},
+            40525,
+        ),
+        (doc! {"$dateFromParts": {"year": "$tags"}}, 40515),
+        (doc! {"$dateFromParts": {"year": 0}}, 40523),
+        (doc! {"$dateFromParts": {"isoWeekYear": 10000}}, 31095),
+        (
+            doc! {"$dateFromParts": {"year": 2020, "day": 40000}},
+            31034,
+        ),
+        (
+            doc! {"$dateFromParts": {"year": 2020, "timezone": 1}},
+            40517,
+        ),
+        (doc! {"$dateToParts": ["$day"]}, 40524),
+        (doc! {"$dateToParts": {"date": "$day", "iso": true}}, 40520),
+        (doc! {"$dateToParts": {"iso8601": true}}, 40522),
+        (
+            doc! {"$dateToParts": {"date": "$day", "iso8601": "yes"}},
+            40521,
+        ),
+        (doc! {"$dateToParts": {"date": "$qty"}}, 16006),
+        (
+            doc! {"$dateToParts": {"date": "$day", "timezone": "Mars/Olympus"}},
+            40485,
+        ),
+    ] {
+        assert_eq!(
+            failure_code(&cl, &[doc! {"$project": {"x": expr.clone()}}]).await,
+            code,
+            "{expr}"
+        );
+    }
+}

@@ -1438,6 +1438,9 @@ fn operator(
     if matches!(op, "$median" | "$percentile") {
         return super::quantile::expression(op, args, root, vars, budget).map(Some);
     }
+    if matches!(op, "$dateFromParts" | "$dateToParts") {
+        return super::date_parts::expression(op, args, root, vars, budget).map(Some);
+    }
     if let Some(v) = super::expressions::lazy(op, args, root, vars, budget)? {
         return Ok(v);
     }

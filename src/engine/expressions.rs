@@ -11,7 +11,7 @@ use crate::value::compare::{compare, values_equal, OrdBson};
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{is_number, to_f64, truthy, type_name};
 
-fn nullish(v: &Bson) -> bool {
+pub(super) fn nullish(v: &Bson) -> bool {
     matches!(v, Bson::Null | Bson::Undefined)
 }
 
@@ -203,13 +203,15 @@ pub(super) fn lazy(
                 }
                 None => Some(Bson::Null),
                 Some(v) if nullish(&v) => Some(Bson::Null),
-                Some(other) => return Err(err(
-                    2942504,
-                    format!(
+                Some(other) => {
+                    return Err(err(
+                        2942504,
+                        format!(
                         "The input argument to $sortArray must be an array, but was of type: {}",
                         type_name(&other)
                     ),
-                )),
+                    ))
+                }
             }
         }
         "$getField" => {
@@ -460,7 +462,7 @@ fn expect_string<'a>(op: &str, v: &'a Bson) -> Result<Option<&'a str>, EngineErr
     }
 }
 
-fn date_of(_op: &str, v: &Bson) -> Result<Option<i64>, EngineError> {
+pub(super) fn date_of(_op: &str, v: &Bson) -> Result<Option<i64>, EngineError> {
     match v {
         Bson::DateTime(d) => Ok(Some(d.timestamp_millis())),
         Bson::Timestamp(t) => Ok(Some(t.time as i64 * 1000)),
@@ -484,7 +486,7 @@ fn coerce_date(v: &Bson) -> Option<i64> {
     }
 }
 
-const DAY_MS: i64 = 86_400_000;
+pub(super) const DAY_MS: i64 = 86_400_000;
 
 /// The time zones the date operators accept without a time zone database: UTC under its
 /// names, `Etc/GMT±N`, and fixed offsets (`+HH`, `+HHMM`, `+HH:MM`). Any other name is refused
@@ -534,7 +536,7 @@ fn parse_offset(s: &str) -> Option<i64> {
 
 /// The offset from UTC (ms) of a date operator's `timezone`: `Some(0)` when absent, `None`
 /// when it is null (the operator's result is null).
-fn time_zone(v: Option<Bson>) -> Result<Option<i64>, EngineError> {
+pub(super) fn time_zone(v: Option<Bson>) -> Result<Option<i64>, EngineError> {
     let s = match v {
         None => return Ok(Some(0)),
         Some(v) if nullish(&v) => return Ok(None),
@@ -619,7 +621,7 @@ fn time_unit(op: &str, v: &Bson) -> Result<&'static str, EngineError> {
 
 /// An optional argument that is given: its value, null when it evaluates to missing; `None` when
 /// it is not given at all (the date operators' `timezone`).
-fn given_or_null(
+pub(super) fn given_or_null(
     d: &Document,
     key: &str,
     get: &mut impl FnMut(&str) -> Result<Option<Bson>, EngineError>,
@@ -683,7 +685,7 @@ fn day_of_week(op: &str, v: &Bson) -> Result<i64, EngineError> {
 }
 
 /// A 64-bit integral value (an integral double or decimal too), as mongod's `integral64Bit`.
-fn integral64(v: &Bson) -> Option<i64> {
+pub(super) fn integral64(v: &Bson) -> Option<i64> {
     match v {
         Bson::Int32(i) => Some(*i as i64),
         Bson::Int64(i) => Some(*i),
@@ -820,7 +822,7 @@ fn date_trunc(
 }
 
 /// ISO 8601 week-numbering year, week and day (Monday 1) of a day since the epoch.
-fn iso_week(days: i64) -> (i64, i64, i64) {
+pub(super) fn iso_week(days: i64) -> (i64, i64, i64) {
     let iso_dow = (days + 3).rem_euclid(7) + 1;
     // The Thursday of this week decides the year.
     let thursday = days - iso_dow + 4;
@@ -830,7 +832,7 @@ fn iso_week(days: i64) -> (i64, i64, i64) {
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
-fn civil(days: i64) -> (i64, u32, u32) {
+pub(super) fn civil(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -843,7 +845,7 @@ fn civil(days: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+pub(super) fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
     let yoe = y.rem_euclid(400);

@@ -13,6 +13,7 @@
 //! - [`output`]: `$out` and `$merge`, parsed, and `$merge`'s decision per document.
 //! - [`expressions`]: the expression operator families beyond the core.
 //! - [`stages`]: the joining, reshaping, bucketing and window stages.
+//! - [`date_parts`]: `$dateFromParts` and `$dateToParts`.
 //! - [`quantile`]: `$percentile` and `$median`, as accumulators, window functions and
 //!   expressions.
 //!
@@ -21,6 +22,7 @@
 
 pub mod aggregate;
 pub mod collation;
+pub mod date_parts;
 pub mod expressions;
 pub mod matcher;
 pub mod output;
