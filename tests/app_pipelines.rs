@@ -1033,10 +1033,7 @@ async fn date_parts_match_one_shard() {
         (doc! {"$dateFromParts": "$day"}, 40519),
         (doc! {"$dateFromParts": {"year": 2020, "week": 1}}, 40518),
         (doc! {"$dateFromParts": {"month": 1}}, 40516),
-        (
-            doc! {"$dateFromParts": {"year": 2020, "isoWeek": 1}},
-            40489,
-        ),
+        (doc! {"$dateFromParts": {"year": 2020, "isoWeek": 1}}, 40489),
         (
             doc! {"$dateFromParts": {"isoWeekYear": 2020, "month": 1}},
             40525,
@@ -1044,10 +1041,7 @@ async fn date_parts_match_one_shard() {
         (doc! {"$dateFromParts": {"year": "$tags"}}, 40515),
         (doc! {"$dateFromParts": {"year": 0}}, 40523),
         (doc! {"$dateFromParts": {"isoWeekYear": 10000}}, 31095),
-        (
-            doc! {"$dateFromParts": {"year": 2020, "day": 40000}},
-            31034,
-        ),
+        (doc! {"$dateFromParts": {"year": 2020, "day": 40000}}, 31034),
         (
             doc! {"$dateFromParts": {"year": 2020, "timezone": 1}},
             40517,
@@ -1069,6 +1063,179 @@ async fn date_parts_match_one_shard() {
             failure_code(&cl, &[doc! {"$project": {"x": expr.clone()}}]).await,
             code,
             "{expr}"
+        );
+    }
+}
+
+/// Runs `pipeline` on both collections and compares them as sets of documents (generated
+/// documents have no `_id`, and documents tied on the stage's sort come in the order the
+/// shards return them).
+async fn same_set_on_both(cl: &mongodb::Client, pipeline: &[Document]) -> Vec<Document> {
+    let sharded = sorted(run(cl, "orders", pipeline).await);
+    let plain = sorted(run(cl, "orders_plain", pipeline).await);
+    assert_eq!(sharded, plain, "{pipeline:?}");
+    sharded
+}
+
+/// `$densify` and `$fill` run after the router's merge, over every document, and give what one
+/// shard gives over the whole collection; bad specifications get mongod's codes.
+#[tokio::test]
+async fn densify_and_fill_match_one_shard() {
+    let (_c, cl) = setup().await;
+    // Each customer's quantities densified between its own lowest and highest.
+    let r = same_set_on_both(
+        &cl,
+        &[
+            doc! {"$project": {"_id": 0, "cust": 1, "qty": 1}},
+            doc! {"$densify": {"field": "qty", "partitionByFields": ["cust"], "range": {"step": 1, "bounds": "partition"}}},
+        ],
+    )
+    .await;
+    for cust in 0..7 {
+        let orig: Vec<i32> = (0..90)
+            .filter(|i| i % 7 == cust)
+            .map(|i| (i * 13) % 17)
+            .collect();
+        let (lo, hi) = (*orig.iter().min().unwrap(), *orig.iter().max().unwrap());
+        let mut got: Vec<i32> = r
+            .iter()
+            .filter(|d| d.get_i32("cust").unwrap() == cust)
+            .map(|d| d.get_i32("qty").unwrap())
+            .collect();
+        got.sort();
+        let mut want = orig.clone();
+        want.extend((lo..=hi).filter(|q| !orig.contains(q)));
+        want.sort();
+        assert_eq!(got, want, "customer {cust}");
+    }
+    // "full" bounds: every customer gets every quantity from the lowest to the highest of all.
+    let r = same_set_on_both(
+        &cl,
+        &[
+            doc! {"$match": {"qty": {"$lt": 8}}},
+            doc! {"$group": {"_id": {"cust": "$cust", "qty": "$qty"}}},
+            doc! {"$replaceWith": "$_id"},
+            doc! {"$densify": {"field": "qty", "partitionByFields": ["cust"], "range": {"step": 2, "bounds": "full"}}},
+        ],
+    )
+    .await;
+    for cust in 0..7 {
+        let orig: std::collections::BTreeSet<i32> = (0..90)
+            .filter(|i| i % 7 == cust)
+            .map(|i| (i * 13) % 17)
+            .filter(|q| *q < 8)
+            .collect();
+        let mut want: Vec<i32> = orig.iter().copied().collect();
+        want.extend((0..8).step_by(2).filter(|q| !orig.contains(q)));
+        want.sort();
+        let mut got: Vec<i32> = r
+            .iter()
+            .filter(|d| d.get_i32("cust").unwrap() == cust)
+            .map(|d| d.get_i32("qty").unwrap())
+            .collect();
+        got.sort();
+        assert_eq!(got, want, "customer {cust}");
+    }
+    // Dates by 12 hours within explicit bounds: the half days between the order days.
+    let first = bson::DateTime::from_millis(1_700_000_000_000);
+    let last = bson::DateTime::from_millis(1_700_000_000_000 + 3 * 86_400_000);
+    let r = same_set_on_both(
+        &cl,
+        &[
+            doc! {"$match": {"cust": 0}},
+            doc! {"$project": {"_id": 0, "day": 1}},
+            doc! {"$densify": {"field": "day", "range": {"step": 12, "unit": "hour", "bounds": [first, last]}}},
+            doc! {"$match": {"day": {"$lt": last}}},
+        ],
+    )
+    .await;
+    let generated: Vec<i64> = r
+        .iter()
+        .map(|d| d.get_datetime("day").unwrap().timestamp_millis())
+        .filter(|t| (t - 1_700_000_000_000) % 86_400_000 != 0)
+        .collect();
+    assert_eq!(
+        generated,
+        (0..3)
+            .map(|k| 1_700_000_000_000 + k * 86_400_000 + 43_200_000)
+            .collect::<Vec<_>>()
+    );
+    // $fill over densified gaps: carried forward, interpolated, or a value.
+    let r = same_set_on_both(
+        &cl,
+        &[
+            doc! {"$match": {"cust": 2}},
+            doc! {"$group": {"_id": "$qty", "n": {"$sum": 1}}},
+            doc! {"$project": {"_id": 0, "qty": "$_id", "n": 1, "m": "$n", "z": "$n"}},
+            doc! {"$densify": {"field": "qty", "range": {"step": 1, "bounds": "full"}}},
+            doc! {"$fill": {"sortBy": {"qty": 1}, "output": {"n": {"method": "locf"}, "m": {"method": "linear"}, "z": {"value": -1}}}},
+        ],
+    )
+    .await;
+    let present: std::collections::BTreeMap<i32, i32> = {
+        let mut m = std::collections::BTreeMap::new();
+        for i in (0..90).filter(|i| i % 7 == 2) {
+            *m.entry((i * 13) % 17).or_insert(0) += 1;
+        }
+        m
+    };
+    for d in &r {
+        let q = d.get_i32("qty").unwrap();
+        match present.get(&q) {
+            Some(n) => {
+                assert_eq!(d.get_i32("n").unwrap(), *n);
+                assert_eq!(d.get_i32("z").unwrap(), *n);
+            }
+            None => {
+                let (pq, pn) = present.range(..q).next_back().unwrap();
+                let (nq, nn) = present.range(q..).next().unwrap();
+                assert_eq!(d.get_i32("n").unwrap(), *pn, "{d}");
+                assert_eq!(d.get_i32("z").unwrap(), -1, "{d}");
+                let want = *pn as f64 + (q - pq) as f64 * ((nn - pn) as f64 / (nq - pq) as f64);
+                assert!((d.get_f64("m").unwrap() - want).abs() < 1e-9, "{d}");
+            }
+        }
+    }
+    for (stage, code) in [
+        (doc! {"$densify": {"field": "qty"}}, 40414),
+        (
+            doc! {"$densify": {"field": "qty", "range": {"step": -1, "bounds": "full"}}},
+            5733401,
+        ),
+        (
+            doc! {"$densify": {"field": "qty", "range": {"step": 1, "bounds": "partition"}}},
+            5733408,
+        ),
+        (
+            doc! {"$densify": {"field": "qty", "range": {"step": 1, "bounds": [5, 1]}}},
+            5733402,
+        ),
+        (
+            doc! {"$densify": {"field": "tags", "range": {"step": 1, "bounds": "full"}}},
+            5733201,
+        ),
+        (
+            doc! {"$densify": {"field": "day", "range": {"step": 1, "bounds": "full"}}},
+            6053600,
+        ),
+        (doc! {"$fill": {"output": {}}}, 6050203),
+        (
+            doc! {"$fill": {"output": {"qty": {"method": "nearest"}}}},
+            6050202,
+        ),
+        (
+            doc! {"$fill": {"output": {"qty": {"method": "linear"}}}},
+            605001,
+        ),
+        (
+            doc! {"$fill": {"sortBy": {"cust": 1}, "output": {"qty": {"method": "linear"}}}},
+            6050106,
+        ),
+    ] {
+        assert_eq!(
+            failure_code(&cl, std::slice::from_ref(&stage)).await,
+            code,
+            "{stage}"
         );
     }
 }

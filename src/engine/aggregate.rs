@@ -344,6 +344,8 @@ pub fn run_in(
             "$unionWith" => super::stages::union_with(spec, docs, options, env, cap)?,
             "$setWindowFields" => super::stages::set_window_fields(spec, docs, cap, vars)?,
             "$redact" => super::stages::redact(spec, docs, vars)?,
+            "$densify" => super::fill::densify(spec, docs, cap)?,
+            "$fill" => run_in(&super::fill::fill_stages(spec)?, docs, options, env)?,
             "$out" | "$merge" => {
                 return Err(err(
                     40601,

@@ -588,7 +588,7 @@ fn days_in_month(y: i64, m: u32) -> u32 {
 }
 
 /// A date operator's time unit, or mongod's errors for another value.
-fn time_unit(op: &str, v: &Bson) -> Result<&'static str, EngineError> {
+pub(super) fn time_unit(op: &str, v: &Bson) -> Result<&'static str, EngineError> {
     let Bson::String(u) = v else {
         return Err(err(
             5439013,
@@ -701,7 +701,13 @@ pub(super) fn integral64(v: &Bson) -> Option<i64> {
 /// `date` (UTC ms) plus `amount` units in a zone `offset` ms from UTC: months, quarters and
 /// years move the local calendar date (the day clamped to the month's last), the rest add
 /// their length.
-fn date_add(op: &str, ms: i64, unit: &str, amount: i64, offset: i64) -> Result<i64, EngineError> {
+pub(super) fn date_add(
+    op: &str,
+    ms: i64,
+    unit: &str,
+    amount: i64,
+    offset: i64,
+) -> Result<i64, EngineError> {
     let overflow = || err(5166406, format!("{op} overflowed"));
     let fixed = |unit_ms: i64| {
         amount

@@ -14,6 +14,7 @@
 //! - [`expressions`]: the expression operator families beyond the core.
 //! - [`stages`]: the joining, reshaping, bucketing and window stages.
 //! - [`date_parts`]: `$dateFromParts` and `$dateToParts`.
+//! - [`fill`]: `$densify` and `$fill`.
 //! - [`quantile`]: `$percentile` and `$median`, as accumulators, window functions and
 //!   expressions.
 //!
@@ -24,6 +25,7 @@ pub mod aggregate;
 pub mod collation;
 pub mod date_parts;
 pub mod expressions;
+pub mod fill;
 pub mod matcher;
 pub mod output;
 pub mod path;
