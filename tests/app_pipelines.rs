@@ -833,8 +833,12 @@ async fn sort_array_matches_one_shard() {
             2942506,
         ),
         (
-            doc! {"$sortArray": {"input": "$tags", "sortBy": {"a": "up"}}},
+            doc! {"$sortArray": {"input": "$tags", "sortBy": {"a": 2}}},
             15975,
+        ),
+        (
+            doc! {"$sortArray": {"input": "$tags", "sortBy": {"a": "up"}}},
+            15974,
         ),
     ] {
         assert_eq!(

@@ -2581,5 +2581,9 @@ mod tests {
             code(doc! {"$sortArray": {"input": [1], "sortBy": {"a": 2}}}),
             15975
         );
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": [1], "sortBy": {"a": "x"}}}),
+            15974
+        );
     }
 }
