@@ -794,4 +794,50 @@ mod tests {
             14
         );
     }
+
+    #[test]
+    fn explicit_bounds_densify_every_partition_and_dates_interpolate() {
+        let out = run(
+            doc! {"$densify": {"field": "v", "partitionByFields": ["p"], "range": {"step": 5, "bounds": [0, 15]}}},
+            vec![doc! {"p": 1, "v": 5}, doc! {"p": 2, "v": 20}, doc! {"p": 2, "v": 7}],
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            vec![
+                doc! {"p": 1, "v": 0},
+                doc! {"p": 1, "v": 5},
+                doc! {"p": 1, "v": 10},
+                doc! {"p": 2, "v": 0},
+                doc! {"p": 2, "v": 5},
+                doc! {"p": 2, "v": 7},
+                doc! {"p": 2, "v": 10},
+                doc! {"p": 2, "v": 20},
+            ]
+        );
+        let at = |ms: i64| Bson::DateTime(bson::DateTime::from_millis(ms));
+        let out = run(
+            doc! {"$setWindowFields": {"sortBy": {"t": 1}, "output": {"y": {"$linearFill": "$y"}, "c": {"$locf": "$y"}}}},
+            vec![
+                doc! {"t": at(0), "y": 0},
+                doc! {"t": at(1_000)},
+                doc! {"t": at(4_000), "y": 8},
+                doc! {"t": at(5_000), "y": Bson::Null},
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            field(&out, "y"),
+            vec![0.into(), Bson::Double(2.0), 8.into(), Bson::Null]
+        );
+        assert_eq!(
+            field(&out, "c"),
+            vec![0.into(), 0.into(), 8.into(), 8.into()]
+        );
+        let bad = run(
+            doc! {"$setWindowFields": {"sortBy": {"t": 1}, "output": {"y": {"$locf": "$y", "window": {"documents": [-1, 0]}}}}},
+            vec![],
+        );
+        assert_eq!(bad.unwrap_err().code.0, 9);
+    }
 }
