@@ -212,3 +212,71 @@ async fn views_through_the_router() {
     scenario(&cl, "router").await;
     c.stop().await;
 }
+
+/// A view whose source is sharded: the primary shard answers 169 with the resolved view and
+/// the router runs the read on the sharded source, in the shape of the command sent; a cursor
+/// on the view continues with `getMore` under the view's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn views_on_a_sharded_collection() {
+    let c = TestCluster::start(3, &[("views.people", doc! {"_id": "hashed"})]).await;
+    let cl = common::driver(c.addr(), "").await;
+    let db = cl.database("views");
+    let base = db.collection::<Document>("people");
+    base.insert_many(
+        (1..=300).map(
+            |i| doc! {"_id": i, "age": i % 100, "team": if i % 2 == 0 { "even" } else { "odd" }},
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(
+        (0..3)
+            .filter(|i| c.shards[*i].service().count_documents("views", "people") > 0)
+            .count()
+            > 1,
+        "the source is spread over the shards"
+    );
+    db.run_command(doc! {"create": "adults", "viewOn": "people", "pipeline": [{"$match": {"age": {"$gte": 50}}}]})
+        .await
+        .unwrap();
+    let adults = db.collection::<Document>("adults");
+    assert_eq!(adults.estimated_document_count().await.unwrap(), 150);
+    assert_eq!(
+        adults.count_documents(doc! {"team": "odd"}).await.unwrap(),
+        75
+    );
+    let mut teams = adults.distinct("team", doc! {}).await.unwrap();
+    teams.sort_by_key(|b| b.to_string());
+    assert_eq!(teams, vec![Bson::from("even"), Bson::from("odd")]);
+    // A find whose results take several batches: getMore names the view.
+    let found = common::all(
+        adults
+            .find(doc! {"team": "even"})
+            .sort(doc! {"_id": 1})
+            .batch_size(10)
+            .projection(doc! {"age": 1})
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(found.len(), 75);
+    assert_eq!(found[0], doc! {"_id": 50, "age": 50});
+    assert!(found
+        .windows(2)
+        .all(|w| w[0].get_i32("_id").unwrap() < w[1].get_i32("_id").unwrap()));
+    let grouped = common::all(
+        adults
+            .aggregate(vec![
+                doc! {"$group": {"_id": "$team", "n": {"$sum": 1}}},
+                doc! {"$sort": {"_id": 1}},
+            ])
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        grouped,
+        vec![doc! {"_id": "even", "n": 75}, doc! {"_id": "odd", "n": 75}]
+    );
+    c.stop().await;
+}

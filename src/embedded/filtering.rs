@@ -91,6 +91,14 @@ impl Filtering {
             .map_err(engine_error)
     }
 
+    /// Whether `ns` is a sharded collection (tracked by the config server).
+    pub async fn is_sharded(&self, ns: &str) -> Result<bool, EngineError> {
+        Ok(match self.cache().await?.routing_info(ns).await {
+            Ok(info) => info.collection.is_some(),
+            Err(_) => false,
+        })
+    }
+
     /// The placement version this shard (`shard`) has for `ns`: its chunks' highest version,
     /// UNSHARDED for an untracked collection.
     async fn wanted(&self, shard: &str, ns: &str) -> Result<ShardVersion, EngineError> {

@@ -177,7 +177,10 @@ pub fn parse_definition(cmd: &str, body: &Document) -> Result<Document, EngineEr
             }
         }
     }
-    if let Some(k) = body.keys().find(|k| COLLECTION_ONLY_OPTIONS.contains(&k.as_str())) {
+    if let Some(k) = body
+        .keys()
+        .find(|k| COLLECTION_ONLY_OPTIONS.contains(&k.as_str()))
+    {
         return Err(EngineError::new(
             ErrorCode::InvalidOptions,
             format!("option '{k}' is not supported for views"),

@@ -106,6 +106,7 @@ named {
     CommandNotSupportedOnView = 166,
     OptionNotSupportedOnView = 167,
     InvalidPipelineOperator = 168,
+    CommandOnShardedViewNotSupportedOnMongod = 169,
     ClientMetadataCannotBeMutated = 186,
     PrimarySteppedDown = 189,
     FailPointEnabled = 192,
