@@ -257,6 +257,12 @@ impl ShardService {
                 Document::new()
             }
             "getCmdLineOpts" => server_info::get_cmd_line_opts(&self.state),
+            "configureFailPoint"
+                if body.get_str("configureFailPoint").ok()
+                    == Some("onPrimaryTransactionalWrite") =>
+            {
+                self.txn_write_failpoint.configure(&body)?
+            }
             "configureFailPoint" => self.failpoints.configure(&body)?,
             "sluiceSetShardVersion" => self.set_shard_version(&body)?,
             _ if self.options.config_server && crate::embedded::configsvr::serves(name) => {
@@ -294,7 +300,11 @@ impl ShardService {
                 } else {
                     None
                 };
-                let mut reply = crate::embedded::commands::run(self, req, &body, retry.as_ref())?;
+                let result = crate::embedded::commands::run(self, req, &body, retry.as_ref());
+                if retry.as_ref().is_some_and(|r| r.close_after()) {
+                    return Ok(None);
+                }
+                let mut reply = result?;
                 if let Some(member) = &self.member {
                     if crate::embedded::replset::is_write(name) {
                         match member.take_after_write() {

@@ -35,7 +35,7 @@ pub use crate::command::failpoint::TEST_ONLY_COMMANDS;
 
 pub use idle::{spawn_idle_monitor, MAX_OPEN_CURSORS};
 use retry::SessionRecord;
-pub use retry::{RetryCtx, StmtOutcome, MAX_SESSIONS, SESSION_IDLE_TIMEOUT};
+pub use retry::{RetryCtx, StmtOutcome, TxnWriteFailPoint, MAX_SESSIONS, SESSION_IDLE_TIMEOUT};
 use status::CommandCount;
 pub use txn::{Transactions, TRANSACTION_LIFETIME, TRANSIENT_TRANSACTION_ERROR};
 
@@ -76,6 +76,7 @@ pub struct ShardService {
     pub(super) cursors: command::cursors::DocumentCursors,
     sessions: Arc<Mutex<HashMap<String, SessionRecord>>>,
     failpoints: crate::command::failpoint::FailPoints,
+    pub(in crate::embedded) txn_write_failpoint: TxnWriteFailPoint,
     pub(super) versions: Arc<Mutex<HashMap<String, Document>>>,
     transactions: Arc<Mutex<Transactions>>,
     snapshots: Arc<Mutex<snapshot::SnapshotHistory>>,
@@ -127,6 +128,7 @@ impl ShardService {
             cursors,
             sessions: data.sessions,
             failpoints: Default::default(),
+            txn_write_failpoint: TxnWriteFailPoint::default(),
             versions: data.versions,
             transactions: data.transactions,
             snapshots: data.snapshots,
