@@ -723,3 +723,193 @@ async fn a_sharded_collection_renamed_through_one_router_is_found_under_its_new_
     assert_eq!(chunks_of(&c, "demo.plain").await.unwrap().0, uuid);
     c.shutdown().await;
 }
+
+const STALE: &str = "[[collections]]\nns = \"demo.items\"\nkey = '{\"_id\": \"hashed\"}'\n\
+[[collections]]\nns = \"demo.upd\"\nkey = '{\"_id\": \"hashed\"}'\n\
+[[collections]]\nns = \"demo.del\"\nkey = '{\"_id\": \"hashed\"}'\n\
+[[collections]]\nns = \"demo.rd\"\nkey = '{\"_id\": \"hashed\"}'\n";
+
+/// The shard id `config.databases` names as `db`'s primary.
+async fn primary_of(c: &sluice::demo::DemoCluster, db: &str) -> usize {
+    let config = direct(c.config_server.local_addr())
+        .await
+        .database("config");
+    let d = config
+        .collection::<Document>("databases")
+        .find_one(doc! {"_id": db})
+        .await
+        .unwrap()
+        .unwrap();
+    let primary = d.get_str("primary").unwrap();
+    primary.trim_start_matches("shard").parse().unwrap()
+}
+
+/// The sorted `_id`s of `db.coll` each shard holds itself.
+fn ids_per_shard(c: &sluice::demo::DemoCluster, db: &str, coll: &str) -> Vec<Vec<i64>> {
+    c.shards
+        .iter()
+        .map(|s| {
+            let mut v: Vec<i64> = s
+                .service()
+                .documents(db, coll)
+                .iter()
+                .map(|d| d.get_i64("_id").unwrap())
+                .collect();
+            v.sort_unstable();
+            v
+        })
+        .collect()
+}
+
+/// `(index, code)` of every write error of a write command's reply.
+fn write_errors(reply: &Document) -> Vec<(i32, i32)> {
+    reply
+        .get_array("writeErrors")
+        .map(|a| {
+            a.iter()
+                .map(|e| {
+                    let e = e.as_document().unwrap();
+                    (e.get_i32("index").unwrap(), e.get_i32("code").unwrap())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Expects `shards` to hold `want` on the primary shard `p` and nothing elsewhere.
+fn only_on_primary(c: &sluice::demo::DemoCluster, coll: &str, p: usize, want: &[i64]) {
+    for (i, ids) in ids_per_shard(c, "demo", coll).into_iter().enumerate() {
+        if i == p {
+            assert_eq!(ids, want, "demo.{coll} on the primary shard{i}");
+        } else {
+            assert!(ids.is_empty(), "demo.{coll} on shard{i}: {ids:?}");
+        }
+    }
+}
+
+/// A router that still holds a collection's sharded routing after another router dropped it
+/// learns from the shards' StaleConfig that the collection is gone, finds it unsharded on the
+/// config server and sends its inserts, updates and deletes to the database's primary shard,
+/// as mongos does: an insert creates the collection there, unsharded. The counts, the write
+/// errors' indexes and a retryable write's resend are the client's, and every document lands
+/// once. Its reads, too, answer as a fresh router's.
+#[tokio::test]
+async fn a_stale_router_sends_writes_to_a_collection_dropped_elsewhere_to_the_primary_shard() {
+    let c = cluster(2, vec![router_config(), router_config()], STALE).await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    let p = primary_of(&c, "demo").await;
+    let demo_a = a.database("demo");
+    let demo_b = b.database("demo");
+    // Router A routes every collection by its chunks first, so its cache holds them sharded.
+    for coll in ["items", "upd", "del", "rd"] {
+        demo_a
+            .collection::<Document>(coll)
+            .insert_many((0..40i64).map(|i| doc! {"_id": i}))
+            .await
+            .unwrap();
+        let per_shard = ids_per_shard(&c, "demo", coll);
+        assert!(
+            per_shard.iter().all(|ids| !ids.is_empty()),
+            "demo.{coll} sharded over both shards"
+        );
+        demo_b.collection::<Document>(coll).drop().await.unwrap();
+        assert!(chunks_of(&c, &format!("demo.{coll}")).await.is_none());
+    }
+
+    // Raw write commands through router A from a client of their own, whose sessions have
+    // seen no other transaction number.
+    let raw_a = client(&c, 0).await.database("demo");
+
+    // insert, unordered, retryable, a duplicate `_id` at index 2.
+    let mut session = raw_a.client().start_session().await.unwrap();
+    let txn = common::next_txn_number();
+    let insert = doc! {
+        "insert": "items",
+        "documents": [{"_id": 1000i64}, {"_id": 1001i64}, {"_id": 1000i64}, {"_id": 1002i64}],
+        "ordered": false,
+        "txnNumber": txn,
+    };
+    let reply = raw_a
+        .run_command(insert.clone())
+        .session(&mut session)
+        .await
+        .unwrap();
+    assert_eq!(reply.get_i32("n").unwrap(), 3, "{reply}");
+    assert_eq!(write_errors(&reply), vec![(2, 11000)], "{reply}");
+    // The same statements again with the same transaction number: the recorded results.
+    let again = raw_a
+        .run_command(insert)
+        .session(&mut session)
+        .await
+        .unwrap();
+    assert_eq!(again.get_i32("n").unwrap(), 3, "{again}");
+    assert_eq!(write_errors(&again), vec![(2, 11000)], "{again}");
+    only_on_primary(&c, "items", p, &[1000, 1001, 1002]);
+    assert!(chunks_of(&c, "demo.items").await.is_none(), "unsharded");
+    assert_eq!(ids(&a, "demo", "items").await, vec![1000, 1001, 1002]);
+    assert_eq!(ids(&b, "demo", "items").await, vec![1000, 1001, 1002]);
+
+    // update: router B recreates the collection unsharded, router A (stale) updates it.
+    demo_b
+        .collection::<Document>("upd")
+        .insert_many((0..10i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    let reply = raw_a
+        .run_command(doc! {
+            "update": "upd",
+            "updates": [
+                {"q": {}, "u": {"$set": {"seen": true}}, "multi": true},
+                {"q": {"_id": 50i64}, "u": {"$set": {"seen": true}}, "upsert": true},
+            ],
+            "txnNumber": common::next_txn_number(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.get_i32("n").unwrap(), 11, "{reply}");
+    assert_eq!(reply.get_i32("nModified").unwrap(), 10, "{reply}");
+    assert!(write_errors(&reply).is_empty(), "{reply}");
+    let upserted = reply.get_array("upserted").unwrap();
+    assert_eq!(
+        upserted[0].as_document().unwrap(),
+        &doc! {"index": 1, "_id": 50i64}
+    );
+    let mut want: Vec<i64> = (0..10).collect();
+    want.push(50);
+    only_on_primary(&c, "upd", p, &want);
+    let seen = demo_b
+        .collection::<Document>("upd")
+        .count_documents(doc! {"seen": true})
+        .await
+        .unwrap();
+    assert_eq!(seen, 11);
+
+    // delete, ordered: one document by `_id`, then every one from 3 on.
+    demo_b
+        .collection::<Document>("del")
+        .insert_many((0..6i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    let reply = raw_a
+        .run_command(doc! {
+            "delete": "del",
+            "deletes": [{"q": {"_id": 1i64}, "limit": 1}, {"q": {"_id": {"$gte": 3i64}}, "limit": 0}],
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.get_i32("n").unwrap(), 4, "{reply}");
+    assert!(write_errors(&reply).is_empty(), "{reply}");
+    only_on_primary(&c, "del", p, &[0, 2]);
+    assert_eq!(ids(&a, "demo", "del").await, vec![0, 2]);
+
+    // find: router A, stale, answers what router B does.
+    demo_b
+        .collection::<Document>("rd")
+        .insert_many((0..5i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    assert_eq!(ids(&a, "demo", "rd").await, (0..5).collect::<Vec<_>>());
+    assert_eq!(ids(&b, "demo", "rd").await, (0..5).collect::<Vec<_>>());
+    c.shutdown().await;
+}
