@@ -727,7 +727,8 @@ async fn a_sharded_collection_renamed_through_one_router_is_found_under_its_new_
 const STALE: &str = "[[collections]]\nns = \"demo.items\"\nkey = '{\"_id\": \"hashed\"}'\n\
 [[collections]]\nns = \"demo.upd\"\nkey = '{\"_id\": \"hashed\"}'\n\
 [[collections]]\nns = \"demo.del\"\nkey = '{\"_id\": \"hashed\"}'\n\
-[[collections]]\nns = \"demo.rd\"\nkey = '{\"_id\": \"hashed\"}'\n";
+[[collections]]\nns = \"demo.rd\"\nkey = '{\"_id\": \"hashed\"}'\n\
+[[collections]]\nns = \"demo.bw\"\nkey = '{\"_id\": \"hashed\"}'\n";
 
 /// The shard id `config.databases` names as `db`'s primary.
 async fn primary_of(c: &sluice::demo::DemoCluster, db: &str) -> usize {
@@ -802,7 +803,7 @@ async fn a_stale_router_sends_writes_to_a_collection_dropped_elsewhere_to_the_pr
     let demo_a = a.database("demo");
     let demo_b = b.database("demo");
     // Router A routes every collection by its chunks first, so its cache holds them sharded.
-    for coll in ["items", "upd", "del", "rd"] {
+    for coll in ["items", "upd", "del", "rd", "bw"] {
         demo_a
             .collection::<Document>(coll)
             .insert_many((0..40i64).map(|i| doc! {"_id": i}))
@@ -903,6 +904,26 @@ async fn a_stale_router_sends_writes_to_a_collection_dropped_elsewhere_to_the_pr
     only_on_primary(&c, "del", p, &[0, 2]);
     assert_eq!(ids(&a, "demo", "del").await, vec![0, 2]);
 
+    // bulkWrite (MongoDB 8.0), ordered: an insert and an update of what it inserted.
+    let reply = admin(
+        &a,
+        doc! {
+            "bulkWrite": 1,
+            "ops": [
+                {"insert": 0, "document": {"_id": 7i64}},
+                {"update": 0, "filter": {"_id": 7i64}, "updateMods": {"$set": {"seen": true}}},
+            ],
+            "nsInfo": [{"ns": "demo.bw"}],
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.get_i32("nErrors").unwrap(), 0, "{reply}");
+    assert_eq!(reply.get_i32("nInserted").unwrap(), 1, "{reply}");
+    assert_eq!(reply.get_i32("nModified").unwrap(), 1, "{reply}");
+    only_on_primary(&c, "bw", p, &[7]);
+    assert!(chunks_of(&c, "demo.bw").await.is_none(), "unsharded");
+
     // find: router A, stale, answers what router B does.
     demo_b
         .collection::<Document>("rd")
@@ -911,5 +932,74 @@ async fn a_stale_router_sends_writes_to_a_collection_dropped_elsewhere_to_the_pr
         .unwrap();
     assert_eq!(ids(&a, "demo", "rd").await, (0..5).collect::<Vec<_>>());
     assert_eq!(ids(&b, "demo", "rd").await, (0..5).collect::<Vec<_>>());
+    c.shutdown().await;
+}
+
+/// A router that cached a collection sharded, and its new name unsharded, before another
+/// router renamed it: a write under the old name goes to the primary shard (a new, unsharded
+/// collection there, an ordered bulk cut at its first error as a fresh router cuts it), and a
+/// write under the new name follows the shard's StaleConfig to the collection's chunks.
+#[tokio::test]
+async fn a_stale_router_writes_under_both_names_of_a_collection_renamed_elsewhere() {
+    let c = cluster(
+        2,
+        vec![router_config(), router_config()],
+        "[[collections]]\nns = \"demo.ren\"\nkey = '{\"_id\": \"hashed\"}'\n",
+    )
+    .await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    let p = primary_of(&c, "demo").await;
+    a.database("demo")
+        .collection::<Document>("ren")
+        .insert_many((0..40i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    assert!(ids(&a, "demo", "moved").await.is_empty());
+    admin(
+        &b,
+        doc! {"renameCollection": "demo.ren", "to": "demo.moved"},
+    )
+    .await
+    .unwrap();
+
+    // The old name, ordered, retryable, a duplicate `_id` at index 2: the first two land on
+    // the primary shard, the rest is not applied.
+    let raw_a = client(&c, 0).await.database("demo");
+    let reply = raw_a
+        .run_command(doc! {
+            "insert": "ren",
+            "documents": [{"_id": 1000i64}, {"_id": 1001i64}, {"_id": 1000i64}, {"_id": 1002i64}],
+            "ordered": true,
+            "txnNumber": common::next_txn_number(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.get_i32("n").unwrap(), 2, "{reply}");
+    assert_eq!(write_errors(&reply), vec![(2, 11000)], "{reply}");
+    only_on_primary(&c, "ren", p, &[1000, 1001]);
+    assert!(chunks_of(&c, "demo.ren").await.is_none(), "unsharded");
+    assert_eq!(ids(&a, "demo", "ren").await, vec![1000, 1001]);
+    assert_eq!(ids(&b, "demo", "ren").await, vec![1000, 1001]);
+
+    // The new name: sharded, by the chunks the collection kept.
+    a.database("demo")
+        .collection::<Document>("moved")
+        .insert_many((40..80i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    assert!(chunks_of(&c, "demo.moved").await.is_some());
+    let per_shard = ids_per_shard(&c, "demo", "moved");
+    assert_eq!(
+        per_shard.iter().map(Vec::len).sum::<usize>(),
+        80,
+        "{per_shard:?}"
+    );
+    assert!(
+        per_shard.iter().all(|ids| ids.iter().any(|i| *i >= 40)),
+        "new documents on both shards: {per_shard:?}"
+    );
+    assert_eq!(ids(&a, "demo", "moved").await, (0..80).collect::<Vec<_>>());
+    assert_eq!(ids(&b, "demo", "moved").await, (0..80).collect::<Vec<_>>());
     c.shutdown().await;
 }

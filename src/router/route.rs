@@ -449,13 +449,17 @@ pub async fn bulk_write(
     }
     let refresh = |ns: String| -> crate::frontend::BoxFuture<'_, _> {
         Box::pin(async move {
-            cluster
-                .routing
-                .reload(&ns, &[])
-                .await
-                .ok()
-                .flatten()
-                .map(crate::write::bulk::NsRoute::Sharded)
+            match cluster.routing.reload(&ns, &[]).await {
+                Ok(Some(snap)) => Some(crate::write::bulk::NsRoute::Sharded(snap)),
+                // Dropped or renamed away since it was cached sharded: the primary's now.
+                Ok(None) => {
+                    let db = ns.split_once('.').map_or(ns.as_str(), |(db, _)| db);
+                    primary_for_write(sharded, db)
+                        .await
+                        .map(|p| crate::write::bulk::NsRoute::Unsharded(p.shard))
+                }
+                Err(_) => None,
+            }
         })
     };
     let mut reply =
