@@ -1635,3 +1635,243 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod retarget_tests {
+    //! The executor's route to the primary shard once a refresh finds the collection unsharded.
+
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::routing::ShardKeyPattern;
+
+    /// shard0 applies every statement; shard1 answers StaleConfig (its collection was
+    /// dropped); the primary applies what it is sent, failing the statements in `dup` as
+    /// duplicate keys (and, ordered, stopping there). Records what the primary was sent.
+    struct Dropped {
+        dup: Vec<usize>,
+        to_primary: Mutex<Vec<(PrimaryShard, Vec<usize>, bool)>>,
+    }
+
+    fn ok(n: usize) -> Document {
+        doc! {"ok": 1.0, "n": n as i32}
+    }
+
+    impl ChildSender for Dropped {
+        fn run_shard<'a>(
+            &'a self,
+            _snap: &'a RoutingSnapshot,
+            shard: &'a str,
+            statements: Vec<usize>,
+            ordered: bool,
+        ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>> {
+            Box::pin(async move {
+                let reply = if shard == "shard0" {
+                    ok(statements.len())
+                } else {
+                    doc! {"ok": 1.0, "n": 0, "writeErrors": [{
+                        "index": 0, "code": 13388, "errmsg": "collection dropped",
+                        "ns": "d.c", "shardId": shard,
+                    }]}
+                };
+                vec![ChildResult {
+                    shard: shard.into(),
+                    statements,
+                    ordered,
+                    outcome: ChildOutcome::Reply(reply),
+                }]
+            })
+        }
+
+        fn run_primary<'a>(
+            &'a self,
+            primary: &'a PrimaryShard,
+            statements: Vec<usize>,
+            ordered: bool,
+        ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>> {
+            Box::pin(async move {
+                self.to_primary.lock().expect("not poisoned").push((
+                    primary.clone(),
+                    statements.clone(),
+                    ordered,
+                ));
+                let mut n = 0;
+                let mut errors = Vec::new();
+                for (k, i) in statements.iter().enumerate() {
+                    if self.dup.contains(i) {
+                        errors.push(doc! {"index": k as i32, "code": 11000, "errmsg": "E11000"});
+                        if ordered {
+                            break;
+                        }
+                    } else {
+                        n += 1;
+                    }
+                }
+                let mut reply = ok(n);
+                if !errors.is_empty() {
+                    reply.insert("writeErrors", errors);
+                }
+                vec![ChildResult {
+                    shard: primary.shard.clone(),
+                    statements,
+                    ordered,
+                    outcome: ChildOutcome::Reply(reply),
+                }]
+            })
+        }
+    }
+
+    /// Runs four inserts bound for shard0, shard1, shard1, shard0 against [`Dropped`].
+    fn run(ordered: bool, dup: Vec<usize>) -> (Document, Vec<(PrimaryShard, Vec<usize>, bool)>) {
+        let pattern = ShardKeyPattern::parse(&doc! {"_id": "hashed"}).expect("a key pattern");
+        let snap = Arc::new(RoutingSnapshot::initial("d.c", pattern, 2).expect("a snapshot"));
+        let shards = ["shard0", "shard1", "shard1", "shard0"];
+        let target = |_: &RoutingSnapshot, i: usize| Targeted {
+            target: target::Target::One(shards[i].to_string()),
+            identity: None,
+            retry_safe: true,
+        };
+        let primary = PrimaryShard {
+            shard: "shard1".into(),
+            versions: doc! {"databaseVersion": {"lastMod": 1}},
+        };
+        let refresh = |_: Vec<Document>| -> crate::frontend::BoxFuture<'_, _> {
+            let p = primary.clone();
+            Box::pin(async move { Some(Retarget::Primary(p)) })
+        };
+        let sender = Dropped {
+            dup,
+            to_primary: Mutex::new(Vec::new()),
+        };
+        let spec = WriteSpec {
+            kind: WriteKind::Insert,
+            ordered,
+            policy: Policy::Off,
+            retryable: true,
+            statements: 4,
+            ns: "d.c".into(),
+        };
+        let stats = WriteStats::default();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let outcome = rt.block_on(run_write(&spec, &sender, &target, snap, &refresh, &stats));
+        let sent = sender.to_primary.into_inner().expect("not poisoned");
+        (outcome.merger.reply(), sent)
+    }
+
+    fn errors(reply: &Document) -> Vec<(i32, i32)> {
+        reply
+            .get_array("writeErrors")
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e.as_document())
+                    .map(|e| {
+                        (
+                            e.get_i32("index").unwrap_or(-1),
+                            e.get_i32("code").unwrap_or(-1),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn an_ordered_bulk_sends_the_primary_only_what_was_not_applied_and_keeps_its_indexes() {
+        let (reply, sent) = run(true, vec![2]);
+        // Statement 0 was applied on shard0 before shard1 answered stale; 1, 2 and 3 go to the
+        // primary, in order, once; the primary's error at its own index 1 is statement 2.
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0].1, vec![1, 2, 3]);
+        assert!(sent[0].2, "ordered");
+        assert_eq!(sent[0].0.versions, doc! {"databaseVersion": {"lastMod": 1}});
+        assert_eq!(reply.get_i32("n").ok(), Some(2), "{reply}");
+        assert_eq!(errors(&reply), vec![(2, 11000)], "{reply}");
+    }
+
+    #[test]
+    fn an_unordered_bulk_sends_the_primary_only_the_stale_statements() {
+        let (reply, sent) = run(false, vec![1]);
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0].1, vec![1, 2]);
+        assert!(!sent[0].2, "unordered");
+        assert_eq!(reply.get_i32("n").ok(), Some(3), "{reply}");
+        assert_eq!(errors(&reply), vec![(1, 11000)], "{reply}");
+    }
+
+    #[test]
+    fn statements_the_primary_finds_stale_again_are_given_up_after_five_rounds() {
+        /// Every shard, the primary too, answers StaleDbVersion.
+        struct AlwaysStale;
+        fn stale(shard: &str, statements: Vec<usize>, ordered: bool) -> Vec<ChildResult> {
+            let reply = doc! {"ok": 1.0, "n": 0, "writeErrors": [{
+                "index": 0, "code": 249, "errmsg": "version mismatch detected for d",
+            }]};
+            vec![ChildResult {
+                shard: shard.into(),
+                statements,
+                ordered,
+                outcome: ChildOutcome::Reply(reply),
+            }]
+        }
+        impl ChildSender for AlwaysStale {
+            fn run_shard<'a>(
+                &'a self,
+                _snap: &'a RoutingSnapshot,
+                shard: &'a str,
+                statements: Vec<usize>,
+                ordered: bool,
+            ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>> {
+                Box::pin(async move { stale(shard, statements, ordered) })
+            }
+            fn run_primary<'a>(
+                &'a self,
+                primary: &'a PrimaryShard,
+                statements: Vec<usize>,
+                ordered: bool,
+            ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>> {
+                Box::pin(async move { stale(&primary.shard, statements, ordered) })
+            }
+        }
+        let pattern = ShardKeyPattern::parse(&doc! {"_id": "hashed"}).expect("a key pattern");
+        let snap = Arc::new(RoutingSnapshot::initial("d.c", pattern, 2).expect("a snapshot"));
+        let target = |_: &RoutingSnapshot, _: usize| Targeted {
+            target: target::Target::One("shard0".into()),
+            identity: None,
+            retry_safe: true,
+        };
+        let refresh = |_: Vec<Document>| -> crate::frontend::BoxFuture<'_, _> {
+            Box::pin(async move {
+                Some(Retarget::Primary(PrimaryShard {
+                    shard: "shard1".into(),
+                    versions: Document::new(),
+                }))
+            })
+        };
+        let spec = WriteSpec {
+            kind: WriteKind::Insert,
+            ordered: true,
+            policy: Policy::Off,
+            retryable: false,
+            statements: 1,
+            ns: "d.c".into(),
+        };
+        let stats = WriteStats::default();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let outcome = rt.block_on(run_write(
+            &spec,
+            &AlwaysStale,
+            &target,
+            snap,
+            &refresh,
+            &stats,
+        ));
+        let reply = outcome.merger.reply();
+        assert_eq!(errors(&reply), vec![(0, 82)], "{reply}");
+        // The first round by the chunks, then the primary until five rounds made no progress.
+        assert_eq!(outcome.rounds, MAX_ROUNDS_WITHOUT_PROGRESS as u64);
+    }
+}
