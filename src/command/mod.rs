@@ -431,6 +431,13 @@ impl ClusterClock {
         }
     }
 
+    /// Moves the clock up to `t` if it is behind (a time a request named): later times
+    /// handed out come after it.
+    pub fn advance_to(&self, t: Timestamp) {
+        let v = (u64::from(t.time) << 32) | u64::from(t.increment);
+        self.last.fetch_max(v, Ordering::AcqRel);
+    }
+
     /// The latest time handed out, without advancing.
     pub fn now(&self) -> Timestamp {
         let v = self.last.load(Ordering::Relaxed);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bson::{doc, Bson, Document};
 
-use super::{ShardService, TEST_ONLY_COMMANDS};
+use super::{lock, ShardService, TEST_ONLY_COMMANDS};
 use crate::command::{
     self, hello, server_info, BoxFuture, ClientState, CommandRequest, Response, ServerState,
     Service,
@@ -193,6 +193,26 @@ impl ShardService {
                     }
                 }
             }
+            if let Some(fp) = &failpoint {
+                fp.decorate(name, &body, &mut reply);
+            }
+            return Ok(Some(reply));
+        }
+        if let Some(at) = super::snapshot::snapshot_request(name, &body)? {
+            if let Some(t) = at {
+                self.state.clock.advance_to(t);
+            }
+            let (view, at) = super::snapshot::view_for(
+                &self.snapshots,
+                at,
+                self.state.clock.tick(),
+                &self.catalog,
+            )?;
+            let mut reply = {
+                let _scope = super::txn::ViewScope::enter(view);
+                crate::embedded::commands::run(self, req, &body, None)?
+            };
+            super::snapshot::stamp_reply(&mut reply, at);
             if let Some(fp) = &failpoint {
                 fp.decorate(name, &body, &mut reply);
             }
@@ -384,6 +404,15 @@ impl Service for ShardService {
     ) -> BoxFuture<'a, Response> {
         Box::pin(async move {
             let mut result = self.run(client, req).await;
+            // Snapshot reads at a time before this command's writes must not see them.
+            let wrote = if req.name == "aggregate" {
+                super::snapshot::may_write(&req.name, &req.body_document())
+            } else {
+                super::snapshot::may_write(&req.name, &Document::new())
+            };
+            if wrote {
+                lock(&self.snapshots).wrote(self.state.clock.tick());
+            }
             // A change to `config.*` is on disk before it is acknowledged.
             if self.metadata_file.is_some() && crate::embedded::configsvr::may_write(&req.name) {
                 if let Err(e) = self.persist_metadata() {

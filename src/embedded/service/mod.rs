@@ -8,6 +8,7 @@ mod dispatch;
 mod idle;
 mod latency;
 mod retry;
+mod snapshot;
 mod status;
 mod txn;
 mod versions;
@@ -46,6 +47,7 @@ pub struct DataSet {
     sessions: Arc<Mutex<HashMap<String, SessionRecord>>>,
     versions: Arc<Mutex<HashMap<String, Document>>>,
     transactions: Arc<Mutex<Transactions>>,
+    snapshots: Arc<Mutex<snapshot::SnapshotHistory>>,
 }
 
 impl DataSet {
@@ -76,6 +78,7 @@ pub struct ShardService {
     failpoints: crate::command::failpoint::FailPoints,
     pub(super) versions: Arc<Mutex<HashMap<String, Document>>>,
     transactions: Arc<Mutex<Transactions>>,
+    snapshots: Arc<Mutex<snapshot::SnapshotHistory>>,
     member: Option<super::replset::MemberLink>,
     counts: Mutex<BTreeMap<String, CommandCount>>,
     opcounters: Mutex<BTreeMap<&'static str, i64>>,
@@ -121,6 +124,7 @@ impl ShardService {
             failpoints: Default::default(),
             versions: data.versions,
             transactions: data.transactions,
+            snapshots: data.snapshots,
             member,
             counts: Mutex::new(BTreeMap::new()),
             opcounters: Mutex::new(BTreeMap::new()),
