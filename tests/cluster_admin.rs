@@ -728,7 +728,8 @@ const STALE: &str = "[[collections]]\nns = \"demo.items\"\nkey = '{\"_id\": \"ha
 [[collections]]\nns = \"demo.upd\"\nkey = '{\"_id\": \"hashed\"}'\n\
 [[collections]]\nns = \"demo.del\"\nkey = '{\"_id\": \"hashed\"}'\n\
 [[collections]]\nns = \"demo.rd\"\nkey = '{\"_id\": \"hashed\"}'\n\
-[[collections]]\nns = \"demo.bw\"\nkey = '{\"_id\": \"hashed\"}'\n";
+[[collections]]\nns = \"demo.bw\"\nkey = '{\"_id\": \"hashed\"}'\n\
+[[collections]]\nns = \"demo.fam\"\nkey = '{\"_id\": \"hashed\"}'\n";
 
 /// The shard id `config.databases` names as `db`'s primary.
 async fn primary_of(c: &sluice::demo::DemoCluster, db: &str) -> usize {
@@ -793,7 +794,7 @@ fn only_on_primary(c: &sluice::demo::DemoCluster, coll: &str, p: usize, want: &[
 /// config server and sends its inserts, updates and deletes to the database's primary shard,
 /// as mongos does: an insert creates the collection there, unsharded. The counts, the write
 /// errors' indexes and a retryable write's resend are the client's, and every document lands
-/// once. Its reads, too, answer as a fresh router's.
+/// once. `bulkWrite`, `findAndModify` and reads, too, answer as a fresh router's.
 #[tokio::test]
 async fn a_stale_router_sends_writes_to_a_collection_dropped_elsewhere_to_the_primary_shard() {
     let c = cluster(2, vec![router_config(), router_config()], STALE).await;
@@ -803,7 +804,7 @@ async fn a_stale_router_sends_writes_to_a_collection_dropped_elsewhere_to_the_pr
     let demo_a = a.database("demo");
     let demo_b = b.database("demo");
     // Router A routes every collection by its chunks first, so its cache holds them sharded.
-    for coll in ["items", "upd", "del", "rd", "bw"] {
+    for coll in ["items", "upd", "del", "rd", "bw", "fam"] {
         demo_a
             .collection::<Document>(coll)
             .insert_many((0..40i64).map(|i| doc! {"_id": i}))
@@ -923,6 +924,16 @@ async fn a_stale_router_sends_writes_to_a_collection_dropped_elsewhere_to_the_pr
     assert_eq!(reply.get_i32("nModified").unwrap(), 1, "{reply}");
     only_on_primary(&c, "bw", p, &[7]);
     assert!(chunks_of(&c, "demo.bw").await.is_none(), "unsharded");
+
+    // findAndModify, an upsert: the new document on the primary shard.
+    let before = demo_a
+        .collection::<Document>("fam")
+        .find_one_and_update(doc! {"_id": 9i64}, doc! {"$set": {"seen": true}})
+        .upsert(true)
+        .await
+        .unwrap();
+    assert!(before.is_none());
+    only_on_primary(&c, "fam", p, &[9]);
 
     // find: router A, stale, answers what router B does.
     demo_b
