@@ -1014,3 +1014,125 @@ async fn a_stale_router_writes_under_both_names_of_a_collection_renamed_elsewher
     assert_eq!(ids(&b, "demo", "moved").await, (0..80).collect::<Vec<_>>());
     c.shutdown().await;
 }
+
+/// `movePrimary` through router A: the database's unsharded collections (documents and
+/// indexes) move to the new primary shard and leave the old one, the sharded ones stay where
+/// their chunks are, `config.databases` names the new primary; router B, which cached the old
+/// primary, follows through StaleDbVersion for reads and writes.
+#[tokio::test]
+async fn move_primary_moves_the_unsharded_collections_and_both_routers_follow() {
+    let c = cluster(2, vec![router_config(), router_config()], ITEMS).await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    let p = primary_of(&c, "demo").await;
+    let other = 1 - p;
+    let plain = a.database("demo").collection::<Document>("plain");
+    plain
+        .insert_many((0..100i64).map(|i| doc! {"_id": i, "x": i}))
+        .await
+        .unwrap();
+    plain
+        .create_index(
+            mongodb::IndexModel::builder()
+                .keys(doc! {"x": 1})
+                .options(
+                    mongodb::options::IndexOptions::builder()
+                        .unique(true)
+                        .build(),
+                )
+                .build(),
+        )
+        .await
+        .unwrap();
+    a.database("demo")
+        .collection::<Document>("items")
+        .insert_many((0..50i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    // Router B routes the database by its old primary first.
+    assert_eq!(ids(&b, "demo", "plain").await, (0..100).collect::<Vec<_>>());
+    let items_before = ids_per_shard(&c, "demo", "items");
+
+    // Errors first: an unknown shard, a database other than admin, a missing `to`.
+    let e = admin(&a, doc! {"movePrimary": "demo", "to": "nowhere"})
+        .await
+        .unwrap_err();
+    assert_eq!(common::command_code(&e), 70, "{e}");
+    let e = a
+        .database("demo")
+        .run_command(doc! {"movePrimary": "demo", "to": "shard0"})
+        .await
+        .unwrap_err();
+    assert_eq!(common::command_code(&e), 13, "{e}");
+    let e = admin(&a, doc! {"movePrimary": "demo"}).await.unwrap_err();
+    assert_eq!(common::command_code(&e), 40414, "{e}");
+    // To the current primary: nothing to do.
+    admin(&a, doc! {"movePrimary": "demo", "to": format!("shard{p}")})
+        .await
+        .unwrap();
+    assert_eq!(primary_of(&c, "demo").await, p);
+
+    // A writer through router B inserts while the primary moves: each acknowledged insert
+    // ends on the new primary, once.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let coll = client(&c, 1)
+            .await
+            .database("demo")
+            .collection::<Document>("plain");
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut acknowledged = Vec::new();
+            let mut id = 1000i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                coll.insert_one(doc! {"_id": id, "x": id}).await.unwrap();
+                acknowledged.push(id);
+                id += 1;
+            }
+            acknowledged
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    admin(
+        &a,
+        doc! {"movePrimary": "demo", "to": format!("shard{other}")},
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acknowledged = writer.await.unwrap();
+    assert!(acknowledged.len() > 5, "{acknowledged:?}");
+    assert_eq!(primary_of(&c, "demo").await, other);
+    let mut want: Vec<i64> = (0..100).collect();
+    want.extend(&acknowledged);
+    only_on_primary(&c, "plain", other, &want);
+    b.database("demo")
+        .collection::<Document>("plain")
+        .delete_many(doc! {"_id": {"$gte": 1000i64}})
+        .await
+        .unwrap();
+    only_on_primary(&c, "plain", other, &(0..100).collect::<Vec<_>>());
+    assert_eq!(
+        ids_per_shard(&c, "demo", "items"),
+        items_before,
+        "the sharded collection stays"
+    );
+
+    // B, stale, reads and writes the unsharded collection on the new primary.
+    assert_eq!(ids(&b, "demo", "plain").await, (0..100).collect::<Vec<_>>());
+    b.database("demo")
+        .collection::<Document>("plain")
+        .insert_many((100..110i64).map(|i| doc! {"_id": i, "x": i}))
+        .await
+        .unwrap();
+    only_on_primary(&c, "plain", other, &(0..110).collect::<Vec<_>>());
+    assert_eq!(ids(&a, "demo", "plain").await, (0..110).collect::<Vec<_>>());
+    // The unique index moved with it.
+    let e = plain
+        .insert_one(doc! {"_id": 500i64, "x": 5i64})
+        .await
+        .unwrap_err();
+    assert_eq!(common::error_code(&e), 11000, "{e}");
+    c.shutdown().await;
+}

@@ -91,6 +91,15 @@ impl Filtering {
             .map_err(engine_error)
     }
 
+    /// Whether the config server tracks `ns` (a sharded collection).
+    pub async fn is_tracked(&self, ns: &str) -> Result<bool, EngineError> {
+        match self.cache().await?.routing_info(ns).await {
+            Ok(info) => Ok(info.collection.is_some()),
+            Err(e) if e.code == ErrorCode::NamespaceNotFound => Ok(false),
+            Err(e) => Err(engine_error(e)),
+        }
+    }
+
     /// The placement version this shard (`shard`) has for `ns`: its chunks' highest version,
     /// UNSHARDED for an untracked collection.
     async fn wanted(&self, shard: &str, ns: &str) -> Result<ShardVersion, EngineError> {
