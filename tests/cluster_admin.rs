@@ -237,7 +237,7 @@ async fn remove_shard_drains_the_shard_and_takes_it_out_of_the_cluster() {
         "a removed shard is not found: {e}"
     );
 
-    // The primary shard: its chunks move, its database stays until it is dropped.
+    // The primary shard: its chunks move, its database stays until it is moved (or dropped).
     let r = admin(&b, doc! {"removeShard": &primary}).await.unwrap();
     assert_eq!(r.get_str("state").unwrap(), "started");
     assert_eq!(
@@ -266,15 +266,22 @@ async fn remove_shard_drains_the_shard_and_takes_it_out_of_the_cluster() {
     );
     assert_eq!(ids(&a, "demo", "items").await, (0..n).collect::<Vec<_>>());
     assert_eq!(ids(&b, "demo", "plain").await, (0..10).collect::<Vec<_>>());
-    a.database("demo").drop().await.unwrap();
+    // movePrimary to the shard that stays: the removal completes, nothing is lost.
+    let staying: Vec<String> = listed(&a)
+        .await
+        .into_iter()
+        .filter(|s| *s != primary)
+        .collect();
+    assert_eq!(staying.len(), 1);
+    admin(&a, doc! {"movePrimary": "demo", "to": &staying[0]})
+        .await
+        .unwrap();
     let done = remove_until_completed(&b, &primary).await;
-    assert_eq!(
-        done.len(),
-        1,
-        "completed once the database is gone: {done:?}"
-    );
+    assert_eq!(done.len(), 1, "completed once the database moved: {done:?}");
+    assert_eq!(ids(&a, "demo", "items").await, (0..n).collect::<Vec<_>>());
+    assert_eq!(ids(&b, "demo", "plain").await, (0..10).collect::<Vec<_>>());
     let last = listed(&a).await;
-    assert_eq!(last.len(), 1);
+    assert_eq!(last, staying);
     let e = admin(&a, doc! {"removeShard": &last[0]}).await.unwrap_err();
     assert_eq!(common::command_code(&e), 20, "the last shard stays: {e}");
     // What is left still routes.
