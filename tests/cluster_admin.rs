@@ -1078,6 +1078,34 @@ async fn move_primary_moves_the_unsharded_collections_and_both_routers_follow() 
         .await
         .unwrap();
     assert_eq!(primary_of(&c, "demo").await, p);
+    // A collection the new primary already holds: NamespaceExists, nothing moved.
+    a.database("demo")
+        .collection::<Document>("clash")
+        .insert_one(doc! {"_id": 1i64})
+        .await
+        .unwrap();
+    let on_other = direct(c.shards[other].local_addr()).await;
+    on_other
+        .database("demo")
+        .collection::<Document>("clash")
+        .insert_one(doc! {"_id": 2i64})
+        .await
+        .unwrap();
+    let e = admin(
+        &a,
+        doc! {"movePrimary": "demo", "to": format!("shard{other}")},
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(common::command_code(&e), 48, "{e}");
+    assert_eq!(primary_of(&c, "demo").await, p);
+    only_on_primary(&c, "plain", p, &(0..100).collect::<Vec<_>>());
+    on_other
+        .database("demo")
+        .collection::<Document>("clash")
+        .drop()
+        .await
+        .unwrap();
 
     // A writer through router B inserts while the primary moves: each acknowledged insert
     // ends on the new primary, once.
@@ -1120,6 +1148,7 @@ async fn move_primary_moves_the_unsharded_collections_and_both_routers_follow() 
         .await
         .unwrap();
     only_on_primary(&c, "plain", other, &(0..100).collect::<Vec<_>>());
+    only_on_primary(&c, "clash", other, &[1]);
     assert_eq!(
         ids_per_shard(&c, "demo", "items"),
         items_before,

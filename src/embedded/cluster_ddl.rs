@@ -542,27 +542,8 @@ async fn move_primary(d: &Donor, body: &Document) -> Result<Document, EngineErro
             moved.push(coll);
         }
     }
+    // Nothing is cloned while any of them exists on the recipient.
     for coll in &moved {
-        let (indexes, docs) = {
-            let catalog = lock(&d.catalog);
-            match catalog.collection(&db, coll) {
-                Some(c) => (
-                    c.indexes()
-                        .iter()
-                        .filter(|i| i.name != "_id_")
-                        .map(|i| {
-                            let mut spec = i.spec.clone();
-                            spec.remove("v");
-                            Bson::Document(spec)
-                        })
-                        .collect::<Vec<Bson>>(),
-                    c.iter()
-                        .map(|(_, doc)| doc.clone())
-                        .collect::<Vec<Document>>(),
-                ),
-                None => continue,
-            }
-        };
         let exists = d
             .migrations
             .run_on_db(
@@ -581,40 +562,32 @@ async fn move_primary(d: &Donor, body: &Document) -> Result<Document, EngineErro
                 format!("{db}.{coll} already exists on the shard {to}"),
             ));
         }
-        d.migrations
-            .run_on_db(to_host, &db, doc! {"create": coll})
-            .await?;
-        if !indexes.is_empty() {
-            d.migrations
-                .run_on_db(
-                    to_host,
-                    &db,
-                    doc! {"createIndexes": coll, "indexes": indexes},
-                )
-                .await?;
-        }
-        let mut batch: Vec<Document> = Vec::new();
-        let mut bytes = 0usize;
-        let mut docs = docs.into_iter().peekable();
-        while let Some(doc) = docs.next() {
-            bytes += bson::RawDocumentBuf::try_from(&doc).map_or(0, |b| b.as_bytes().len());
-            batch.push(doc);
-            if batch.len() >= CLONE_BATCH || bytes >= CLONE_BATCH_BYTES || docs.peek().is_none() {
-                d.migrations
-                    .run_on_db(
-                        to_host,
-                        &db,
-                        doc! {"insert": coll, "documents": std::mem::take(&mut batch), "ordered": true},
-                    )
-                    .await?;
-                bytes = 0;
-            }
-        }
     }
-    let reply = d
-        .filtering
-        .run_on_config_server(doc! {"_sluiceCommitMovePrimary": &db, "to": &to})
-        .await?;
+    let cloned = async {
+        for coll in &moved {
+            clone_collection(d, &db, coll, to_host).await?;
+        }
+        d.filtering
+            .run_on_config_server(doc! {"_sluiceCommitMovePrimary": &db, "to": &to})
+            .await
+    };
+    let reply = match cloned.await {
+        Ok(reply) => reply,
+        Err(e) => {
+            // Not committed: this shard stays the primary, and the recipient drops what it got.
+            for coll in &moved {
+                let dropped = d
+                    .migrations
+                    .run_on_db(to_host, &db, doc! {"drop": coll})
+                    .await;
+                if let Err(drop_error) = dropped {
+                    tracing::warn!(db = %db, coll = %coll, error = %drop_error.message,
+                        "a partial clone of movePrimary could not be dropped");
+                }
+            }
+            return Err(e);
+        }
+    };
     {
         let mut catalog = lock(&d.catalog);
         if let Some(colls) = catalog.dbs.get_mut(&db) {
@@ -625,6 +598,67 @@ async fn move_primary(d: &Donor, body: &Document) -> Result<Document, EngineErro
     }
     flush_everywhere(d, &all, "_flushDatabaseCacheUpdates", &db).await;
     Ok(reply)
+}
+
+/// Clones `db.coll` from this shard to `to_host`: the collection, its indexes other than
+/// `_id_`, then its documents in ordered batches.
+async fn clone_collection(
+    d: &Donor,
+    db: &str,
+    coll: &str,
+    to_host: &str,
+) -> Result<(), EngineError> {
+    let (indexes, docs) = {
+        let catalog = lock(&d.catalog);
+        match catalog.collection(db, coll) {
+            Some(c) => (
+                c.indexes()
+                    .iter()
+                    .filter(|i| i.name != "_id_")
+                    .map(|i| {
+                        let mut spec = i.spec.clone();
+                        spec.remove("v");
+                        Bson::Document(spec)
+                    })
+                    .collect::<Vec<Bson>>(),
+                c.iter()
+                    .map(|(_, doc)| doc.clone())
+                    .collect::<Vec<Document>>(),
+            ),
+            None => return Ok(()),
+        }
+    };
+    d.migrations
+        .run_on_db(to_host, db, doc! {"create": coll})
+        .await?;
+    if !indexes.is_empty() {
+        d.migrations
+            .run_on_db(
+                to_host,
+                db,
+                doc! {"createIndexes": coll, "indexes": indexes},
+            )
+            .await?;
+    }
+    let mut batch: Vec<Document> = Vec::new();
+    let mut bytes = 0usize;
+    let mut docs = docs.into_iter().peekable();
+    while let Some(doc) = docs.next() {
+        bytes += bson::RawDocumentBuf::try_from(&doc).map_or(0, |b| b.as_bytes().len());
+        batch.push(doc);
+        if batch.len() >= CLONE_BATCH || bytes >= CLONE_BATCH_BYTES || docs.peek().is_none() {
+            let documents = std::mem::take(&mut batch);
+            d.migrations
+                .run_on_db(
+                    to_host,
+                    db,
+                    doc! {"insert": coll, "documents": documents, "ordered": true},
+                )
+                .await?;
+            bytes = 0;
+        }
+    }
+    Ok(())
 }
 
 /// `splitChunk {splitChunk: ns, from, keyPattern, epoch, timestamp, min, max, splitKeys}` (what
