@@ -538,7 +538,7 @@ async fn move_primary(d: &Donor, body: &Document) -> Result<Document, EngineErro
         .unwrap_or_default();
     let mut moved = Vec::new();
     for coll in names {
-        if !d.filtering.is_tracked(&format!("{db}.{coll}")).await? {
+        if !d.filtering.is_sharded(&format!("{db}.{coll}")).await? {
             moved.push(coll);
         }
     }

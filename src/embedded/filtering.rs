@@ -91,8 +91,9 @@ impl Filtering {
             .map_err(engine_error)
     }
 
-    /// Whether the config server tracks `ns` (a sharded collection).
-    pub async fn is_tracked(&self, ns: &str) -> Result<bool, EngineError> {
+    /// Whether `ns` is a sharded collection (tracked by the config server). A config server
+    /// that cannot answer is an error, not an unsharded collection.
+    pub async fn is_sharded(&self, ns: &str) -> Result<bool, EngineError> {
         match self.cache().await?.routing_info(ns).await {
             Ok(info) => Ok(info.collection.is_some()),
             Err(e) if e.code == ErrorCode::NamespaceNotFound => Ok(false),

@@ -36,6 +36,7 @@ pub mod remove_shard;
 pub mod replset;
 pub mod service;
 pub mod store;
+pub mod views;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -15,6 +15,7 @@ pub mod route;
 pub mod sharding;
 pub mod state;
 pub mod uptime;
+pub mod views;
 
 pub use state::ShardedCluster;
 

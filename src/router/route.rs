@@ -314,6 +314,21 @@ async fn route_once(
             ),
         ));
     }
+    // A cursor the router opened for a read of a view on a sharded collection.
+    if matches!(how, Forwarded::GetMore | Forwarded::KillCursors)
+        && sharded.cursors.names_own_cursor(&req.name, &body)
+    {
+        let mut r: Reply = if how == Forwarded::GetMore {
+            sharded
+                .cursors
+                .get_more(cluster, req, &body, client_id)
+                .await?
+        } else {
+            sharded.cursors.kill(cluster, req, client_id).await.into()
+        };
+        r.append(bson::raw::cstr!("ok"), Bson::Double(1.0));
+        return Ok(r);
+    }
     match how {
         Forwarded::Explain => {
             if let Some(r) = explain(cluster, req, &body).await {
@@ -348,6 +363,9 @@ async fn route_once(
         CREATING.contains(&req.name.as_str()),
     )?;
     let reply = forward_with(cluster, &primary, req, db_versions).await?;
+    if let Some(view) = super::views::resolved_view(req, &reply) {
+        return super::views::read_resolved_view(sharded, req, &body, view, client_id).await;
+    }
     if how == Forwarded::CollStats
         && reply
             .get("ok")

@@ -57,6 +57,11 @@ pub fn run(
     body: &Document,
     retry: Option<&RetryCtx>,
 ) -> Result<Document, EngineError> {
+    if super::views::needs_collection(&req.name) {
+        if let Ok(coll) = req.collection_name(body) {
+            super::views::check_not_view(&lock(&svc.data()), &req.name, &req.db, &coll)?;
+        }
+    }
     match req.name.as_str() {
         "insert" => insert(svc, req, body, retry),
         "update" => update(svc, req, body, retry),

@@ -198,6 +198,7 @@ impl ShardService {
             }
             return Ok(Some(reply));
         }
+        self.check_sharded_view(req).await?;
         if let Some(at) = super::snapshot::snapshot_request(name, &body)? {
             if let Some(t) = at {
                 self.state.clock.advance_to(t);
@@ -343,6 +344,44 @@ impl ShardService {
             fp.decorate(name, &body, &mut reply);
         }
         Ok(Some(reply))
+    }
+}
+
+impl ShardService {
+    /// A read of a view whose source is a sharded collection cannot be answered from this
+    /// shard's documents alone: as mongod, it answers 169 with the resolved view, and the
+    /// router runs the read as an aggregation on the sharded source.
+    async fn check_sharded_view(&self, req: &CommandRequest) -> Result<(), EngineError> {
+        if !matches!(
+            req.name.as_str(),
+            "find" | "count" | "distinct" | "aggregate"
+        ) {
+            return Ok(());
+        }
+        let Some((db, coll)) = req.namespace.as_deref().and_then(|ns| ns.split_once('.')) else {
+            return Ok(());
+        };
+        let resolved = {
+            let data = self.data();
+            let cat = lock(&data);
+            crate::embedded::views::resolve(&cat, db, coll)?
+        };
+        let Some((base, pipeline)) = resolved else {
+            return Ok(());
+        };
+        let base_ns = format!("{db}.{base}");
+        let sharded = match &self.filtering {
+            Some(f) => f.is_sharded(&base_ns).await?,
+            None => lock(&self.versions).contains_key(&base_ns),
+        };
+        if !sharded {
+            return Ok(());
+        }
+        Err(EngineError::new(
+            ErrorCode::CommandOnShardedViewNotSupportedOnMongod,
+            "Resolved views on sharded collections must be executed by mongos",
+        )
+        .with_extra(doc! {"resolvedView": {"ns": base_ns, "pipeline": pipeline}}))
     }
 }
 
