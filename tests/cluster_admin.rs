@@ -1056,8 +1056,15 @@ async fn move_primary_moves_the_unsharded_collections_and_both_routers_follow() 
         .insert_many((0..50i64).map(|i| doc! {"_id": i}))
         .await
         .unwrap();
+    a.database("demo")
+        .create_collection("small")
+        .view_on("plain".to_string())
+        .pipeline(vec![doc! {"$match": {"x": {"$lt": 10i64}}}])
+        .await
+        .unwrap();
     // Router B routes the database by its old primary first.
     assert_eq!(ids(&b, "demo", "plain").await, (0..100).collect::<Vec<_>>());
+    assert_eq!(ids(&b, "demo", "small").await, (0..10).collect::<Vec<_>>());
     let items_before = ids_per_shard(&c, "demo", "items");
 
     // Errors first: an unknown shard, a database other than admin, a missing `to`.
@@ -1149,6 +1156,14 @@ async fn move_primary_moves_the_unsharded_collections_and_both_routers_follow() 
         .unwrap();
     only_on_primary(&c, "plain", other, &(0..100).collect::<Vec<_>>());
     only_on_primary(&c, "clash", other, &[1]);
+    // The view moved with its definition.
+    assert_eq!(ids(&b, "demo", "small").await, (0..10).collect::<Vec<_>>());
+    let on_p = direct(c.shards[p].local_addr()).await;
+    let left = on_p.database("demo").list_collection_names().await.unwrap();
+    assert!(
+        !left.iter().any(|n| n == "small" || n == "plain"),
+        "{left:?}"
+    );
     assert_eq!(
         ids_per_shard(&c, "demo", "items"),
         items_before,

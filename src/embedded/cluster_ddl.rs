@@ -503,8 +503,8 @@ const CLONE_BATCH_BYTES: usize = 8 * 1024 * 1024;
 
 /// `_shardsvrMovePrimary: db, to` (what mongos's `movePrimary` sends the database's primary
 /// shard, on `admin`): in the database's critical section (every versioned request on it
-/// waits), the database's unsharded collections are cloned to `to` (options are not carried:
-/// indexes and documents are), the new primary is committed on the config server
+/// waits), the database's unsharded collections and views are cloned to `to` (with their
+/// options, indexes and documents), the new primary is committed on the config server
 /// (`_sluiceCommitMovePrimary`, the next database version), the clones' sources are dropped
 /// here, and every shard reloads the database; the requests that waited meet the new version
 /// and are answered StaleDbVersion, so their routers retarget them to the new primary. Moving
@@ -600,18 +600,41 @@ async fn move_primary(d: &Donor, body: &Document) -> Result<Document, EngineErro
     Ok(reply)
 }
 
-/// Clones `db.coll` from this shard to `to_host`: the collection, its indexes other than
-/// `_id_`, then its documents in ordered batches.
+/// Options of `create` a clone carries: a view's definition, a capped collection's size, a
+/// validator, a default collation.
+const CLONED_OPTIONS: &[&str] = &[
+    "viewOn",
+    "pipeline",
+    "collation",
+    "capped",
+    "size",
+    "max",
+    "validator",
+    "validationLevel",
+    "validationAction",
+];
+
+/// Clones `db.coll` from this shard to `to_host`: the collection with its options (a view is
+/// only its definition), its indexes other than `_id_`, then its documents in ordered batches.
 async fn clone_collection(
     d: &Donor,
     db: &str,
     coll: &str,
     to_host: &str,
 ) -> Result<(), EngineError> {
-    let (indexes, docs) = {
+    let (create, indexes, docs) = {
         let catalog = lock(&d.catalog);
         match catalog.collection(db, coll) {
             Some(c) => (
+                {
+                    let mut create = doc! {"create": coll};
+                    for k in CLONED_OPTIONS {
+                        if let Some(v) = c.options.get(*k) {
+                            create.insert(*k, v.clone());
+                        }
+                    }
+                    create
+                },
                 c.indexes()
                     .iter()
                     .filter(|i| i.name != "_id_")
@@ -628,9 +651,11 @@ async fn clone_collection(
             None => return Ok(()),
         }
     };
-    d.migrations
-        .run_on_db(to_host, db, doc! {"create": coll})
-        .await?;
+    let is_view = create.contains_key("viewOn");
+    d.migrations.run_on_db(to_host, db, create).await?;
+    if is_view {
+        return Ok(());
+    }
     if !indexes.is_empty() {
         d.migrations
             .run_on_db(
