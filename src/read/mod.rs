@@ -143,7 +143,7 @@ pub async fn read(
     rc.insert("atClusterTime", at);
     body.insert("readConcern", rc);
     let reply = read_at(cluster, cursors, primaries, snap, req, &body, owner).await?;
-    Some(reply.and_then(|r| stamp_snapshot_time(r, at)))
+    Some(reply.map(|r| stamp_snapshot_time(r, at)))
 }
 
 /// A `find`, `aggregate` or `distinct` outside a transaction with snapshot read concern and
@@ -187,25 +187,10 @@ async fn snapshot_time(
 }
 
 /// The reply of a snapshot read with the time it read at.
-fn stamp_snapshot_time(reply: Reply, at: bson::Timestamp) -> Result<Reply, CommandError> {
-    let mut d = match reply {
-        Reply::Document(d) => d,
-        Reply::Raw(r) => Document::try_from(r.as_ref()).map_err(|e| {
-            CommandError::new(
-                ErrorCode::InternalError,
-                format!("cannot read a reply: {e}"),
-            )
-        })?,
-    };
-    match d.get_mut("cursor") {
-        Some(Bson::Document(c)) => {
-            c.insert("atClusterTime", at);
-        }
-        _ => {
-            d.insert("atClusterTime", at);
-        }
-    }
-    Ok(Reply::Document(d))
+fn stamp_snapshot_time(reply: Reply, at: bson::Timestamp) -> Reply {
+    let mut d = reply.into_document();
+    crate::command::stamp_at_cluster_time(&mut d, at);
+    Reply::Document(d)
 }
 
 #[allow(clippy::too_many_arguments)]

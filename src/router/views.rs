@@ -179,26 +179,9 @@ pub(super) async fn read_resolved_view(
             "the sharded read path did not take the view's aggregation",
         ))
     })?;
-    let mut reply = match reply {
-        Reply::Document(d) => d,
-        Reply::Raw(r) => Document::try_from(r.as_ref()).map_err(|e| {
-            CommandError::new(
-                ErrorCode::InternalError,
-                format!("cannot read a reply: {e}"),
-            )
-        })?,
-    };
+    let mut reply = reply.into_document();
     let view_ns = format!("{}.{}", req.db, body.get_str(&req.name).unwrap_or_default());
-    let first = |reply: &Document| -> Option<Document> {
-        reply
-            .get_document("cursor")
-            .ok()?
-            .get_array("firstBatch")
-            .ok()?
-            .first()?
-            .as_document()
-            .cloned()
-    };
+    let first = crate::write::lookup::found;
     let out = match req.name.as_str() {
         "count" => {
             let n = first(&reply)

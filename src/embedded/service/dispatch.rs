@@ -213,7 +213,7 @@ impl ShardService {
                 let _scope = super::txn::ViewScope::enter(view);
                 crate::embedded::commands::run(self, req, &body, None)?
             };
-            super::snapshot::stamp_reply(&mut reply, at);
+            command::stamp_at_cluster_time(&mut reply, at);
             if let Some(fp) = &failpoint {
                 fp.decorate(name, &body, &mut reply);
             }

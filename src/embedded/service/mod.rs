@@ -106,10 +106,15 @@ impl ShardService {
         let slots = options.max_concurrency.map(|n| Semaphore::new(n.max(1)));
         let latency = (options.latency_per_command, options.latency_per_document);
         let cursors = command::cursors::DocumentCursors::with_idle_timeout(options.cursor_timeout);
-        let filtering = options
-            .configdb
-            .as_deref()
-            .map(|c| Arc::new(super::filtering::Filtering::new(c)));
+        let filtering = options.configdb.as_deref().map(|c| {
+            Arc::new(super::filtering::Filtering::new(
+                c,
+                options.internal_security.clone(),
+            ))
+        });
+        let migrations = Arc::new(super::migration::Migrations::with_security(
+            options.internal_security.clone(),
+        ));
         if options.config_server {
             super::configsvr::seed(&mut lock(&data.catalog));
         }
@@ -131,7 +136,7 @@ impl ShardService {
             latency: Mutex::new(latency),
             slots,
             filtering,
-            migrations: Arc::default(),
+            migrations,
             metadata_file: None,
             drains: Arc::default(),
         }

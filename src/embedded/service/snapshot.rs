@@ -229,19 +229,6 @@ pub fn view_for(
     lock(history).copy_for(at, now, catalog)
 }
 
-/// Adds the time a snapshot read was at to its reply: in `cursor` for `find` and
-/// `aggregate`, at the top for `distinct`, where drivers read it.
-pub fn stamp_reply(reply: &mut Document, at: Timestamp) {
-    match reply.get_mut("cursor") {
-        Some(Bson::Document(c)) => {
-            c.insert("atClusterTime", at);
-        }
-        _ => {
-            reply.insert("atClusterTime", at);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
