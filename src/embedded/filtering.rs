@@ -93,12 +93,14 @@ impl Filtering {
             .map_err(engine_error)
     }
 
-    /// Whether `ns` is a sharded collection (tracked by the config server).
+    /// Whether `ns` is a sharded collection (tracked by the config server). A config server
+    /// that cannot answer is an error, not an unsharded collection.
     pub async fn is_sharded(&self, ns: &str) -> Result<bool, EngineError> {
-        Ok(match self.cache().await?.routing_info(ns).await {
-            Ok(info) => info.collection.is_some(),
-            Err(_) => false,
-        })
+        match self.cache().await?.routing_info(ns).await {
+            Ok(info) => Ok(info.collection.is_some()),
+            Err(e) if e.code == ErrorCode::NamespaceNotFound => Ok(false),
+            Err(e) => Err(engine_error(e)),
+        }
     }
 
     /// The placement version this shard (`shard`) has for `ns`: its chunks' highest version,

@@ -206,9 +206,17 @@ impl Migrations {
     /// Waits while `ns` is in a critical section, then holds the gate that a critical section
     /// is entered through, so none begins while the request runs.
     pub async fn enter(&self, ns: &str) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        // A database's critical section (`movePrimary`) holds every namespace in it.
+        let db = ns.split('.').next().unwrap_or(ns);
         loop {
             let gate = self.gate.read().await;
-            let held = lock(&self.critical).get(ns).map(|tx| tx.subscribe());
+            let held = {
+                let critical = lock(&self.critical);
+                critical
+                    .get(ns)
+                    .or_else(|| critical.get(db))
+                    .map(|tx| tx.subscribe())
+            };
             match held {
                 None => return gate,
                 Some(mut rx) => {

@@ -66,7 +66,7 @@ pub fn run(
         "insert" => insert(svc, req, body, retry),
         "update" => update(svc, req, body, retry),
         "delete" => delete(svc, req, body, retry),
-        "bulkWrite" => super::bulk_write::bulk_write(svc, req, retry),
+        "bulkWrite" => super::bulk_write::bulk_write(svc, req, retry, &[]),
         "findAndModify" | "findandmodify" => find_and_modify(svc, req, body, retry),
         "find" => find(svc, req, body),
         "getMore" => get_more(svc, req, body),

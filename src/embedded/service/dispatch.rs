@@ -100,6 +100,8 @@ impl ShardService {
         }
         // Held while a versioned request runs, so no critical section begins under it.
         let mut _versioned = None;
+        // A shard server's check of a `bulkWrite`'s namespaces, by `nsInfo` index.
+        let mut bulk_checked = Vec::new();
         if let Some(filtering) = &self.filtering {
             match name {
                 "_flushRoutingTableCacheUpdates" | "_flushDatabaseCacheUpdates" => {
@@ -157,6 +159,11 @@ impl ShardService {
                         .map(Some);
                 }
                 _ => {}
+            }
+            if name == "bulkWrite" {
+                bulk_checked =
+                    crate::embedded::bulk_write::check_namespaces(filtering, self.name(), req)
+                        .await;
             }
             if let Some(ns) = req.namespace.as_deref() {
                 if body.contains_key("shardVersion") || body.contains_key("databaseVersion") {
@@ -300,7 +307,16 @@ impl ShardService {
                 } else {
                     None
                 };
-                let result = crate::embedded::commands::run(self, req, &body, retry.as_ref());
+                let result = if name == "bulkWrite" {
+                    crate::embedded::bulk_write::bulk_write(
+                        self,
+                        req,
+                        retry.as_ref(),
+                        &bulk_checked,
+                    )
+                } else {
+                    crate::embedded::commands::run(self, req, &body, retry.as_ref())
+                };
                 if retry.as_ref().is_some_and(|r| r.close_after()) {
                     return Ok(None);
                 }
