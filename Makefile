@@ -32,10 +32,11 @@ conformance:
 	cargo build --release
 	bash wire-tests/conformance/run.sh
 
-# What `make test` runs of them: CRUD and retryable writes through `sluice demo`, on the debug
-# binary `make build` made, against the same expected-failure list (about two and a half minutes).
+# What `make test` runs of them: CRUD, retryable writes and sessions through `sluice demo`, on
+# the debug binary `make build` made, against the same expected-failure list (about three
+# minutes).
 conformance-test: build
-	SUITES=crud,retryable TARGETS=demo SLUICE_BIN=target/debug/sluice \
+	SUITES=crud,retryable,sessions TARGETS=demo SLUICE_BIN=target/debug/sluice \
 		RESULTS_DIR=target/conformance-results SUITE_TIMEOUT=900 \
 		bash wire-tests/conformance/run.sh
 

@@ -116,12 +116,18 @@ impl DemoCluster {
                 .await
                 .map_err(|e| failed("cannot start the embedded shards", e))?;
         }
-        let client = mongodb::Client::with_uri_str(format!(
+        let mut options = mongodb::options::ClientOptions::parse(format!(
             "mongodb://{}/?directConnection=true&serverSelectionTimeoutMS=10000&appName=sluice-demo",
             cluster.config_server.local_addr()
         ))
         .await
         .map_err(|e| failed("cannot reach the embedded config server", e))?;
+        crate::metadata::configsvr::loader::secure_client_options(
+            &mut options,
+            &cluster.config_options.internal_security,
+        );
+        let client = mongodb::Client::with_options(options)
+            .map_err(|e| failed("cannot reach the embedded config server", e))?;
         for host in cluster.shard_hosts() {
             client
                 .database("admin")

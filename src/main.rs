@@ -58,8 +58,8 @@ enum Command {
     Run,
     /// Run a demo on loopback that mongosh can connect to: an embedded cluster laid out as
     /// MongoDB's (config server, shards, routers in --configdb mode; in memory), with the
-    /// collections of configs/demo.toml sharded on hashed keys. With a keyfile or TLS, or
-    /// --static, one router holding the metadata itself instead.
+    /// collections of configs/demo.toml sharded on hashed keys. With a keyfile or TLS (unless
+    /// --cluster), or --static, one router holding the metadata itself instead.
     Demo {
         /// Port for the router (the first router; the others listen on the next ports).
         #[arg(long, default_value_t = 27017)]
@@ -71,8 +71,9 @@ enum Command {
         /// backend, not replication); 1 runs each shard as a single server.
         #[arg(long, default_value_t = 3)]
         members: usize,
-        /// The cluster layout (the default without a keyfile or TLS): an embedded config
-        /// server, the shards in shard-server mode, and routers in --configdb mode.
+        /// The cluster layout (the default without a keyfile or TLS; with them, asked for by
+        /// this flag): an embedded config server, the shards in shard-server mode, and routers
+        /// in --configdb mode, which all require and present the keyfile and TLS when given.
         #[arg(long, conflicts_with = "static_layout")]
         cluster: bool,
         /// One router holding the metadata itself (static mode), as `sluice --config` runs.
@@ -238,13 +239,9 @@ fn main() -> anyhow::Result<()> {
             if static_layout && routers > 1 {
                 anyhow::bail!("--routers needs the cluster layout; leave out --static");
             }
-            if (cluster || routers > 1) && secured {
-                anyhow::bail!(
-                    "the cluster layout of sluice demo does not run with a keyfile or TLS yet (the config server and shard servers talk to each other unauthenticated); use --static"
-                );
-            }
-            // A keyfile or TLS: the single-router layout, whose shards require them.
-            let cluster = !static_layout && !secured;
+            // With a keyfile or TLS the single-router static layout stays the default; --cluster
+            // runs the cluster layout secured (its servers require and present the same).
+            let cluster = if secured { cluster } else { !static_layout };
             if cluster {
                 config.validate()?;
                 init_logging(&config);
@@ -597,9 +594,15 @@ async fn run_cluster_demo(
             ..config.clone()
         });
     }
+    // The config server and shard servers require what the routers present (a keyfile, TLS)
+    // and present it to each other.
     let options = sluice::embedded::ShardOptions {
         enable_test_commands: config.enable_test_commands,
         stage_memory_bytes: config.stage_memory_bytes,
+        key_file: config.security.key_file.clone(),
+        cluster_auth_mode: config.security.cluster_auth_mode,
+        tls: config.tls.clone(),
+        internal_security: config.pool_options()?.security,
         ..Default::default()
     };
     let demo: Config = toml::from_str(include_str!("../configs/demo.toml"))

@@ -744,3 +744,502 @@ async fn merge_into_a_sharded_collection_writes_through_the_router() {
         }
     }
 }
+
+/// Runs `pipeline` on the sharded collection and on its unsharded copy, checks both give the
+/// same documents (sorted by `_id` first, so the pipeline's own order need not be total) and
+/// returns them.
+async fn same_on_both(cl: &mongodb::Client, pipeline: &[Document]) -> Vec<Document> {
+    let sharded = sorted_by_id(run(cl, "orders", pipeline).await);
+    let plain = sorted_by_id(run(cl, "orders_plain", pipeline).await);
+    assert_eq!(sharded, plain, "{pipeline:?}");
+    sharded
+}
+
+/// The code each collection answers for `pipeline`, which must fail.
+async fn failure_code(cl: &mongodb::Client, pipeline: &[Document]) -> i32 {
+    let db = cl.database("shop");
+    let mut codes = Vec::new();
+    for coll in ["orders", "orders_plain"] {
+        let e = db
+            .collection::<Document>(coll)
+            .aggregate(pipeline.to_vec())
+            .await
+            .unwrap_err();
+        codes.push(error_code(&e));
+    }
+    assert_eq!(codes[0], codes[1], "{pipeline:?}");
+    codes[0]
+}
+
+/// `$sortArray` sorts whole values in MongoDB's comparison order or by fields of its
+/// elements, on a sharded collection as on one shard, with mongod's codes for bad arguments.
+#[tokio::test]
+async fn sort_array_matches_one_shard() {
+    let (_c, cl) = setup().await;
+    let r = same_on_both(
+        &cl,
+        &[doc! {"$project": {
+            "up": {"$sortArray": {"input": ["$qty", "$cust", {"$toString": "$_id"}, null, "$tags"], "sortBy": 1}},
+            "down": {"$sortArray": {"input": "$tags", "sortBy": -1}},
+            "byField": {"$sortArray": {"input": [{"k": "$qty", "i": 1}, {"k": "$cust", "i": 2}, {"k": 5, "i": 3}], "sortBy": {"k": -1, "i": 1}}},
+            "none": {"$sortArray": {"input": "$missing", "sortBy": 1}},
+        }}],
+    )
+    .await;
+    assert_eq!(r.len(), 90);
+    for d in &r {
+        let id = d.get_i32("_id").unwrap();
+        let (qty, cust) = ((id * 13) % 17, id % 7);
+        let (lo, hi) = (qty.min(cust), qty.max(cust));
+        let tags: Vec<Bson> = if id % 3 == 0 {
+            vec!["a".into(), "b".into()]
+        } else {
+            vec!["c".into()]
+        };
+        assert_eq!(
+            d.get_array("up").unwrap(),
+            &vec![
+                Bson::Null,
+                lo.into(),
+                hi.into(),
+                id.to_string().into(),
+                Bson::Array(tags.clone())
+            ],
+            "{d}"
+        );
+        let mut down = tags;
+        down.reverse();
+        assert_eq!(d.get_array("down").unwrap(), &down);
+        let mut keyed = [(qty, 1), (cust, 2), (5, 3)];
+        keyed.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let want: Vec<Bson> = keyed
+            .iter()
+            .map(|(k, i)| Bson::Document(doc! {"k": k, "i": i}))
+            .collect();
+        assert_eq!(d.get_array("byField").unwrap(), &want);
+        assert_eq!(d.get("none"), Some(&Bson::Null));
+    }
+    for (expr, code) in [
+        (doc! {"$sortArray": "$tags"}, 2942500),
+        (
+            doc! {"$sortArray": {"input": "$tags", "sortBy": 1, "by": 1}},
+            2942501,
+        ),
+        (doc! {"$sortArray": {"sortBy": 1}}, 2942502),
+        (doc! {"$sortArray": {"input": "$tags"}}, 2942503),
+        (doc! {"$sortArray": {"input": "$qty", "sortBy": 1}}, 2942504),
+        (
+            doc! {"$sortArray": {"input": "$tags", "sortBy": 0}},
+            2942506,
+        ),
+        (
+            doc! {"$sortArray": {"input": "$tags", "sortBy": {"a": 2}}},
+            15975,
+        ),
+        (
+            doc! {"$sortArray": {"input": "$tags", "sortBy": {"a": "up"}}},
+            15974,
+        ),
+    ] {
+        assert_eq!(
+            failure_code(&cl, &[doc! {"$project": {"x": expr.clone()}}]).await,
+            code,
+            "{expr}"
+        );
+    }
+}
+
+/// `$median` and `$percentile` (`method: "approximate"`) as `$group` accumulators, window
+/// functions and expressions give the input value at mongod's rank, ignore non-numbers, give
+/// null without numbers, and refuse bad `p` and `method` with mongod's codes.
+#[tokio::test]
+async fn median_and_percentile_match_one_shard() {
+    let (_c, cl) = setup().await;
+    let rank = |n: usize, p: f64| -> usize {
+        if p >= 1.0 {
+            n - 1
+        } else {
+            ((n as f64 * p).ceil() as usize).max(1) - 1
+        }
+    };
+    let groups = same_on_both(
+        &cl,
+        &[doc! {"$group": {
+            "_id": "$cust",
+            "m": {"$median": {"input": "$qty", "method": "approximate"}},
+            "p": {"$percentile": {"input": "$qty", "p": [0, 0.1, 0.5, 0.9, 1], "method": "approximate"}},
+            "none": {"$median": {"input": "$tags", "method": "approximate"}},
+        }}],
+    )
+    .await;
+    assert_eq!(groups.len(), 7);
+    for g in &groups {
+        let cust = g.get_i32("_id").unwrap();
+        let mut qtys: Vec<i32> = (0..90)
+            .filter(|i| i % 7 == cust)
+            .map(|i| (i * 13) % 17)
+            .collect();
+        qtys.sort();
+        let at = |p: f64| Bson::Double(qtys[rank(qtys.len(), p)] as f64);
+        assert_eq!(g.get("m"), Some(&at(0.5)), "{g}");
+        assert_eq!(
+            g.get_array("p").unwrap(),
+            &vec![at(0.0), at(0.1), at(0.5), at(0.9), at(1.0)]
+        );
+        assert_eq!(g.get("none"), Some(&Bson::Null));
+    }
+    // As a window function: the running median of a customer's quantities by _id.
+    let w = same_on_both(
+        &cl,
+        &[
+            doc! {"$match": {"cust": 3}},
+            doc! {"$setWindowFields": {"partitionBy": "$cust", "sortBy": {"_id": 1}, "output": {
+                "run": {"$median": {"input": "$qty", "method": "approximate"}, "window": {"documents": ["unbounded", "current"]}},
+            }}},
+        ],
+    )
+    .await;
+    let mut seen = Vec::new();
+    for d in &w {
+        seen.push(d.get_i32("qty").unwrap());
+        let mut s = seen.clone();
+        s.sort();
+        assert_eq!(
+            d.get("run"),
+            Some(&Bson::Double(s[rank(s.len(), 0.5)] as f64)),
+            "{d}"
+        );
+    }
+    // As expressions, over an array or a number.
+    let e = same_on_both(
+        &cl,
+        &[
+            doc! {"$match": {"_id": {"$lt": 5}}},
+            doc! {"$project": {
+                "m": {"$median": {"input": ["$qty", "$cust", "$_id", "x"], "method": "approximate"}},
+                "p": {"$percentile": {"input": "$qty", "p": [0.25, 0.75], "method": "approximate"}},
+                "empty": {"$percentile": {"input": [], "p": [0.5], "method": "approximate"}},
+            }},
+        ],
+    )
+    .await;
+    for d in &e {
+        let id = d.get_i32("_id").unwrap();
+        let mut v = [(id * 13) % 17, id % 7, id];
+        v.sort();
+        assert_eq!(d.get("m"), Some(&Bson::Double(v[1] as f64)), "{d}");
+        let q = Bson::Double(((id * 13) % 17) as f64);
+        assert_eq!(d.get_array("p").unwrap(), &vec![q.clone(), q]);
+        assert_eq!(d.get_array("empty").unwrap(), &vec![Bson::Null]);
+    }
+    for (stage, code) in [
+        (
+            doc! {"$group": {"_id": null, "m": {"$median": "$qty"}}},
+            7436100,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$percentile": "$qty"}}},
+            7429703,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$median": {"input": "$qty", "method": "continuous"}}}},
+            2,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$median": {"input": "$qty"}}}},
+            40414,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$percentile": {"input": "$qty", "p": "$qty", "method": "approximate"}}}},
+            7750300,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$percentile": {"input": "$qty", "p": [], "method": "approximate"}}}},
+            7750301,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$percentile": {"input": "$qty", "p": ["a"], "method": "approximate"}}}},
+            7750302,
+        ),
+        (
+            doc! {"$group": {"_id": null, "m": {"$percentile": {"input": "$qty", "p": [1.5], "method": "approximate"}}}},
+            7750303,
+        ),
+        (doc! {"$project": {"m": {"$median": [1, 2]}}}, 7436201),
+        (
+            doc! {"$project": {"m": {"$percentile": {"input": "$qty", "p": [0.5], "method": "approximate", "x": 1}}}},
+            40415,
+        ),
+    ] {
+        assert_eq!(
+            failure_code(&cl, std::slice::from_ref(&stage)).await,
+            code,
+            "{stage}"
+        );
+    }
+}
+
+/// `$dateToParts` and `$dateFromParts`: calendar and ISO week parts in a time zone, the round
+/// trip between them, mongod's carry of out-of-range parts and its codes for bad arguments.
+#[tokio::test]
+async fn date_parts_match_one_shard() {
+    let (_c, cl) = setup().await;
+    let r = same_on_both(
+        &cl,
+        &[
+            doc! {"$set": {
+                "p": {"$dateToParts": {"date": "$day", "timezone": "+05:30"}},
+                "iso": {"$dateToParts": {"date": "$day", "iso8601": true}},
+            }},
+            doc! {"$set": {
+                "back": {"$dateFromParts": {
+                    "year": "$p.year", "month": "$p.month", "day": "$p.day", "hour": "$p.hour",
+                    "minute": "$p.minute", "second": "$p.second", "millisecond": "$p.millisecond",
+                    "timezone": "+05:30"}},
+                "isoBack": {"$dateFromParts": {
+                    "isoWeekYear": "$iso.isoWeekYear", "isoWeek": "$iso.isoWeek",
+                    "isoDayOfWeek": "$iso.isoDayOfWeek", "hour": "$iso.hour", "minute": "$iso.minute",
+                    "second": "$iso.second", "millisecond": "$iso.millisecond"}},
+                "carried": {"$dateFromParts": {"year": 2023, "month": {"$add": ["$qty", 1]}, "day": {"$subtract": [0, "$cust"]}}},
+            }},
+        ],
+    )
+    .await;
+    assert_eq!(r.len(), 90);
+    for d in &r {
+        let id = d.get_i32("_id").unwrap();
+        let day = d.get_datetime("day").unwrap();
+        assert_eq!(d.get_datetime("back").unwrap(), day, "{d}");
+        assert_eq!(d.get_datetime("isoBack").unwrap(), day, "{d}");
+        // 1_700_000_000_000 is 2023-11-14T22:13:20Z: 03:43:20 on the 15th at +05:30.
+        let p = d.get_document("p").unwrap();
+        assert_eq!(p.get_i32("hour").unwrap(), 3);
+        assert_eq!(p.get_i32("minute").unwrap(), 43);
+        assert_eq!(p.get_i32("day").unwrap(), 15 + (id % 10));
+        let iso = d.get_document("iso").unwrap();
+        assert_eq!(iso.get_i32("isoWeekYear").unwrap(), 2023);
+        assert_eq!(iso.get_i32("hour").unwrap(), 22);
+        // Month qty+1 of 2023 (carried into 2024 past December), day -cust: cust + 1 days
+        // before the first of that month.
+        let qty = (id * 13) % 17;
+        let months = 2023 * 12 + qty;
+        let (y, m) = (months / 12, months % 12 + 1);
+        let first = bson::DateTime::parse_rfc3339_str(format!("{y:04}-{m:02}-01T00:00:00Z"))
+            .unwrap()
+            .timestamp_millis();
+        assert_eq!(
+            d.get_datetime("carried").unwrap().timestamp_millis(),
+            first - (id % 7 + 1) as i64 * 86_400_000,
+            "{d}"
+        );
+    }
+    for (expr, code) in [
+        (doc! {"$dateFromParts": "$day"}, 40519),
+        (doc! {"$dateFromParts": {"year": 2020, "week": 1}}, 40518),
+        (doc! {"$dateFromParts": {"month": 1}}, 40516),
+        (doc! {"$dateFromParts": {"year": 2020, "isoWeek": 1}}, 40489),
+        (
+            doc! {"$dateFromParts": {"isoWeekYear": 2020, "month": 1}},
+            40525,
+        ),
+        (doc! {"$dateFromParts": {"year": "$tags"}}, 40515),
+        (doc! {"$dateFromParts": {"year": 0}}, 40523),
+        (doc! {"$dateFromParts": {"isoWeekYear": 10000}}, 31095),
+        (doc! {"$dateFromParts": {"year": 2020, "day": 40000}}, 31034),
+        (
+            doc! {"$dateFromParts": {"year": 2020, "timezone": 1}},
+            40517,
+        ),
+        (doc! {"$dateToParts": ["$day"]}, 40524),
+        (doc! {"$dateToParts": {"date": "$day", "iso": true}}, 40520),
+        (doc! {"$dateToParts": {"iso8601": true}}, 40522),
+        (
+            doc! {"$dateToParts": {"date": "$day", "iso8601": "yes"}},
+            40521,
+        ),
+        (doc! {"$dateToParts": {"date": "$qty"}}, 16006),
+        (
+            doc! {"$dateToParts": {"date": "$day", "timezone": "Mars/Olympus"}},
+            40485,
+        ),
+    ] {
+        assert_eq!(
+            failure_code(&cl, &[doc! {"$project": {"x": expr.clone()}}]).await,
+            code,
+            "{expr}"
+        );
+    }
+}
+
+/// Runs `pipeline` on both collections and compares them as sets of documents (generated
+/// documents have no `_id`, and documents tied on the stage's sort come in the order the
+/// shards return them).
+async fn same_set_on_both(cl: &mongodb::Client, pipeline: &[Document]) -> Vec<Document> {
+    let sharded = sorted(run(cl, "orders", pipeline).await);
+    let plain = sorted(run(cl, "orders_plain", pipeline).await);
+    assert_eq!(sharded, plain, "{pipeline:?}");
+    sharded
+}
+
+/// `$densify` and `$fill` run after the router's merge, over every document, and give what one
+/// shard gives over the whole collection; bad specifications get mongod's codes.
+#[tokio::test]
+async fn densify_and_fill_match_one_shard() {
+    let (_c, cl) = setup().await;
+    // Each customer's quantities densified between its own lowest and highest.
+    let r = same_set_on_both(
+        &cl,
+        &[
+            doc! {"$project": {"_id": 0, "cust": 1, "qty": 1}},
+            doc! {"$densify": {"field": "qty", "partitionByFields": ["cust"], "range": {"step": 1, "bounds": "partition"}}},
+        ],
+    )
+    .await;
+    for cust in 0..7 {
+        let orig: Vec<i32> = (0..90)
+            .filter(|i| i % 7 == cust)
+            .map(|i| (i * 13) % 17)
+            .collect();
+        let (lo, hi) = (*orig.iter().min().unwrap(), *orig.iter().max().unwrap());
+        let mut got: Vec<i32> = r
+            .iter()
+            .filter(|d| d.get_i32("cust").unwrap() == cust)
+            .map(|d| d.get_i32("qty").unwrap())
+            .collect();
+        got.sort();
+        let mut want = orig.clone();
+        want.extend((lo..=hi).filter(|q| !orig.contains(q)));
+        want.sort();
+        assert_eq!(got, want, "customer {cust}");
+    }
+    // "full" bounds: every customer gets every quantity from the lowest to the highest of all.
+    let r = same_set_on_both(
+        &cl,
+        &[
+            doc! {"$match": {"qty": {"$lt": 8}}},
+            doc! {"$group": {"_id": {"cust": "$cust", "qty": "$qty"}}},
+            doc! {"$replaceWith": "$_id"},
+            doc! {"$densify": {"field": "qty", "partitionByFields": ["cust"], "range": {"step": 2, "bounds": "full"}}},
+        ],
+    )
+    .await;
+    for cust in 0..7 {
+        let orig: std::collections::BTreeSet<i32> = (0..90)
+            .filter(|i| i % 7 == cust)
+            .map(|i| (i * 13) % 17)
+            .filter(|q| *q < 8)
+            .collect();
+        let mut want: Vec<i32> = orig.iter().copied().collect();
+        want.extend((0..8).step_by(2).filter(|q| !orig.contains(q)));
+        want.sort();
+        let mut got: Vec<i32> = r
+            .iter()
+            .filter(|d| d.get_i32("cust").unwrap() == cust)
+            .map(|d| d.get_i32("qty").unwrap())
+            .collect();
+        got.sort();
+        assert_eq!(got, want, "customer {cust}");
+    }
+    // Dates by 12 hours within explicit bounds: the half days between the order days.
+    let first = bson::DateTime::from_millis(1_700_000_000_000);
+    let last = bson::DateTime::from_millis(1_700_000_000_000 + 3 * 86_400_000);
+    let r = same_set_on_both(
+        &cl,
+        &[
+            doc! {"$match": {"cust": 0}},
+            doc! {"$project": {"_id": 0, "day": 1}},
+            doc! {"$densify": {"field": "day", "range": {"step": 12, "unit": "hour", "bounds": [first, last]}}},
+            doc! {"$match": {"day": {"$lt": last}}},
+        ],
+    )
+    .await;
+    let generated: Vec<i64> = r
+        .iter()
+        .map(|d| d.get_datetime("day").unwrap().timestamp_millis())
+        .filter(|t| (t - 1_700_000_000_000) % 86_400_000 != 0)
+        .collect();
+    assert_eq!(
+        generated,
+        (0..3)
+            .map(|k| 1_700_000_000_000 + k * 86_400_000 + 43_200_000)
+            .collect::<Vec<_>>()
+    );
+    // $fill over densified gaps: carried forward, interpolated, or a value.
+    let r = same_set_on_both(
+        &cl,
+        &[
+            doc! {"$match": {"cust": 2}},
+            doc! {"$group": {"_id": "$qty", "n": {"$sum": 1}}},
+            doc! {"$project": {"_id": 0, "qty": "$_id", "n": 1, "m": "$n", "z": "$n"}},
+            doc! {"$densify": {"field": "qty", "range": {"step": 1, "bounds": "full"}}},
+            doc! {"$fill": {"sortBy": {"qty": 1}, "output": {"n": {"method": "locf"}, "m": {"method": "linear"}, "z": {"value": -1}}}},
+        ],
+    )
+    .await;
+    let present: std::collections::BTreeMap<i32, i32> = {
+        let mut m = std::collections::BTreeMap::new();
+        for i in (0..90).filter(|i| i % 7 == 2) {
+            *m.entry((i * 13) % 17).or_insert(0) += 1;
+        }
+        m
+    };
+    for d in &r {
+        let q = d.get_i32("qty").unwrap();
+        match present.get(&q) {
+            Some(n) => {
+                assert_eq!(d.get_i32("n").unwrap(), *n);
+                assert_eq!(d.get_i32("z").unwrap(), *n);
+            }
+            None => {
+                let (pq, pn) = present.range(..q).next_back().unwrap();
+                let (nq, nn) = present.range(q..).next().unwrap();
+                assert_eq!(d.get_i32("n").unwrap(), *pn, "{d}");
+                assert_eq!(d.get_i32("z").unwrap(), -1, "{d}");
+                let want = *pn as f64 + (q - pq) as f64 * ((nn - pn) as f64 / (nq - pq) as f64);
+                assert!((d.get_f64("m").unwrap() - want).abs() < 1e-9, "{d}");
+            }
+        }
+    }
+    for (stage, code) in [
+        (doc! {"$densify": {"field": "qty"}}, 40414),
+        (
+            doc! {"$densify": {"field": "qty", "range": {"step": -1, "bounds": "full"}}},
+            5733401,
+        ),
+        (
+            doc! {"$densify": {"field": "qty", "range": {"step": 1, "bounds": "partition"}}},
+            5733408,
+        ),
+        (
+            doc! {"$densify": {"field": "qty", "range": {"step": 1, "bounds": [5, 1]}}},
+            5733402,
+        ),
+        (
+            doc! {"$densify": {"field": "tags", "range": {"step": 1, "bounds": "full"}}},
+            5733201,
+        ),
+        (
+            doc! {"$densify": {"field": "day", "range": {"step": 1, "bounds": "full"}}},
+            6053600,
+        ),
+        (doc! {"$fill": {"output": {}}}, 6050203),
+        (
+            doc! {"$fill": {"output": {"qty": {"method": "nearest"}}}},
+            6050202,
+        ),
+        (
+            doc! {"$fill": {"output": {"qty": {"method": "linear"}}}},
+            605001,
+        ),
+        (
+            doc! {"$fill": {"sortBy": {"cust": 1}, "output": {"qty": {"method": "linear"}}}},
+            6050106,
+        ),
+    ] {
+        assert_eq!(
+            failure_code(&cl, std::slice::from_ref(&stage)).await,
+            code,
+            "{stage}"
+        );
+    }
+}

@@ -237,7 +237,7 @@ async fn remove_shard_drains_the_shard_and_takes_it_out_of_the_cluster() {
         "a removed shard is not found: {e}"
     );
 
-    // The primary shard: its chunks move, its database stays until it is dropped.
+    // The primary shard: its chunks move, its database stays until it is moved (or dropped).
     let r = admin(&b, doc! {"removeShard": &primary}).await.unwrap();
     assert_eq!(r.get_str("state").unwrap(), "started");
     assert_eq!(
@@ -266,15 +266,22 @@ async fn remove_shard_drains_the_shard_and_takes_it_out_of_the_cluster() {
     );
     assert_eq!(ids(&a, "demo", "items").await, (0..n).collect::<Vec<_>>());
     assert_eq!(ids(&b, "demo", "plain").await, (0..10).collect::<Vec<_>>());
-    a.database("demo").drop().await.unwrap();
+    // movePrimary to the shard that stays: the removal completes, nothing is lost.
+    let staying: Vec<String> = listed(&a)
+        .await
+        .into_iter()
+        .filter(|s| *s != primary)
+        .collect();
+    assert_eq!(staying.len(), 1);
+    admin(&a, doc! {"movePrimary": "demo", "to": &staying[0]})
+        .await
+        .unwrap();
     let done = remove_until_completed(&b, &primary).await;
-    assert_eq!(
-        done.len(),
-        1,
-        "completed once the database is gone: {done:?}"
-    );
+    assert_eq!(done.len(), 1, "completed once the database moved: {done:?}");
+    assert_eq!(ids(&a, "demo", "items").await, (0..n).collect::<Vec<_>>());
+    assert_eq!(ids(&b, "demo", "plain").await, (0..10).collect::<Vec<_>>());
     let last = listed(&a).await;
-    assert_eq!(last.len(), 1);
+    assert_eq!(last, staying);
     let e = admin(&a, doc! {"removeShard": &last[0]}).await.unwrap_err();
     assert_eq!(common::command_code(&e), 20, "the last shard stays: {e}");
     // What is left still routes.
@@ -721,5 +728,462 @@ async fn a_sharded_collection_renamed_through_one_router_is_found_under_its_new_
         "the target's own document is gone"
     );
     assert_eq!(chunks_of(&c, "demo.plain").await.unwrap().0, uuid);
+    c.shutdown().await;
+}
+
+const STALE: &str = "[[collections]]\nns = \"demo.items\"\nkey = '{\"_id\": \"hashed\"}'\n\
+[[collections]]\nns = \"demo.upd\"\nkey = '{\"_id\": \"hashed\"}'\n\
+[[collections]]\nns = \"demo.del\"\nkey = '{\"_id\": \"hashed\"}'\n\
+[[collections]]\nns = \"demo.rd\"\nkey = '{\"_id\": \"hashed\"}'\n\
+[[collections]]\nns = \"demo.bw\"\nkey = '{\"_id\": \"hashed\"}'\n\
+[[collections]]\nns = \"demo.fam\"\nkey = '{\"_id\": \"hashed\"}'\n";
+
+/// The shard id `config.databases` names as `db`'s primary.
+async fn primary_of(c: &sluice::demo::DemoCluster, db: &str) -> usize {
+    let config = direct(c.config_server.local_addr())
+        .await
+        .database("config");
+    let d = config
+        .collection::<Document>("databases")
+        .find_one(doc! {"_id": db})
+        .await
+        .unwrap()
+        .unwrap();
+    let primary = d.get_str("primary").unwrap();
+    primary.trim_start_matches("shard").parse().unwrap()
+}
+
+/// The sorted `_id`s of `db.coll` each shard holds itself.
+fn ids_per_shard(c: &sluice::demo::DemoCluster, db: &str, coll: &str) -> Vec<Vec<i64>> {
+    c.shards
+        .iter()
+        .map(|s| {
+            let mut v: Vec<i64> = s
+                .service()
+                .documents(db, coll)
+                .iter()
+                .map(|d| d.get_i64("_id").unwrap())
+                .collect();
+            v.sort_unstable();
+            v
+        })
+        .collect()
+}
+
+/// `(index, code)` of every write error of a write command's reply.
+fn write_errors(reply: &Document) -> Vec<(i32, i32)> {
+    reply
+        .get_array("writeErrors")
+        .map(|a| {
+            a.iter()
+                .map(|e| {
+                    let e = e.as_document().unwrap();
+                    (e.get_i32("index").unwrap(), e.get_i32("code").unwrap())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Expects `shards` to hold `want` on the primary shard `p` and nothing elsewhere.
+fn only_on_primary(c: &sluice::demo::DemoCluster, coll: &str, p: usize, want: &[i64]) {
+    for (i, ids) in ids_per_shard(c, "demo", coll).into_iter().enumerate() {
+        if i == p {
+            assert_eq!(ids, want, "demo.{coll} on the primary shard{i}");
+        } else {
+            assert!(ids.is_empty(), "demo.{coll} on shard{i}: {ids:?}");
+        }
+    }
+}
+
+/// A router that still holds a collection's sharded routing after another router dropped it
+/// learns from the shards' StaleConfig that the collection is gone, finds it unsharded on the
+/// config server and sends its inserts, updates and deletes to the database's primary shard,
+/// as mongos does: an insert creates the collection there, unsharded. The counts, the write
+/// errors' indexes and a retryable write's resend are the client's, and every document lands
+/// once. `bulkWrite`, `findAndModify` and reads, too, answer as a fresh router's.
+#[tokio::test]
+async fn a_stale_router_sends_writes_to_a_collection_dropped_elsewhere_to_the_primary_shard() {
+    let c = cluster(2, vec![router_config(), router_config()], STALE).await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    let p = primary_of(&c, "demo").await;
+    let demo_a = a.database("demo");
+    let demo_b = b.database("demo");
+    // Router A routes every collection by its chunks first, so its cache holds them sharded.
+    for coll in ["items", "upd", "del", "rd", "bw", "fam"] {
+        demo_a
+            .collection::<Document>(coll)
+            .insert_many((0..40i64).map(|i| doc! {"_id": i}))
+            .await
+            .unwrap();
+        let per_shard = ids_per_shard(&c, "demo", coll);
+        assert!(
+            per_shard.iter().all(|ids| !ids.is_empty()),
+            "demo.{coll} sharded over both shards"
+        );
+        demo_b.collection::<Document>(coll).drop().await.unwrap();
+        assert!(chunks_of(&c, &format!("demo.{coll}")).await.is_none());
+    }
+
+    // Raw write commands through router A from a client of their own, whose sessions have
+    // seen no other transaction number.
+    let raw_a = client(&c, 0).await.database("demo");
+
+    // insert, unordered, retryable, a duplicate `_id` at index 2.
+    let mut session = raw_a.client().start_session().await.unwrap();
+    let txn = common::next_txn_number();
+    let insert = doc! {
+        "insert": "items",
+        "documents": [{"_id": 1000i64}, {"_id": 1001i64}, {"_id": 1000i64}, {"_id": 1002i64}],
+        "ordered": false,
+        "txnNumber": txn,
+    };
+    let reply = raw_a
+        .run_command(insert.clone())
+        .session(&mut session)
+        .await
+        .unwrap();
+    assert_eq!(reply.get_i32("n").unwrap(), 3, "{reply}");
+    assert_eq!(write_errors(&reply), vec![(2, 11000)], "{reply}");
+    // The same statements again with the same transaction number: the recorded results.
+    let again = raw_a
+        .run_command(insert)
+        .session(&mut session)
+        .await
+        .unwrap();
+    assert_eq!(again.get_i32("n").unwrap(), 3, "{again}");
+    assert_eq!(write_errors(&again), vec![(2, 11000)], "{again}");
+    only_on_primary(&c, "items", p, &[1000, 1001, 1002]);
+    assert!(chunks_of(&c, "demo.items").await.is_none(), "unsharded");
+    assert_eq!(ids(&a, "demo", "items").await, vec![1000, 1001, 1002]);
+    assert_eq!(ids(&b, "demo", "items").await, vec![1000, 1001, 1002]);
+
+    // update: router B recreates the collection unsharded, router A (stale) updates it.
+    demo_b
+        .collection::<Document>("upd")
+        .insert_many((0..10i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    let reply = raw_a
+        .run_command(doc! {
+            "update": "upd",
+            "updates": [
+                {"q": {}, "u": {"$set": {"seen": true}}, "multi": true},
+                {"q": {"_id": 50i64}, "u": {"$set": {"seen": true}}, "upsert": true},
+            ],
+            "txnNumber": common::next_txn_number(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.get_i32("n").unwrap(), 11, "{reply}");
+    assert_eq!(reply.get_i32("nModified").unwrap(), 10, "{reply}");
+    assert!(write_errors(&reply).is_empty(), "{reply}");
+    let upserted = reply.get_array("upserted").unwrap();
+    assert_eq!(
+        upserted[0].as_document().unwrap(),
+        &doc! {"index": 1, "_id": 50i64}
+    );
+    let mut want: Vec<i64> = (0..10).collect();
+    want.push(50);
+    only_on_primary(&c, "upd", p, &want);
+    let seen = demo_b
+        .collection::<Document>("upd")
+        .count_documents(doc! {"seen": true})
+        .await
+        .unwrap();
+    assert_eq!(seen, 11);
+
+    // delete, ordered: one document by `_id`, then every one from 3 on.
+    demo_b
+        .collection::<Document>("del")
+        .insert_many((0..6i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    let reply = raw_a
+        .run_command(doc! {
+            "delete": "del",
+            "deletes": [{"q": {"_id": 1i64}, "limit": 1}, {"q": {"_id": {"$gte": 3i64}}, "limit": 0}],
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.get_i32("n").unwrap(), 4, "{reply}");
+    assert!(write_errors(&reply).is_empty(), "{reply}");
+    only_on_primary(&c, "del", p, &[0, 2]);
+    assert_eq!(ids(&a, "demo", "del").await, vec![0, 2]);
+
+    // bulkWrite (MongoDB 8.0), ordered: an insert and an update of what it inserted.
+    let reply = admin(
+        &a,
+        doc! {
+            "bulkWrite": 1,
+            "ops": [
+                {"insert": 0, "document": {"_id": 7i64}},
+                {"update": 0, "filter": {"_id": 7i64}, "updateMods": {"$set": {"seen": true}}},
+            ],
+            "nsInfo": [{"ns": "demo.bw"}],
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.get_i32("nErrors").unwrap(), 0, "{reply}");
+    assert_eq!(reply.get_i32("nInserted").unwrap(), 1, "{reply}");
+    assert_eq!(reply.get_i32("nModified").unwrap(), 1, "{reply}");
+    only_on_primary(&c, "bw", p, &[7]);
+    assert!(chunks_of(&c, "demo.bw").await.is_none(), "unsharded");
+
+    // findAndModify, an upsert: the new document on the primary shard.
+    let before = demo_a
+        .collection::<Document>("fam")
+        .find_one_and_update(doc! {"_id": 9i64}, doc! {"$set": {"seen": true}})
+        .upsert(true)
+        .await
+        .unwrap();
+    assert!(before.is_none());
+    only_on_primary(&c, "fam", p, &[9]);
+
+    // find: router A, stale, answers what router B does.
+    demo_b
+        .collection::<Document>("rd")
+        .insert_many((0..5i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    assert_eq!(ids(&a, "demo", "rd").await, (0..5).collect::<Vec<_>>());
+    assert_eq!(ids(&b, "demo", "rd").await, (0..5).collect::<Vec<_>>());
+    c.shutdown().await;
+}
+
+/// A router that cached a collection sharded, and its new name unsharded, before another
+/// router renamed it: a write under the old name goes to the primary shard (a new, unsharded
+/// collection there, an ordered bulk cut at its first error as a fresh router cuts it), and a
+/// write under the new name follows the shard's StaleConfig to the collection's chunks.
+#[tokio::test]
+async fn a_stale_router_writes_under_both_names_of_a_collection_renamed_elsewhere() {
+    let c = cluster(
+        2,
+        vec![router_config(), router_config()],
+        "[[collections]]\nns = \"demo.ren\"\nkey = '{\"_id\": \"hashed\"}'\n",
+    )
+    .await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    let p = primary_of(&c, "demo").await;
+    a.database("demo")
+        .collection::<Document>("ren")
+        .insert_many((0..40i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    assert!(ids(&a, "demo", "moved").await.is_empty());
+    admin(
+        &b,
+        doc! {"renameCollection": "demo.ren", "to": "demo.moved"},
+    )
+    .await
+    .unwrap();
+
+    // The old name, ordered, retryable, a duplicate `_id` at index 2: the first two land on
+    // the primary shard, the rest is not applied.
+    let raw_a = client(&c, 0).await.database("demo");
+    let reply = raw_a
+        .run_command(doc! {
+            "insert": "ren",
+            "documents": [{"_id": 1000i64}, {"_id": 1001i64}, {"_id": 1000i64}, {"_id": 1002i64}],
+            "ordered": true,
+            "txnNumber": common::next_txn_number(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.get_i32("n").unwrap(), 2, "{reply}");
+    assert_eq!(write_errors(&reply), vec![(2, 11000)], "{reply}");
+    only_on_primary(&c, "ren", p, &[1000, 1001]);
+    assert!(chunks_of(&c, "demo.ren").await.is_none(), "unsharded");
+    assert_eq!(ids(&a, "demo", "ren").await, vec![1000, 1001]);
+    assert_eq!(ids(&b, "demo", "ren").await, vec![1000, 1001]);
+
+    // The new name: sharded, by the chunks the collection kept.
+    a.database("demo")
+        .collection::<Document>("moved")
+        .insert_many((40..80i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    assert!(chunks_of(&c, "demo.moved").await.is_some());
+    let per_shard = ids_per_shard(&c, "demo", "moved");
+    assert_eq!(
+        per_shard.iter().map(Vec::len).sum::<usize>(),
+        80,
+        "{per_shard:?}"
+    );
+    assert!(
+        per_shard.iter().all(|ids| ids.iter().any(|i| *i >= 40)),
+        "new documents on both shards: {per_shard:?}"
+    );
+    assert_eq!(ids(&a, "demo", "moved").await, (0..80).collect::<Vec<_>>());
+    assert_eq!(ids(&b, "demo", "moved").await, (0..80).collect::<Vec<_>>());
+    c.shutdown().await;
+}
+
+/// `movePrimary` through router A: the database's unsharded collections (documents and
+/// indexes) move to the new primary shard and leave the old one, the sharded ones stay where
+/// their chunks are, `config.databases` names the new primary; router B, which cached the old
+/// primary, follows through StaleDbVersion for reads and writes.
+#[tokio::test]
+async fn move_primary_moves_the_unsharded_collections_and_both_routers_follow() {
+    let c = cluster(2, vec![router_config(), router_config()], ITEMS).await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    let p = primary_of(&c, "demo").await;
+    let other = 1 - p;
+    let plain = a.database("demo").collection::<Document>("plain");
+    plain
+        .insert_many((0..100i64).map(|i| doc! {"_id": i, "x": i}))
+        .await
+        .unwrap();
+    plain
+        .create_index(
+            mongodb::IndexModel::builder()
+                .keys(doc! {"x": 1})
+                .options(
+                    mongodb::options::IndexOptions::builder()
+                        .unique(true)
+                        .build(),
+                )
+                .build(),
+        )
+        .await
+        .unwrap();
+    a.database("demo")
+        .collection::<Document>("items")
+        .insert_many((0..50i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    a.database("demo")
+        .create_collection("small")
+        .view_on("plain".to_string())
+        .pipeline(vec![doc! {"$match": {"x": {"$lt": 10i64}}}])
+        .await
+        .unwrap();
+    // Router B routes the database by its old primary first.
+    assert_eq!(ids(&b, "demo", "plain").await, (0..100).collect::<Vec<_>>());
+    assert_eq!(ids(&b, "demo", "small").await, (0..10).collect::<Vec<_>>());
+    let items_before = ids_per_shard(&c, "demo", "items");
+
+    // Errors first: an unknown shard, a database other than admin, a missing `to`.
+    let e = admin(&a, doc! {"movePrimary": "demo", "to": "nowhere"})
+        .await
+        .unwrap_err();
+    assert_eq!(common::command_code(&e), 70, "{e}");
+    let e = a
+        .database("demo")
+        .run_command(doc! {"movePrimary": "demo", "to": "shard0"})
+        .await
+        .unwrap_err();
+    assert_eq!(common::command_code(&e), 13, "{e}");
+    let e = admin(&a, doc! {"movePrimary": "demo"}).await.unwrap_err();
+    assert_eq!(common::command_code(&e), 40414, "{e}");
+    // To the current primary: nothing to do.
+    admin(&a, doc! {"movePrimary": "demo", "to": format!("shard{p}")})
+        .await
+        .unwrap();
+    assert_eq!(primary_of(&c, "demo").await, p);
+    // A collection the new primary already holds: NamespaceExists, nothing moved.
+    a.database("demo")
+        .collection::<Document>("clash")
+        .insert_one(doc! {"_id": 1i64})
+        .await
+        .unwrap();
+    let on_other = direct(c.shards[other].local_addr()).await;
+    on_other
+        .database("demo")
+        .collection::<Document>("clash")
+        .insert_one(doc! {"_id": 2i64})
+        .await
+        .unwrap();
+    let e = admin(
+        &a,
+        doc! {"movePrimary": "demo", "to": format!("shard{other}")},
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(common::command_code(&e), 48, "{e}");
+    assert_eq!(primary_of(&c, "demo").await, p);
+    only_on_primary(&c, "plain", p, &(0..100).collect::<Vec<_>>());
+    on_other
+        .database("demo")
+        .collection::<Document>("clash")
+        .drop()
+        .await
+        .unwrap();
+
+    // A writer through router B inserts while the primary moves: each acknowledged insert
+    // ends on the new primary, once.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let coll = client(&c, 1)
+            .await
+            .database("demo")
+            .collection::<Document>("plain");
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut acknowledged = Vec::new();
+            let mut id = 1000i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                coll.insert_one(doc! {"_id": id, "x": id}).await.unwrap();
+                acknowledged.push(id);
+                id += 1;
+            }
+            acknowledged
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    admin(
+        &a,
+        doc! {"movePrimary": "demo", "to": format!("shard{other}")},
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let acknowledged = writer.await.unwrap();
+    assert!(acknowledged.len() > 5, "{acknowledged:?}");
+    assert_eq!(primary_of(&c, "demo").await, other);
+    let mut want: Vec<i64> = (0..100).collect();
+    want.extend(&acknowledged);
+    only_on_primary(&c, "plain", other, &want);
+    b.database("demo")
+        .collection::<Document>("plain")
+        .delete_many(doc! {"_id": {"$gte": 1000i64}})
+        .await
+        .unwrap();
+    only_on_primary(&c, "plain", other, &(0..100).collect::<Vec<_>>());
+    only_on_primary(&c, "clash", other, &[1]);
+    // The view moved with its definition.
+    assert_eq!(ids(&b, "demo", "small").await, (0..10).collect::<Vec<_>>());
+    let on_p = direct(c.shards[p].local_addr()).await;
+    let left = on_p.database("demo").list_collection_names().await.unwrap();
+    assert!(
+        !left.iter().any(|n| n == "small" || n == "plain"),
+        "{left:?}"
+    );
+    assert_eq!(
+        ids_per_shard(&c, "demo", "items"),
+        items_before,
+        "the sharded collection stays"
+    );
+
+    // B, stale, reads and writes the unsharded collection on the new primary.
+    assert_eq!(ids(&b, "demo", "plain").await, (0..100).collect::<Vec<_>>());
+    b.database("demo")
+        .collection::<Document>("plain")
+        .insert_many((100..110i64).map(|i| doc! {"_id": i, "x": i}))
+        .await
+        .unwrap();
+    only_on_primary(&c, "plain", other, &(0..110).collect::<Vec<_>>());
+    assert_eq!(ids(&a, "demo", "plain").await, (0..110).collect::<Vec<_>>());
+    // The unique index moved with it.
+    let e = plain
+        .insert_one(doc! {"_id": 500i64, "x": 5i64})
+        .await
+        .unwrap_err();
+    assert_eq!(common::error_code(&e), 11000, "{e}");
     c.shutdown().await;
 }

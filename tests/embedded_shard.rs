@@ -335,3 +335,65 @@ async fn hello_shares_the_routers_fields() {
     router.shutdown().await;
     s.shutdown().await;
 }
+
+/// mongod's `onPrimaryTransactionalWrite` fail point, as the drivers' retryable-writes tests
+/// set it: a statement failed before commit and the connection closed is retried by the driver
+/// and applied once; failing every attempt leaves nothing; with the connection kept open and
+/// the first statement skipped, the second statement's failure is its write error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_primary_transactional_write_fail_point_acts_per_statement() {
+    let s = shard().await;
+    let cl = common::direct(s.local_addr()).await;
+    let c = cl.database("fp").collection::<Document>("c");
+    let admin = cl.database("admin");
+    let set = |mode: Document, data: Document| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .run_command(doc! {"configureFailPoint": "onPrimaryTransactionalWrite", "mode": mode, "data": data})
+                .await
+                .unwrap();
+        }
+    };
+    set(doc! {"times": 1}, doc! {"failBeforeCommitExceptionCode": 1}).await;
+    c.insert_one(doc! {"_id": 1}).await.expect("retried once");
+    assert_eq!(c.count_documents(doc! {"_id": 1}).await.unwrap(), 1);
+
+    // Committed, then the connection closed: the retry finds it applied.
+    set(doc! {"times": 1}, doc! {}).await;
+    c.update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 1}})
+        .await
+        .expect("retried once");
+    let d = c.find_one(doc! {"_id": 1}).await.unwrap().unwrap();
+    assert_eq!(d.get_i32("n").ok(), Some(1), "applied exactly once: {d}");
+
+    set(doc! {"times": 2}, doc! {"failBeforeCommitExceptionCode": 1}).await;
+    assert!(
+        c.insert_one(doc! {"_id": 2}).await.is_err(),
+        "both attempts fail"
+    );
+    assert_eq!(c.count_documents(doc! {"_id": 2}).await.unwrap(), 0);
+
+    set(
+        doc! {"skip": 1},
+        doc! {"closeConnection": false, "failBeforeCommitExceptionCode": 1},
+    )
+    .await;
+    let e = c
+        .insert_many(vec![doc! {"_id": 3}, doc! {"_id": 4}])
+        .await
+        .unwrap_err();
+    let mongodb::error::ErrorKind::InsertMany(ref f) = *e.kind else {
+        panic!("a bulk write error: {e}");
+    };
+    let errors = f.write_errors.as_ref().expect("write errors");
+    assert_eq!((errors[0].index, errors[0].code), (1, 1), "{e}");
+    set(doc! {"times": 0}, doc! {}).await;
+    assert_eq!(
+        c.count_documents(doc! {"_id": {"$in": [3, 4]}})
+            .await
+            .unwrap(),
+        1
+    );
+    s.shutdown().await;
+}

@@ -979,3 +979,96 @@ async fn a_configdb_router_reaches_a_config_server_that_requires_tls_and_the_key
     handle.shutdown().await;
     config_server.shutdown().await;
 }
+
+/// The cluster layout secured end to end: a config server and two shard servers that require
+/// TLS and the keyfile, and a `--configdb` router with both. Every internal connection
+/// authenticates as `__system` over TLS — the router to the config server and the shards, the
+/// shard servers to the config server (their routing metadata) and to each other (a chunk
+/// migration), the config server to the shards (adding them, dropping a database) — and the
+/// application's user, created through the router, reads and writes a sharded collection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_layout_runs_with_the_keyfile_and_tls_between_all_its_servers() {
+    let p = pki("cluster-layout");
+    let key = keyfile(&p.dir, "key", "c2x1aWNlLWNsdXN0ZXItbGF5b3V0LWtleQ");
+    let mut router = tls_config(&p, TlsMode::Require);
+    router.listen = "127.0.0.1:0".into();
+    router.security.key_file = Some(key.clone());
+    router.security.authorization = Authorization::Enabled;
+    let shard = sluice::embedded::ShardOptions {
+        key_file: Some(key.clone()),
+        tls: tls_config(&p, TlsMode::Require).tls,
+        internal_security: router.pool_options().unwrap().security,
+        ..sluice::embedded::ShardOptions::for_tests()
+    };
+    let cluster =
+        sluice::demo::DemoCluster::start(2, shard, vec![router], vec!["sluice".into()], &[])
+            .await
+            .expect("the secured cluster starts: the shards are added as __system over TLS");
+    let port = cluster.routers[0].0.local_addr().port();
+    let anonymous = mongodb::Client::with_uri_str(tls_uri(port, &p.dir, ""))
+        .await
+        .unwrap();
+    anonymous
+        .database("admin")
+        .run_command(doc! {"createUser": "root", "pwd": "rootpw", "roles": ["root"]})
+        .await
+        .expect("the first user, through the localhost exception");
+    let root = mongodb::Client::with_uri_str(format!(
+        "mongodb://root:rootpw@localhost:{port}/?tls=true&tlsCAFile={}&authSource=admin&serverSelectionTimeoutMS=5000",
+        p.dir.join("ca.pem").display()
+    ))
+    .await
+    .unwrap();
+    root.database("admin")
+        .run_command(doc! {"shardCollection": "app.c", "key": {"_id": 1}})
+        .await
+        .expect("shardCollection: the config server and the shard servers agree over TLS");
+    let c = root.database("app").collection::<bson::Document>("c");
+    c.insert_many((0..100).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    root.database("admin")
+        .run_command(doc! {"split": "app.c", "middle": {"_id": 50}})
+        .await
+        .unwrap();
+    assert_eq!(cluster.shard_hosts().len(), 2);
+    let list = root
+        .database("admin")
+        .run_command(doc! {"listShards": 1})
+        .await
+        .unwrap();
+    let ids: Vec<String> = list
+        .get_array("shards")
+        .unwrap()
+        .iter()
+        .map(|s| s.as_document().unwrap().get_str("_id").unwrap().to_string())
+        .collect();
+    // Move the upper half to whichever shard does not hold it: the donor shard server reaches
+    // the recipient and the config server as __system over TLS.
+    let mut moved = false;
+    for to in &ids {
+        let r = root
+            .database("admin")
+            .run_command(doc! {"moveChunk": "app.c", "find": {"_id": 75}, "to": to})
+            .await;
+        if r.is_ok() {
+            moved = true;
+        }
+    }
+    assert!(moved, "a chunk moved between the secured shard servers");
+    assert_eq!(c.count_documents(doc! {}).await.unwrap(), 100);
+    let on: Vec<usize> = (0..2)
+        .map(|i| cluster.shards[i].service().count_documents("app", "c"))
+        .collect();
+    assert_eq!(on.iter().sum::<usize>(), 100, "{on:?}");
+    assert!(
+        on.iter().all(|n| *n > 0),
+        "both shards hold documents: {on:?}"
+    );
+    root.database("app")
+        .drop()
+        .await
+        .expect("dropDatabase across the secured servers");
+    assert_eq!(c.count_documents(doc! {}).await.unwrap(), 0);
+    cluster.shutdown().await;
+}

@@ -503,3 +503,92 @@ async fn the_router_runs_one_shard_transactions_and_refuses_more() {
     assert_eq!(open, 0);
     c.stop().await;
 }
+
+/// Snapshot reads outside transactions (`readConcern: snapshot` on a session started with
+/// `snapshot: true`): every read of the session sees the data as of its first read, on one
+/// shard, on an unsharded collection through the router, and on a collection sharded across
+/// two shards (where the router picks the time and says it back); a new snapshot session sees
+/// the writes made since; a command that cannot read at a snapshot gets 72.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_reads_see_one_instant_across_shards() {
+    for (target, cl) in Target::all().await {
+        let names: &[&str] = match target {
+            Target::Shard(_) => &["snap"],
+            Target::Router(_) => &["snap", "sharded"],
+        };
+        for name in names {
+            let c = coll(&cl, name);
+            let docs: Vec<Document> = (1..=20).map(|i| doc! {"_id": i, "x": 1}).collect();
+            c.insert_many(docs).await.unwrap();
+            let mut s = cl.start_session().snapshot(true).await.unwrap();
+            let mut cursor = c.find(doc! {}).session(&mut s).await.unwrap();
+            let mut first = 0;
+            while cursor.advance(&mut s).await.unwrap() {
+                first += 1;
+            }
+            assert_eq!(first, 20, "{} {name}", target.name());
+
+            // Writes after the snapshot's time, outside the session.
+            c.update_many(doc! {}, doc! {"$set": {"x": 2}})
+                .await
+                .unwrap();
+            c.insert_many((21..=30).map(|i| doc! {"_id": i, "x": 3}))
+                .await
+                .unwrap();
+            c.delete_many(doc! {"_id": {"$lte": 5}}).await.unwrap();
+
+            let seen = find_in(&c, &mut s).await;
+            assert_eq!(
+                seen.len(),
+                20,
+                "{} {name}: the snapshot's documents",
+                target.name()
+            );
+            assert!(
+                seen.iter().all(|d| d.get_i32("x").ok() == Some(1)),
+                "{seen:?}"
+            );
+            let xs = c.distinct("x", doc! {}).session(&mut s).await.unwrap();
+            assert_eq!(
+                xs,
+                vec![Bson::Int32(1)],
+                "{} {name}: distinct",
+                target.name()
+            );
+            let mut agg = c
+                .aggregate(vec![doc! {"$group": {"_id": null, "n": {"$sum": 1}}}])
+                .session(&mut s)
+                .await
+                .unwrap();
+            assert!(agg.advance(&mut s).await.unwrap());
+            let n = agg.deserialize_current().unwrap();
+            assert_eq!(
+                n.get_i32("n").ok(),
+                Some(20),
+                "{} {name}: aggregate",
+                target.name()
+            );
+            drop(agg);
+
+            // A new snapshot session reads the data as it is now.
+            let mut fresh = cl.start_session().snapshot(true).await.unwrap();
+            let now = find_in(&c, &mut fresh).await;
+            assert_eq!(now.len(), 25, "{} {name}: now", target.name());
+
+            // Commands that cannot read at a snapshot outside a transaction.
+            let e = cl
+                .database("txn")
+                .run_command(doc! {"findAndModify": *name, "query": {"_id": 6}, "update": {"$set": {"y": 1}}, "readConcern": {"level": "snapshot"}})
+                .await
+                .unwrap_err();
+            assert_eq!(code(&e), 72, "{} {name}: {e}", target.name());
+            let e = cl
+                .database("txn")
+                .run_command(doc! {"count": *name, "readConcern": {"level": "snapshot"}})
+                .await
+                .unwrap_err();
+            assert_eq!(code(&e), 72, "{} {name}: {e}", target.name());
+        }
+        target.stop().await;
+    }
+}

@@ -251,7 +251,7 @@ fn execute(
     let target = |s: &RoutingSnapshot, i: usize| stmts[i].target(s);
     let refresh = |_: Vec<Document>| -> sluice::frontend::BoxFuture<'_, _> {
         let s = snap.clone();
-        Box::pin(async move { Some(s) })
+        Box::pin(async move { Some(sluice::write::Retarget::Sharded(s)) })
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()

@@ -431,6 +431,13 @@ impl ClusterClock {
         }
     }
 
+    /// Moves the clock up to `t` if it is behind (a time a request named): later times
+    /// handed out come after it.
+    pub fn advance_to(&self, t: Timestamp) {
+        let v = (u64::from(t.time) << 32) | u64::from(t.increment);
+        self.last.fetch_max(v, Ordering::AcqRel);
+    }
+
     /// The latest time handed out, without advancing.
     pub fn now(&self) -> Timestamp {
         let v = self.last.load(Ordering::Relaxed);
@@ -625,6 +632,19 @@ fn session_key(id: Option<&Bson>) -> Result<[u8; 16], CommandError> {
 }
 
 /// Appends `$clusterTime` (unsigned, as a router without keys sends it) and `operationTime`.
+/// Says in a snapshot read's reply the time it read at: in `cursor` for `find` and
+/// `aggregate`, at the top for `distinct`, where drivers look for it.
+pub fn stamp_at_cluster_time(reply: &mut Document, at: Timestamp) {
+    match reply.get_mut("cursor") {
+        Some(Bson::Document(c)) => {
+            c.insert("atClusterTime", at);
+        }
+        _ => {
+            reply.insert("atClusterTime", at);
+        }
+    }
+}
+
 pub fn append_cluster_time(state: &ServerState, reply: &mut Document) {
     let t = state.clock.tick();
     reply.insert("$clusterTime", crate::wire::cluster_time_document(t));

@@ -16,11 +16,14 @@ use crate::value::error_codes::ErrorCode;
 use crate::value::field::number_field;
 
 /// Runs a `bulkWrite`. A namespace whose `shardVersion` does not match what this shard was
-/// given fails each of its operations with StaleConfig, so the router can retarget them.
+/// given fails each of its operations with StaleConfig, so the router can retarget them;
+/// `checked` holds, by `nsInfo` index, what a shard server's own check found (see
+/// [`check_namespaces`]).
 pub fn bulk_write(
     svc: &ShardService,
     req: &CommandRequest,
     retry: Option<&RetryCtx>,
+    checked: &[Option<EngineError>],
 ) -> Result<Document, EngineError> {
     let bulk = bulk_write::parse(req)?;
     let vars = request_variables(&bulk.options)?;
@@ -28,7 +31,14 @@ pub fn bulk_write(
         .ns_info
         .iter()
         .zip(&bulk.namespaces)
-        .map(|(entry, ns)| svc.check_version(ns, entry).err())
+        .enumerate()
+        .map(|(k, (entry, ns))| {
+            checked
+                .get(k)
+                .cloned()
+                .flatten()
+                .or_else(|| svc.check_version(ns, entry).err())
+        })
         .collect();
     let data = svc.data();
     let mut cat = lock(&data);
@@ -135,4 +145,23 @@ pub fn bulk_write(
         reply.insert("retriedStmtIds", out.retried);
     }
     Ok(reply)
+}
+
+/// A shard server's check of each `nsInfo` entry's `shardVersion` / `databaseVersion` against
+/// its filtering metadata, as it checks a single-namespace write's: the error each namespace's
+/// operations fail with, by `nsInfo` index (`None` where the versions match or none was sent).
+/// A request that does not parse is checked by nothing here: [`bulk_write`] refuses it.
+pub async fn check_namespaces(
+    filtering: &super::filtering::Filtering,
+    shard: &str,
+    req: &CommandRequest,
+) -> Vec<Option<EngineError>> {
+    let Ok(bulk) = bulk_write::parse(req) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (entry, ns) in bulk.ns_info.iter().zip(&bulk.namespaces) {
+        out.push(filtering.check(shard, ns, entry).await.err());
+    }
+    out
 }

@@ -36,6 +36,7 @@ pub const COMMANDS: &[&str] = &[
     "_shardsvrDropCollection",
     "_shardsvrDropDatabase",
     "_shardsvrRenameCollection",
+    "_shardsvrMovePrimary",
     "splitChunk",
     "mergeChunks",
 ];
@@ -47,7 +48,7 @@ pub async fn run(
     body: Document,
 ) -> Result<Document, EngineError> {
     let name = req.name.as_str();
-    let admin_only = matches!(name, "splitChunk" | "mergeChunks");
+    let admin_only = matches!(name, "splitChunk" | "mergeChunks" | "_shardsvrMovePrimary");
     if admin_only != (req.db == "admin") {
         return Err(EngineError::new(
             if admin_only {
@@ -63,9 +64,14 @@ pub async fn run(
         ));
     }
     if let Some(v) = body.get("databaseVersion") {
+        // `_shardsvrMovePrimary` runs on `admin` and names the database it moves.
+        let db = match body.get(name) {
+            Some(Bson::String(db)) if name == "_shardsvrMovePrimary" => db.as_str(),
+            _ => req.db.as_str(),
+        };
         shard
             .filtering
-            .check(&shard.name, &req.db, &doc! {"databaseVersion": v.clone()})
+            .check(&shard.name, db, &doc! {"databaseVersion": v.clone()})
             .await?;
     }
     match name {
@@ -73,6 +79,7 @@ pub async fn run(
         "_shardsvrDropCollection" => drop_collection(&shard, &req.db, &body).await,
         "_shardsvrDropDatabase" => drop_database(&shard, &req.db).await,
         "_shardsvrRenameCollection" => rename_collection(&shard, &req.db, &body).await,
+        "_shardsvrMovePrimary" => move_primary(&shard, &body).await,
         "splitChunk" => split_chunk(&shard, &body).await,
         _ => merge_chunks(&shard, &body).await,
     }
@@ -487,6 +494,196 @@ async fn drop_database(d: &Donor, db: &str) -> Result<Document, EngineError> {
     }
     flush_everywhere(d, &all, "_flushDatabaseCacheUpdates", db).await;
     Ok(doc! {"dropped": db})
+}
+
+/// Documents per `insert` when a collection is cloned to a new primary shard.
+const CLONE_BATCH: usize = 1000;
+/// Bytes of documents per `insert` of a clone (a message stays far below 48 MB).
+const CLONE_BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// `_shardsvrMovePrimary: db, to` (what mongos's `movePrimary` sends the database's primary
+/// shard, on `admin`): in the database's critical section (every versioned request on it
+/// waits), the database's unsharded collections and views are cloned to `to` (with their
+/// options, indexes and documents), the new primary is committed on the config server
+/// (`_sluiceCommitMovePrimary`, the next database version), the clones' sources are dropped
+/// here, and every shard reloads the database; the requests that waited meet the new version
+/// and are answered StaleDbVersion, so their routers retarget them to the new primary. Moving
+/// to the current primary does nothing; an unknown shard is ShardNotFound (70); a collection
+/// that already exists on `to` is NamespaceExists (48), nothing moved.
+async fn move_primary(d: &Donor, body: &Document) -> Result<Document, EngineError> {
+    const CMD: &str = "_shardsvrMovePrimary";
+    let db = string(body, CMD, CMD)?.to_string();
+    let to = string(body, CMD, "to")?.to_string();
+    if matches!(db.as_str(), "admin" | "config" | "local") {
+        return Err(EngineError::new(
+            ErrorCode::InvalidOptions,
+            format!("Can't move primary for {db} database"),
+        ));
+    }
+    let all = shards(d).await?;
+    let Some((_, to_host)) = all.iter().find(|(id, _)| *id == to) else {
+        return Err(EngineError::new(
+            ErrorCode::ShardNotFound,
+            format!("Requested primary shard {to} does not exist"),
+        ));
+    };
+    if to == d.name {
+        return Ok(Document::new());
+    }
+    let _critical = d.migrations.critical_section(&db).await?;
+    let names: Vec<String> = lock(&d.catalog)
+        .dbs
+        .get(&db)
+        .map(|colls| colls.keys().cloned().collect())
+        .unwrap_or_default();
+    let mut moved = Vec::new();
+    for coll in names {
+        if !d.filtering.is_sharded(&format!("{db}.{coll}")).await? {
+            moved.push(coll);
+        }
+    }
+    // Nothing is cloned while any of them exists on the recipient.
+    for coll in &moved {
+        let exists = d
+            .migrations
+            .run_on_db(
+                to_host,
+                &db,
+                doc! {"listCollections": 1, "filter": {"name": coll}, "nameOnly": true},
+            )
+            .await?;
+        let found = exists
+            .get_document("cursor")
+            .and_then(|c| c.get_array("firstBatch"))
+            .is_ok_and(|b| !b.is_empty());
+        if found {
+            return Err(EngineError::new(
+                ErrorCode::NamespaceExists,
+                format!("{db}.{coll} already exists on the shard {to}"),
+            ));
+        }
+    }
+    let cloned = async {
+        for coll in &moved {
+            clone_collection(d, &db, coll, to_host).await?;
+        }
+        d.filtering
+            .run_on_config_server(doc! {"_sluiceCommitMovePrimary": &db, "to": &to})
+            .await
+    };
+    let reply = match cloned.await {
+        Ok(reply) => reply,
+        Err(e) => {
+            // Not committed: this shard stays the primary, and the recipient drops what it got.
+            for coll in &moved {
+                let dropped = d
+                    .migrations
+                    .run_on_db(to_host, &db, doc! {"drop": coll})
+                    .await;
+                if let Err(drop_error) = dropped {
+                    tracing::warn!(db = %db, coll = %coll, error = %drop_error.message,
+                        "a partial clone of movePrimary could not be dropped");
+                }
+            }
+            return Err(e);
+        }
+    };
+    {
+        let mut catalog = lock(&d.catalog);
+        if let Some(colls) = catalog.dbs.get_mut(&db) {
+            for coll in &moved {
+                colls.remove(coll);
+            }
+        }
+    }
+    flush_everywhere(d, &all, "_flushDatabaseCacheUpdates", &db).await;
+    Ok(reply)
+}
+
+/// Options of `create` a clone carries: a view's definition, a capped collection's size, a
+/// validator, a default collation.
+const CLONED_OPTIONS: &[&str] = &[
+    "viewOn",
+    "pipeline",
+    "collation",
+    "capped",
+    "size",
+    "max",
+    "validator",
+    "validationLevel",
+    "validationAction",
+];
+
+/// Clones `db.coll` from this shard to `to_host`: the collection with its options (a view is
+/// only its definition), its indexes other than `_id_`, then its documents in ordered batches.
+async fn clone_collection(
+    d: &Donor,
+    db: &str,
+    coll: &str,
+    to_host: &str,
+) -> Result<(), EngineError> {
+    let (create, indexes, docs) = {
+        let catalog = lock(&d.catalog);
+        match catalog.collection(db, coll) {
+            Some(c) => (
+                {
+                    let mut create = doc! {"create": coll};
+                    for k in CLONED_OPTIONS {
+                        if let Some(v) = c.options.get(*k) {
+                            create.insert(*k, v.clone());
+                        }
+                    }
+                    create
+                },
+                c.indexes()
+                    .iter()
+                    .filter(|i| i.name != "_id_")
+                    .map(|i| {
+                        let mut spec = i.spec.clone();
+                        spec.remove("v");
+                        Bson::Document(spec)
+                    })
+                    .collect::<Vec<Bson>>(),
+                c.iter()
+                    .map(|(_, doc)| doc.clone())
+                    .collect::<Vec<Document>>(),
+            ),
+            None => return Ok(()),
+        }
+    };
+    let is_view = create.contains_key("viewOn");
+    d.migrations.run_on_db(to_host, db, create).await?;
+    if is_view {
+        return Ok(());
+    }
+    if !indexes.is_empty() {
+        d.migrations
+            .run_on_db(
+                to_host,
+                db,
+                doc! {"createIndexes": coll, "indexes": indexes},
+            )
+            .await?;
+    }
+    let mut batch: Vec<Document> = Vec::new();
+    let mut bytes = 0usize;
+    let mut docs = docs.into_iter().peekable();
+    while let Some(doc) = docs.next() {
+        bytes += bson::RawDocumentBuf::try_from(&doc).map_or(0, |b| b.as_bytes().len());
+        batch.push(doc);
+        if batch.len() >= CLONE_BATCH || bytes >= CLONE_BATCH_BYTES || docs.peek().is_none() {
+            let documents = std::mem::take(&mut batch);
+            d.migrations
+                .run_on_db(
+                    to_host,
+                    db,
+                    doc! {"insert": coll, "documents": documents, "ordered": true},
+                )
+                .await?;
+            bytes = 0;
+        }
+    }
+    Ok(())
 }
 
 /// `splitChunk {splitChunk: ns, from, keyPattern, epoch, timestamp, min, max, splitKeys}` (what

@@ -37,6 +37,7 @@ const COMMANDS: &[&str] = &[
     "_sluiceCommitDropCollection",
     "_sluiceCommitDropDatabase",
     "_sluiceCommitRenameCollection",
+    "_sluiceCommitMovePrimary",
 ];
 
 /// What a new config server holds before anything is added: `config.version` with the
@@ -81,6 +82,7 @@ pub fn run(
         "_sluiceCommitRenameCollection" => {
             super::configsvr_ddl::commit_rename_collection(svc, body)
         }
+        "_sluiceCommitMovePrimary" => super::configsvr_ddl::commit_move_primary(svc, body),
         other => Err(EngineError::new(
             ErrorCode::CommandNotFound,
             format!("no such command: '{other}'"),

@@ -492,6 +492,40 @@ pub fn commit_drop_database(svc: &ShardService, body: &Document) -> Result<Docum
     Ok(doc! {"collections": namespaces})
 }
 
+/// `_sluiceCommitMovePrimary: db, to` (from the database's old primary shard, once it cloned
+/// the unsharded collections to `to`): the database's entry names `to` as its primary and
+/// takes the next `lastMod` of its version (same `uuid` and `timestamp`), so every router and
+/// shard holding the old version is answered StaleDbVersion. Replies `{databaseVersion}`.
+pub fn commit_move_primary(svc: &ShardService, body: &Document) -> Result<Document, EngineError> {
+    const CMD: &str = "_sluiceCommitMovePrimary";
+    let db = string_field(body, CMD, CMD)?;
+    let to = string_field(body, CMD, "to")?;
+    let mut catalog = lock(&svc.catalog);
+    let Some((rid, mut entry)) = records(&catalog, "databases")
+        .into_iter()
+        .find(|(_, d)| d.get_str("_id").ok() == Some(db))
+    else {
+        return Err(EngineError::new(
+            ErrorCode::NamespaceNotFound,
+            format!("database {db} not found"),
+        ));
+    };
+    let mut version = entry.get_document("version").cloned().unwrap_or_default();
+    let last_mod = version.get_i32("lastMod").unwrap_or(0);
+    version.insert("lastMod", last_mod + 1);
+    entry.insert("primary", to);
+    entry.insert("version", version.clone());
+    let Some(c) = catalog.existing_mut("config", "databases") else {
+        return Err(EngineError::new(
+            ErrorCode::InternalError,
+            "config.databases is missing",
+        ));
+    };
+    c.remove(rid);
+    c.insert("config.databases", entry)?;
+    Ok(doc! {"databaseVersion": version})
+}
+
 /// `_configsvrAddShard: "<rs>/host:port,…" | "host:port"` (`name` optional), what mongos's
 /// `addShard` sends: the config server asks the shard who it is (`hello`: a replica set, not a
 /// config server, the set name the connection string names), then records it in

@@ -86,6 +86,36 @@ pub fn coll_mod(
     }
     let data = svc.data();
     let mut cat = lock(&data);
+    let redefines = body.contains_key("viewOn") || body.contains_key("pipeline");
+    match cat.collection(&req.db, &coll) {
+        Some(c) if crate::embedded::views::is_view(c) => {
+            // A view takes only a new definition; what is not given is kept.
+            let mut merged = doc! {"collMod": &coll};
+            for k in ["viewOn", "pipeline", "collation"] {
+                if let Some(v) = body.get(k).or_else(|| c.options.get(k)) {
+                    merged.insert(k, v.clone());
+                }
+            }
+            for (k, v) in body {
+                if k != "collMod" && !merged.contains_key(k) {
+                    merged.insert(k.clone(), v.clone());
+                }
+            }
+            let options = crate::embedded::views::parse_definition("collMod", &merged)?;
+            crate::embedded::views::check_graph(&cat, &req.db, &coll, &options)?;
+            if let Some(c) = cat.existing_mut(&req.db, &coll) {
+                c.options = options;
+            }
+            return Ok(Document::new());
+        }
+        Some(_) if redefines => {
+            return Err(err(
+                ErrorCode::InvalidOptions,
+                format!("{}.{coll} is a collection, not a view: 'viewOn' and 'pipeline' are only valid for views", req.db),
+            ));
+        }
+        _ => {}
+    }
     let Some(c) = cat.existing_mut(&req.db, &coll) else {
         return Err(err(ErrorCode::NamespaceNotFound, "ns does not exist"));
     };

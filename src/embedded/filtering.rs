@@ -42,6 +42,7 @@ pub fn stale_config(ns: &str, received: &Bson, wanted: Document, shard: &str) ->
 #[derive(Debug)]
 pub struct Filtering {
     configdb: String,
+    security: crate::backend::ShardSecurity,
     cache: tokio::sync::OnceCell<(Arc<ConfigServerSource>, CatalogCache)>,
 }
 
@@ -52,9 +53,10 @@ pub(super) fn engine_error(e: MetadataError) -> EngineError {
 
 impl Filtering {
     /// Filtering metadata read from the config server `configdb` (connected on first use).
-    pub fn new(configdb: &str) -> Self {
+    pub fn new(configdb: &str, security: crate::backend::ShardSecurity) -> Self {
         Filtering {
             configdb: configdb.to_string(),
+            security,
             cache: tokio::sync::OnceCell::new(),
         }
     }
@@ -64,7 +66,7 @@ impl Filtering {
             .get_or_try_init(|| async {
                 let configdb = ConfigDb::parse(&self.configdb).map_err(engine_error)?;
                 let source = Arc::new(
-                    ConfigServerSource::connect(&configdb)
+                    ConfigServerSource::connect_secured(&configdb, &self.security)
                         .await
                         .map_err(engine_error)?,
                 );
@@ -89,6 +91,16 @@ impl Filtering {
             .run_admin_command(command)
             .await
             .map_err(engine_error)
+    }
+
+    /// Whether `ns` is a sharded collection (tracked by the config server). A config server
+    /// that cannot answer is an error, not an unsharded collection.
+    pub async fn is_sharded(&self, ns: &str) -> Result<bool, EngineError> {
+        match self.cache().await?.routing_info(ns).await {
+            Ok(info) => Ok(info.collection.is_some()),
+            Err(e) if e.code == ErrorCode::NamespaceNotFound => Ok(false),
+            Err(e) => Err(engine_error(e)),
+        }
     }
 
     /// The placement version this shard (`shard`) has for `ns`: its chunks' highest version,

@@ -58,6 +58,8 @@ pub struct Migrations {
     incoming: Mutex<HashMap<String, Incoming>>,
     moving: Mutex<HashSet<String>>,
     peers: Mutex<HashMap<String, mongodb::Client>>,
+    /// How connections to peers prove who this server is.
+    security: crate::backend::ShardSecurity,
 }
 
 /// A range being received: the staged documents by `_id`.
@@ -193,12 +195,28 @@ fn peer_uri(host: &str) -> String {
 }
 
 impl Migrations {
+    /// Migrations whose peer connections authenticate with `security`.
+    pub fn with_security(security: crate::backend::ShardSecurity) -> Self {
+        Migrations {
+            security,
+            ..Default::default()
+        }
+    }
+
     /// Waits while `ns` is in a critical section, then holds the gate that a critical section
     /// is entered through, so none begins while the request runs.
     pub async fn enter(&self, ns: &str) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        // A database's critical section (`movePrimary`) holds every namespace in it.
+        let db = ns.split('.').next().unwrap_or(ns);
         loop {
             let gate = self.gate.read().await;
-            let held = lock(&self.critical).get(ns).map(|tx| tx.subscribe());
+            let held = {
+                let critical = lock(&self.critical);
+                critical
+                    .get(ns)
+                    .or_else(|| critical.get(db))
+                    .map(|tx| tx.subscribe())
+            };
             match held {
                 None => return gate,
                 Some(mut rx) => {
@@ -246,9 +264,15 @@ impl Migrations {
         let client = match cached {
             Some(c) => c,
             None => {
-                let c = mongodb::Client::with_uri_str(peer_uri(host))
+                let mut options = mongodb::options::ClientOptions::parse(peer_uri(host))
                     .await
                     .map_err(|e| driver_error(host, e))?;
+                crate::metadata::configsvr::loader::secure_client_options(
+                    &mut options,
+                    &self.security,
+                );
+                let c =
+                    mongodb::Client::with_options(options).map_err(|e| driver_error(host, e))?;
                 lock(&self.peers).insert(host.to_string(), c.clone());
                 c
             }

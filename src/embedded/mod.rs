@@ -36,6 +36,7 @@ pub mod remove_shard;
 pub mod replset;
 pub mod service;
 pub mod store;
+pub mod views;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -93,6 +94,10 @@ pub struct ShardOptions {
     /// With [`ShardOptions::config_server`]: the file the `config.*` documents are kept in,
     /// read at start-up and rewritten atomically after every command that changed them.
     pub metadata_path: Option<std::path::PathBuf>,
+    /// How this server proves itself to the others of its cluster (a shard server to the
+    /// config server and its peer shards, the config server to the shards): TLS and the
+    /// keyfile's `__system` or x509, as [`crate::config::Config::pool_options`] makes them.
+    pub internal_security: crate::backend::ShardSecurity,
 }
 
 impl Default for ShardOptions {
@@ -114,6 +119,7 @@ impl Default for ShardOptions {
             roles_file: None,
             bulk_write_batch_size: None,
             metadata_path: None,
+            internal_security: crate::backend::ShardSecurity::default(),
         }
     }
 }

@@ -20,7 +20,10 @@ pub struct CatalogReader<'a>(pub &'a ShardService);
 
 impl Namespaces for CatalogReader<'_> {
     fn documents(&self, db: &str, coll: &str) -> Result<Vec<Document>, EngineError> {
-        Ok(self.0.documents(db, coll))
+        match super::views::view_documents(self.0, db, coll)? {
+            Some(docs) => Ok(docs),
+            None => Ok(self.0.documents(db, coll)),
+        }
     }
 }
 

@@ -344,6 +344,8 @@ pub fn run_in(
             "$unionWith" => super::stages::union_with(spec, docs, options, env, cap)?,
             "$setWindowFields" => super::stages::set_window_fields(spec, docs, cap, vars)?,
             "$redact" => super::stages::redact(spec, docs, vars)?,
+            "$densify" => super::fill::densify(spec, docs, cap)?,
+            "$fill" => run_in(&super::fill::fill_stages(spec)?, docs, options, env)?,
             "$out" | "$merge" => {
                 return Err(err(
                     40601,
@@ -716,6 +718,7 @@ pub(super) fn group(
     check_expression(id_expr)?;
     let mut accs: Vec<(String, String, Bson)> = Vec::new();
     let mut n_specs: Vec<Option<NSpec>> = Vec::new();
+    let mut quantiles: Vec<Option<super::quantile::Quantile>> = Vec::new();
     for (k, v) in spec {
         if k == "_id" {
             continue;
@@ -757,9 +760,21 @@ pub(super) fn group(
                 | "$bottom"
                 | "$topN"
                 | "$bottomN"
+                | "$median"
+                | "$percentile"
         ) {
             return Err(err(15952, format!("unknown group operator '{op}'")));
         }
+        quantiles.push(if matches!(op.as_str(), "$median" | "$percentile") {
+            Some(super::quantile::Quantile::parse(
+                op,
+                arg,
+                super::quantile::Usage::Accumulator,
+                vars,
+            )?)
+        } else {
+            None
+        });
         if matches!(
             op.as_str(),
             "$firstN" | "$lastN" | "$maxN" | "$minN" | "$top" | "$bottom" | "$topN" | "$bottomN"
@@ -813,7 +828,7 @@ pub(super) fn group(
                             "$max" => Acc::Max(None),
                             "$first" => Acc::First(None),
                             "$last" => Acc::Last(Bson::Null),
-                            "$push" => Acc::Push(Vec::new()),
+                            "$push" | "$median" | "$percentile" => Acc::Push(Vec::new()),
                             "$stdDevPop" | "$stdDevSamp" => Acc::StdDev(0.0, 0.0, 0.0),
                             "$mergeObjects" => Acc::MergeObjects(Document::new()),
                             "$addToSet" => Acc::AddToSet(BTreeSet::new()),
@@ -827,7 +842,9 @@ pub(super) fn group(
         let Some(state) = groups.get_mut(&gi) else {
             continue;
         };
-        for ((slot, (_, op, arg)), nspec) in state.iter_mut().zip(&accs).zip(&n_specs) {
+        for (((slot, (_, op, arg)), nspec), quantile) in
+            state.iter_mut().zip(&accs).zip(&n_specs).zip(&quantiles)
+        {
             if let (Acc::Many(items), Some(nspec)) = (&mut *slot, nspec) {
                 if op == "$firstN" && items.len() >= nspec.n {
                     continue;
@@ -859,6 +876,9 @@ pub(super) fn group(
             }
             let v = if op == "$count" {
                 Some(Bson::Int32(1))
+            } else if let Some(q) = quantile {
+                // Only the numbers count; the rest are not kept.
+                eval_with(&q.input, d, vars)?.filter(is_number)
             } else {
                 eval_with(arg, d, vars)?
             };
@@ -944,10 +964,16 @@ pub(super) fn group(
         let mut d = Document::new();
         d.insert("_id", key.0);
         if let Some(state) = groups.remove(&i) {
-            for (((name, op, _), acc), nspec) in accs.iter().zip(state).zip(&n_specs) {
+            for ((((name, op, _), acc), nspec), quantile) in
+                accs.iter().zip(state).zip(&n_specs).zip(&quantiles)
+            {
                 d.insert(
                     name.clone(),
                     match acc {
+                        Acc::Push(items) if quantile.is_some() => match quantile {
+                            Some(q) => q.finish(&items),
+                            None => Bson::Null,
+                        },
                         Acc::Many(mut items) => {
                             if let Some(nspec) = nspec {
                                 prune(op, nspec, &mut items, true);
@@ -1410,6 +1436,12 @@ fn operator(
 ) -> Result<Option<Bson>, EngineError> {
     if op == "$literal" {
         return Ok(Some(budget.take(args.clone())?));
+    }
+    if matches!(op, "$median" | "$percentile") {
+        return super::quantile::expression(op, args, root, vars, budget).map(Some);
+    }
+    if matches!(op, "$dateFromParts" | "$dateToParts") {
+        return super::date_parts::expression(op, args, root, vars, budget).map(Some);
     }
     if let Some(v) = super::expressions::lazy(op, args, root, vars, budget)? {
         return Ok(v);

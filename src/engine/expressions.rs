@@ -11,7 +11,7 @@ use crate::value::compare::{compare, values_equal, OrdBson};
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{is_number, to_f64, truthy, type_name};
 
-fn nullish(v: &Bson) -> bool {
+pub(super) fn nullish(v: &Bson) -> bool {
     matches!(v, Bson::Null | Bson::Undefined)
 }
 
@@ -173,6 +173,47 @@ pub(super) fn lazy(
                 }
             }
         }
+        "$sortArray" => {
+            let Bson::Document(d) = args else {
+                return Err(err(
+                    2942500,
+                    format!(
+                        "$sortArray requires an object as an argument, found: {}",
+                        type_name(args)
+                    ),
+                ));
+            };
+            if let Some(k) = d.keys().find(|k| *k != "input" && *k != "sortBy") {
+                return Err(err(
+                    2942501,
+                    format!("$sortArray found an unknown argument: {k}"),
+                ));
+            }
+            let Some(input) = d.get("input") else {
+                return Err(err(2942502, "$sortArray requires 'input' to be specified"));
+            };
+            let Some(sort_by) = d.get("sortBy") else {
+                return Err(err(2942503, "$sortArray requires 'sortBy' to be specified"));
+            };
+            let order = ArrayOrder::parse(sort_by, vars)?;
+            match ev(input, vars, budget)? {
+                Some(Bson::Array(mut items)) => {
+                    order.sort(&mut items);
+                    Some(Bson::Array(items))
+                }
+                None => Some(Bson::Null),
+                Some(v) if nullish(&v) => Some(Bson::Null),
+                Some(other) => {
+                    return Err(err(
+                        2942504,
+                        format!(
+                        "The input argument to $sortArray must be an array, but was of type: {}",
+                        type_name(&other)
+                    ),
+                    ))
+                }
+            }
+        }
         "$getField" => {
             let current = Bson::String("$$CURRENT".into());
             // `{$getField: {field, input}}`, or the short form `{$getField: <field>}` (which an
@@ -241,6 +282,60 @@ pub(super) fn lazy(
         }
         _ => return Ok(None),
     }))
+}
+
+/// How `$sortArray` orders elements: whole values in MongoDB's comparison order (`sortBy: 1`
+/// or `-1`), or by fields of the elements (`sortBy: {a: 1, "b.c": -1}`), where an element that
+/// is not a document has every field missing (null). The sort is stable, and strings compare
+/// under the request's collation.
+enum ArrayOrder {
+    Whole(bool, Option<std::sync::Arc<super::collation::Collation>>),
+    Fields(super::query::SortSpec),
+}
+
+impl ArrayOrder {
+    fn parse(sort_by: &Bson, vars: &Variables) -> Result<ArrayOrder, EngineError> {
+        let collation = vars.collation().cloned();
+        match sort_by {
+            Bson::Document(spec) if !spec.is_empty() => Ok(ArrayOrder::Fields(
+                super::query::SortSpec::parse(spec)?.with_collation(collation),
+            )),
+            v if is_number(v) && (to_f64(v) == 1.0 || to_f64(v) == -1.0) => {
+                Ok(ArrayOrder::Whole(to_f64(v) > 0.0, collation))
+            }
+            _ => Err(err(
+                2942506,
+                "The $sort element value must be either 1 or -1",
+            )),
+        }
+    }
+
+    fn sort(&self, items: &mut [Bson]) {
+        match self {
+            ArrayOrder::Whole(ascending, collation) => {
+                let key = |v: &Bson| match collation {
+                    Some(c) => c.key_value(v),
+                    None => v.clone(),
+                };
+                items.sort_by(|a, b| {
+                    let o = compare(&key(a), &key(b));
+                    if *ascending {
+                        o
+                    } else {
+                        o.reverse()
+                    }
+                });
+            }
+            ArrayOrder::Fields(spec) => {
+                let empty = Document::new();
+                let as_doc = |v: &Bson| match v {
+                    Bson::Document(d) => d.clone(),
+                    _ => empty.clone(),
+                };
+                items.sort_by(|a, b| spec.compare(&as_doc(a), &as_doc(b)));
+            }
+        }
+    }
 }
 
 /// What a `field` argument of `$getField`/`$setField`/`$unsetField` is: these operators take
@@ -367,7 +462,7 @@ fn expect_string<'a>(op: &str, v: &'a Bson) -> Result<Option<&'a str>, EngineErr
     }
 }
 
-fn date_of(_op: &str, v: &Bson) -> Result<Option<i64>, EngineError> {
+pub(super) fn date_of(_op: &str, v: &Bson) -> Result<Option<i64>, EngineError> {
     match v {
         Bson::DateTime(d) => Ok(Some(d.timestamp_millis())),
         Bson::Timestamp(t) => Ok(Some(t.time as i64 * 1000)),
@@ -391,7 +486,7 @@ fn coerce_date(v: &Bson) -> Option<i64> {
     }
 }
 
-const DAY_MS: i64 = 86_400_000;
+pub(super) const DAY_MS: i64 = 86_400_000;
 
 /// The time zones the date operators accept without a time zone database: UTC under its
 /// names, `Etc/GMT±N`, and fixed offsets (`+HH`, `+HHMM`, `+HH:MM`). Any other name is refused
@@ -441,7 +536,7 @@ fn parse_offset(s: &str) -> Option<i64> {
 
 /// The offset from UTC (ms) of a date operator's `timezone`: `Some(0)` when absent, `None`
 /// when it is null (the operator's result is null).
-fn time_zone(v: Option<Bson>) -> Result<Option<i64>, EngineError> {
+pub(super) fn time_zone(v: Option<Bson>) -> Result<Option<i64>, EngineError> {
     let s = match v {
         None => return Ok(Some(0)),
         Some(v) if nullish(&v) => return Ok(None),
@@ -493,7 +588,7 @@ fn days_in_month(y: i64, m: u32) -> u32 {
 }
 
 /// A date operator's time unit, or mongod's errors for another value.
-fn time_unit(op: &str, v: &Bson) -> Result<&'static str, EngineError> {
+pub(super) fn time_unit(op: &str, v: &Bson) -> Result<&'static str, EngineError> {
     let Bson::String(u) = v else {
         return Err(err(
             5439013,
@@ -526,7 +621,7 @@ fn time_unit(op: &str, v: &Bson) -> Result<&'static str, EngineError> {
 
 /// An optional argument that is given: its value, null when it evaluates to missing; `None` when
 /// it is not given at all (the date operators' `timezone`).
-fn given_or_null(
+pub(super) fn given_or_null(
     d: &Document,
     key: &str,
     get: &mut impl FnMut(&str) -> Result<Option<Bson>, EngineError>,
@@ -590,7 +685,7 @@ fn day_of_week(op: &str, v: &Bson) -> Result<i64, EngineError> {
 }
 
 /// A 64-bit integral value (an integral double or decimal too), as mongod's `integral64Bit`.
-fn integral64(v: &Bson) -> Option<i64> {
+pub(super) fn integral64(v: &Bson) -> Option<i64> {
     match v {
         Bson::Int32(i) => Some(*i as i64),
         Bson::Int64(i) => Some(*i),
@@ -606,7 +701,13 @@ fn integral64(v: &Bson) -> Option<i64> {
 /// `date` (UTC ms) plus `amount` units in a zone `offset` ms from UTC: months, quarters and
 /// years move the local calendar date (the day clamped to the month's last), the rest add
 /// their length.
-fn date_add(op: &str, ms: i64, unit: &str, amount: i64, offset: i64) -> Result<i64, EngineError> {
+pub(super) fn date_add(
+    op: &str,
+    ms: i64,
+    unit: &str,
+    amount: i64,
+    offset: i64,
+) -> Result<i64, EngineError> {
     let overflow = || err(5166406, format!("{op} overflowed"));
     let fixed = |unit_ms: i64| {
         amount
@@ -727,7 +828,7 @@ fn date_trunc(
 }
 
 /// ISO 8601 week-numbering year, week and day (Monday 1) of a day since the epoch.
-fn iso_week(days: i64) -> (i64, i64, i64) {
+pub(super) fn iso_week(days: i64) -> (i64, i64, i64) {
     let iso_dow = (days + 3).rem_euclid(7) + 1;
     // The Thursday of this week decides the year.
     let thursday = days - iso_dow + 4;
@@ -737,7 +838,7 @@ fn iso_week(days: i64) -> (i64, i64, i64) {
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
-fn civil(days: i64) -> (i64, u32, u32) {
+pub(super) fn civil(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -750,7 +851,7 @@ fn civil(days: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+pub(super) fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
     let yoe = y.rem_euclid(400);
@@ -2411,6 +2512,78 @@ mod tests {
         assert_eq!(
             code(doc! {"$getField": {"field": "a", "other": 1}}),
             3041701
+        );
+    }
+
+    #[test]
+    fn sort_array_orders_as_mongod() {
+        let r = |e: bson::Document| {
+            eval(&Bson::Document(e), &doc! {}).map(|v| v.unwrap_or(Bson::Undefined))
+        };
+        // Whole values in BSON order: numbers (by value, across types) before strings, objects,
+        // arrays, booleans; null first.
+        assert_eq!(
+            r(doc! {"$sortArray": {"input": [true, "b", 2.5, {"x": 1}, 1, null, "a", [0], 3i64], "sortBy": 1}}).unwrap(),
+            Bson::Array(vec![Bson::Null, 1.into(), 2.5.into(), 3i64.into(), "a".into(), "b".into(), Bson::Document(doc! {"x": 1}), Bson::Array(vec![0.into()]), true.into()])
+        );
+        assert_eq!(
+            r(doc! {"$sortArray": {"input": [2, 3, 1], "sortBy": -1}}).unwrap(),
+            Bson::Array(vec![3.into(), 2.into(), 1.into()])
+        );
+        // By fields, stable for ties; elements that are not documents have the fields missing.
+        assert_eq!(
+            r(doc! {"$sortArray": {"input": [{"a": 2, "n": 1}, {"a": 1, "n": 2}, 7, {"a": 2, "n": 3}, {"a": 1, "n": 4}], "sortBy": {"a": -1}}}).unwrap(),
+            Bson::Array(vec![
+                Bson::Document(doc! {"a": 2, "n": 1}),
+                Bson::Document(doc! {"a": 2, "n": 3}),
+                Bson::Document(doc! {"a": 1, "n": 2}),
+                Bson::Document(doc! {"a": 1, "n": 4}),
+                7.into(),
+            ])
+        );
+        assert_eq!(
+            r(doc! {"$sortArray": {"input": [{"a": {"b": 2}}, {"a": {"b": 1}}], "sortBy": {"a.b": 1}}}).unwrap(),
+            Bson::Array(vec![Bson::Document(doc! {"a": {"b": 1}}), Bson::Document(doc! {"a": {"b": 2}})])
+        );
+        assert_eq!(
+            r(doc! {"$sortArray": {"input": "$nope", "sortBy": 1}}).unwrap(),
+            Bson::Null
+        );
+        assert_eq!(
+            r(doc! {"$sortArray": {"input": null, "sortBy": 1}}).unwrap(),
+            Bson::Null
+        );
+        let code = |e: bson::Document| r(e).unwrap_err().code.0;
+        assert_eq!(code(doc! {"$sortArray": [1]}), 2942500);
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": [1], "sortBy": 1, "x": 1}}),
+            2942501
+        );
+        assert_eq!(code(doc! {"$sortArray": {"sortBy": 1}}), 2942502);
+        assert_eq!(code(doc! {"$sortArray": {"input": [1]}}), 2942503);
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": 5, "sortBy": 1}}),
+            2942504
+        );
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": "s", "sortBy": 1}}),
+            2942504
+        );
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": [1], "sortBy": 2}}),
+            2942506
+        );
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": [1], "sortBy": "a"}}),
+            2942506
+        );
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": [1], "sortBy": {"a": 2}}}),
+            15975
+        );
+        assert_eq!(
+            code(doc! {"$sortArray": {"input": [1], "sortBy": {"a": "x"}}}),
+            15974
         );
     }
 }

@@ -13,16 +13,23 @@
 //! - [`output`]: `$out` and `$merge`, parsed, and `$merge`'s decision per document.
 //! - [`expressions`]: the expression operator families beyond the core.
 //! - [`stages`]: the joining, reshaping, bucketing and window stages.
+//! - [`date_parts`]: `$dateFromParts` and `$dateToParts`.
+//! - [`fill`]: `$densify` and `$fill`.
+//! - [`quantile`]: `$percentile` and `$median`, as accumulators, window functions and
+//!   expressions.
 //!
 //! Every failure is an [`EngineError`]: a MongoDB code and message, with the extra fields
 //! mongod puts beside them.
 
 pub mod aggregate;
 pub mod collation;
+pub mod date_parts;
 pub mod expressions;
+pub mod fill;
 pub mod matcher;
 pub mod output;
 pub mod path;
+pub mod quantile;
 pub mod query;
 pub mod reads;
 pub mod stages;

@@ -33,6 +33,12 @@ impl SortSpec {
                         "$meta sort keys are not supported by the embedded shard",
                     ))
                 }
+                v if !crate::value::field::is_number(v) => {
+                    return Err(EngineError::new(
+                        ErrorCode(15974),
+                        "Illegal key in $sort specification",
+                    ))
+                }
                 _ => {
                     return Err(EngineError::new(
                         ErrorCode(15975),

@@ -1,7 +1,8 @@
 //! The aggregation stages beyond the basic ones of [`super::aggregate`]: `$replaceRoot` /
 //! `$replaceWith`, `$sortByCount`, `$bucket`, `$facet`, `$sample`, `$lookup` (equality and
 //! pipeline forms, with `let`), `$unionWith`, `$setWindowFields` (accumulators over document
-//! and range windows, `$rank`, `$denseRank`, `$documentNumber`, `$shift`) and `$redact`, with
+//! and range windows, `$rank`, `$denseRank`, `$documentNumber`, `$shift`, the gap fillers
+//! `$locf` and `$linearFill`) and `$redact`, with
 //! mongod's codes for malformed specifications. Each stage's output goes through the same
 //! size and memory checks as the others.
 
@@ -731,12 +732,34 @@ pub(super) fn set_window_fields(
                 | "$denseRank"
                 | "$documentNumber"
                 | "$shift"
+                | "$median"
+                | "$percentile"
+                | "$locf"
+                | "$linearFill"
         );
         if !known {
             return Err(err(
                 crate::value::error_codes::ErrorCode::FailedToParse.0,
                 format!("Unrecognized window function, {op}"),
             ));
+        }
+        if matches!(op.as_str(), "$locf" | "$linearFill") {
+            check_expression(&arg)?;
+            if window.is_some() {
+                return Err(err(
+                    crate::value::error_codes::ErrorCode::FailedToParse.0,
+                    format!("'window' field is not allowed in {op}"),
+                ));
+            }
+            if op == "$linearFill" && sort.as_ref().is_none_or(|(_, s)| s.len() != 1) {
+                return Err(err(
+                    605001,
+                    format!("{op} must be specified with a top level sortBy expression with exactly one element"),
+                ));
+            }
+        }
+        if matches!(op.as_str(), "$median" | "$percentile") {
+            super::quantile::Quantile::parse(&op, &arg, super::quantile::Usage::Accumulator, vars)?;
         }
         if matches!(
             op.as_str(),
@@ -819,8 +842,14 @@ pub(super) fn set_window_fields(
         for f in &fields {
             let mut rank = 0i64;
             let mut dense = 0i64;
+            let filled = match f.op.as_str() {
+                "$locf" => locf(&f.arg, &part, vars)?,
+                "$linearFill" => linear_fill(&f.arg, &part, &sort_field, vars)?,
+                _ => Vec::new(),
+            };
             for i in 0..n {
                 let value = match f.op.as_str() {
+                    "$locf" | "$linearFill" => filled.get(i).cloned(),
                     "$documentNumber" => Some(Bson::Int64(i as i64 + 1)),
                     "$rank" | "$denseRank" => {
                         let new_value = i == 0 || compare(&sort_keys[i], &sort_keys[i - 1]).is_ne();
@@ -885,6 +914,104 @@ pub(super) fn set_window_fields(
         }
     }
     Ok(out.docs)
+}
+
+/// `$locf`: each document's value, or the last one before it that is not null or missing
+/// (null when there is none).
+fn locf(arg: &Bson, part: &[Document], vars: &Variables) -> Result<Vec<Bson>, EngineError> {
+    let mut last = Bson::Null;
+    let mut out = Vec::with_capacity(part.len());
+    for d in part {
+        match eval_with(arg, d, vars)? {
+            Some(v) if !matches!(v, Bson::Null | Bson::Undefined) => last = v,
+            _ => {}
+        }
+        out.push(last.clone());
+    }
+    Ok(out)
+}
+
+/// `$linearFill`: a null or missing value is interpolated, on the sort field, between the
+/// nearest values before and after it (null without both). As mongod: values must be numbers
+/// (14), sort values numbers or dates of one kind (14) and distinct (6050106).
+fn linear_fill(
+    arg: &Bson,
+    part: &[Document],
+    sort_field: &str,
+    vars: &Variables,
+) -> Result<Vec<Bson>, EngineError> {
+    let mismatch = |m: String| err(crate::value::error_codes::ErrorCode::TypeMismatch.0, m);
+    let mut points: Vec<(f64, Option<Bson>)> = Vec::with_capacity(part.len());
+    let mut previous: Option<Bson> = None;
+    for d in part {
+        let y = eval_with(arg, d, vars)?.filter(|v| !matches!(v, Bson::Null | Bson::Undefined));
+        if let Some(y) = &y {
+            if !is_number(y) {
+                return Err(mismatch(format!(
+                    "Value to be filled must be numeric or nullish, but found {}",
+                    type_name(y)
+                )));
+            }
+        }
+        let x = crate::engine::path::get(d, sort_field)
+            .cloned()
+            .unwrap_or(Bson::Null);
+        let date = match &x {
+            Bson::DateTime(_) | Bson::Timestamp(_) | Bson::ObjectId(_) => true,
+            v if is_number(v) => false,
+            other => {
+                return Err(mismatch(format!(
+                    "Value of the sortBy field must be numeric or a date, but found {}",
+                    type_name(other)
+                )))
+            }
+        };
+        if let Some(p) = &previous {
+            if crate::value::compare::values_equal(p, &x) {
+                return Err(err(
+                    6050106,
+                    "There can be no repeated values in the sort field in the same partition",
+                ));
+            }
+            let was_date = !is_number(p);
+            if was_date != date {
+                return Err(mismatch(format!(
+                    "Conflicting sort value types, previously received type {}, but found {}",
+                    type_name(p),
+                    type_name(&x)
+                )));
+            }
+        }
+        let xf = match &x {
+            Bson::DateTime(t) => t.timestamp_millis() as f64,
+            Bson::Timestamp(t) => t.time as f64 * 1000.0,
+            Bson::ObjectId(o) => o.timestamp().timestamp_millis() as f64,
+            v => to_f64(v),
+        };
+        previous = Some(x);
+        points.push((xf, y));
+    }
+    let mut out = Vec::with_capacity(points.len());
+    for (i, (x, y)) in points.iter().enumerate() {
+        if let Some(y) = y {
+            out.push(y.clone());
+            continue;
+        }
+        let before = points[..i]
+            .iter()
+            .rev()
+            .find_map(|(x, y)| y.as_ref().map(|y| (*x, to_f64(y))));
+        let after = points[i + 1..]
+            .iter()
+            .find_map(|(x, y)| y.as_ref().map(|y| (*x, to_f64(y))));
+        out.push(match (before, after) {
+            (Some((x1, y1)), Some((x2, y2))) => {
+                Bson::Double(y1 + (x - x1) * ((y2 - y1) / (x2 - x1)))
+            }
+            _ => Bson::Null,
+        });
+    }
+    Ok(out)
 }
 
 /// The documents `[lo, hi)` of a partition in the window of document `i`.
@@ -952,6 +1079,17 @@ fn accumulate(
     docs: &[Document],
     vars: &Variables,
 ) -> Result<Bson, EngineError> {
+    if matches!(op, "$median" | "$percentile") {
+        let q =
+            super::quantile::Quantile::parse(op, arg, super::quantile::Usage::Accumulator, vars)?;
+        let mut values = Vec::with_capacity(docs.len());
+        for d in docs {
+            if let Some(v) = eval_with(&q.input, d, vars)? {
+                values.push(v);
+            }
+        }
+        return Ok(q.finish(&values));
+    }
     let mut values = Vec::with_capacity(docs.len());
     for d in docs {
         values.push(eval_with(arg, d, vars)?);

@@ -162,6 +162,30 @@ impl RouterCursors {
         self.cursors.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether a `getMore` or `killCursors` names a cursor of the router's (a read of a view on
+    /// a sharded collection opens one under a namespace the router does not shard).
+    pub fn names_own_cursor(&self, name: &str, body: &Document) -> bool {
+        let cursors = self.lock();
+        match name {
+            "getMore" => {
+                matches!(body.get("getMore"), Some(Bson::Int64(id)) if cursors.contains_key(id))
+            }
+            "killCursors" => body.get_array("cursors").is_ok_and(|ids| {
+                ids.iter()
+                    .any(|id| matches!(id, Bson::Int64(id) if cursors.contains_key(id)))
+            }),
+            _ => false,
+        }
+    }
+
+    /// Files cursor `id` under another namespace: a read of a view runs on the view's source,
+    /// and its cursor is the view's for the client's `getMore`.
+    pub fn set_namespace(&self, id: i64, ns: &str) {
+        if let Some(c) = self.lock().get_mut(&id) {
+            c.ns = ns.to_string();
+        }
+    }
+
     /// Changes how long an unused cursor lives (10 minutes by default).
     pub fn set_idle_timeout(&self, t: std::time::Duration) {
         *self.idle_timeout.lock().unwrap_or_else(|p| p.into_inner()) = t;

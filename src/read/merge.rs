@@ -116,6 +116,10 @@ pub fn split_pipeline(pipeline: &[Bson]) -> SplitPipeline {
                     | "$bucketAuto"
                     | "$sortByCount"
                     | "$setWindowFields"
+                    // Gap filling needs every document of a partition (and, for `$densify`'s
+                    // "full" bounds, the lowest and highest value of all of them).
+                    | "$densify"
+                    | "$fill"
             )
         )
     });
@@ -385,6 +389,26 @@ mod tests {
             expected.sort_by_key(key);
         }
         assert_eq!(got, expected, "{pipeline:?} split as {split:?}");
+    }
+
+    #[test]
+    fn gap_filling_runs_after_the_merge() {
+        let pipeline = vec![
+            Bson::Document(doc! {"$match": {"q": {"$type": "number"}}}),
+            Bson::Document(
+                doc! {"$densify": {"field": "q", "partitionByFields": ["k"], "range": {"step": 1, "bounds": "full"}}},
+            ),
+            Bson::Document(
+                doc! {"$fill": {"sortBy": {"q": 1}, "partitionBy": "$k", "output": {"n": {"value": 0}}}},
+            ),
+        ];
+        let split = split_pipeline(&pipeline);
+        assert_eq!(split.shard_part, pipeline[..1].to_vec());
+        assert_eq!(split.router_part, pipeline[1..].to_vec());
+        let fill = vec![Bson::Document(
+            doc! {"$fill": {"sortBy": {"q": 1}, "output": {"k": {"method": "locf"}}}},
+        )];
+        assert_eq!(split_pipeline(&fill).router_part, fill);
     }
 
     #[test]

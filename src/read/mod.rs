@@ -112,7 +112,89 @@ fn doc_field(body: &Document, field: &str, cmd: &str) -> Result<Document, Comman
 
 /// Serves a read on a sharded collection (`body`: the request's body as a document); `None`
 /// if the command is not a read the router handles.
+///
+/// A snapshot read outside a transaction that names no `atClusterTime` is given one, as mongos
+/// gives it for a read it sends to shards: one time for every shard, so they all read the same
+/// instant, said back in the reply where drivers look for it (`cursor.atClusterTime`;
+/// `atClusterTime` for `distinct`). The time is the latest cluster time of the shards that
+/// own the collection's chunks, asked of them first: every write any of them completed is at
+/// or before it, and each shard moves its clock up to it, so later writes come after it.
 pub async fn read(
+    cluster: &Cluster,
+    cursors: &RouterCursors,
+    primaries: &dyn foreign::Primaries,
+    snap: &RoutingSnapshot,
+    req: &CommandRequest,
+    body: &Document,
+    owner: i64,
+) -> Option<Result<Reply, CommandError>> {
+    if !needs_snapshot_time(&req.name, body) {
+        return read_at(cluster, cursors, primaries, snap, req, body, owner).await;
+    }
+    let at = match snapshot_time(cluster, snap).await {
+        Ok(t) => t,
+        Err(e) => return Some(Err(e)),
+    };
+    let mut body = body.clone();
+    let mut rc = body
+        .get_document("readConcern")
+        .cloned()
+        .unwrap_or_default();
+    rc.insert("atClusterTime", at);
+    body.insert("readConcern", rc);
+    let reply = read_at(cluster, cursors, primaries, snap, req, &body, owner).await?;
+    Some(reply.map(|r| stamp_snapshot_time(r, at)))
+}
+
+/// A `find`, `aggregate` or `distinct` outside a transaction with snapshot read concern and
+/// no `atClusterTime`.
+fn needs_snapshot_time(name: &str, body: &Document) -> bool {
+    matches!(name, "find" | "aggregate" | "distinct")
+        && !crate::command::failpoint::in_transaction(name, body)
+        && body.get_document("readConcern").is_ok_and(|rc| {
+            rc.get_str("level").is_ok_and(|l| l == "snapshot") && !rc.contains_key("atClusterTime")
+        })
+}
+
+/// The latest `$clusterTime` of the shards owning the collection's chunks.
+async fn snapshot_time(
+    cluster: &Cluster,
+    snap: &RoutingSnapshot,
+) -> Result<bson::Timestamp, CommandError> {
+    let probe = doc! {"ping": 1, "$db": "admin"};
+    let shards: Vec<String> = snap.chunks.shards().into_iter().collect();
+    let replies = crate::backend::join_all(shards.iter().map(|s| cluster.run_on(s, &probe))).await;
+    let mut latest: Option<bson::Timestamp> = None;
+    for r in replies {
+        let reply = r.map_err(|e| CommandError::new(e.code(), e.to_string()))?;
+        let t = reply
+            .get_document("$clusterTime")
+            .ok()
+            .and_then(|c| c.get_timestamp("clusterTime").ok())
+            .or_else(|| reply.get_timestamp("operationTime").ok());
+        if let Some(t) = t {
+            if latest.is_none_or(|l| (t.time, t.increment) > (l.time, l.increment)) {
+                latest = Some(t);
+            }
+        }
+    }
+    latest.ok_or_else(|| {
+        CommandError::new(
+            ErrorCode::SnapshotUnavailable,
+            "no shard reported a cluster time to read at",
+        )
+    })
+}
+
+/// The reply of a snapshot read with the time it read at.
+fn stamp_snapshot_time(reply: Reply, at: bson::Timestamp) -> Reply {
+    let mut d = reply.into_document();
+    crate::command::stamp_at_cluster_time(&mut d, at);
+    Reply::Document(d)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn read_at(
     cluster: &Cluster,
     cursors: &RouterCursors,
     primaries: &dyn foreign::Primaries,

@@ -59,6 +59,18 @@ async fn to_primary(
     command: &Document,
     create: bool,
 ) -> Result<Option<Document>, CommandError> {
+    to_primary_on(sharded, db, db, command, create).await
+}
+
+/// [`to_primary`], the command run on the database `run_db` (`admin` for the commands that
+/// name their database, as `_shardsvrMovePrimary` does).
+async fn to_primary_on(
+    sharded: &ShardedCluster,
+    db: &str,
+    run_db: &str,
+    command: &Document,
+    create: bool,
+) -> Result<Option<Document>, CommandError> {
     let mut attempt = 1;
     loop {
         let Some(versions) = sharded.sync_database(db, create).await? else {
@@ -79,7 +91,7 @@ async fn to_primary(
             body.insert("databaseVersion", v.clone());
         }
         body.insert("writeConcern", doc! {"w": "majority"});
-        body.insert("$db", db);
+        body.insert("$db", run_db);
         let reply = sharded
             .cluster
             .run_on(&primary, &body)
@@ -140,6 +152,79 @@ pub async fn drop_collection(sharded: &ShardedCluster, ns: &str) -> Result<Docum
     sharded.forget_collection(ns);
     result?;
     Ok(doc! {"ns": ns})
+}
+
+/// `movePrimary: db, to: shard` (admin only) with a config server, as mongos 8.0 sends it:
+/// `{_shardsvrMovePrimary: db, to}` on `admin` of the database's primary shard, with the
+/// database's version and majority write concern; the router then forgets the database, so
+/// its next command reads the new primary. Other routers learn it from StaleDbVersion.
+pub async fn move_primary(
+    sharded: Option<&ShardedCluster>,
+    req: &CommandRequest,
+) -> Result<Document, CommandError> {
+    if req.db != "admin" {
+        return Err(CommandError::new(
+            ErrorCode::Unauthorized,
+            "movePrimary may only be run against the admin database.",
+        ));
+    }
+    let body = req.body_document();
+    let db = match body.get(&req.name) {
+        Some(Bson::String(db)) if !db.is_empty() => db.clone(),
+        Some(Bson::String(_)) => {
+            return Err(CommandError::new(
+                ErrorCode::InvalidNamespace,
+                "invalid db name specified: ",
+            ))
+        }
+        _ => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                format!(
+                    "BSON field '{0}.{0}' is the wrong type, expected type 'string'",
+                    req.name
+                ),
+            ))
+        }
+    };
+    let to = match body.get("to") {
+        Some(Bson::String(to)) => to.clone(),
+        Some(_) => {
+            return Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                "BSON field 'movePrimary.to' is the wrong type, expected type 'string'",
+            ))
+        }
+        None => {
+            return Err(CommandError::new(
+                ErrorCode::IdlMissingField,
+                "BSON field 'movePrimary.to' is missing but a required field",
+            ))
+        }
+    };
+    let Some(sharded) = sharded.filter(|s| s.has_config_server()) else {
+        return Err(needs_config_server("movePrimary"));
+    };
+    let result = to_primary_on(
+        sharded,
+        &db,
+        "admin",
+        &doc! {"_shardsvrMovePrimary": &db, "to": &to},
+        false,
+    )
+    .await;
+    if let Some(cs) = sharded.config_server() {
+        cs.cache().flush_database(&db);
+    }
+    sharded.cluster.routing.forget_database(&db);
+    sharded.metadata.mirror_database(&db, None);
+    match result? {
+        Some(_) => Ok(Document::new()),
+        None => Err(CommandError::new(
+            ErrorCode::NamespaceNotFound,
+            format!("Database {db} not found"),
+        )),
+    }
 }
 
 /// `dropDatabase` with a config server: `_shardsvrDropDatabase` to the primary shard; a

@@ -15,6 +15,7 @@ pub mod route;
 pub mod sharding;
 pub mod state;
 pub mod uptime;
+pub mod views;
 
 pub use state::ShardedCluster;
 
@@ -199,6 +200,8 @@ pub enum Handler {
     MergeChunks,
     /// `moveChunk`, `moveRange`: through the config server.
     MoveChunk,
+    /// `movePrimary`: through the database's primary shard.
+    MovePrimary,
     /// `bulkWrite` (8.0): the write path, across namespaces.
     BulkWrite,
     /// Forwarded to shards through [`route::route`].
@@ -235,6 +238,7 @@ impl Handler {
             "split" => Split,
             "mergeChunks" | "mergechunks" => MergeChunks,
             "moveChunk" | "movechunk" | "moveRange" => MoveChunk,
+            "movePrimary" | "moveprimary" => MovePrimary,
             "bulkWrite" => BulkWrite,
             "insert" => Forward(F::Write(crate::command::WriteKind::Insert)),
             "update" => Forward(F::Write(crate::command::WriteKind::Update)),
@@ -408,6 +412,7 @@ async fn run_command(
         Handler::Split => cluster_ddl::split(cluster.map(|c| &**c), req).await,
         Handler::MergeChunks => cluster_ddl::merge_chunks(cluster.map(|c| &**c), req).await,
         Handler::MoveChunk => sharding::move_chunk(cluster, req).await,
+        Handler::MovePrimary => cluster_ddl::move_primary(cluster.map(|c| &**c), req).await,
         Handler::BulkWrite => match cluster {
             Some(cluster) => return route::bulk_write(cluster, &state.config, req).await,
             None => Err(no_such_command(&req.name)),

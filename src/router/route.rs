@@ -227,6 +227,9 @@ async fn route_once(
                     Some(o) => o,
                     None => crate::write::WriteOptions::from_document(&body)?,
                 };
+                let primary = || -> crate::frontend::BoxFuture<'_, _> {
+                    Box::pin(primary_for_write(sharded, &req.db))
+                };
                 let mut reply = crate::write::execute(
                     cluster,
                     sharded.coalescer(),
@@ -236,6 +239,7 @@ async fn route_once(
                     options,
                     kind,
                     snap,
+                    &primary,
                 )
                 .await?;
                 reply.insert("ok", 1.0);
@@ -310,6 +314,21 @@ async fn route_once(
             ),
         ));
     }
+    // A cursor the router opened for a read of a view on a sharded collection.
+    if matches!(how, Forwarded::GetMore | Forwarded::KillCursors)
+        && sharded.cursors.names_own_cursor(&req.name, &body)
+    {
+        let mut r: Reply = if how == Forwarded::GetMore {
+            sharded
+                .cursors
+                .get_more(cluster, req, &body, client_id)
+                .await?
+        } else {
+            sharded.cursors.kill(cluster, req, client_id).await.into()
+        };
+        r.append(bson::raw::cstr!("ok"), Bson::Double(1.0));
+        return Ok(r);
+    }
     match how {
         Forwarded::Explain => {
             if let Some(r) = explain(cluster, req, &body).await {
@@ -337,24 +356,16 @@ async fn route_once(
             format!("no such command: '{}'", req.name),
         ));
     }
-    let primary = match store.database(&req.db) {
-        Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
-        None if CREATING.contains(&req.name.as_str()) => store
-            .ensure_database(&req.db, None)?
-            .get_str("primary")
-            .unwrap_or_default()
-            .to_string(),
-        None => match cluster.shards().first() {
-            Some(s) => s.id.clone(),
-            None => {
-                return Err(CommandError::new(
-                    ErrorCode::ShardNotFound,
-                    "the cluster has no shards",
-                ))
-            }
-        },
-    };
+    let primary = primary_shard(
+        cluster,
+        store,
+        &req.db,
+        CREATING.contains(&req.name.as_str()),
+    )?;
     let reply = forward_with(cluster, &primary, req, db_versions).await?;
+    if let Some(view) = super::views::resolved_view(req, &reply) {
+        return super::views::read_resolved_view(sharded, req, &body, view, client_id).await;
+    }
     if how == Forwarded::CollStats
         && reply
             .get("ok")
@@ -369,6 +380,53 @@ async fn route_once(
         return Ok(d.into());
     }
     Ok(reply.into())
+}
+
+/// The primary shard of `db` as the router's metadata names it. A database it does not know
+/// is given one when `create` (a command that creates data, as mongos creates the database);
+/// otherwise the command goes to the first shard, which answers as for a missing database.
+fn primary_shard(
+    cluster: &Cluster,
+    store: &StaticStore,
+    db: &str,
+    create: bool,
+) -> Result<String, CommandError> {
+    let named = |d: Document| d.get_str("primary").unwrap_or_default().to_string();
+    match store.database(db) {
+        Some(d) => Ok(named(d)),
+        None if create => Ok(named(store.ensure_database(db, None)?)),
+        None => match cluster.shards().first() {
+            Some(s) => Ok(s.id.clone()),
+            None => Err(CommandError::new(
+                ErrorCode::ShardNotFound,
+                "the cluster has no shards",
+            )),
+        },
+    }
+}
+
+/// Where a write's statements go once a refresh after stale statements finds its collection
+/// unsharded (dropped or renamed away since this router cached it sharded): the database's
+/// primary shard, with the UNSHARDED `shardVersion` and the `databaseVersion` a config server
+/// gives (the database is created first if it went too, as for any first write).
+async fn primary_for_write(
+    sharded: &ShardedCluster,
+    db: &str,
+) -> Option<crate::write::PrimaryShard> {
+    let versions = match sharded.sync_database(db, true).await {
+        Ok(v) => v.unwrap_or_default(),
+        Err(e) => {
+            tracing::debug!(db, error = %e, "the primary shard of a write could not be found");
+            return None;
+        }
+    };
+    match primary_shard(&sharded.cluster, &sharded.metadata, db, true) {
+        Ok(shard) => Some(crate::write::PrimaryShard { shard, versions }),
+        Err(e) => {
+            tracing::debug!(db, error = %e, "the primary shard of a write could not be found");
+            None
+        }
+    }
 }
 
 /// `bulkWrite` (MongoDB 8.0): each `nsInfo` namespace resolved to its routing snapshot or its
@@ -398,15 +456,7 @@ pub async fn bulk_write(
         routes.push(match cluster.routing.lookup(ns).await? {
             Some(snap) => crate::write::bulk::NsRoute::Sharded(snap),
             None => {
-                let primary = match store.database(db) {
-                    Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
-                    None => store
-                        .ensure_database(db, None)?
-                        .get_str("primary")
-                        .unwrap_or_default()
-                        .to_string(),
-                };
-                crate::write::bulk::NsRoute::Unsharded(primary)
+                crate::write::bulk::NsRoute::Unsharded(primary_shard(cluster, store, db, true)?)
             }
         });
     }
@@ -417,13 +467,17 @@ pub async fn bulk_write(
     }
     let refresh = |ns: String| -> crate::frontend::BoxFuture<'_, _> {
         Box::pin(async move {
-            cluster
-                .routing
-                .reload(&ns, &[])
-                .await
-                .ok()
-                .flatten()
-                .map(crate::write::bulk::NsRoute::Sharded)
+            match cluster.routing.reload(&ns, &[]).await {
+                Ok(Some(snap)) => Some(crate::write::bulk::NsRoute::Sharded(snap)),
+                // Dropped or renamed away since it was cached sharded: the primary's now.
+                Ok(None) => {
+                    let db = ns.split_once('.').map_or(ns.as_str(), |(db, _)| db);
+                    primary_for_write(sharded, db)
+                        .await
+                        .map(|p| crate::write::bulk::NsRoute::Unsharded(p.shard))
+                }
+                Err(_) => None,
+            }
         })
     };
     let mut reply =
@@ -733,14 +787,7 @@ async fn transaction(
         .flatten();
     let shard = match snapshot {
         _ if recorded.is_some() => recorded.unwrap_or_default(),
-        None => match store.database(&req.db) {
-            Some(d) => d.get_str("primary").unwrap_or_default().to_string(),
-            None => store
-                .ensure_database(&req.db, None)?
-                .get_str("primary")
-                .unwrap_or_default()
-                .to_string(),
-        },
+        None => primary_shard(cluster, store, &req.db, true)?,
         Some(snap) => {
             let shards = transaction_targets(snap, how, req, body);
             match shards.as_slice() {

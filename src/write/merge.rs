@@ -138,7 +138,9 @@ pub struct Merger {
     undone: Vec<usize>,
 }
 
-const STALE_CODES: &[i32] = &[13388, 150, 63];
+/// StaleConfig, StaleEpoch, StaleShardVersion, and StaleDbVersion (which only a child batch
+/// sent to a database's primary shard, carrying `databaseVersion`, can meet).
+const STALE_CODES: &[i32] = &[13388, 150, 63, 249];
 
 fn error_doc(index: usize, code: ErrorCode, message: &str) -> Document {
     doc! {"index": index as i32, "code": code.0, "errmsg": message}

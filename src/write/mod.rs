@@ -417,6 +417,28 @@ pub trait ChildSender: Send + Sync {
         })
     }
 
+    /// Sends `statements` (global indexes, in order) to `primary`, the database's primary shard
+    /// of a collection that is not sharded, as one or more child batches carrying the
+    /// primary's versions, one after another; an ordered child stops at its first failure.
+    fn run_primary<'a>(
+        &'a self,
+        primary: &'a PrimaryShard,
+        statements: Vec<usize>,
+        ordered: bool,
+    ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>> {
+        Box::pin(async move {
+            vec![ChildResult {
+                shard: primary.shard.clone(),
+                statements,
+                ordered,
+                outcome: ChildOutcome::Failed {
+                    code: ErrorCode::CommandNotSupported,
+                    message: "this sender does not send to a primary shard".into(),
+                },
+            }]
+        })
+    }
+
     /// Deletes what the insert statements `statements` inserted, each document only while it
     /// is still the one inserted; returns the statements whose document is still there.
     fn undo_inserts<'a>(
@@ -457,12 +479,37 @@ pub struct WriteOutcome {
     pub rounds: u64,
 }
 
+/// A database's primary shard, where the statements of a write go once its collection is found
+/// unsharded (dropped or renamed away since the router cached it sharded), as mongos's
+/// targeter sends a write on an unsharded collection.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrimaryShard {
+    /// The shard id.
+    pub shard: String,
+    /// What a child batch for it carries for the shard's version check: `shardVersion`
+    /// UNSHARDED and the database's `databaseVersion` with a config server, nothing without.
+    pub versions: Document,
+}
+
+/// Where a write's stale statements go after the routing was reloaded.
+#[derive(Debug, Clone)]
+pub enum Retarget {
+    /// The collection is sharded: by its chunks.
+    Sharded(Arc<RoutingSnapshot>),
+    /// The collection is not sharded (any more): to its database's primary shard.
+    Primary(PrimaryShard),
+}
+
 /// How the executor reloads the routing after statements hit stale routing: given the stale
-/// errors the shards sent (with the version they wanted), the collection's new routing, or
+/// errors the shards sent (with the version they wanted), where the statements go now, or
 /// `None` when it cannot be had (the stale statements then fail).
-pub type Refresh<'a> = dyn Fn(Vec<Document>) -> crate::frontend::BoxFuture<'a, Option<Arc<RoutingSnapshot>>>
-    + Sync
-    + 'a;
+pub type Refresh<'a> =
+    dyn Fn(Vec<Document>) -> crate::frontend::BoxFuture<'a, Option<Retarget>> + Sync + 'a;
+
+/// How the write path finds a database's primary shard (and the versions a child batch for it
+/// carries) when a refresh finds the collection unsharded; `None` when it cannot be had.
+pub type PrimaryLookup<'a> =
+    dyn Fn() -> crate::frontend::BoxFuture<'a, Option<PrimaryShard>> + Sync + 'a;
 
 /// Plans, sends and merges a write: the executor loop of docs/design/write-path.md (rounds, stale
 /// routing retries up to NoProgressMade, exact counts for rewritten bulks that hit an error).
@@ -477,91 +524,105 @@ pub async fn run_write(
     let ordered = spec.ordered;
     let mut merger = Merger::new(spec.kind, ordered, spec.statements);
     let mut snap = snapshot;
+    // Set once a refresh found the collection unsharded: every statement left goes to the
+    // database's primary shard.
+    let mut primary: Option<PrimaryShard> = None;
     let mut pending: Vec<usize> = (0..spec.statements).collect();
     let mut rounds_without_progress = 0;
     let mut chosen: Option<PlanKind> = None;
     let mut rounds_sent = 0u64;
     loop {
-        let targeted: Vec<Targeted> = pending.iter().map(|&i| target(&snap, i)).collect();
-        let indexed: Vec<(usize, &Targeted)> =
-            pending.iter().copied().zip(targeted.iter()).collect();
-        let Plan {
-            kind: plan_kind,
-            rounds,
-        } = plan::plan(
-            &indexed,
-            ordered,
-            spec.policy,
-            spec.kind == WriteKind::Insert || spec.retryable,
-        );
-        if chosen.is_none() {
-            chosen = Some(plan_kind);
-            stats.count_plan(plan_kind);
-            let span = tracing::Span::current();
-            span.record("plan", plan_kind.label());
-            // The shards list is built only where a subscriber records the request span.
-            if !span.is_disabled() {
-                let mut shards: Vec<&str> = targeted
-                    .iter()
-                    .flat_map(|t| match &t.target {
-                        target::Target::One(s) => vec![s.as_str()],
-                        target::Target::Many(v) | target::Target::Lookup(v) => {
-                            v.iter().map(|s| s.as_str()).collect()
-                        }
-                        target::Target::Error { .. } => Vec::new(),
-                    })
-                    .collect();
-                shards.sort_unstable();
-                shards.dedup();
-                span.record("shards", shards.join(",").as_str());
-            }
-        }
         let finished_before = merger.finished();
-        for round in rounds {
-            match round {
-                Round::Fail(i) => {
-                    if let Some((_, t)) = indexed.iter().find(|(j, _)| *j == i) {
-                        if let target::Target::Error { code, message } = &t.target {
-                            merger.fail(i, *code, message);
+        if let Some(p) = &primary {
+            // One shard holds the whole collection: the statements left go as the client sent
+            // them, in order, as a write on an unsharded collection does.
+            rounds_sent += 1;
+            stats.rounds.fetch_add(1, Ordering::Relaxed);
+            for child in sender.run_primary(p, pending.clone(), ordered).await {
+                stats.child_batches.fetch_add(1, Ordering::Relaxed);
+                merger.add(&child);
+            }
+        } else {
+            let targeted: Vec<Targeted> = pending.iter().map(|&i| target(&snap, i)).collect();
+            let indexed: Vec<(usize, &Targeted)> =
+                pending.iter().copied().zip(targeted.iter()).collect();
+            let Plan {
+                kind: plan_kind,
+                rounds,
+            } = plan::plan(
+                &indexed,
+                ordered,
+                spec.policy,
+                spec.kind == WriteKind::Insert || spec.retryable,
+            );
+            if chosen.is_none() {
+                chosen = Some(plan_kind);
+                stats.count_plan(plan_kind);
+                let span = tracing::Span::current();
+                span.record("plan", plan_kind.label());
+                // The shards list is built only where a subscriber records the request span.
+                if !span.is_disabled() {
+                    let mut shards: Vec<&str> = targeted
+                        .iter()
+                        .flat_map(|t| match &t.target {
+                            target::Target::One(s) => vec![s.as_str()],
+                            target::Target::Many(v) | target::Target::Lookup(v) => {
+                                v.iter().map(|s| s.as_str()).collect()
+                            }
+                            target::Target::Error { .. } => Vec::new(),
+                        })
+                        .collect();
+                    shards.sort_unstable();
+                    shards.dedup();
+                    span.record("shards", shards.join(",").as_str());
+                }
+            }
+            for round in rounds {
+                match round {
+                    Round::Fail(i) => {
+                        if let Some((_, t)) = indexed.iter().find(|(j, _)| *j == i) {
+                            if let target::Target::Error { code, message } = &t.target {
+                                merger.fail(i, *code, message);
+                            }
+                        }
+                        if ordered {
+                            break;
                         }
                     }
-                    if ordered {
-                        break;
-                    }
-                }
-                Round::Lookup(i, shards) => {
-                    rounds_sent += 1;
-                    stats.rounds.fetch_add(1, Ordering::Relaxed);
-                    stats.lookups.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("sluice_write_without_shard_key_total").increment(1);
-                    let child = sender.run_lookup(&snap, i, shards).await;
-                    stats.child_batches.fetch_add(1, Ordering::Relaxed);
-                    merger.add(&child);
-                    if ordered && (merger.first_error().is_some() || merger.has_stale()) {
-                        break;
-                    }
-                }
-                Round::Send(work) => {
-                    rounds_sent += 1;
-                    stats.rounds.fetch_add(1, Ordering::Relaxed);
-                    // A rewritten bulk's child batches stay ordered, as the client asked.
-                    let child_ordered = ordered;
-                    let snap_ref = &snap;
-                    let futures = work.into_iter().map(|w| async move {
-                        sender
-                            .run_shard(snap_ref, &w.shard, w.statements, child_ordered)
-                            .await
-                    });
-                    for child in crate::backend::join_all(futures)
-                        .await
-                        .into_iter()
-                        .flatten()
-                    {
+                    Round::Lookup(i, shards) => {
+                        rounds_sent += 1;
+                        stats.rounds.fetch_add(1, Ordering::Relaxed);
+                        stats.lookups.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!("sluice_write_without_shard_key_total").increment(1);
+                        let child = sender.run_lookup(&snap, i, shards).await;
                         stats.child_batches.fetch_add(1, Ordering::Relaxed);
                         merger.add(&child);
+                        if ordered && (merger.first_error().is_some() || merger.has_stale()) {
+                            break;
+                        }
                     }
-                    if ordered && (merger.first_error().is_some() || merger.has_stale()) {
-                        break;
+                    Round::Send(work) => {
+                        rounds_sent += 1;
+                        stats.rounds.fetch_add(1, Ordering::Relaxed);
+                        // A rewritten bulk's child batches stay ordered, as the client asked.
+                        let child_ordered = ordered;
+                        let snap_ref = &snap;
+                        let futures = work.into_iter().map(|w| async move {
+                            sender
+                                .run_shard(snap_ref, &w.shard, w.statements, child_ordered)
+                                .await
+                        });
+                        for child in crate::backend::join_all(futures)
+                            .await
+                            .into_iter()
+                            .flatten()
+                        {
+                            stats.child_batches.fetch_add(1, Ordering::Relaxed);
+                            merger.add(&child);
+                        }
+                        if ordered && (merger.first_error().is_some() || merger.has_stale()) {
+                            break;
+                        }
                     }
                 }
             }
@@ -569,13 +630,17 @@ pub async fn run_write(
         if !merger.has_stale() || (ordered && merger.first_error().is_some()) {
             break;
         }
-        snap = match refresh(merger.stale_errors()).await {
-            Some(s) => s,
+        match refresh(merger.stale_errors()).await {
+            Some(Retarget::Sharded(s)) => {
+                snap = s;
+                primary = None;
+            }
+            Some(Retarget::Primary(p)) => primary = Some(p),
             None => {
                 merger.give_up_stale(&spec.ns);
                 break;
             }
-        };
+        }
         if merger.finished() == finished_before {
             rounds_without_progress += 1;
             if rounds_without_progress >= MAX_ROUNDS_WITHOUT_PROGRESS {
@@ -839,19 +904,22 @@ impl ClusterSender<'_> {
             .unwrap_or(i as i32)
     }
 
+    /// Sends one child batch of `piece` to `shard`, with the client's options (`template`,
+    /// the sender's own unless a primary shard's versions were added to it).
     async fn send(
         &self,
         shard: &str,
         piece: &[usize],
         ordered: bool,
         version: Option<RawDocumentBuf>,
+        template: Option<&RawDocument>,
     ) -> ChildOutcome {
         let stmt_ids = self
             .retryable
             .then(|| piece.iter().map(|i| self.stmt_id(*i)).collect::<Vec<i32>>());
         let raws: Vec<Bytes> = piece.iter().map(|i| self.stmts.raw[*i].clone()).collect();
         let child = ChildSpec {
-            template: &self.template,
+            template: template.unwrap_or(&self.template),
             kind: self.kind,
             ns: &self.ns,
             ordered,
@@ -864,7 +932,11 @@ impl ClusterSender<'_> {
         // clients' inserts (never retryable writes: one child carries one lsid/txnNumber).
         let has = |k: &str| matches!(self.template.get(k), Ok(Some(_)));
         let has_session = has("lsid") || has("txnNumber");
-        if self.kind == WriteKind::Insert && !has_session && (!ordered || piece.len() == 1) {
+        if self.kind == WriteKind::Insert
+            && !has_session
+            && template.is_none()
+            && (!ordered || piece.len() == 1)
+        {
             if let Some(c) = self.coalescer {
                 return c.submit(self.cluster, shard, child, raws).await;
             }
@@ -874,6 +946,59 @@ impl ClusterSender<'_> {
 }
 
 impl ClusterSender<'_> {
+    /// Sends `statements` (global indexes, in order) to `shard` as child batches of at most
+    /// [`MAX_BATCH_STATEMENTS`] statements and [`MAX_BATCH_BYTES`], one after another; an
+    /// ordered child stops at its first failure.
+    async fn run_pieces(
+        &self,
+        shard: &str,
+        statements: Vec<usize>,
+        ordered: bool,
+        version: Option<RawDocumentBuf>,
+        template: Option<&RawDocument>,
+    ) -> Vec<ChildResult> {
+        let mut out = Vec::new();
+        let mut pieces: Vec<Vec<usize>> = Vec::new();
+        let mut current: Vec<usize> = Vec::new();
+        let mut bytes = 0usize;
+        for i in statements {
+            let size = self.stmts.raw[i].len();
+            if !current.is_empty()
+                && (current.len() >= MAX_BATCH_STATEMENTS || bytes + size > MAX_BATCH_BYTES)
+            {
+                pieces.push(std::mem::take(&mut current));
+                bytes = 0;
+            }
+            bytes += size;
+            current.push(i);
+        }
+        if !current.is_empty() {
+            pieces.push(current);
+        }
+        for piece in pieces {
+            let outcome = self
+                .send(shard, &piece, ordered, version.clone(), template)
+                .await;
+            let stop = ordered
+                && match &outcome {
+                    ChildOutcome::Failed { .. } => true,
+                    ChildOutcome::Reply(r) => {
+                        r.get_f64("ok").ok() != Some(1.0) || r.contains_key("writeErrors")
+                    }
+                };
+            out.push(ChildResult {
+                shard: shard.to_string(),
+                statements: piece,
+                ordered,
+                outcome,
+            });
+            if stop {
+                break;
+            }
+        }
+        out
+    }
+
     /// The database and collection names.
     fn names(&self) -> (&str, &str) {
         self.ns.split_once('.').unwrap_or(("", self.ns.as_str()))
@@ -983,46 +1108,38 @@ impl ChildSender for ClusterSender<'_> {
         statements: Vec<usize>,
         ordered: bool,
     ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>> {
+        let version = self.raw_version(snap, shard);
+        Box::pin(self.run_pieces(shard, statements, ordered, version, None))
+    }
+
+    fn run_primary<'a>(
+        &'a self,
+        primary: &'a PrimaryShard,
+        statements: Vec<usize>,
+        ordered: bool,
+    ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>> {
         Box::pin(async move {
-            let mut out = Vec::new();
-            let mut pieces: Vec<Vec<usize>> = Vec::new();
-            let mut current: Vec<usize> = Vec::new();
-            let mut bytes = 0usize;
-            for i in statements {
-                let size = self.stmts.raw[i].len();
-                if !current.is_empty()
-                    && (current.len() >= MAX_BATCH_STATEMENTS || bytes + size > MAX_BATCH_BYTES)
-                {
-                    pieces.push(std::mem::take(&mut current));
-                    bytes = 0;
+            // `shardVersion` (UNSHARDED) and `databaseVersion` travel in the options.
+            let mut template = self.template.clone();
+            let versions = match RawDocumentBuf::try_from(&primary.versions) {
+                Ok(v) => v,
+                Err(e) => {
+                    return vec![ChildResult {
+                        shard: primary.shard.clone(),
+                        statements,
+                        ordered,
+                        outcome: ChildOutcome::Failed {
+                            code: ErrorCode::InternalError,
+                            message: format!("the versions of {}: {e}", primary.shard),
+                        },
+                    }];
                 }
-                bytes += size;
-                current.push(i);
+            };
+            for (k, v) in versions.iter().flatten() {
+                template.append(k, v);
             }
-            if !current.is_empty() {
-                pieces.push(current);
-            }
-            let version = self.raw_version(snap, shard);
-            for piece in pieces {
-                let outcome = self.send(shard, &piece, ordered, version.clone()).await;
-                let stop = ordered
-                    && match &outcome {
-                        ChildOutcome::Failed { .. } => true,
-                        ChildOutcome::Reply(r) => {
-                            r.get_f64("ok").ok() != Some(1.0) || r.contains_key("writeErrors")
-                        }
-                    };
-                out.push(ChildResult {
-                    shard: shard.to_string(),
-                    statements: piece,
-                    ordered,
-                    outcome,
-                });
-                if stop {
-                    break;
-                }
-            }
-            out
+            self.run_pieces(&primary.shard, statements, ordered, None, Some(&template))
+                .await
         })
     }
     fn run_lookup<'a>(
@@ -1302,7 +1419,8 @@ fn target_statement(
 /// Executes a write command on a sharded collection and returns the client's reply (without
 /// `ok`), or a command-level error. `options` are the request's, read by
 /// [`WriteOptions::from_raw`] (or [`WriteOptions::from_document`]). Inserts without a session of their own may share child
-/// batches through `coalescer`, when the router has one.
+/// batches through `coalescer`, when the router has one. `primary` finds the database's
+/// primary shard when a refresh after stale statements finds the collection no longer sharded.
 #[allow(clippy::too_many_arguments)]
 pub async fn execute(
     cluster: &Arc<Cluster>,
@@ -1313,6 +1431,7 @@ pub async fn execute(
     options: WriteOptions,
     kind: WriteKind,
     snapshot: Arc<RoutingSnapshot>,
+    primary: &PrimaryLookup<'_>,
 ) -> Result<Document, CommandError> {
     let WriteOptions {
         ordered,
@@ -1346,7 +1465,18 @@ pub async fn execute(
     let target = |snap: &RoutingSnapshot, i: usize| target_statement(kind, &stmts, snap, i);
     let refresh = |errors: Vec<Document>| -> crate::frontend::BoxFuture<'_, _> {
         let ns = &ns;
-        Box::pin(async move { cluster.routing.reload(ns, &errors).await.ok().flatten() })
+        Box::pin(async move {
+            match cluster.routing.reload(ns, &errors).await {
+                Ok(Some(snap)) => Some(Retarget::Sharded(snap)),
+                // Dropped or renamed away since the router cached it: unsharded now, as mongos's
+                // targeter finds it after its refresh, so the statements go to the primary.
+                Ok(None) => primary().await.map(Retarget::Primary),
+                Err(e) => {
+                    tracing::debug!(ns = %ns, error = %e, "routing refresh after stale statements failed");
+                    None
+                }
+            }
+        })
     };
     let outcome = run_write(&spec, &sender, &target, snapshot, &refresh, stats).await;
     let reply = outcome.merger.reply();
@@ -1503,5 +1633,245 @@ mod tests {
             read.expect("read in place").template.as_bytes(),
             owned.template.as_bytes()
         );
+    }
+}
+
+#[cfg(test)]
+mod retarget_tests {
+    //! The executor's route to the primary shard once a refresh finds the collection unsharded.
+
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::routing::ShardKeyPattern;
+
+    /// shard0 applies every statement; shard1 answers StaleConfig (its collection was
+    /// dropped); the primary applies what it is sent, failing the statements in `dup` as
+    /// duplicate keys (and, ordered, stopping there). Records what the primary was sent.
+    struct Dropped {
+        dup: Vec<usize>,
+        to_primary: Mutex<Vec<(PrimaryShard, Vec<usize>, bool)>>,
+    }
+
+    fn ok(n: usize) -> Document {
+        doc! {"ok": 1.0, "n": n as i32}
+    }
+
+    impl ChildSender for Dropped {
+        fn run_shard<'a>(
+            &'a self,
+            _snap: &'a RoutingSnapshot,
+            shard: &'a str,
+            statements: Vec<usize>,
+            ordered: bool,
+        ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>> {
+            Box::pin(async move {
+                let reply = if shard == "shard0" {
+                    ok(statements.len())
+                } else {
+                    doc! {"ok": 1.0, "n": 0, "writeErrors": [{
+                        "index": 0, "code": 13388, "errmsg": "collection dropped",
+                        "ns": "d.c", "shardId": shard,
+                    }]}
+                };
+                vec![ChildResult {
+                    shard: shard.into(),
+                    statements,
+                    ordered,
+                    outcome: ChildOutcome::Reply(reply),
+                }]
+            })
+        }
+
+        fn run_primary<'a>(
+            &'a self,
+            primary: &'a PrimaryShard,
+            statements: Vec<usize>,
+            ordered: bool,
+        ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>> {
+            Box::pin(async move {
+                self.to_primary.lock().expect("not poisoned").push((
+                    primary.clone(),
+                    statements.clone(),
+                    ordered,
+                ));
+                let mut n = 0;
+                let mut errors = Vec::new();
+                for (k, i) in statements.iter().enumerate() {
+                    if self.dup.contains(i) {
+                        errors.push(doc! {"index": k as i32, "code": 11000, "errmsg": "E11000"});
+                        if ordered {
+                            break;
+                        }
+                    } else {
+                        n += 1;
+                    }
+                }
+                let mut reply = ok(n);
+                if !errors.is_empty() {
+                    reply.insert("writeErrors", errors);
+                }
+                vec![ChildResult {
+                    shard: primary.shard.clone(),
+                    statements,
+                    ordered,
+                    outcome: ChildOutcome::Reply(reply),
+                }]
+            })
+        }
+    }
+
+    /// Runs four inserts bound for shard0, shard1, shard1, shard0 against [`Dropped`].
+    fn run(ordered: bool, dup: Vec<usize>) -> (Document, Vec<(PrimaryShard, Vec<usize>, bool)>) {
+        let pattern = ShardKeyPattern::parse(&doc! {"_id": "hashed"}).expect("a key pattern");
+        let snap = Arc::new(RoutingSnapshot::initial("d.c", pattern, 2).expect("a snapshot"));
+        let shards = ["shard0", "shard1", "shard1", "shard0"];
+        let target = |_: &RoutingSnapshot, i: usize| Targeted {
+            target: target::Target::One(shards[i].to_string()),
+            identity: None,
+            retry_safe: true,
+        };
+        let primary = PrimaryShard {
+            shard: "shard1".into(),
+            versions: doc! {"databaseVersion": {"lastMod": 1}},
+        };
+        let refresh = |_: Vec<Document>| -> crate::frontend::BoxFuture<'_, _> {
+            let p = primary.clone();
+            Box::pin(async move { Some(Retarget::Primary(p)) })
+        };
+        let sender = Dropped {
+            dup,
+            to_primary: Mutex::new(Vec::new()),
+        };
+        let spec = WriteSpec {
+            kind: WriteKind::Insert,
+            ordered,
+            policy: Policy::Off,
+            retryable: true,
+            statements: 4,
+            ns: "d.c".into(),
+        };
+        let stats = WriteStats::default();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let outcome = rt.block_on(run_write(&spec, &sender, &target, snap, &refresh, &stats));
+        let sent = sender.to_primary.into_inner().expect("not poisoned");
+        (outcome.merger.reply(), sent)
+    }
+
+    fn errors(reply: &Document) -> Vec<(i32, i32)> {
+        reply
+            .get_array("writeErrors")
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e.as_document())
+                    .map(|e| {
+                        (
+                            e.get_i32("index").unwrap_or(-1),
+                            e.get_i32("code").unwrap_or(-1),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn an_ordered_bulk_sends_the_primary_only_what_was_not_applied_and_keeps_its_indexes() {
+        let (reply, sent) = run(true, vec![2]);
+        // Statement 0 was applied on shard0 before shard1 answered stale; 1, 2 and 3 go to the
+        // primary, in order, once; the primary's error at its own index 1 is statement 2.
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0].1, vec![1, 2, 3]);
+        assert!(sent[0].2, "ordered");
+        assert_eq!(sent[0].0.versions, doc! {"databaseVersion": {"lastMod": 1}});
+        assert_eq!(reply.get_i32("n").ok(), Some(2), "{reply}");
+        assert_eq!(errors(&reply), vec![(2, 11000)], "{reply}");
+    }
+
+    #[test]
+    fn an_unordered_bulk_sends_the_primary_only_the_stale_statements() {
+        let (reply, sent) = run(false, vec![1]);
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0].1, vec![1, 2]);
+        assert!(!sent[0].2, "unordered");
+        assert_eq!(reply.get_i32("n").ok(), Some(3), "{reply}");
+        assert_eq!(errors(&reply), vec![(1, 11000)], "{reply}");
+    }
+
+    #[test]
+    fn statements_the_primary_finds_stale_again_are_given_up_after_five_rounds() {
+        /// Every shard, the primary too, answers StaleDbVersion.
+        struct AlwaysStale;
+        fn stale(shard: &str, statements: Vec<usize>, ordered: bool) -> Vec<ChildResult> {
+            let reply = doc! {"ok": 1.0, "n": 0, "writeErrors": [{
+                "index": 0, "code": 249, "errmsg": "version mismatch detected for d",
+            }]};
+            vec![ChildResult {
+                shard: shard.into(),
+                statements,
+                ordered,
+                outcome: ChildOutcome::Reply(reply),
+            }]
+        }
+        impl ChildSender for AlwaysStale {
+            fn run_shard<'a>(
+                &'a self,
+                _snap: &'a RoutingSnapshot,
+                shard: &'a str,
+                statements: Vec<usize>,
+                ordered: bool,
+            ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>> {
+                Box::pin(async move { stale(shard, statements, ordered) })
+            }
+            fn run_primary<'a>(
+                &'a self,
+                primary: &'a PrimaryShard,
+                statements: Vec<usize>,
+                ordered: bool,
+            ) -> crate::frontend::BoxFuture<'a, Vec<ChildResult>> {
+                Box::pin(async move { stale(&primary.shard, statements, ordered) })
+            }
+        }
+        let pattern = ShardKeyPattern::parse(&doc! {"_id": "hashed"}).expect("a key pattern");
+        let snap = Arc::new(RoutingSnapshot::initial("d.c", pattern, 2).expect("a snapshot"));
+        let target = |_: &RoutingSnapshot, _: usize| Targeted {
+            target: target::Target::One("shard0".into()),
+            identity: None,
+            retry_safe: true,
+        };
+        let refresh = |_: Vec<Document>| -> crate::frontend::BoxFuture<'_, _> {
+            Box::pin(async move {
+                Some(Retarget::Primary(PrimaryShard {
+                    shard: "shard1".into(),
+                    versions: Document::new(),
+                }))
+            })
+        };
+        let spec = WriteSpec {
+            kind: WriteKind::Insert,
+            ordered: true,
+            policy: Policy::Off,
+            retryable: false,
+            statements: 1,
+            ns: "d.c".into(),
+        };
+        let stats = WriteStats::default();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let outcome = rt.block_on(run_write(
+            &spec,
+            &AlwaysStale,
+            &target,
+            snap,
+            &refresh,
+            &stats,
+        ));
+        let reply = outcome.merger.reply();
+        assert_eq!(errors(&reply), vec![(0, 82)], "{reply}");
+        // The first round by the chunks, then the primary until five rounds made no progress.
+        assert_eq!(outcome.rounds, MAX_ROUNDS_WITHOUT_PROGRESS as u64);
     }
 }

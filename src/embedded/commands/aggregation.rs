@@ -68,7 +68,7 @@ pub(super) fn aggregate_cmd(
     let docs = if coll_less {
         Vec::new()
     } else {
-        matching_documents(svc, &req.db, &coll, &Document::new(), &Matcher::all())
+        matching_documents(svc, &req.db, &coll, &Document::new(), &Matcher::all())?
     };
     let options = aggregate::AggregateOptions::for_request(svc.stage_memory(), body);
     let reader = crate::embedded::pipeline_output::CatalogReader(svc);

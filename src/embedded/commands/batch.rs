@@ -127,7 +127,12 @@ pub(in crate::embedded) fn run_statements(
                 continue;
             }
         }
-        match exec(i) {
+        let refused = retry.and_then(|ctx| svc.txn_write_failpoint.fire(ctx));
+        let outcome = match refused {
+            Some(e) => Err(e),
+            None => exec(i),
+        };
+        match outcome {
             Ok(done) => {
                 if let Some(ctx) = retry {
                     svc.record(ctx, ctx.stmt_id(i), done.clone());

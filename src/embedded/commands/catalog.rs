@@ -8,6 +8,7 @@ use super::{collection_name, err};
 use crate::command::CommandRequest;
 use crate::embedded::service::{lock, ShardService};
 use crate::embedded::store::Collection;
+use crate::embedded::views;
 use crate::engine::matcher::Matcher;
 use crate::engine::reads::document_argument;
 use crate::engine::EngineError;
@@ -28,12 +29,19 @@ pub(super) fn create(
             format!("Collection {}.{coll} already exists.", req.db),
         ));
     }
-    let mut options = Document::new();
-    for (k, v) in body {
-        if k != "create" && !crate::command::GENERIC_ARGUMENTS.contains(&k.as_str()) {
-            options.insert(k.clone(), v.clone());
+    let options = if body.contains_key("viewOn") || body.contains_key("pipeline") {
+        let options = views::parse_definition("create", body)?;
+        views::check_graph(&cat, &req.db, &coll, &options)?;
+        options
+    } else {
+        let mut options = Document::new();
+        for (k, v) in body {
+            if k != "create" && !crate::command::GENERIC_ARGUMENTS.contains(&k.as_str()) {
+                options.insert(k.clone(), v.clone());
+            }
         }
-    }
+        options
+    };
     cat.dbs
         .entry(req.db.clone())
         .or_default()
@@ -59,6 +67,7 @@ pub(super) fn drop_collection(
     }
     drop_cursors(svc, &ns);
     Ok(match removed {
+        Some(c) if views::is_view(&c) => Document::new(),
         Some(c) => doc! {"nIndexesWas": c.indexes().len() as i32, "ns": ns},
         None => Document::new(),
     })
@@ -81,7 +90,11 @@ pub(super) fn list_collections(
     let mut out = Vec::new();
     if let Some(colls) = cat.dbs.get(&req.db) {
         for (name, c) in colls {
-            let d = crate::engine::reads::collection_entry(name, &c.options, c.uuid, name_only);
+            let d = if views::is_view(c) {
+                view_entry(name, &c.options, name_only)
+            } else {
+                crate::engine::reads::collection_entry(name, &c.options, c.uuid, name_only)
+            };
             if matcher.matches(&d) {
                 out.push(d);
             }
@@ -95,6 +108,14 @@ pub(super) fn list_collections(
         usize::MAX,
         true,
     ))
+}
+
+/// A view as `listCollections` lists it: read-only, no UUID, no `_id` index.
+fn view_entry(name: &str, options: &Document, name_only: bool) -> Document {
+    if name_only {
+        return doc! {"name": name, "type": "view"};
+    }
+    doc! {"name": name, "type": "view", "options": options.clone(), "info": {"readOnly": true}}
 }
 
 pub(super) fn list_databases(svc: &ShardService, body: &Document) -> Result<Document, EngineError> {

@@ -27,6 +27,9 @@ pub(super) fn find_and_modify(
         if let Some(StmtOutcome::Reply(r)) = svc.recorded(ctx, ctx.stmt_id(0)) {
             return Ok(r);
         }
+        if let Some(e) = svc.txn_write_failpoint.fire(ctx) {
+            return Err(e);
+        }
     }
     let query = body.get_document("query").cloned().unwrap_or_default();
     let remove = body.get("remove").is_some_and(truthy);

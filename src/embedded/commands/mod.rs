@@ -57,11 +57,16 @@ pub fn run(
     body: &Document,
     retry: Option<&RetryCtx>,
 ) -> Result<Document, EngineError> {
+    if super::views::needs_collection(&req.name) {
+        if let Ok(coll) = req.collection_name(body) {
+            super::views::check_not_view(&lock(&svc.data()), &req.name, &req.db, &coll)?;
+        }
+    }
     match req.name.as_str() {
         "insert" => insert(svc, req, body, retry),
         "update" => update(svc, req, body, retry),
         "delete" => delete(svc, req, body, retry),
-        "bulkWrite" => super::bulk_write::bulk_write(svc, req, retry),
+        "bulkWrite" => super::bulk_write::bulk_write(svc, req, retry, &[]),
         "findAndModify" | "findandmodify" => find_and_modify(svc, req, body, retry),
         "find" => find(svc, req, body),
         "getMore" => get_more(svc, req, body),

@@ -21,24 +21,28 @@ pub(super) fn cursor_reply(
     svc.cursors.first_batch(ns, docs, batch, single_batch)
 }
 
-/// The documents of `db.coll` that match (by the `_id` index when the filter pins an `_id`).
+/// The documents of `db.coll` that match (by the `_id` index when the filter pins an `_id`);
+/// for a view, those of its source through its pipeline.
 pub(super) fn matching_documents(
     svc: &ShardService,
     db: &str,
     coll: &str,
     filter: &Document,
     matcher: &Matcher,
-) -> Vec<Document> {
+) -> Result<Vec<Document>, EngineError> {
+    if let Some(docs) = crate::embedded::views::view_documents(svc, db, coll)? {
+        return Ok(docs.into_iter().filter(|d| matcher.matches(d)).collect());
+    }
     let data = svc.data();
     let cat = lock(&data);
-    match cat.collection(db, coll) {
+    Ok(match cat.collection(db, coll) {
         Some(c) => c
             .find(filter, matcher)
             .into_iter()
             .filter_map(|rid| c.get(rid).cloned())
             .collect(),
         None => Vec::new(),
-    }
+    })
 }
 
 pub(super) fn find(
@@ -50,7 +54,7 @@ pub(super) fn find(
     let ns = format!("{}.{coll}", req.db);
     svc.check_version(&ns, body)?;
     let spec = FindSpec::parse(body)?;
-    let docs = matching_documents(svc, &req.db, &coll, &spec.filter, &spec.matcher);
+    let docs = matching_documents(svc, &req.db, &coll, &spec.filter, &spec.matcher)?;
     let docs = spec.finish(docs);
     svc.bump_opcounter("query", 1);
     Ok(cursor_reply(
@@ -99,7 +103,7 @@ pub(super) fn count(
 ) -> Result<Document, EngineError> {
     let coll = collection_name(req, body)?;
     let spec = CountSpec::parse(body)?;
-    let docs = matching_documents(svc, &req.db, &coll, &spec.query, &spec.matcher);
+    let docs = matching_documents(svc, &req.db, &coll, &spec.query, &spec.matcher)?;
     Ok(doc! {"n": spec.reply_count(docs.len())})
 }
 
@@ -110,6 +114,6 @@ pub(super) fn distinct(
 ) -> Result<Document, EngineError> {
     let coll = collection_name(req, body)?;
     let spec = DistinctSpec::parse(body)?;
-    let docs = matching_documents(svc, &req.db, &coll, &spec.query, &spec.matcher);
+    let docs = matching_documents(svc, &req.db, &coll, &spec.query, &spec.matcher)?;
     Ok(doc! {"values": spec.values(&docs)})
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bson::{doc, Bson, Document};
 
-use super::{ShardService, TEST_ONLY_COMMANDS};
+use super::{lock, ShardService, TEST_ONLY_COMMANDS};
 use crate::command::{
     self, hello, server_info, BoxFuture, ClientState, CommandRequest, Response, ServerState,
     Service,
@@ -100,6 +100,8 @@ impl ShardService {
         }
         // Held while a versioned request runs, so no critical section begins under it.
         let mut _versioned = None;
+        // A shard server's check of a `bulkWrite`'s namespaces, by `nsInfo` index.
+        let mut bulk_checked = Vec::new();
         if let Some(filtering) = &self.filtering {
             match name {
                 "_flushRoutingTableCacheUpdates" | "_flushDatabaseCacheUpdates" => {
@@ -158,6 +160,11 @@ impl ShardService {
                 }
                 _ => {}
             }
+            if name == "bulkWrite" {
+                bulk_checked =
+                    crate::embedded::bulk_write::check_namespaces(filtering, self.name(), req)
+                        .await;
+            }
             if let Some(ns) = req.namespace.as_deref() {
                 if body.contains_key("shardVersion") || body.contains_key("databaseVersion") {
                     _versioned = Some(self.migrations.enter(ns).await);
@@ -186,6 +193,27 @@ impl ShardService {
                     }
                 }
             }
+            if let Some(fp) = &failpoint {
+                fp.decorate(name, &body, &mut reply);
+            }
+            return Ok(Some(reply));
+        }
+        self.check_sharded_view(req).await?;
+        if let Some(at) = super::snapshot::snapshot_request(name, &body)? {
+            if let Some(t) = at {
+                self.state.clock.advance_to(t);
+            }
+            let (view, at) = super::snapshot::view_for(
+                &self.snapshots,
+                at,
+                self.state.clock.tick(),
+                &self.catalog,
+            )?;
+            let mut reply = {
+                let _scope = super::txn::ViewScope::enter(view);
+                crate::embedded::commands::run(self, req, &body, None)?
+            };
+            command::stamp_at_cluster_time(&mut reply, at);
             if let Some(fp) = &failpoint {
                 fp.decorate(name, &body, &mut reply);
             }
@@ -236,6 +264,12 @@ impl ShardService {
                 Document::new()
             }
             "getCmdLineOpts" => server_info::get_cmd_line_opts(&self.state),
+            "configureFailPoint"
+                if body.get_str("configureFailPoint").ok()
+                    == Some("onPrimaryTransactionalWrite") =>
+            {
+                self.txn_write_failpoint.configure(&body)?
+            }
             "configureFailPoint" => self.failpoints.configure(&body)?,
             "sluiceSetShardVersion" => self.set_shard_version(&body)?,
             _ if self.options.config_server && crate::embedded::configsvr::serves(name) => {
@@ -273,7 +307,20 @@ impl ShardService {
                 } else {
                     None
                 };
-                let mut reply = crate::embedded::commands::run(self, req, &body, retry.as_ref())?;
+                let result = if name == "bulkWrite" {
+                    crate::embedded::bulk_write::bulk_write(
+                        self,
+                        req,
+                        retry.as_ref(),
+                        &bulk_checked,
+                    )
+                } else {
+                    crate::embedded::commands::run(self, req, &body, retry.as_ref())
+                };
+                if retry.as_ref().is_some_and(|r| r.close_after()) {
+                    return Ok(None);
+                }
+                let mut reply = result?;
                 if let Some(member) = &self.member {
                     if crate::embedded::replset::is_write(name) {
                         match member.take_after_write() {
@@ -307,6 +354,44 @@ impl ShardService {
             fp.decorate(name, &body, &mut reply);
         }
         Ok(Some(reply))
+    }
+}
+
+impl ShardService {
+    /// A read of a view whose source is a sharded collection cannot be answered from this
+    /// shard's documents alone: as mongod, it answers 169 with the resolved view, and the
+    /// router runs the read as an aggregation on the sharded source.
+    async fn check_sharded_view(&self, req: &CommandRequest) -> Result<(), EngineError> {
+        if !matches!(
+            req.name.as_str(),
+            "find" | "count" | "distinct" | "aggregate"
+        ) {
+            return Ok(());
+        }
+        let Some((db, coll)) = req.namespace.as_deref().and_then(|ns| ns.split_once('.')) else {
+            return Ok(());
+        };
+        let resolved = {
+            let data = self.data();
+            let cat = lock(&data);
+            crate::embedded::views::resolve(&cat, db, coll)?
+        };
+        let Some((base, pipeline)) = resolved else {
+            return Ok(());
+        };
+        let base_ns = format!("{db}.{base}");
+        let sharded = match &self.filtering {
+            Some(f) => f.is_sharded(&base_ns).await?,
+            None => lock(&self.versions).contains_key(&base_ns),
+        };
+        if !sharded {
+            return Ok(());
+        }
+        Err(EngineError::new(
+            ErrorCode::CommandOnShardedViewNotSupportedOnMongod,
+            "Resolved views on sharded collections must be executed by mongos",
+        )
+        .with_extra(doc! {"resolvedView": {"ns": base_ns, "pipeline": pipeline}}))
     }
 }
 
@@ -368,6 +453,15 @@ impl Service for ShardService {
     ) -> BoxFuture<'a, Response> {
         Box::pin(async move {
             let mut result = self.run(client, req).await;
+            // Snapshot reads at a time before this command's writes must not see them.
+            let wrote = if req.name == "aggregate" {
+                super::snapshot::may_write(&req.name, &req.body_document())
+            } else {
+                super::snapshot::may_write(&req.name, &Document::new())
+            };
+            if wrote {
+                lock(&self.snapshots).wrote(self.state.clock.tick());
+            }
             // A change to `config.*` is on disk before it is acknowledged.
             if self.metadata_file.is_some() && crate::embedded::configsvr::may_write(&req.name) {
                 if let Err(e) = self.persist_metadata() {

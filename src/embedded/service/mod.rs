@@ -8,6 +8,7 @@ mod dispatch;
 mod idle;
 mod latency;
 mod retry;
+mod snapshot;
 mod status;
 mod txn;
 mod versions;
@@ -34,7 +35,7 @@ pub use crate::command::failpoint::TEST_ONLY_COMMANDS;
 
 pub use idle::{spawn_idle_monitor, MAX_OPEN_CURSORS};
 use retry::SessionRecord;
-pub use retry::{RetryCtx, StmtOutcome, MAX_SESSIONS, SESSION_IDLE_TIMEOUT};
+pub use retry::{RetryCtx, StmtOutcome, TxnWriteFailPoint, MAX_SESSIONS, SESSION_IDLE_TIMEOUT};
 use status::CommandCount;
 pub use txn::{Transactions, TRANSACTION_LIFETIME, TRANSIENT_TRANSACTION_ERROR};
 
@@ -46,6 +47,7 @@ pub struct DataSet {
     sessions: Arc<Mutex<HashMap<String, SessionRecord>>>,
     versions: Arc<Mutex<HashMap<String, Document>>>,
     transactions: Arc<Mutex<Transactions>>,
+    snapshots: Arc<Mutex<snapshot::SnapshotHistory>>,
 }
 
 impl DataSet {
@@ -74,8 +76,10 @@ pub struct ShardService {
     pub(super) cursors: command::cursors::DocumentCursors,
     sessions: Arc<Mutex<HashMap<String, SessionRecord>>>,
     failpoints: crate::command::failpoint::FailPoints,
+    pub(in crate::embedded) txn_write_failpoint: TxnWriteFailPoint,
     pub(super) versions: Arc<Mutex<HashMap<String, Document>>>,
     transactions: Arc<Mutex<Transactions>>,
+    snapshots: Arc<Mutex<snapshot::SnapshotHistory>>,
     member: Option<super::replset::MemberLink>,
     counts: Mutex<BTreeMap<String, CommandCount>>,
     opcounters: Mutex<BTreeMap<&'static str, i64>>,
@@ -103,10 +107,15 @@ impl ShardService {
         let slots = options.max_concurrency.map(|n| Semaphore::new(n.max(1)));
         let latency = (options.latency_per_command, options.latency_per_document);
         let cursors = command::cursors::DocumentCursors::with_idle_timeout(options.cursor_timeout);
-        let filtering = options
-            .configdb
-            .as_deref()
-            .map(|c| Arc::new(super::filtering::Filtering::new(c)));
+        let filtering = options.configdb.as_deref().map(|c| {
+            Arc::new(super::filtering::Filtering::new(
+                c,
+                options.internal_security.clone(),
+            ))
+        });
+        let migrations = Arc::new(super::migration::Migrations::with_security(
+            options.internal_security.clone(),
+        ));
         if options.config_server {
             super::configsvr::seed(&mut lock(&data.catalog));
         }
@@ -119,15 +128,17 @@ impl ShardService {
             cursors,
             sessions: data.sessions,
             failpoints: Default::default(),
+            txn_write_failpoint: TxnWriteFailPoint::default(),
             versions: data.versions,
             transactions: data.transactions,
+            snapshots: data.snapshots,
             member,
             counts: Mutex::new(BTreeMap::new()),
             opcounters: Mutex::new(BTreeMap::new()),
             latency: Mutex::new(latency),
             slots,
             filtering,
-            migrations: Arc::default(),
+            migrations,
             metadata_file: None,
             drains: Arc::default(),
         }

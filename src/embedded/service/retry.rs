@@ -55,17 +55,115 @@ impl Default for SessionRecord {
 }
 
 /// The retryable-write context of one command.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RetryCtx {
     session: String,
     txn_number: i64,
     stmt_ids: Vec<i32>,
+    /// Set when the `onPrimaryTransactionalWrite` fail point asked for the connection to be
+    /// closed after a statement: the command's reply is not sent.
+    close_after: std::sync::atomic::AtomicBool,
 }
 
 impl RetryCtx {
     /// The statement id of statement `i`.
     pub fn stmt_id(&self, i: usize) -> i32 {
         self.stmt_ids.get(i).copied().unwrap_or(i as i32)
+    }
+
+    /// Whether the connection is to be closed instead of answering.
+    pub fn close_after(&self) -> bool {
+        self.close_after.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// mongod's `onPrimaryTransactionalWrite` fail point (test commands only): it acts on each
+/// statement a retryable write runs (not on one a retry finds already applied). With
+/// `failBeforeCommitExceptionCode` the statement fails with that code and is not applied;
+/// with `closeConnection` (true unless given false) the connection is closed after the
+/// command instead of answering. Modes: `alwaysOn`, `off`, `{times: n}`, `{skip: n}`.
+#[derive(Debug, Default)]
+pub struct TxnWriteFailPoint {
+    state: std::sync::Mutex<Option<TxnWriteAction>>,
+}
+
+#[derive(Debug, Clone)]
+struct TxnWriteAction {
+    /// `None`: every time.
+    times: Option<u64>,
+    skip: u64,
+    close_connection: bool,
+    fail_code: Option<i32>,
+}
+
+impl TxnWriteFailPoint {
+    /// `configureFailPoint: "onPrimaryTransactionalWrite"`; replies `{count}` (1 if it was on).
+    pub fn configure(&self, body: &Document) -> Result<Document, EngineError> {
+        use crate::value::field::{number_field, truthy};
+        let mut state = lock(&self.state);
+        let previously = i32::from(state.is_some());
+        let (times, skip) = match body.get("mode") {
+            Some(Bson::String(m)) if m == "off" => {
+                *state = None;
+                return Ok(bson::doc! {"count": previously});
+            }
+            Some(Bson::String(m)) if m == "alwaysOn" => (None, 0),
+            Some(Bson::Document(m)) if m.contains_key("times") => match number_field(m, "times") {
+                Some(n) if n > 0 => (Some(n as u64), 0),
+                _ => {
+                    *state = None;
+                    return Ok(bson::doc! {"count": previously});
+                }
+            },
+            Some(Bson::Document(m)) if m.contains_key("skip") => {
+                (None, number_field(m, "skip").unwrap_or(0).max(0) as u64)
+            }
+            _ => {
+                return Err(EngineError::new(
+                    ErrorCode::BadValue,
+                    "mode must be \"alwaysOn\", \"off\", {times: <n>} or {skip: <n>}",
+                ))
+            }
+        };
+        let data = body.get_document("data").cloned().unwrap_or_default();
+        *state = Some(TxnWriteAction {
+            times,
+            skip,
+            close_connection: data.get("closeConnection").is_none_or(truthy),
+            fail_code: number_field(&data, "failBeforeCommitExceptionCode").map(|c| c as i32),
+        });
+        Ok(bson::doc! {"count": previously})
+    }
+
+    /// Called before a retryable write's statement runs: the error it must fail with, if any;
+    /// `ctx` is told to close the connection when the fail point says so.
+    pub fn fire(&self, ctx: &RetryCtx) -> Option<EngineError> {
+        let mut state = lock(&self.state);
+        let action = state.as_mut()?;
+        if action.skip > 0 {
+            action.skip -= 1;
+            return None;
+        }
+        let fired = action.clone();
+        if let Some(n) = action.times.as_mut() {
+            *n -= 1;
+            if *n == 0 {
+                *state = None;
+            }
+        }
+        if fired.close_connection {
+            ctx.close_after
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        fired.fail_code.map(|code| {
+            EngineError::new(
+                ErrorCode(code),
+                format!(
+                    "Failing write for {}:{} due to failPoint.",
+                    ctx.session, ctx.txn_number
+                ),
+            )
+        })
     }
 }
 
@@ -133,6 +231,7 @@ impl ShardService {
             session,
             txn_number: txn,
             stmt_ids,
+            close_after: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 

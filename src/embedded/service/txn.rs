@@ -64,13 +64,13 @@ thread_local! {
     static VIEW: RefCell<Option<Arc<Mutex<Catalog>>>> = const { RefCell::new(None) };
 }
 
-/// The transaction's copy as the catalog of the data commands run while it lives; cleared
+/// A transaction's copy (or a snapshot read's) as the catalog of the data commands run while it lives; cleared
 /// when dropped, so a panic inside a command leaves no copy behind for the thread's next
 /// command.
-struct ViewScope;
+pub(super) struct ViewScope;
 
 impl ViewScope {
-    fn enter(view: Arc<Mutex<Catalog>>) -> ViewScope {
+    pub(super) fn enter(view: Arc<Mutex<Catalog>>) -> ViewScope {
         VIEW.with(|v| *v.borrow_mut() = Some(view));
         ViewScope
     }

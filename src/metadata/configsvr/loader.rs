@@ -59,37 +59,12 @@ impl ConfigServerSource {
         configdb: &ConfigDb,
         security: &crate::backend::ShardSecurity,
     ) -> Result<Self, MetadataError> {
-        use mongodb::options::{AuthMechanism, Credential, Tls, TlsOptions};
         let mut options = ClientOptions::parse(configdb.uri())
             .await
             .map_err(|e| from_driver(&configdb.to_string(), e))?;
         options.app_name = Some("sluice".to_string());
         options.server_selection_timeout = Some(SERVER_SELECTION_TIMEOUT);
-        if let Some(files) = &security.tls_files {
-            options.tls = Some(Tls::Enabled(
-                TlsOptions::builder()
-                    .ca_file_path(files.ca_file.clone())
-                    .cert_key_file_path(files.certificate_key_file.clone())
-                    .allow_invalid_certificates(Some(files.allow_invalid_certificates))
-                    .build(),
-            ));
-        }
-        if security.x509 {
-            options.credential = Some(
-                Credential::builder()
-                    .mechanism(AuthMechanism::MongoDbX509)
-                    .build(),
-            );
-        } else if let Some(keyfile) = &security.keyfile {
-            options.credential = Some(
-                Credential::builder()
-                    .username(crate::auth::INTERNAL_USER.to_string())
-                    .source(crate::auth::INTERNAL_DB.to_string())
-                    .password(keyfile.primary().to_string())
-                    .mechanism(AuthMechanism::ScramSha256)
-                    .build(),
-            );
-        }
+        secure_client_options(&mut options, security);
         Self::with_options(options)
     }
 
@@ -384,5 +359,41 @@ fn from_driver(name: &str, e: mongodb::error::Error) -> MetadataError {
             ErrorCode::InternalError,
             format!("reading the config server {name}: {e}"),
         ),
+    }
+}
+
+/// Driver options made to prove who the connecting server is to its cluster, as towards the
+/// shards: TLS (verified against the CA file, presenting the cluster certificate) and internal
+/// authentication (`__system@local` with SCRAM-SHA-256 over the keyfile's first key, or
+/// MONGODB-X509 with the cluster certificate). Nothing changes without them.
+pub fn secure_client_options(
+    options: &mut ClientOptions,
+    security: &crate::backend::ShardSecurity,
+) {
+    use mongodb::options::{AuthMechanism, Credential, Tls, TlsOptions};
+    if let Some(files) = &security.tls_files {
+        options.tls = Some(Tls::Enabled(
+            TlsOptions::builder()
+                .ca_file_path(files.ca_file.clone())
+                .cert_key_file_path(files.certificate_key_file.clone())
+                .allow_invalid_certificates(Some(files.allow_invalid_certificates))
+                .build(),
+        ));
+    }
+    if security.x509 {
+        options.credential = Some(
+            Credential::builder()
+                .mechanism(AuthMechanism::MongoDbX509)
+                .build(),
+        );
+    } else if let Some(keyfile) = &security.keyfile {
+        options.credential = Some(
+            Credential::builder()
+                .username(crate::auth::INTERNAL_USER.to_string())
+                .source(crate::auth::INTERNAL_DB.to_string())
+                .password(keyfile.primary().to_string())
+                .mechanism(AuthMechanism::ScramSha256)
+                .build(),
+        );
     }
 }
