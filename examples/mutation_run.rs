@@ -565,6 +565,9 @@ async fn main() -> anyhow::Result<()> {
             .collect();
         run_commands(*addr, &kills).await?;
     }
+    // Freed memory is given back once the process has been idle for a moment.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss_after_kills = rss_kib(pid)?;
     for addr in &targets {
         let listed = run_commands(
             *addr,
@@ -653,6 +656,7 @@ async fn main() -> anyhow::Result<()> {
         peak.load(Ordering::Relaxed)
     );
     println!("RSS after the run      {rss_after_run} KiB");
+    println!("  its cursors killed   {rss_after_kills} KiB");
     println!(
         "RSS at the end         {rss_end} KiB ({:+.1} %)",
         growth * 100.0
