@@ -242,6 +242,11 @@ fn main() -> anyhow::Result<()> {
             // With a keyfile or TLS the single-router static layout stays the default; --cluster
             // runs the cluster layout secured (its servers require and present the same).
             let cluster = if secured { cluster } else { !static_layout };
+            if !cluster && routers > 1 {
+                anyhow::bail!(
+                    "--routers needs the cluster layout (with a keyfile or TLS, give --cluster)"
+                );
+            }
             if cluster {
                 config.validate()?;
                 init_logging(&config);
