@@ -234,12 +234,7 @@ fn parse_op(raw: Bytes, namespaces: usize) -> Result<BulkOp, CommandError> {
 /// operations, not both `stmtId` and `stmtIds`, one statement id per operation, valid
 /// namespaces, and every operation naming an `nsInfo` entry.
 pub fn parse(req: &CommandRequest) -> Result<BulkRequest, CommandError> {
-    if req.db != "admin" {
-        return Err(CommandError::new(
-            ErrorCode::Unauthorized,
-            "bulkWrite may only be run against the admin database.",
-        ));
-    }
+    req.require_admin()?;
     let options = req.options_document();
     let raw_ops = req.statement_bytes("ops")?;
     let raw_ns = req.statement_bytes("nsInfo")?;

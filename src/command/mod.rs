@@ -135,6 +135,18 @@ pub struct CommandRequest {
 }
 
 impl CommandRequest {
+    /// 13 Unauthorized, `<name> may only be run against the admin database.`, unless the
+    /// request is on `admin`: how mongod and mongos refuse an admin-only command elsewhere.
+    pub fn require_admin(&self) -> Result<(), CommandError> {
+        if self.db == "admin" {
+            return Ok(());
+        }
+        Err(CommandError::new(
+            ErrorCode::Unauthorized,
+            format!("{} may only be run against the admin database.", self.name),
+        ))
+    }
+
     /// The request a body (already validated, or encoded by Sluice) and its sequences make
     /// on `db`: the name and the namespace are read from the body here, once.
     pub fn new(db: String, body: BsonDoc, sequences: Vec<DocumentSequence>, legacy: bool) -> Self {

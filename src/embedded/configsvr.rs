@@ -63,12 +63,7 @@ pub fn run(
     req: &CommandRequest,
     body: &Document,
 ) -> Result<Document, EngineError> {
-    if req.db != "admin" {
-        return Err(EngineError::new(
-            ErrorCode::Unauthorized,
-            format!("{} may only be run against the admin database.", req.name),
-        ));
-    }
+    req.require_admin()?;
     match req.name.as_str() {
         "_configsvrCreateDatabase" => create_database(svc, body),
         "_configsvrCommitChunkSplit" => super::configsvr_ddl::commit_split(svc, body),

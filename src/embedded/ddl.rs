@@ -373,12 +373,7 @@ pub fn rename_collection(
     req: &CommandRequest,
     body: &Document,
 ) -> Result<Document, EngineError> {
-    if req.db != "admin" {
-        return Err(err(
-            ErrorCode::Unauthorized,
-            "renameCollection may only be run against the admin database.",
-        ));
-    }
+    req.require_admin()?;
     let (Some(Bson::String(from)), Some(Bson::String(to))) =
         (body.get("renameCollection"), body.get("to"))
     else {

@@ -128,12 +128,7 @@ pub async fn add_shard(
     sharded: Option<&ShardedCluster>,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
-    if req.db != "admin" {
-        return Err(CommandError::new(
-            ErrorCode::Unauthorized,
-            "addShard may only be run against the admin database.",
-        ));
-    }
+    req.require_admin()?;
     let Some(sharded) = sharded.filter(|s| s.has_config_server()) else {
         return Err(CommandError::new(
             ErrorCode::IllegalOperation,
@@ -218,12 +213,7 @@ pub async fn remove_shard(
     sharded: Option<&ShardedCluster>,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
-    if req.db != "admin" {
-        return Err(CommandError::new(
-            ErrorCode::Unauthorized,
-            "removeShard may only be run against the admin database.",
-        ));
-    }
+    req.require_admin()?;
     let body = req.body_document();
     let target = match body.get(&req.name) {
         Some(Bson::String(s)) => s.clone(),

@@ -162,12 +162,7 @@ pub async fn move_primary(
     sharded: Option<&ShardedCluster>,
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
-    if req.db != "admin" {
-        return Err(CommandError::new(
-            ErrorCode::Unauthorized,
-            "movePrimary may only be run against the admin database.",
-        ));
-    }
+    req.require_admin()?;
     let body = req.body_document();
     let db = match body.get(&req.name) {
         Some(Bson::String(db)) if !db.is_empty() => db.clone(),
@@ -565,12 +560,7 @@ pub async fn balancer(
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
     let name = req.name.as_str();
-    if req.db != "admin" {
-        return Err(CommandError::new(
-            ErrorCode::Unauthorized,
-            format!("{name} may only be run against the admin database."),
-        ));
-    }
+    req.require_admin()?;
     let Some(sharded) = sharded.filter(|s| s.has_config_server()) else {
         if name == "balancerStatus" {
             return Ok(super::sharding::balancer_status());

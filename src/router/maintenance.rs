@@ -119,12 +119,7 @@ pub async fn rename_collection(
     req: &CommandRequest,
 ) -> Result<Document, CommandError> {
     let (cluster, store) = (&sharded.cluster, &*sharded.metadata);
-    if req.db != "admin" {
-        return Err(CommandError::new(
-            ErrorCode::Unauthorized,
-            "renameCollection may only be run against the admin database.",
-        ));
-    }
+    req.require_admin()?;
     let body = req.options_document();
     let (Some(Bson::String(from)), Some(Bson::String(to))) =
         (body.get("renameCollection"), body.get("to"))

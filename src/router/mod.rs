@@ -76,12 +76,8 @@ impl Router {
         }
         let body = req.body_document();
         if name == "configureFailPoint" {
-            let mut reply = if req.db != "admin" {
-                CommandError::new(
-                    ErrorCode::Unauthorized,
-                    "configureFailPoint may only be run against the admin database.",
-                )
-                .to_reply()
+            let mut reply = if let Err(e) = req.require_admin() {
+                e.to_reply()
             } else {
                 match self.failpoints.configure(&body) {
                     Ok(mut d) => {

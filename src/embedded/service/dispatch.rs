@@ -280,12 +280,7 @@ impl ShardService {
                 let member = self.member.as_ref().ok_or_else(|| {
                     EngineError::new(ErrorCode::InternalError, "not a replica set member")
                 })?;
-                if req.db != "admin" {
-                    return Err(EngineError::new(
-                        ErrorCode::Unauthorized,
-                        format!("{name} may only be run against the admin database."),
-                    ));
-                }
+                req.require_admin()?;
                 match name {
                     "replSetStepDown" => member.step_down(&body)?,
                     "replSetFreeze" => member.freeze(&body)?,
@@ -397,13 +392,7 @@ impl ShardService {
 
 /// Internal commands run on `admin` only.
 fn check_admin(req: &CommandRequest) -> Result<(), EngineError> {
-    if req.db != "admin" {
-        return Err(EngineError::new(
-            ErrorCode::Unauthorized,
-            format!("{} may only be run against the admin database.", req.name),
-        ));
-    }
-    Ok(())
+    Ok(req.require_admin()?)
 }
 
 /// Labels a replica-set member's error `RetryableWriteError` when the command is a retryable
