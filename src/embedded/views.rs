@@ -17,7 +17,6 @@ use super::store::{Catalog, Collection};
 use crate::engine::aggregate;
 use crate::engine::EngineError;
 use crate::value::error_codes::ErrorCode;
-use crate::value::field::type_name;
 
 /// The longest chain of views mongod resolves (`ViewGraph::kMaxViewDepth`).
 pub const MAX_VIEW_DEPTH: usize = 20;
@@ -133,12 +132,10 @@ pub fn parse_definition(cmd: &str, body: &Document) -> Result<Document, EngineEr
             ))
         }
         Some(other) => {
-            return Err(EngineError::new(
-                ErrorCode::TypeMismatch,
-                format!(
-                    "BSON field '{cmd}.viewOn' is the wrong type '{}', expected type 'string'",
-                    type_name(other)
-                ),
+            return Err(EngineError::wrong_type(
+                &format!("{cmd}.viewOn"),
+                other,
+                "string",
             ))
         }
         None => {
@@ -152,12 +149,10 @@ pub fn parse_definition(cmd: &str, body: &Document) -> Result<Document, EngineEr
         None => Vec::new(),
         Some(Bson::Array(a)) => a.clone(),
         Some(other) => {
-            return Err(EngineError::new(
-                ErrorCode::TypeMismatch,
-                format!(
-                    "BSON field '{cmd}.pipeline' is the wrong type '{}', expected type 'array'",
-                    type_name(other)
-                ),
+            return Err(EngineError::wrong_type(
+                &format!("{cmd}.pipeline"),
+                other,
+                "array",
             ))
         }
     };
@@ -227,7 +222,7 @@ pub fn view_documents(
     coll: &str,
 ) -> Result<Option<Vec<Document>>, EngineError> {
     let data = svc.data();
-    let (base, pipeline, docs) = {
+    let (pipeline, docs) = {
         let cat = lock(&data);
         let Some((base, pipeline)) = resolve(&cat, db, coll)? else {
             return Ok(None);
@@ -236,9 +231,8 @@ pub fn view_documents(
             .collection(db, &base)
             .map(|c| c.iter().map(|(_, d)| d.clone()).collect())
             .unwrap_or_default();
-        (base, pipeline, docs)
+        (pipeline, docs)
     };
-    let _ = base;
     let stages: Vec<Bson> = pipeline.into_iter().map(Bson::Document).collect();
     let options = aggregate::AggregateOptions::for_request(svc.stage_memory(), &Document::new());
     let reader = super::pipeline_output::CatalogReader(svc);

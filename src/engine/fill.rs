@@ -54,27 +54,15 @@ struct Densify {
 }
 
 fn unknown(stage: &str, k: &str) -> EngineError {
-    err(
-        40415,
-        format!("BSON field '{stage}.{k}' is an unknown field."),
-    )
+    EngineError::unknown_field(&format!("{stage}.{k}"))
 }
 
 fn missing(stage: &str, k: &str) -> EngineError {
-    err(
-        40414,
-        format!("BSON field '{stage}.{k}' is missing but a required field"),
-    )
+    EngineError::missing_field(&format!("{stage}.{k}"))
 }
 
 fn wrong_type(stage: &str, k: &str, v: &Bson, want: &str) -> EngineError {
-    err(
-        crate::value::error_codes::ErrorCode::TypeMismatch.0,
-        format!(
-            "BSON field '{stage}.{k}' is the wrong type '{}', expected type '{want}'",
-            type_name(v)
-        ),
-    )
+    EngineError::wrong_type(&format!("{stage}.{k}"), v, want)
 }
 
 impl Densify {

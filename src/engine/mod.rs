@@ -62,6 +62,34 @@ impl EngineError {
         }
     }
 
+    /// 40415, the command parser's `BSON field '<path>' is an unknown field.`
+    pub fn unknown_field(path: &str) -> Self {
+        EngineError::new(
+            ErrorCode(40415),
+            format!("BSON field '{path}' is an unknown field."),
+        )
+    }
+
+    /// 40414, the command parser's `BSON field '<path>' is missing but a required field`.
+    pub fn missing_field(path: &str) -> Self {
+        EngineError::new(
+            ErrorCode(40414),
+            format!("BSON field '{path}' is missing but a required field"),
+        )
+    }
+
+    /// 14 TypeMismatch, the command parser's `BSON field '<path>' is the wrong type '<type>',
+    /// expected type '<expected>'`.
+    pub fn wrong_type(path: &str, value: &bson::Bson, expected: &str) -> Self {
+        EngineError::new(
+            ErrorCode::TypeMismatch,
+            format!(
+                "BSON field '{path}' is the wrong type '{}', expected type '{expected}'",
+                crate::value::field::type_name(value)
+            ),
+        )
+    }
+
     /// Adds extra fields.
     pub fn with_extra(mut self, extra: Document) -> Self {
         self.extra = Some(extra);

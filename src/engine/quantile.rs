@@ -15,7 +15,7 @@ use bson::{Bson, Document};
 
 use super::aggregate::{err, eval_in, Budget, Variables};
 use super::EngineError;
-use crate::value::field::{is_number, to_f64, type_name};
+use crate::value::field::{is_number, to_f64};
 use crate::value::render::render_value;
 
 /// A parsed `$percentile`/`$median` argument.
@@ -84,10 +84,7 @@ impl Quantile {
         for k in a.keys() {
             let known = matches!(k.as_str(), "input" | "method") || (k == "p" && !median);
             if !known {
-                return Err(err(
-                    40415,
-                    format!("BSON field '{op}.{k}' is an unknown field."),
-                ));
+                return Err(EngineError::unknown_field(&format!("{op}.{k}")));
             }
         }
         let required: &[&str] = if median {
@@ -97,10 +94,7 @@ impl Quantile {
         };
         for k in required {
             if !a.contains_key(*k) {
-                return Err(err(
-                    40414,
-                    format!("BSON field '{op}.{k}' is missing but a required field"),
-                ));
+                return Err(EngineError::missing_field(&format!("{op}.{k}")));
             }
         }
         match a.get("method") {
@@ -112,12 +106,10 @@ impl Quantile {
                 ))
             }
             Some(other) => {
-                return Err(err(
-                    14,
-                    format!(
-                        "BSON field '{op}.method' is the wrong type '{}', expected type 'string'",
-                        type_name(other)
-                    ),
+                return Err(EngineError::wrong_type(
+                    &format!("{op}.method"),
+                    other,
+                    "string",
                 ))
             }
             None => {}

@@ -199,7 +199,7 @@ impl ShardService {
             return Ok(Some(reply));
         }
         self.check_sharded_view(req).await?;
-        if let Some(at) = super::snapshot::snapshot_request(name, &body)? {
+        if let Some(at) = super::snapshot::snapshot_request(name, &body, req.body.raw())? {
             if let Some(t) = at {
                 self.state.clock.advance_to(t);
             }
@@ -443,12 +443,7 @@ impl Service for ShardService {
         Box::pin(async move {
             let mut result = self.run(client, req).await;
             // Snapshot reads at a time before this command's writes must not see them.
-            let wrote = if req.name == "aggregate" {
-                super::snapshot::may_write(&req.name, &req.body_document())
-            } else {
-                super::snapshot::may_write(&req.name, &Document::new())
-            };
-            if wrote {
+            if super::snapshot::may_write(&req.name, req.body.raw()) {
                 lock(&self.snapshots).wrote(self.state.clock.tick());
             }
             // A change to `config.*` is on disk before it is acknowledged.

@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bson::{Bson, Document, Timestamp};
+use bson::{Bson, Document, RawDocument, Timestamp};
 
 use super::lock;
 use crate::embedded::store::Catalog;
@@ -167,22 +167,25 @@ impl SnapshotHistory {
     }
 }
 
-/// Whether `name` with `body` may have changed data (it ends the copies' validity).
-pub fn may_write(name: &str, body: &Document) -> bool {
+/// Whether command `name` with `body` may have changed data (it ends the copies' validity).
+pub fn may_write(name: &str, body: &RawDocument) -> bool {
     if name == "aggregate" {
         return writes_output(body);
     }
     !NON_WRITING.contains(&name)
 }
 
-/// An aggregation that ends in `$out` or `$merge`.
-fn writes_output(body: &Document) -> bool {
+/// An aggregation that ends in `$out` or `$merge` (read in place: every command on the shard
+/// asks).
+fn writes_output(body: &RawDocument) -> bool {
     let Ok(stages) = body.get_array("pipeline") else {
         return false;
     };
-    stages.iter().any(
-        |s| matches!(s, Bson::Document(d) if d.contains_key("$out") || d.contains_key("$merge")),
-    )
+    stages.into_iter().flatten().any(|s| {
+        s.as_document().is_some_and(|d| {
+            matches!(d.get("$out"), Ok(Some(_))) || matches!(d.get("$merge"), Ok(Some(_)))
+        })
+    })
 }
 
 /// What a command outside a transaction asks of snapshot reads: `None` when its read concern
@@ -191,6 +194,7 @@ fn writes_output(body: &Document) -> bool {
 pub fn snapshot_request(
     name: &str,
     body: &Document,
+    raw: &RawDocument,
 ) -> Result<Option<Option<Timestamp>>, EngineError> {
     let Some(Bson::Document(rc)) = body.get("readConcern") else {
         return Ok(None);
@@ -198,7 +202,7 @@ pub fn snapshot_request(
     if !matches!(rc.get("level"), Some(Bson::String(l)) if l == "snapshot") {
         return Ok(None);
     }
-    if !SNAPSHOT_READS.contains(&name) || writes_output(body) {
+    if !SNAPSHOT_READS.contains(&name) || writes_output(raw) {
         return Err(EngineError::new(
             ErrorCode::InvalidOptions,
             format!("{name} does not support read concern snapshot outside a multi-document transaction"),
@@ -233,6 +237,10 @@ pub fn view_for(
 mod tests {
     use super::*;
     use bson::doc;
+
+    fn raw(d: &Document) -> bson::RawDocumentBuf {
+        bson::RawDocumentBuf::try_from(d).unwrap()
+    }
 
     fn ts(i: u32) -> Timestamp {
         Timestamp {
@@ -303,7 +311,10 @@ mod tests {
     #[test]
     fn only_find_aggregate_and_distinct_read_at_a_snapshot() {
         let rc = doc! {"readConcern": {"level": "snapshot"}};
-        assert_eq!(snapshot_request("find", &rc).unwrap(), Some(None));
+        assert_eq!(
+            snapshot_request("find", &rc, &raw(&rc)).unwrap(),
+            Some(None)
+        );
         for name in [
             "findAndModify",
             "insert",
@@ -311,24 +322,27 @@ mod tests {
             "listIndexes",
             "count",
         ] {
-            let e = snapshot_request(name, &rc).unwrap_err();
+            let e = snapshot_request(name, &rc, &raw(&rc)).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidOptions, "{name}");
         }
         let out = doc! {"readConcern": {"level": "snapshot"}, "pipeline": [{"$out": "x"}]};
-        assert!(snapshot_request("aggregate", &out).is_err());
+        assert!(snapshot_request("aggregate", &out, &raw(&out)).is_err());
         let local = doc! {"readConcern": {"level": "local"}};
-        assert_eq!(snapshot_request("insert", &local).unwrap(), None);
+        assert_eq!(
+            snapshot_request("insert", &local, &raw(&local)).unwrap(),
+            None
+        );
         let bad = doc! {"readConcern": {"level": "snapshot", "atClusterTime": 5}};
         assert_eq!(
-            snapshot_request("find", &bad).unwrap_err().code,
+            snapshot_request("find", &bad, &raw(&bad)).unwrap_err().code,
             ErrorCode::TypeMismatch
         );
-        assert!(may_write("insert", &doc! {}));
-        assert!(!may_write("find", &doc! {}));
-        assert!(!may_write("aggregate", &doc! {"pipeline": []}));
+        assert!(may_write("insert", &raw(&doc! {})));
+        assert!(!may_write("find", &raw(&doc! {})));
+        assert!(!may_write("aggregate", &raw(&doc! {"pipeline": []})));
         assert!(may_write(
             "aggregate",
-            &doc! {"pipeline": [{"$merge": "x"}]}
+            &raw(&doc! {"pipeline": [{"$merge": "x"}]})
         ));
     }
 }
