@@ -793,7 +793,9 @@ pub fn aggregate(data: &[u8]) {
 /// or compound key) and planned under every policy, ordered and not.
 pub fn write_plan(data: &[u8]) {
     use crate::write::plan::{plan, prove, Policy, Round};
-    use crate::write::target::{target_delete, target_insert, target_update};
+    use crate::write::target::{
+        target_delete, target_delete_bytes, target_insert, target_update, target_update_bytes,
+    };
     let (_, rest) = mode(data);
     let mut g = Gen::new(rest);
     let key = match g.below(3) {
@@ -826,11 +828,24 @@ pub fn write_plan(data: &[u8]) {
             1 => {
                 let stmt =
                     doc! {"q": stmt, "u": g.doc(2), "multi": g.value(0), "upsert": g.value(0)};
-                target_update(&snap, &stmt)
+                let t = target_update(&snap, &stmt);
+                // Targeted in place, the statement goes where its owned copy goes.
+                if let Ok(bytes) = stmt.to_vec() {
+                    if let Ok(raw) = bson::RawDocument::from_bytes(&bytes) {
+                        assert_eq!(target_update_bytes(&snap, raw), t, "{stmt}");
+                    }
+                }
+                t
             }
             _ => {
                 let stmt = doc! {"q": stmt, "limit": g.value(0)};
-                target_delete(&snap, &stmt)
+                let t = target_delete(&snap, &stmt);
+                if let Ok(bytes) = stmt.to_vec() {
+                    if let Ok(raw) = bson::RawDocument::from_bytes(&bytes) {
+                        assert_eq!(target_delete_bytes(&snap, raw), t, "{stmt}");
+                    }
+                }
+                t
             }
         };
         targeted.push(t);

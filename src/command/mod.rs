@@ -29,7 +29,6 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::engine::EngineError;
 use crate::value::error_codes::ErrorCode;
-use crate::value::field::number_field;
 use crate::wire::{BsonDoc, Compressor, DocumentSequence};
 
 /// What one command failed with: the `{ok: 0, errmsg, code, codeName}` reply.
@@ -668,6 +667,55 @@ pub fn append_cluster_time(state: &ServerState, reply: &mut Document) {
 /// must be a document, an update needs `u`, a delete's `limit` must be 0 or 1. The router and
 /// the embedded shard both check with it, so both answer alike.
 pub fn check_write_statement(command: &str, stmt: &Document) -> Result<(), CommandError> {
+    check_statement_fields(
+        command,
+        stmt.get("q").map(crate::value::field::type_name),
+        stmt.contains_key("u"),
+        stmt.get("limit"),
+    )
+}
+
+/// [`check_write_statement`] on a statement read in place (the router's hot path, which does
+/// not build an owned copy of a statement it can target on its bytes): the same errors, each
+/// field read where an owned copy would keep it (its last occurrence).
+pub fn check_raw_write_statement(
+    command: &str,
+    stmt: &bson::RawDocument,
+) -> Result<(), CommandError> {
+    let (mut q, mut has_u, mut limit) = (None, false, None);
+    for item in stmt {
+        let (k, v) = item.map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?;
+        match k.as_str() {
+            "q" => q = Some(v),
+            "u" => has_u = true,
+            "limit" => limit = Some(v),
+            _ => {}
+        }
+    }
+    let q_type = q.map(|v| match v {
+        bson::RawBsonRef::Document(_) => "object",
+        other => Bson::try_from(other)
+            .map(|b| crate::value::field::type_name(&b))
+            .unwrap_or("unknown"),
+    });
+    // Only a number is read as a limit; anything else is reported as missing, as below.
+    let limit = limit.and_then(|v| match v {
+        bson::RawBsonRef::Int32(i) => Some(Bson::Int32(i)),
+        bson::RawBsonRef::Int64(i) => Some(Bson::Int64(i)),
+        bson::RawBsonRef::Double(d) => Some(Bson::Double(d)),
+        _ => None,
+    });
+    check_statement_fields(command, q_type, has_u, limit.as_ref())
+}
+
+/// The checks of [`check_write_statement`] on what they read: `q`'s type name (`None`: absent),
+/// whether `u` is present and `limit`'s value.
+fn check_statement_fields(
+    command: &str,
+    q_type: Option<&str>,
+    has_u: bool,
+    limit: Option<&Bson>,
+) -> Result<(), CommandError> {
     let field = if command == "update" {
         "updates"
     } else {
@@ -679,28 +727,27 @@ pub fn check_write_statement(command: &str, stmt: &Document) -> Result<(), Comma
             format!("BSON field '{command}.{field}.{name}' is missing but a required field"),
         )
     };
-    match stmt.get("q") {
-        Some(Bson::Document(_)) => {}
+    match q_type {
+        Some("object") => {}
         Some(other) => {
             return Err(CommandError::new(
                 ErrorCode::TypeMismatch,
                 format!(
-                "BSON field '{command}.{field}.q' is the wrong type '{}', expected type 'object'",
-                crate::value::field::type_name(other)
+                "BSON field '{command}.{field}.q' is the wrong type '{other}', expected type 'object'",
             ),
             ))
         }
         None => return Err(missing("q")),
     }
     if command == "update" {
-        if !stmt.contains_key("u") {
+        if !has_u {
             return Err(missing("u"));
         }
         return Ok(());
     }
-    match stmt.get("limit") {
-        Some(Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_)) => {
-            match number_field(stmt, "limit") {
+    match limit {
+        Some(v @ (Bson::Int32(_) | Bson::Int64(_) | Bson::Double(_))) => {
+            match crate::value::field::number_value(v) {
                 Some(0 | 1) => Ok(()),
                 other => Err(CommandError::new(
                     ErrorCode::FailedToParse,

@@ -214,6 +214,29 @@ impl ShardKeyPattern {
         Ok(ShardKey(out))
     }
 
+    /// The shard key of values read in place, one per pattern field in order (hashed fields
+    /// hashed): what [`Self::extract_from_document`] and [`Self::extract_from_filter`] make of
+    /// the same values. The caller passes scalars only (no document, array or regular
+    /// expression), which need no check for arrays and hash alike read in place or owned.
+    pub fn key_of_raw_scalars<'a>(
+        &self,
+        values: impl IntoIterator<Item = RawBsonRef<'a>>,
+    ) -> ShardKey {
+        ShardKey(
+            self.fields
+                .iter()
+                .zip(values)
+                .map(|(f, v)| {
+                    if f.hashed {
+                        Bson::Int64(hash64_raw(v))
+                    } else {
+                        raw_to_bson(v)
+                    }
+                })
+                .collect(),
+        )
+    }
+
     fn array_error(&self) -> RoutingError {
         RoutingError::new(
             ErrorCode::ShardKeyNotFound,

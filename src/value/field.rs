@@ -101,7 +101,13 @@ pub fn arithmetic(a: &Bson, b: &Bson, mul: bool) -> Bson {
 
 /// Reads a field that must be a number, as an `i64` (doubles are truncated as mongod does).
 pub fn number_field(doc: &Document, key: &str) -> Option<i64> {
-    match doc.get(key)? {
+    number_value(doc.get(key)?)
+}
+
+/// A value that must be a number, as an `i64` (doubles are truncated as mongod does): what
+/// [`number_field`] reads, for a value already in hand.
+pub fn number_value(value: &Bson) -> Option<i64> {
+    match value {
         Bson::Int32(v) => Some(*v as i64),
         Bson::Int64(v) => Some(*v),
         Bson::Double(v) if v.is_finite() => Some(*v as i64),

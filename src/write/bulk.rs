@@ -358,8 +358,7 @@ impl Run<'_> {
                 template.insert(k, v.clone());
             }
         }
-        let stmt = self.statements[i].clone();
-        let raw = match stmt.to_vec() {
+        let raw = match self.statements[i].to_vec() {
             Ok(b) => Bytes::from(b),
             Err(e) => {
                 return (
@@ -371,7 +370,6 @@ impl Run<'_> {
         let stmts = Statements {
             raw: vec![raw],
             client_id: vec![false],
-            parsed: vec![stmt],
         };
         let template = match bson::RawDocumentBuf::try_from(&template) {
             Ok(t) => t,

@@ -94,7 +94,14 @@ impl WriteStats {
 struct Statements {
     raw: Vec<Bytes>,
     client_id: Vec<bool>,
-    parsed: Vec<Document>,
+}
+
+impl Statements {
+    /// Statement `i` as an owned document, for the paths that need one (a lookup).
+    fn parsed(&self, i: usize) -> Option<Document> {
+        let raw = RawDocument::from_bytes(&self.raw.get(i)?[..]).ok()?;
+        Document::try_from(raw).ok()
+    }
 }
 
 fn statements(req: &CommandRequest, kind: WriteKind) -> Result<Statements, CommandError> {
@@ -106,7 +113,6 @@ fn statements(req: &CommandRequest, kind: WriteKind) -> Result<Statements, Comma
         ));
     }
     let mut client_id = Vec::with_capacity(raw.len());
-    let mut parsed = Vec::new();
     for r in raw.iter_mut() {
         let doc = RawDocument::from_bytes(&r[..])
             .map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?;
@@ -131,19 +137,14 @@ fn statements(req: &CommandRequest, kind: WriteKind) -> Result<Statements, Comma
             }
             _ => {
                 client_id.push(false);
-                let d = Document::try_from(doc)
-                    .map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))?;
-                // A malformed statement fails the whole command before anything runs.
-                crate::command::check_write_statement(kind.command(), &d)?;
-                parsed.push(d);
+                // A malformed statement fails the whole command before anything runs. The
+                // statement is read in place (the request was validated on arrival): an owned
+                // copy is made only where targeting or a lookup needs one.
+                crate::command::check_raw_write_statement(kind.command(), doc)?;
             }
         }
     }
-    Ok(Statements {
-        raw,
-        client_id,
-        parsed,
-    })
+    Ok(Statements { raw, client_id })
 }
 
 /// The body every child batch starts from: the client's options (the command without its
@@ -1157,13 +1158,13 @@ impl ChildSender for ClusterSender<'_> {
                 outcome,
             };
             let first = shards.first().cloned().unwrap_or_default();
-            let Some(stmt) = self.stmts.parsed.get(i) else {
+            let Some(stmt) = self.stmts.parsed(i) else {
                 return result(
                     &first,
                     ChildOutcome::Reply(lookup::nothing_reply(self.kind)),
                 );
             };
-            let find = lookup::find_command(self.names().1, stmt);
+            let find = lookup::find_command(self.names().1, &stmt);
             let mut last = lookup::nothing_reply(self.kind);
             for _ in 0..lookup::MAX_ATTEMPTS {
                 let hit = match self.find_one(snap, &shards, &find).await {
@@ -1177,7 +1178,7 @@ impl ChildSender for ClusterSender<'_> {
                 match lookup::decide(
                     snap,
                     self.kind,
-                    stmt,
+                    &stmt,
                     shards.first().map(String::as_str),
                     hit,
                 ) {
@@ -1411,8 +1412,18 @@ fn target_statement(
                 retry_safe: false,
             },
         },
-        WriteKind::Update => target::target_update(snap, &stmts.parsed[i]),
-        WriteKind::Delete => target::target_delete(snap, &stmts.parsed[i]),
+        WriteKind::Update | WriteKind::Delete => match RawDocument::from_bytes(&stmts.raw[i][..]) {
+            Ok(d) if kind == WriteKind::Update => target::target_update_bytes(snap, d),
+            Ok(d) => target::target_delete_bytes(snap, d),
+            Err(e) => Targeted {
+                target: target::Target::Error {
+                    code: ErrorCode::InvalidBSON,
+                    message: e.to_string(),
+                },
+                identity: None,
+                retry_safe: false,
+            },
+        },
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use bson::{Bson, Document, RawDocument};
+use bson::{Bson, Document, RawBsonRef, RawDocument};
 
 use crate::routing::{FilterKeys, RoutingSnapshot, ShardKey};
 use crate::value::error_codes::ErrorCode;
@@ -397,6 +397,366 @@ pub fn target_delete(snap: &RoutingSnapshot, stmt: &Document) -> Targeted {
     }
 }
 
+/// Targets an update statement as [`target_update`] does, read in place: the statement's own
+/// bytes when their shape allows ([`target_update_raw`]), an owned copy otherwise.
+pub fn target_update_bytes(snap: &RoutingSnapshot, stmt: &RawDocument) -> Targeted {
+    target_update_raw(snap, stmt).unwrap_or_else(|| match Document::try_from(stmt) {
+        Ok(d) => target_update(snap, &d),
+        Err(e) => error(ErrorCode::InvalidBSON, e.to_string()),
+    })
+}
+
+/// Targets a delete statement as [`target_delete`] does, read in place when its shape allows.
+pub fn target_delete_bytes(snap: &RoutingSnapshot, stmt: &RawDocument) -> Targeted {
+    target_delete_raw(snap, stmt).unwrap_or_else(|| match Document::try_from(stmt) {
+        Ok(d) => target_delete(snap, &d),
+        Err(e) => error(ErrorCode::InvalidBSON, e.to_string()),
+    })
+}
+
+/// The fields of an update or delete statement that targeting reads, read in place.
+struct RawStatement<'a> {
+    q: &'a RawDocument,
+    u: Option<&'a RawDocument>,
+    multi: bool,
+    upsert: bool,
+    limit: Option<i64>,
+}
+
+/// A value's truthiness as [`crate::value::field::truthy`] decides it; documents and arrays
+/// are true without being copied.
+fn raw_truthy(v: RawBsonRef<'_>) -> Option<bool> {
+    match v {
+        RawBsonRef::Document(_) | RawBsonRef::Array(_) => Some(true),
+        other => Bson::try_from(other)
+            .ok()
+            .map(|b| crate::value::field::truthy(&b)),
+    }
+}
+
+/// Reads a statement's `q`, `u`, `multi`, `upsert` and `limit`. `None` (the owned path
+/// decides) when a field appears twice (an owned copy keeps the last), when it has a
+/// `collation`, or when `q` or `u` is not a document (pipeline updates).
+fn raw_statement(stmt: &RawDocument) -> Option<RawStatement<'_>> {
+    let mut q = None;
+    let mut u = None;
+    let mut multi = None;
+    let mut upsert = None;
+    let mut limit = None;
+    for item in stmt {
+        let (k, v) = item.ok()?;
+        let slot = match k.as_str() {
+            "q" => &mut q,
+            "u" => &mut u,
+            "multi" => &mut multi,
+            "upsert" => &mut upsert,
+            "limit" => &mut limit,
+            "collation" => return None,
+            _ => continue,
+        };
+        if slot.replace(v).is_some() {
+            return None;
+        }
+    }
+    let RawBsonRef::Document(q) = q? else {
+        return None;
+    };
+    let u = match u {
+        Some(RawBsonRef::Document(u)) => Some(u),
+        Some(_) => return None,
+        None => None,
+    };
+    let limit = match limit {
+        Some(RawBsonRef::Int32(i)) => Some(i64::from(i)),
+        Some(RawBsonRef::Int64(i)) => Some(i),
+        Some(RawBsonRef::Double(d)) => crate::value::field::number_value(&Bson::Double(d)),
+        _ => None,
+    };
+    Some(RawStatement {
+        q,
+        u,
+        multi: multi.map_or(Some(false), raw_truthy)?,
+        upsert: upsert.map_or(Some(false), raw_truthy)?,
+        limit,
+    })
+}
+
+/// A value that hashes and compares alike read in place or owned: not a document, array,
+/// regular expression, code with scope or old-style binary.
+fn raw_scalar(v: RawBsonRef<'_>) -> Option<RawBsonRef<'_>> {
+    match v {
+        RawBsonRef::Document(_)
+        | RawBsonRef::Array(_)
+        | RawBsonRef::RegularExpression(_)
+        | RawBsonRef::JavaScriptCodeWithScope(_) => None,
+        RawBsonRef::Binary(b) if b.subtype == bson::spec::BinarySubtype::BinaryOld => None,
+        other => Some(other),
+    }
+}
+
+/// The scalar a filter value pins by equality (`v` or `{$eq: v}`); `None` for anything else.
+fn raw_equality(v: RawBsonRef<'_>) -> Option<RawBsonRef<'_>> {
+    match v {
+        RawBsonRef::Document(d) => {
+            let mut items = d.iter();
+            let (op, eq) = items.next()?.ok()?;
+            if op.as_str() != "$eq" || items.next().is_some() {
+                return None;
+            }
+            raw_scalar(eq)
+        }
+        other => raw_scalar(other),
+    }
+}
+
+/// Key patterns of up to this many fields are targeted in place.
+const MAX_RAW_KEY_FIELDS: usize = 4;
+
+/// What a filter pins, read in place: the scalar each key field equals and the `_id`'s.
+struct RawFilter<'a> {
+    key: [Option<RawBsonRef<'a>>; MAX_RAW_KEY_FIELDS],
+    id: Option<RawBsonRef<'a>>,
+}
+
+/// Reads a filter whose top level holds no operator (`$and`, `$expr`, …) and whose key fields
+/// and `_id`, where present, are each named once with a scalar by plain equality, and which
+/// names no other path over or under a key field; `None` for any other filter (the owned path
+/// decides).
+fn raw_filter<'a>(snap: &RoutingSnapshot, q: &'a RawDocument) -> Option<RawFilter<'a>> {
+    let fields = snap.pattern.fields();
+    if fields.len() > MAX_RAW_KEY_FIELDS {
+        return None;
+    }
+    let mut out = RawFilter {
+        key: [None; MAX_RAW_KEY_FIELDS],
+        id: None,
+    };
+    for item in q {
+        let (k, v) = item.ok()?;
+        let k = k.as_str();
+        if k.starts_with('$') {
+            return None;
+        }
+        if k == "_id" {
+            if out.id.replace(raw_equality(v)?).is_some() {
+                return None;
+            }
+        }
+        for (slot, f) in out.key.iter_mut().zip(fields) {
+            if k == f.path {
+                if slot.replace(raw_equality(v)?).is_some() {
+                    return None;
+                }
+            } else if paths_overlap(k, &f.path) {
+                return None;
+            }
+        }
+    }
+    Some(out)
+}
+
+impl RawFilter<'_> {
+    /// The shard owning the key the filter pins (`None`: it pins no full key). `Err` when no
+    /// chunk owns it (the owned path decides).
+    fn shard<'s>(&self, snap: &'s RoutingSnapshot) -> Result<Option<&'s str>, ()> {
+        let n = snap.pattern.fields().len();
+        if self.key[..n].iter().any(Option::is_none) {
+            return Ok(None);
+        }
+        let key = snap
+            .pattern
+            .key_of_raw_scalars(self.key[..n].iter().flatten().copied());
+        snap.shard_for(&key).map(Some).ok_or(())
+    }
+
+    /// The `_id` the filter pins, as [`id_identity`] reads it.
+    fn identity(&self) -> Option<Bson> {
+        match self.id? {
+            RawBsonRef::Null | RawBsonRef::Undefined => None,
+            v => Some(crate::routing::shard_key::raw_to_bson(v)),
+        }
+    }
+}
+
+/// [`single_target`] for at most one targeted shard.
+fn single_target_raw(
+    snap: &RoutingSnapshot,
+    shard: Option<&str>,
+    identity: &Option<Bson>,
+    direct: bool,
+) -> Target {
+    match shard {
+        Some(s) if direct => Target::One(s.to_string()),
+        None if identity.is_some() && direct => Target::Many(broadcast(snap)),
+        Some(s) => Target::Lookup(vec![s.to_string()]),
+        None => Target::Lookup(broadcast(snap)),
+    }
+}
+
+/// [`target_update`] on the statement's bytes, without an owned copy and hashing the key once;
+/// `None` for a shape it leaves to the owned path: a collation, a pipeline update, a filter
+/// [`raw_filter`] does not read, an update that writes a key field other than `_id`, a
+/// replacement under a key other than `{_id}` alone, a key path with a numeric part.
+pub fn target_update_raw(snap: &RoutingSnapshot, stmt: &RawDocument) -> Option<Targeted> {
+    let st = raw_statement(stmt)?;
+    let u = st.u?;
+    let filter = raw_filter(snap, st.q)?;
+    let fields = snap.pattern.fields();
+    let mut ops = u.iter();
+    let operator = match ops.next() {
+        Some(first) => first.ok()?.0.as_str().starts_with('$'),
+        None => false,
+    };
+    let retry_safe = if operator {
+        let mut safe = true;
+        for item in u {
+            let (op, _) = item.ok()?;
+            safe &= IDEMPOTENT_OPERATORS.contains(&op.as_str());
+        }
+        safe
+    } else {
+        true
+    };
+    // Whether the update may change the key (`update_may_change_key`): any operator path on or
+    // over a key field other than `_id` is left to the owned path, so here it cannot.
+    if fields.iter().any(|f| f.path != "_id") {
+        if !operator {
+            return None;
+        }
+        for item in u {
+            let (op, args) = item.ok()?;
+            let RawBsonRef::Document(args) = args else {
+                continue;
+            };
+            if op.as_str() == "$setOnInsert" && !st.upsert {
+                continue;
+            }
+            for arg in args {
+                let (path, arg) = arg.ok()?;
+                let onto = match arg {
+                    RawBsonRef::String(to) if op.as_str() == "$rename" => Some(to),
+                    _ => None,
+                };
+                let touches = |f: &crate::routing::shard_key::KeyField| {
+                    f.path != "_id"
+                        && (paths_overlap(path.as_str(), &f.path)
+                            || onto.is_some_and(|to| paths_overlap(to, &f.path)))
+                };
+                if fields.iter().any(touches) {
+                    return None;
+                }
+            }
+        }
+    }
+    let shard = filter.shard(snap).ok()?;
+    if st.multi {
+        // A multi-document upsert needs one full key by equality: a pinned key is one.
+        if st.upsert && shard.is_none() {
+            return Some(error(
+                ErrorCode::ShardKeyNotFound,
+                "Failed to target upsert by query :: could not extract exact shard key",
+            ));
+        }
+        return Some(Targeted {
+            target: Target::Many(match shard {
+                Some(s) => vec![s.to_string()],
+                None => broadcast(snap),
+            }),
+            identity: None,
+            retry_safe,
+        });
+    }
+    let direct = match shard {
+        _ if !st.upsert => true,
+        None => false,
+        Some(s) => upsert_owner_raw(snap, &filter, u, operator, s)? == Some(s),
+    };
+    let identity = filter.identity();
+    let target = single_target_raw(snap, shard, &identity, direct);
+    let identity = match target {
+        Target::One(_) => identity,
+        _ => None,
+    };
+    Some(Targeted {
+        target,
+        identity,
+        retry_safe,
+    })
+}
+
+/// [`upsert_owner`] for a filter that pins the full key (owned by `pinned`) by scalars:
+/// `Some(owner)`, or `None` when the owned path must decide.
+fn upsert_owner_raw<'s>(
+    snap: &'s RoutingSnapshot,
+    filter: &RawFilter<'_>,
+    u: &RawDocument,
+    operator: bool,
+    pinned: &'s str,
+) -> Option<Option<&'s str>> {
+    let fields = snap.pattern.fields();
+    // The new document is seeded with the key fields' paths: paths over one another or with a
+    // numeric part (which may build arrays) are left to the owned path.
+    let plain = fields.iter().enumerate().all(|(i, f)| {
+        !f.path
+            .split('.')
+            .any(|p| p.bytes().all(|b| b.is_ascii_digit()))
+            && fields[..i].iter().all(|g| !paths_overlap(&g.path, &f.path))
+    });
+    if !plain {
+        return None;
+    }
+    if operator {
+        // Seeded with exactly the values the filter pins: the key the filter pins.
+        return Some(Some(pinned));
+    }
+    // A replacement (only under `{_id}` alone here): its own `_id`, else the filter's.
+    let mut own = None;
+    for item in u {
+        let (k, v) = item.ok()?;
+        if k.as_str() == "_id" && own.replace(v).is_some() {
+            return None;
+        }
+    }
+    match own {
+        None => Some(Some(pinned)),
+        Some(v) if Some(v) == filter.id => Some(Some(pinned)),
+        Some(v) => {
+            let key = snap.pattern.key_of_raw_scalars([raw_scalar(v)?]);
+            Some(snap.shard_for(&key))
+        }
+    }
+}
+
+/// [`target_delete`] on the statement's bytes; `None` for a shape it leaves to the owned path
+/// (a collation, a filter [`raw_filter`] does not read).
+pub fn target_delete_raw(snap: &RoutingSnapshot, stmt: &RawDocument) -> Option<Targeted> {
+    let st = raw_statement(stmt)?;
+    let filter = raw_filter(snap, st.q)?;
+    let shard = filter.shard(snap).ok()?;
+    if st.limit.unwrap_or(0) == 0 {
+        return Some(Targeted {
+            target: Target::Many(match shard {
+                Some(s) => vec![s.to_string()],
+                None => broadcast(snap),
+            }),
+            identity: None,
+            retry_safe: false,
+        });
+    }
+    let identity = filter.identity();
+    let target = single_target_raw(snap, shard, &identity, true);
+    let identity = match target {
+        Target::One(_) => identity,
+        _ => None,
+    };
+    let retry_safe = identity.is_some();
+    Some(Targeted {
+        target,
+        identity,
+        retry_safe,
+    })
+}
+
 /// Targets a statement on an unsharded collection: it goes to `shard` (the database's primary),
 /// with the identity and retry-safety the same statement has on a sharded collection, so an
 /// ordered `bulkWrite` mixing both can be proven as a whole. `insert_id` is, for an insert, the
@@ -632,5 +992,267 @@ mod tests {
             &doc! {"q": {"_id": {"$in": (0..10).collect::<Vec<i32>>()}}, "limit": 1},
         );
         assert!(is_lookup(&in_ids));
+    }
+
+    /// Encodes a statement field by field, so that a field may appear twice (an owned copy
+    /// keeps the last occurrence; the raw path must leave such statements to it).
+    fn raw_fields(fields: &[(&str, Bson)]) -> bson::RawDocumentBuf {
+        let mut out = bson::RawDocumentBuf::new();
+        for (k, v) in fields {
+            let name = bson::raw::CString::try_from(*k).unwrap();
+            out.append(name, bson::RawBson::try_from(v.clone()).unwrap());
+        }
+        out
+    }
+
+    /// Targets `stmt` both ways and checks they agree; returns whether the raw path decided
+    /// (rather than leaving it to the owned copy).
+    fn agree(s: &RoutingSnapshot, kind: WriteKind, stmt: &RawDocument) -> bool {
+        let owned = Document::try_from(stmt).unwrap();
+        let (want, got, raw) = match kind {
+            WriteKind::Update => (
+                target_update(s, &owned),
+                target_update_bytes(s, stmt),
+                target_update_raw(s, stmt),
+            ),
+            _ => (
+                target_delete(s, &owned),
+                target_delete_bytes(s, stmt),
+                target_delete_raw(s, stmt),
+            ),
+        };
+        assert_eq!(got, want, "{kind:?} {owned} on {:?}", s.pattern);
+        if let Some(raw) = &raw {
+            assert_eq!(raw, &want, "raw path: {kind:?} {owned} on {:?}", s.pattern);
+        }
+        raw.is_some()
+    }
+
+    fn upd(d: Document) -> bson::RawDocumentBuf {
+        bson::RawDocumentBuf::try_from(&d).unwrap()
+    }
+
+    #[test]
+    fn raw_targeting_equals_owned_targeting() {
+        let patterns = [
+            doc! {"_id": "hashed"},
+            doc! {"_id": 1},
+            doc! {"sk": "hashed"},
+            doc! {"a.b": "hashed"},
+            doc! {"region": 1, "_id": "hashed"},
+            doc! {"a": 1},
+        ];
+        let filters = [
+            doc! {},
+            doc! {"_id": 7},
+            doc! {"_id": 7_i64},
+            doc! {"_id": "x-7"},
+            doc! {"_id": {"$eq": 7}},
+            doc! {"_id": {"$eq": 7, "$ne": 8}},
+            doc! {"_id": {"$eq": [7]}},
+            doc! {"_id": {"$eq": {"$in": [1, 2]}}},
+            doc! {"_id": [1, 2]},
+            doc! {"_id": {"$in": [1, 2]}},
+            doc! {"_id": {"$in": []}},
+            doc! {"_id": {"$gt": 1}},
+            doc! {"_id": null},
+            doc! {"_id": {"p": 1, "s": 2}},
+            doc! {"_id": {"p": [1]}},
+            doc! {"_id": bson::Regex { pattern: "^a".try_into().unwrap(), options: "".try_into().unwrap() }},
+            doc! {"sk": 1},
+            doc! {"sk": 1, "_id": 9},
+            doc! {"sk": {"$eq": "a"}, "x": 2},
+            doc! {"sk": [1]},
+            doc! {"sk": {"$in": [1, 2, 3, 4, 5, 6, 7, 8]}},
+            doc! {"a.b": 1},
+            doc! {"a.b": {"$eq": 2.5}},
+            doc! {"a": {"b": 1}},
+            doc! {"a.b": 1, "a": {"b": 2}},
+            doc! {"a.b.c": 1},
+            doc! {"a": 3},
+            doc! {"a": 3, "region": "eu", "_id": 1},
+            doc! {"region": "eu", "_id": {"$eq": 2}},
+            doc! {"region": "eu"},
+            doc! {"_id.x": 1, "_id": 1},
+            doc! {"x": 1},
+            doc! {"$and": [{"_id": 1}, {"x": 1}]},
+            doc! {"_id": 1, "$expr": {"$eq": ["$x", 1]}},
+            doc! {"_id": bson::Bson::Undefined, "sk": bson::Bson::MinKey},
+        ];
+        let updates = [
+            doc! {"$set": {"v": 1}},
+            doc! {"$inc": {"v": 1}},
+            doc! {"$set": {"v": 1}, "$setOnInsert": {"w": 2}},
+            doc! {"$set": {"sk": 2}},
+            doc! {"$set": {"sk": 1}},
+            doc! {"$set": {"a.b": 2}},
+            doc! {"$set": {"a": {"b": 2}}},
+            doc! {"$set": {"a.bc": 2}},
+            doc! {"$unset": {"a.b.c": 1}},
+            doc! {"$rename": {"x": "sk"}},
+            doc! {"$rename": {"x": "y"}},
+            doc! {"$setOnInsert": {"sk": 3, "region": "us"}},
+            doc! {"$set": {"_id": 7}},
+            doc! {"$set": 5},
+            doc! {"v": 1},
+            doc! {"_id": 7, "v": 1},
+            doc! {"_id": 7_i64},
+            doc! {"_id": 8},
+            doc! {"_id": [7]},
+            doc! {"_id": {"p": 1, "s": 2}},
+            doc! {"sk": 1, "v": 2},
+            doc! {"sk": 2},
+            doc! {"a": {"b": 1}, "region": "eu", "_id": 1},
+            doc! {},
+        ];
+        let flags = [
+            doc! {},
+            doc! {"upsert": true},
+            doc! {"multi": true},
+            doc! {"multi": true, "upsert": true},
+            doc! {"upsert": 1, "multi": 0.0},
+            doc! {"upsert": null, "multi": "yes"},
+        ];
+        let mut raw = 0;
+        let mut total = 0;
+        for key in &patterns {
+            let s = snap(key.clone());
+            for q in &filters {
+                for u in &updates {
+                    for f in &flags {
+                        let mut stmt = doc! {"q": q.clone(), "u": u.clone()};
+                        stmt.extend(f.clone());
+                        total += 1;
+                        raw += usize::from(agree(&s, WriteKind::Update, &upd(stmt)));
+                    }
+                }
+                for limit in [
+                    Bson::Int32(1),
+                    Bson::Int64(0),
+                    Bson::Double(1.0),
+                    Bson::Null,
+                ] {
+                    let stmt = doc! {"q": q.clone(), "limit": limit};
+                    total += 1;
+                    raw += usize::from(agree(&s, WriteKind::Delete, &upd(stmt)));
+                }
+            }
+        }
+        // Many of these shapes are there to fall back (about 40 % are decided in place); all
+        // agree, and a raw path that gave up on everything would fail here.
+        assert!(raw * 3 > total, "{raw} of {total} decided in place");
+    }
+
+    #[test]
+    fn common_shapes_are_targeted_in_place_and_the_rest_fall_back() {
+        let s = snap(doc! {"_id": "hashed"});
+        let in_place = [
+            doc! {"q": {"_id": 7}, "u": {"$set": {"v": 1}}, "upsert": true},
+            doc! {"q": {"_id": {"$eq": "x"}}, "u": {"v": 1}, "upsert": true},
+            doc! {"q": {"_id": 7}, "u": {"_id": 8}, "upsert": true},
+            doc! {"q": {"x": 1}, "u": {"$set": {"v": 1}}, "multi": true},
+            doc! {"q": {"_id": 7, "x": 1}, "u": {"$inc": {"v": 1}}},
+        ];
+        for stmt in in_place {
+            assert!(agree(&s, WriteKind::Update, &upd(stmt.clone())), "{stmt}");
+        }
+        let key_in_filter = target_update_raw(
+            &s,
+            &upd(doc! {"q": {"_id": 7}, "u": {"$set": {"v": 1}}, "upsert": true}),
+        )
+        .unwrap();
+        assert!(matches!(key_in_filter.target, Target::One(_)));
+        assert_eq!(key_in_filter.identity, Some(Bson::Int32(7)));
+        assert!(key_in_filter.retry_safe);
+        let elsewhere = target_update_raw(
+            &s,
+            &upd(doc! {"q": {"_id": 7}, "u": {"_id": 8}, "upsert": true}),
+        )
+        .unwrap();
+        let (seven, eight) = (
+            target_insert(&s, &rawdoc! {"_id": 7}, true).target,
+            target_insert(&s, &rawdoc! {"_id": 8}, true).target,
+        );
+        assert_eq!(
+            matches!(elsewhere.target, Target::One(_)),
+            seven == eight,
+            "a replacement's own _id decides where it is inserted"
+        );
+        let fall_back = [
+            doc! {"q": {"_id": 7}, "u": {"$set": {"v": 1}}, "collation": {"locale": "simple"}},
+            doc! {"q": {"_id": 7}, "u": [{"$set": {"v": 1}}]},
+            doc! {"q": {"$expr": {"$eq": ["$_id", 7]}}, "u": {"$set": {"v": 1}}},
+            doc! {"q": {"_id": {"$in": [7, 8]}}, "u": {"$set": {"v": 1}}},
+            doc! {"q": {"_id": {"p": 1}}, "u": {"$set": {"v": 1}}},
+        ];
+        for stmt in fall_back {
+            assert!(!agree(&s, WriteKind::Update, &upd(stmt.clone())), "{stmt}");
+        }
+        let s = snap(doc! {"sk": "hashed"});
+        for stmt in [
+            doc! {"q": {"sk": 1}, "u": {"sk": 1, "v": 2}, "upsert": true},
+            doc! {"q": {"sk": 1}, "u": {"$set": {"sk": 1}}},
+        ] {
+            assert!(!agree(&s, WriteKind::Update, &upd(stmt.clone())), "{stmt}");
+        }
+    }
+
+    #[test]
+    fn repeated_fields_are_left_to_the_owned_copy() {
+        for key in [doc! {"_id": "hashed"}, doc! {"sk": "hashed"}] {
+            let s = snap(key);
+            let q = |v: i32| Bson::Document(doc! {"_id": v, "sk": v});
+            let set = Bson::Document(doc! {"$set": {"v": 1}});
+            for fields in [
+                vec![("q", q(1)), ("u", set.clone()), ("q", q(2))],
+                vec![
+                    ("q", q(1)),
+                    ("u", set.clone()),
+                    ("upsert", Bson::Boolean(true)),
+                    ("upsert", Bson::Boolean(false)),
+                ],
+                vec![
+                    ("q", q(1)),
+                    ("u", set.clone()),
+                    ("multi", Bson::Boolean(false)),
+                    ("multi", Bson::Boolean(true)),
+                ],
+                vec![
+                    ("q", q(1)),
+                    ("u", Bson::Document(doc! {"sk": 3})),
+                    ("u", set.clone()),
+                    ("upsert", Bson::Boolean(true)),
+                ],
+            ] {
+                let stmt = raw_fields(&fields);
+                assert!(!agree(&s, WriteKind::Update, &stmt), "{fields:?}");
+            }
+            for fields in [vec![
+                ("q", q(1)),
+                ("limit", Bson::Int32(0)),
+                ("limit", Bson::Int32(1)),
+            ]] {
+                let stmt = raw_fields(&fields);
+                assert!(!agree(&s, WriteKind::Delete, &stmt), "{fields:?}");
+            }
+            // The same key named twice in the filter, or the `_id` twice in a replacement.
+            let filter = raw_fields(&[
+                ("_id", Bson::Int32(1)),
+                ("sk", Bson::Int32(1)),
+                ("_id", Bson::Int32(2)),
+                ("sk", Bson::Int32(2)),
+            ]);
+            let replacement = raw_fields(&[("_id", Bson::Int32(1)), ("_id", Bson::Int32(3))]);
+            let mut stmt = bson::RawDocumentBuf::new();
+            stmt.append(bson::raw::cstr!("q"), filter.clone());
+            stmt.append(bson::raw::cstr!("u"), upd(doc! {"$set": {"v": 1}}));
+            stmt.append(bson::raw::cstr!("upsert"), true);
+            assert!(!agree(&s, WriteKind::Update, &stmt));
+            let mut stmt = bson::RawDocumentBuf::new();
+            stmt.append(bson::raw::cstr!("q"), upd(doc! {"_id": 1, "sk": 1}));
+            stmt.append(bson::raw::cstr!("u"), replacement);
+            stmt.append(bson::raw::cstr!("upsert"), true);
+            agree(&s, WriteKind::Update, &stmt);
+        }
     }
 }
