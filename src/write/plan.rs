@@ -216,10 +216,13 @@ fn unordered_rounds(targeted: &[(usize, &Targeted)]) -> Vec<Round> {
         .collect();
     let mut segment: Vec<(usize, &Targeted)> = Vec::new();
     let flush = |segment: &mut Vec<(usize, &Targeted)>, rounds: &mut Vec<Round>| {
-        let work = group_by_shard(segment.drain(..).filter_map(|(i, t)| match &t.target {
-            Target::One(s) => Some(vec![(s.clone(), i)]),
-            Target::Many(shards) => Some(shards.iter().map(|s| (s.clone(), i)).collect()),
-            Target::Lookup(_) | Target::Error { .. } => None,
+        let work = group_by_shard(segment.drain(..).flat_map(|(i, t)| {
+            let shards: &[String] = match &t.target {
+                Target::One(s) => std::slice::from_ref(s),
+                Target::Many(shards) => shards,
+                Target::Lookup(_) | Target::Error { .. } => &[],
+            };
+            shards.iter().map(move |s| (s.as_str(), i))
         }));
         if !work.is_empty() {
             rounds.push(Round::Send(work));
@@ -239,7 +242,7 @@ fn unordered_rounds(targeted: &[(usize, &Targeted)]) -> Vec<Round> {
 
 fn per_shard_round(targeted: &[(usize, &Targeted)]) -> Vec<Round> {
     let work = group_by_shard(targeted.iter().filter_map(|(i, t)| match &t.target {
-        Target::One(s) => Some(vec![(s.clone(), *i)]),
+        Target::One(s) => Some((s.as_str(), *i)),
         _ => None,
     }));
     if work.is_empty() {
@@ -249,17 +252,17 @@ fn per_shard_round(targeted: &[(usize, &Targeted)]) -> Vec<Round> {
     }
 }
 
-fn group_by_shard(pairs: impl Iterator<Item = Vec<(String, usize)>>) -> Vec<ShardWork> {
+/// Each shard's statements, in the order given; a shard's name is copied once, not per
+/// statement.
+fn group_by_shard<'a>(pairs: impl Iterator<Item = (&'a str, usize)>) -> Vec<ShardWork> {
     let mut work: Vec<ShardWork> = Vec::new();
-    for group in pairs {
-        for (shard, i) in group {
-            match work.iter_mut().find(|w| w.shard == shard) {
-                Some(w) => w.statements.push(i),
-                None => work.push(ShardWork {
-                    shard,
-                    statements: vec![i],
-                }),
-            }
+    for (shard, i) in pairs {
+        match work.iter_mut().find(|w| w.shard == shard) {
+            Some(w) => w.statements.push(i),
+            None => work.push(ShardWork {
+                shard: shard.to_string(),
+                statements: vec![i],
+            }),
         }
     }
     work.sort_by(|a, b| a.shard.cmp(&b.shard));
