@@ -602,51 +602,48 @@ pub fn target_update_raw(snap: &RoutingSnapshot, stmt: &RawDocument) -> Option<T
     let u = st.u?;
     let filter = raw_filter(snap, st.q)?;
     let fields = snap.pattern.fields();
-    let mut ops = u.iter();
-    let operator = match ops.next() {
-        Some(first) => first.ok()?.0.as_str().starts_with('$'),
-        None => false,
-    };
-    let retry_safe = if operator {
-        let mut safe = true;
-        for item in u {
-            let (op, _) = item.ok()?;
-            safe &= IDEMPOTENT_OPERATORS.contains(&op.as_str());
+    let key_beyond_id = fields.iter().any(|f| f.path != "_id");
+    // One pass over the update: whether it is an operator update (its first field says), whether
+    // its operators are all idempotent, and whether it may change the key
+    // (`update_may_change_key`): any operator path on or over a key field other than `_id` is
+    // left to the owned path, so past this loop it cannot.
+    let mut operator = false;
+    let mut retry_safe = true;
+    for (n, item) in u.iter().enumerate() {
+        let (op, args) = item.ok()?;
+        let op = op.as_str();
+        if n == 0 {
+            operator = op.starts_with('$');
         }
-        safe
-    } else {
-        true
-    };
-    // Whether the update may change the key (`update_may_change_key`): any operator path on or
-    // over a key field other than `_id` is left to the owned path, so here it cannot.
-    if fields.iter().any(|f| f.path != "_id") {
         if !operator {
-            return None;
+            break;
         }
-        for item in u {
-            let (op, args) = item.ok()?;
-            let RawBsonRef::Document(args) = args else {
-                continue;
+        retry_safe &= IDEMPOTENT_OPERATORS.contains(&op);
+        if !key_beyond_id || (op == "$setOnInsert" && !st.upsert) {
+            continue;
+        }
+        let RawBsonRef::Document(args) = args else {
+            continue;
+        };
+        for arg in args {
+            let (path, arg) = arg.ok()?;
+            let onto = match arg {
+                RawBsonRef::String(to) if op == "$rename" => Some(to),
+                _ => None,
             };
-            if op.as_str() == "$setOnInsert" && !st.upsert {
-                continue;
-            }
-            for arg in args {
-                let (path, arg) = arg.ok()?;
-                let onto = match arg {
-                    RawBsonRef::String(to) if op.as_str() == "$rename" => Some(to),
-                    _ => None,
-                };
-                let touches = |f: &crate::routing::shard_key::KeyField| {
-                    f.path != "_id"
-                        && (paths_overlap(path.as_str(), &f.path)
-                            || onto.is_some_and(|to| paths_overlap(to, &f.path)))
-                };
-                if fields.iter().any(touches) {
-                    return None;
-                }
+            let touches = |f: &crate::routing::shard_key::KeyField| {
+                f.path != "_id"
+                    && (paths_overlap(path.as_str(), &f.path)
+                        || onto.is_some_and(|to| paths_overlap(to, &f.path)))
+            };
+            if fields.iter().any(touches) {
+                return None;
             }
         }
+    }
+    // A replacement (`{}` too) is retry-safe; it keeps the key only under `{_id}` alone.
+    if !operator && key_beyond_id {
+        return None;
     }
     let shard = filter.shard(snap).ok()?;
     if st.multi {
