@@ -85,7 +85,7 @@ enum Command {
     },
     /// Run a benchmark and write its JSON, Markdown and SVG results.
     Bench {
-        /// The scenario: rounds, bulkwrite, seed-table, overhead, overload, undo or failover (`cargo bench --bench micro`
+        /// The scenario: rounds, bulkwrite, seed-table, overhead, security, overload, undo or failover (`cargo bench --bench micro`
         /// runs the micro-benchmarks).
         scenario: String,
         /// A short run (what CI does).

@@ -249,3 +249,32 @@ fn failover_measures_every_step_down_and_retryable_writes_see_no_error() {
         }
     }
 }
+
+#[test]
+fn security_counts_what_scram_and_tls_add_per_write_and_per_new_client() {
+    let (_, v) = run("security");
+    let counts = v["counts"].as_array().expect("counts");
+    let modes = [
+        "plain",
+        "SCRAM-SHA-256, authorization on",
+        "TLS",
+        "TLS + SCRAM-SHA-256",
+    ];
+    for mode in modes {
+        for workload in ["insert_one", "new client + ping"] {
+            let c = counts
+                .iter()
+                .find(|c| c["mode"] == mode && c["workload"] == workload)
+                .unwrap_or_else(|| panic!("no {workload} count under {mode}"));
+            assert!(c["per_operation"].as_f64().expect("per op") > 0.0, "{c}");
+            assert!(c["added_over_plain"].is_number(), "{c}");
+            if workload == "new client + ping" {
+                // Every new client opens at least its monitor and one pooled connection.
+                let conns = c["connections_per_operation"]
+                    .as_f64()
+                    .expect("connections");
+                assert!(conns >= 1.0, "{c}");
+            }
+        }
+    }
+}

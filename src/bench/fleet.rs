@@ -144,6 +144,18 @@ pub struct RouterSpec {
     pub wrapper: Vec<String>,
     /// More configuration appended to the router's TOML (e.g. a `[batching]` table).
     pub extra: String,
+    /// What the fleet's clients of the router put in their connection string: the user
+    /// information before the host (`user:password@`) and options after it (`&tls=true…`).
+    pub client_auth: ClientAuth,
+}
+
+/// How the fleet's clients reach a router that requires authentication or TLS.
+#[derive(Debug, Clone, Default)]
+pub struct ClientAuth {
+    /// `user:password@`, or empty.
+    pub userinfo: String,
+    /// More connection-string options, each starting with `&`, or empty.
+    pub options: String,
 }
 
 impl RouterSpec {
@@ -154,6 +166,7 @@ impl RouterSpec {
             collections,
             wrapper: Vec::new(),
             extra: String::new(),
+            client_auth: ClientAuth::default(),
         }
     }
 }
@@ -256,9 +269,20 @@ pub struct Fleet {
 
 /// A stock-driver client; `direct` for a single shard.
 async fn client(addr: SocketAddr, direct: bool) -> anyhow::Result<mongodb::Client> {
+    router_client(addr, direct, &ClientAuth::default()).await
+}
+
+/// A stock-driver client with `auth` in its connection string.
+pub async fn router_client(
+    addr: SocketAddr,
+    direct: bool,
+    auth: &ClientAuth,
+) -> anyhow::Result<mongodb::Client> {
     let uri = format!(
-        "mongodb://{addr}/?serverSelectionTimeoutMS=20000{}",
-        if direct { "&directConnection=true" } else { "" }
+        "mongodb://{}{addr}/?serverSelectionTimeoutMS=20000{}{}",
+        auth.userinfo,
+        if direct { "&directConnection=true" } else { "" },
+        auth.options
     );
     Ok(mongodb::Client::with_uri_str(uri).await?)
 }
@@ -289,8 +313,8 @@ impl Fleet {
         for s in &shards {
             shard_clients.push(client(s.addr, true).await?);
         }
-        let writer = client(router.addr, false).await?;
-        let client = client(router.addr, false).await?;
+        let writer = router_client(router.addr, false, &spec.client_auth).await?;
+        let client = router_client(router.addr, false, &spec.client_auth).await?;
         let fleet = Fleet {
             shard_ids,
             shards,
@@ -610,6 +634,7 @@ mod tests {
             }],
             wrapper: vec![],
             extra: String::new(),
+            client_auth: ClientAuth::default(),
         };
         let text = router_config(
             &[("shard0".into(), "127.0.0.1:1".parse().expect("addr"))],

@@ -1,7 +1,7 @@
 //! `sluice bench <scenario>`: benchmarks that write a JSON result, a Markdown table and, where
 //! a picture helps, an SVG chart into an output directory (see `docs/benchmarks.md`).
 //!
-//! The load scenarios (`rounds`, `bulkwrite`, `seed-table`, `overhead`, `undo`) start what they need from this very
+//! The load scenarios (`rounds`, `bulkwrite`, `seed-table`, `overhead`, `security`, `undo`) start what they need from this very
 //! binary: embedded shards as separate `sluice shard` processes and a router process, on
 //! loopback, stopped afterwards; the load goes through the stock Rust driver. `overload` runs
 //! the deterministic simulation of [`crate::backend::sim`]. `failover` runs a replica-set
@@ -18,6 +18,7 @@ pub mod overhead;
 pub mod overload;
 pub mod report;
 pub mod rounds;
+pub mod security;
 pub mod seed;
 pub mod undo;
 
@@ -29,6 +30,7 @@ pub const SCENARIOS: &[&str] = &[
     "bulkwrite",
     "seed-table",
     "overhead",
+    "security",
     "overload",
     "undo",
     "failover",
@@ -41,6 +43,7 @@ pub async fn run(scenario: &str, quick: bool, out: &Path) -> anyhow::Result<Stri
         "bulkwrite" => bulk_rounds::run(quick).await?,
         "seed-table" => seed::run(quick).await?,
         "overhead" => overhead::run(quick).await?,
+        "security" => security::run(quick).await?,
         "overload" => overload::report(quick),
         "undo" => undo::run(quick).await?,
         "failover" => failover::run(quick).await?,
