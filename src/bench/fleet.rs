@@ -536,11 +536,13 @@ impl Fleet {
             c.shutdown().await;
         }
         self.router.stop().await?;
-        for s in self.shards {
-            s.stop().await?;
-        }
+        // The config server before the shards: its connections to them close cleanly, where
+        // the shards' going first would reset them under its feet (a warning each).
         if let Some(c) = self.config_server {
             c.stop().await?;
+        }
+        for s in self.shards {
+            s.stop().await?;
         }
         Ok(())
     }
