@@ -36,12 +36,31 @@ pub const SCENARIOS: &[&str] = &[
     "failover",
 ];
 
-/// Runs one scenario and writes its results into `out`; returns its Markdown table.
-pub async fn run(scenario: &str, quick: bool, out: &Path) -> anyhow::Result<String> {
+/// The scenarios that run on either [`fleet::Layout`] (the others on the static one only).
+pub const LAYOUT_SCENARIOS: &[&str] = &["rounds", "seed-table"];
+
+/// Runs one scenario on fleets of `layout` and writes its results into `out` (the cluster
+/// layout's under `<scenario>-cluster.*`); returns its Markdown table.
+pub async fn run(
+    scenario: &str,
+    quick: bool,
+    layout: fleet::Layout,
+    out: &Path,
+) -> anyhow::Result<String> {
+    if layout != fleet::Layout::Static
+        && SCENARIOS.contains(&scenario)
+        && !LAYOUT_SCENARIOS.contains(&scenario)
+    {
+        anyhow::bail!(
+            "--layout {} is for {} only; {scenario} runs on the static layout",
+            layout.name(),
+            LAYOUT_SCENARIOS.join(" and ")
+        );
+    }
     let report = match scenario {
-        "rounds" => rounds::run(quick).await?,
+        "rounds" => rounds::run(quick, layout).await?,
         "bulkwrite" => bulk_rounds::run(quick).await?,
-        "seed-table" => seed::run(quick).await?,
+        "seed-table" => seed::run(quick, layout).await?,
         "overhead" => overhead::run(quick).await?,
         "security" => security::run(quick).await?,
         "overload" => overload::report(quick),
