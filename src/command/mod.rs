@@ -765,6 +765,7 @@ fn check_statement_fields(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bson::doc;
 
     #[test]
     fn cluster_clock_is_monotonic() {
@@ -776,6 +777,50 @@ mod tests {
             prev = t;
         }
         assert_eq!(c.now(), prev);
+    }
+
+    /// The statement check reads a statement's bytes as it reads its owned copy: the same
+    /// verdict and the same error, a field named twice read at its last occurrence.
+    #[test]
+    fn statement_checks_agree_in_place_and_owned() {
+        let verdict = |r: Result<(), CommandError>| r.map_err(|e| (e.code, e.message));
+        let statements = [
+            doc! {"q": {"_id": 1}, "u": {"$set": {"a": 1}}},
+            doc! {"q": {"_id": 1}},
+            doc! {"u": {"$set": {"a": 1}}},
+            doc! {"q": 5, "u": {}},
+            doc! {"q": "x", "limit": 1},
+            doc! {"q": [1], "limit": 1},
+            doc! {"q": {}, "limit": 1},
+            doc! {"q": {}, "limit": 0_i64},
+            doc! {"q": {}, "limit": 1.0},
+            doc! {"q": {}, "limit": 2},
+            doc! {"q": {}, "limit": 0.5},
+            doc! {"q": {}, "limit": f64::NAN},
+            doc! {"q": {}, "limit": "1"},
+            doc! {"q": {}},
+        ];
+        for stmt in statements {
+            let raw = bson::RawDocumentBuf::try_from(&stmt).unwrap();
+            for command in ["update", "delete"] {
+                assert_eq!(
+                    verdict(check_raw_write_statement(command, &raw)),
+                    verdict(check_write_statement(command, &stmt)),
+                    "{command} {stmt}"
+                );
+            }
+        }
+        // `q` named twice: an owned copy keeps the last.
+        let mut raw = bson::RawDocumentBuf::new();
+        raw.append(bson::raw::cstr!("q"), bson::RawDocumentBuf::new());
+        raw.append(bson::raw::cstr!("limit"), 1);
+        raw.append(bson::raw::cstr!("q"), 3);
+        let owned = Document::try_from(raw.as_ref()).unwrap();
+        assert_eq!(
+            verdict(check_raw_write_statement("delete", &raw)),
+            verdict(check_write_statement("delete", &owned)),
+        );
+        assert!(check_raw_write_statement("delete", &raw).is_err());
     }
 
     #[test]
