@@ -943,3 +943,416 @@ async fn a_bulk_write_whose_cursor_cannot_be_read_reports_the_lost_results_as_er
         .unwrap();
     c.stop().await;
 }
+
+/// `test.c`'s chunks as the router serves `config.chunks`: (min, max, shard), hashed bounds.
+async fn hashed_chunks(client: &mongodb::Client) -> Vec<(Bson, Bson, String)> {
+    let config = client.database("config");
+    let entry = config
+        .collection::<Document>("collections")
+        .find_one(doc! {"_id": "test.c"})
+        .await
+        .unwrap()
+        .expect("test.c is sharded");
+    let uuid = entry.get("uuid").cloned().expect("a collection uuid");
+    common::all(
+        config
+            .collection::<Document>("chunks")
+            .find(doc! {"uuid": uuid})
+            .await
+            .unwrap(),
+    )
+    .await
+    .into_iter()
+    .map(|d| {
+        (
+            d.get_document("min").unwrap().get("_id").cloned().unwrap(),
+            d.get_document("max").unwrap().get("_id").cloned().unwrap(),
+            d.get_str("shard").unwrap().to_string(),
+        )
+    })
+    .collect()
+}
+
+/// String `_id`s of `test.c` that the chunks place on `shard`: `<prefix>-<k>`, skipping
+/// those of other shards.
+#[derive(Clone)]
+struct IdsOn {
+    chunks: Arc<Vec<(Bson, Bson, String)>>,
+    shard: String,
+    prefix: String,
+    k: u64,
+}
+
+impl IdsOn {
+    fn new(chunks: &Arc<Vec<(Bson, Bson, String)>>, shard: &str, prefix: &str) -> IdsOn {
+        IdsOn {
+            chunks: chunks.clone(),
+            shard: shard.to_string(),
+            prefix: prefix.to_string(),
+            k: 0,
+        }
+    }
+
+    fn owner(chunks: &[(Bson, Bson, String)], id: &str) -> String {
+        use sluice::value::compare::compare;
+        let h = Bson::Int64(sluice::routing::hash64(&Bson::String(id.to_string())));
+        chunks
+            .iter()
+            .find(|(lo, hi, _)| compare(lo, &h).is_le() && compare(&h, hi).is_lt())
+            .map(|c| c.2.clone())
+            .expect("a chunk owns every hash")
+    }
+
+    fn next_id(&mut self) -> String {
+        loop {
+            let id = format!("{}-{}", self.prefix, self.k);
+            self.k += 1;
+            if Self::owner(&self.chunks, &id) == self.shard {
+                return id;
+            }
+        }
+    }
+}
+
+/// Acknowledged operations by task (start, end), the acknowledged `_id`s and `$inc`s, and
+/// the errors the workload saw.
+#[derive(Default)]
+struct StallTally {
+    acked: std::sync::Mutex<Vec<(&'static str, Instant, Instant)>>,
+    ids: std::sync::Mutex<Vec<String>>,
+    incs: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    errors: std::sync::Mutex<Vec<String>>,
+}
+
+impl StallTally {
+    fn ack(&self, task: &'static str, started: Instant) {
+        self.acked
+            .lock()
+            .unwrap()
+            .push((task, started, Instant::now()));
+    }
+
+    /// Acknowledged operations of `task` that ended inside `[from, to]`.
+    fn ended_between(&self, task: &str, from: Instant, to: Instant) -> usize {
+        self.acked
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, _, end)| *t == task && *end >= from && *end <= to)
+            .count()
+    }
+}
+
+/// Runs `op` until `stop`, recording each acknowledgement under `task`.
+fn spawn_task<F, Fut>(
+    task: &'static str,
+    tally: &Arc<StallTally>,
+    stop: &Arc<AtomicBool>,
+    mut op: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
+    let (tally, stop) = (tally.clone(), stop.clone());
+    tokio::spawn(async move {
+        while !stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            match op().await {
+                Ok(()) => tally.ack(task, started),
+                Err(e) => tally.errors.lock().unwrap().push(format!("{task}: {e}")),
+            }
+        }
+    })
+}
+
+/// The tasks of the stall workload, each writing to one shard or to both.
+const STALL_TASKS: [&str; 7] = [
+    "insert-healthy",
+    "inc-healthy",
+    "bulk-healthy",
+    "insert-stalled",
+    "inc-stalled",
+    "bulk-stalled",
+    "bulk-both",
+];
+
+/// A shard whose primary stops answering (an in-process SIGSTOP: it keeps its connections and
+/// reads nothing, answers nothing) while single inserts, `$inc`s and ordered bulks with
+/// retryable writes run on both shards: the healthy shard's operations keep being
+/// acknowledged throughout; operations with `maxTimeMS` that reach the stalled shard fail with
+/// MaxTimeMSExpired (50) at about their `maxTimeMS`; those without wait and are acknowledged
+/// once it resumes; and afterwards every acknowledged insert is present exactly once and
+/// every acknowledged `$inc` applied exactly once. A timed-out write's outcome is unknown (the
+/// stalled member runs it when it resumes, as a mongod continued by SIGCONT would): its
+/// counter is at most the number of attempts.
+async fn stalled_shard_under_load(policy: Policy) {
+    const STALL: Duration = Duration::from_millis(2_500);
+    const MAX_TIME: Duration = Duration::from_millis(500);
+    let c = Cluster::start(policy).await;
+    let client = c.client("").await;
+    let chunks = Arc::new(hashed_chunks(&client).await);
+    let (healthy, stalled) = (&c.sets[0], &c.sets[1]);
+    let owners: std::collections::HashSet<&str> = chunks.iter().map(|c| c.2.as_str()).collect();
+    assert!(
+        owners.contains(healthy.name()) && owners.contains(stalled.name()),
+        "both shards own chunks: {chunks:?}"
+    );
+    let coll = client.database("test").collection::<Document>("c");
+    let tally = Arc::new(StallTally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (side, shard) in [("healthy", healthy.name()), ("stalled", stalled.name())] {
+        let task: &'static str = if side == "healthy" {
+            "insert-healthy"
+        } else {
+            "insert-stalled"
+        };
+        let (coll2, tally2, mut ids) = (
+            coll.clone(),
+            tally.clone(),
+            IdsOn::new(&chunks, shard, &format!("one-{side}")),
+        );
+        tasks.push(spawn_task(task, &tally, &stop, move || {
+            let (coll, tally, id) = (coll2.clone(), tally2.clone(), ids.next_id());
+            async move {
+                coll.insert_one(doc! {"_id": &id})
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tally.ids.lock().unwrap().push(id);
+                Ok(())
+            }
+        }));
+        let task: &'static str = if side == "healthy" {
+            "inc-healthy"
+        } else {
+            "inc-stalled"
+        };
+        let counter = IdsOn::new(&chunks, shard, &format!("counter-{side}")).next_id();
+        let (coll2, tally2) = (coll.clone(), tally.clone());
+        tasks.push(spawn_task(task, &tally, &stop, move || {
+            let (coll, tally, id) = (coll2.clone(), tally2.clone(), counter.clone());
+            async move {
+                coll.update_one(doc! {"_id": &id}, doc! {"$inc": {"n": 1}})
+                    .upsert(true)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                *tally.incs.lock().unwrap().entry(id).or_insert(0) += 1;
+                Ok(())
+            }
+        }));
+        let task: &'static str = if side == "healthy" {
+            "bulk-healthy"
+        } else {
+            "bulk-stalled"
+        };
+        let (coll2, tally2, mut ids) = (
+            coll.clone(),
+            tally.clone(),
+            IdsOn::new(&chunks, shard, &format!("bulk-{side}")),
+        );
+        tasks.push(spawn_task(task, &tally, &stop, move || {
+            let batch: Vec<String> = (0..4).map(|_| ids.next_id()).collect();
+            let (coll, tally) = (coll2.clone(), tally2.clone());
+            async move {
+                coll.insert_many(batch.iter().map(|id| doc! {"_id": id}))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tally.ids.lock().unwrap().extend(batch);
+                Ok(())
+            }
+        }));
+    }
+    {
+        // Ordered bulks over both shards, alternating.
+        let (coll2, tally2) = (coll.clone(), tally.clone());
+        let mut a = IdsOn::new(&chunks, healthy.name(), "both");
+        let mut b = IdsOn::new(&chunks, stalled.name(), "both");
+        tasks.push(spawn_task("bulk-both", &tally, &stop, move || {
+            let batch: Vec<String> = (0..4).flat_map(|_| [a.next_id(), b.next_id()]).collect();
+            let (coll, tally) = (coll2.clone(), tally2.clone());
+            async move {
+                coll.insert_many(batch.iter().map(|id| doc! {"_id": id}))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tally.ids.lock().unwrap().extend(batch);
+                Ok(())
+            }
+        }));
+    }
+    // Every task under way before the stall.
+    let limit = Instant::now() + Duration::from_secs(20);
+    let t0 = Instant::now();
+    while STALL_TASKS
+        .iter()
+        .any(|t| tally.ended_between(t, t0, Instant::now()) < 3)
+    {
+        assert!(Instant::now() < limit, "the workload did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The stall: the stalled set's primary stops reading and answering.
+    let p = stalled.primary().expect("a primary");
+    let stall_start = Instant::now();
+    stalled.stall(p, true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Probes with maxTimeMS, on their own client: to the stalled shard they time out, to the
+    // healthy one they are answered.
+    let probes = c.client("").await;
+    let pc = probes.database("test").collection::<Document>("c");
+    let stalled_id = IdsOn::new(&chunks, stalled.name(), "probe").next_id();
+    let stalled_counter = IdsOn::new(&chunks, stalled.name(), "probe-counter").next_id();
+    let healthy_id = IdsOn::new(&chunks, healthy.name(), "probe").next_id();
+    let ms = MAX_TIME.as_millis() as i64;
+    let timed = |fut: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), mongodb::error::Error>> + Send>>| async move {
+        let started = Instant::now();
+        let r = fut.await;
+        (r, started.elapsed())
+    };
+    let db = probes.database("test");
+    let (insert, inc, find_and_modify, find, healthy_insert) = tokio::join!(
+        timed(Box::pin(async {
+            db.run_command(doc! {"insert": "c", "documents": [{"_id": &stalled_id}], "maxTimeMS": ms})
+                .await
+                .map(|_| ())
+        })),
+        timed(Box::pin(async {
+            db.run_command(doc! {"update": "c", "updates": [{"q": {"_id": &stalled_counter}, "u": {"$inc": {"n": 1}}, "upsert": true}], "maxTimeMS": ms})
+                .await
+                .map(|_| ())
+        })),
+        timed(Box::pin(async {
+            // A retryable write (the driver adds the session's txnNumber).
+            pc.find_one_and_update(doc! {"_id": &stalled_counter}, doc! {"$inc": {"n": 1}})
+                .upsert(true)
+                .max_time(MAX_TIME)
+                .await
+                .map(|_| ())
+        })),
+        timed(Box::pin(async {
+            pc.find_one(doc! {"_id": &stalled_id})
+                .max_time(MAX_TIME)
+                .await
+                .map(|_| ())
+        })),
+        timed(Box::pin(async {
+            db.run_command(doc! {"insert": "c", "documents": [{"_id": &healthy_id}], "maxTimeMS": ms})
+                .await
+                .map(|_| ())
+        })),
+    );
+    for (label, (r, took)) in [
+        ("insert", &insert),
+        ("update $inc", &inc),
+        ("findAndModify $inc", &find_and_modify),
+        ("find", &find),
+    ] {
+        let e = r
+            .as_ref()
+            .expect_err(&format!("{label} on the stalled shard times out"));
+        assert_eq!(common::error_code(e), 50, "{label}: {e:?}");
+        assert!(
+            *took >= MAX_TIME - Duration::from_millis(20)
+                && *took < MAX_TIME + Duration::from_millis(700),
+            "{label}: failed after {took:?}, maxTimeMS {MAX_TIME:?}"
+        );
+    }
+    assert!(
+        healthy_insert.0.is_ok(),
+        "the healthy shard answers: {:?}",
+        healthy_insert.0
+    );
+    assert!(healthy_insert.1 < MAX_TIME, "{:?}", healthy_insert.1);
+    let remaining = STALL.saturating_sub(stall_start.elapsed());
+    tokio::time::sleep(remaining).await;
+    let stall_end = Instant::now();
+    stalled.stall(p, false);
+
+    // During the stall the healthy shard kept acknowledging; the stalled one acknowledged
+    // nothing (a reply already under way when it began may still arrive in the first moment).
+    let window = (stall_start + Duration::from_millis(100), stall_end);
+    for task in ["insert-healthy", "inc-healthy", "bulk-healthy"] {
+        let n = tally.ended_between(task, window.0, window.1);
+        assert!(n >= 3, "{task}: {n} acknowledged during the stall");
+    }
+    for task in ["insert-stalled", "inc-stalled", "bulk-stalled", "bulk-both"] {
+        let n = tally.ended_between(task, window.0, window.1);
+        assert_eq!(n, 0, "{task}: acknowledged while its shard was stalled");
+    }
+    // Afterwards every task recovers.
+    let limit = Instant::now() + Duration::from_secs(20);
+    while STALL_TASKS
+        .iter()
+        .any(|t| tally.ended_between(t, stall_end, Instant::now()) < 3)
+    {
+        assert!(
+            Instant::now() < limit,
+            "the workload did not recover: {:?}",
+            STALL_TASKS
+                .iter()
+                .map(|t| (t, tally.ended_between(t, stall_end, Instant::now())))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first_after = tally
+        .acked
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, _, end)| t.ends_with("stalled") && *end >= stall_end)
+        .map(|(_, _, end)| *end - stall_end)
+        .min();
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    let errors = tally.errors.lock().unwrap().clone();
+    assert!(errors.is_empty(), "client-visible errors: {errors:?}");
+    let docs = c.documents("c");
+    let counts = id_counts(&docs);
+    let acked = tally.ids.lock().unwrap().clone();
+    for id in &acked {
+        assert_eq!(
+            counts.get(&Bson::String(id.clone()).to_string()),
+            Some(&1),
+            "{id} present exactly once"
+        );
+    }
+    let counter = |id: &str| {
+        docs.iter()
+            .find(|d| d.get_str("_id").ok() == Some(id))
+            .map(|d| d.get_i32("n").unwrap_or(0) as i64)
+    };
+    for (id, n) in tally.incs.lock().unwrap().iter() {
+        assert_eq!(counter(id), Some(*n), "{id}: every acknowledged $inc once");
+    }
+    // The timed-out writes ran at most once each, and only once the member resumed.
+    assert!(
+        counter(&stalled_counter).unwrap_or(0) <= 2,
+        "two timed-out $incs applied at most once each"
+    );
+    assert!(counts.get(&Bson::String(stalled_id.clone()).to_string()).copied().unwrap_or(0) <= 1);
+    eprintln!(
+        "{policy:?}: {} acknowledged inserts, {} $incs; probes failed with 50 after {:?}, {:?}, {:?}, {:?}; first stalled-shard acknowledgement {:?} after the stall",
+        acked.len(),
+        tally.incs.lock().unwrap().values().sum::<i64>(),
+        insert.1,
+        inc.1,
+        find_and_modify.1,
+        find.1,
+        first_after
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_shard_under_load_with_the_ordered_rewrite() {
+    stalled_shard_under_load(Policy::RetrySafe).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_shard_under_load_with_mongos_rounds() {
+    stalled_shard_under_load(Policy::Off).await;
+}

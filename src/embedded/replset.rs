@@ -66,6 +66,9 @@ struct MemberSlot {
     replication_paused: bool,
     changed: watch::Sender<i64>,
     after_write: Option<AfterWrite>,
+    /// The member is stalled (a test's in-process SIGSTOP): while `true` it starts no command
+    /// and sends no reply.
+    stalled: watch::Sender<bool>,
 }
 
 #[derive(Debug)]
@@ -176,6 +179,7 @@ impl ReplicaSetState {
                 replication_paused: false,
                 changed: watch::channel(0).0,
                 after_write: None,
+                stalled: watch::channel(false).0,
             })
             .collect();
         Arc::new_cyclic(|this| ReplicaSetState {
@@ -491,6 +495,15 @@ impl MemberLink {
         }
     }
 
+    /// Waits while the member is stalled ([`EmbeddedReplicaSet::stall`]): called before a
+    /// command runs and before its reply is sent, so a stalled member neither reads nor
+    /// answers, as a process stopped by SIGSTOP, while its connections stay open.
+    pub async fn wait_while_stalled(&self) {
+        let mut rx = lock(&self.set.inner).members[self.index].stalled.subscribe();
+        // Ends when the flag is `false`, or when the set is gone (its sender dropped).
+        let _ = rx.wait_for(|stalled| !*stalled).await;
+    }
+
     /// The test hook to run after this member applied a write, taken once.
     pub fn take_after_write(&self) -> Option<AfterWrite> {
         lock(&self.set.inner).members[self.index].after_write.take()
@@ -780,6 +793,19 @@ impl EmbeddedReplicaSet {
         }
     }
 
+    /// Stalls (or resumes) member `i`, as SIGSTOP and SIGCONT would a mongod: while stalled
+    /// it keeps its listener and its connections but starts no command and sends no reply
+    /// (commands it already started finish, their replies held back), and its `hello` goes
+    /// unanswered, so the set keeps its primary; on resuming it runs what it had read and
+    /// sends what it held back. A stall longer than a real set's election timeout would cost
+    /// mongod its primary role; here the primary stays until a test steps it down.
+    pub fn stall(&self, i: usize, stalled: bool) {
+        let inner = lock(&self.state.inner);
+        if let Some(m) = inner.members.get(i) {
+            m.stalled.send_replace(stalled);
+        }
+    }
+
     /// Arms a one-shot hook on member `i`, run right after it next applies a write.
     pub fn after_next_write(&self, i: usize, action: AfterWrite) {
         let mut inner = lock(&self.state.inner);
@@ -807,6 +833,7 @@ impl EmbeddedReplicaSet {
             };
             m.role = MemberRole::Stopped;
             m.after_write = None;
+            m.stalled.send_replace(false);
             if inner.primary == Some(i) {
                 inner.primary = None;
             }
@@ -863,6 +890,7 @@ impl EmbeddedReplicaSet {
             let mut inner = lock(&self.state.inner);
             for m in inner.members.iter_mut() {
                 m.role = MemberRole::Stopped;
+                m.stalled.send_replace(false);
             }
             inner.primary = None;
         }

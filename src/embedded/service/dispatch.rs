@@ -441,6 +441,9 @@ impl Service for ShardService {
         req: &'a CommandRequest,
     ) -> BoxFuture<'a, Response> {
         Box::pin(async move {
+            if let Some(member) = &self.member {
+                member.wait_while_stalled().await;
+            }
             let mut result = self.run(client, req).await;
             // Snapshot reads at a time before this command's writes must not see them.
             if super::snapshot::may_write(&req.name, req.body.raw()) {
@@ -482,6 +485,9 @@ impl Service for ShardService {
             let mut reply = match result {
                 Ok(None) => {
                     self.count_command(counted, true);
+                    if let Some(member) = &self.member {
+                        member.wait_while_stalled().await;
+                    }
                     return Response::CloseConnection;
                 }
                 Ok(Some(mut d)) => {
@@ -495,6 +501,9 @@ impl Service for ShardService {
                 }
             };
             command::append_cluster_time(&self.state, &mut reply);
+            if let Some(member) = &self.member {
+                member.wait_while_stalled().await;
+            }
             Response::Reply(reply)
         })
     }
