@@ -744,6 +744,14 @@ impl EmbeddedReplicaSet {
         }
     }
 
+    /// `metrics.commands.<name>.failed` of member `i` (0 when it is stopped).
+    pub async fn command_failed(&self, i: usize, name: &str) -> i64 {
+        match self.service(i).await {
+            Some(s) => s.command_failed(name),
+            None => 0,
+        }
+    }
+
     /// Documents in `db.coll` (the shared data set).
     pub fn documents(&self, db: &str, coll: &str) -> Vec<Document> {
         self.data.documents(db, coll)
