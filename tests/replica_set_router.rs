@@ -391,14 +391,24 @@ async fn failover_under_load(policy: Policy) {
     load.await.unwrap();
     let elapsed = started.elapsed();
 
+    let acked = assert_each_write_once(&c, &tally);
+    assert!(
+        acked >= MIN_ACKED,
+        "the workload ran ({acked} writes)"
+    );
+    eprintln!(
+        "{policy:?}: {} operations, {acked} acknowledged inserts in {elapsed:?}, no error",
+        tally.ops.load(Ordering::Relaxed),
+    );
+    c.stop().await;
+}
+
+/// No client-visible error, every acknowledged `_id` present exactly once, every counter
+/// equal to its acknowledged `$inc`s; the number of acknowledged inserts.
+fn assert_each_write_once(c: &Cluster, tally: &Tally) -> usize {
     let errors = tally.errors.lock().unwrap().clone();
     assert!(errors.is_empty(), "client-visible errors: {errors:?}");
     let acked = tally.acked_ids.lock().unwrap().clone();
-    assert!(
-        acked.len() >= MIN_ACKED,
-        "the workload ran ({} writes)",
-        acked.len()
-    );
     let counts = id_counts(&c.documents("c"));
     for id in &acked {
         assert_eq!(
@@ -419,12 +429,7 @@ async fn failover_under_load(policy: Policy) {
             "{id}: every $inc once"
         );
     }
-    eprintln!(
-        "{policy:?}: {} operations, {} acknowledged inserts in {elapsed:?}, no error",
-        tally.ops.load(Ordering::Relaxed),
-        acked.len()
-    );
-    c.stop().await;
+    acked.len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1355,4 +1360,132 @@ async fn a_stalled_shard_under_load_with_the_ordered_rewrite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_shard_under_load_with_mongos_rounds() {
     stalled_shard_under_load(Policy::Off).await;
+}
+
+/// Waits until nothing listens on `addr` any more (a member or router that shut down).
+async fn wait_closed(addr: &str) {
+    let limit = Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(Instant::now() < limit, "{addr} still accepts connections");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `shutdown` from the stock driver on a member's own address, under the router's workload:
+/// mongod's checks (admin only, field types), a primary that cannot hand over (no secondary
+/// caught up) refusing with 262 after `timeoutSecs` and staying primary, then a primary that
+/// can stepping down and stopping — the set elects another member, the router follows it, the
+/// workload sees no error and every acknowledged write is there once — and a secondary that
+/// just stops. Last, the router's own `shutdown`: it stops itself, never a shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_a_primary_member_moves_the_primary_and_the_router_follows() {
+    let c = Cluster::start(Policy::RetrySafe).await;
+    let client = c.client("").await;
+    client
+        .database("test")
+        .collection::<Document>("counters")
+        .insert_one(doc! {"_id": "warm"})
+        .await
+        .unwrap();
+    let s = &c.sets[0];
+    let p = s.primary().expect("a primary");
+    let member = common::direct(s.hosts()[p].parse().expect("member address")).await;
+    let admin = member.database("admin");
+    let code = |r: Result<Document, mongodb::error::Error>| match r {
+        Err(e) => common::error_code(&e),
+        Ok(d) => panic!("expected an error, got {d}"),
+    };
+    assert_eq!(
+        code(member.database("test").run_command(doc! {"shutdown": 1}).await),
+        13
+    );
+    assert_eq!(
+        code(admin.run_command(doc! {"shutdown": 1, "force": "yes"}).await),
+        14
+    );
+    assert_eq!(
+        code(admin.run_command(doc! {"shutdown": 1, "timeoutSecs": "1"}).await),
+        14
+    );
+    // No secondary has the primary's writes: it waits timeoutSecs, refuses, stays primary.
+    pause_secondaries(s, true);
+    let started = Instant::now();
+    let e = admin
+        .run_command(doc! {"shutdown": 1, "timeoutSecs": 1})
+        .await
+        .expect_err("no secondary caught up");
+    assert_eq!(common::error_code(&e), 262, "{e:?}");
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(s.primary(), Some(p), "still primary");
+    pause_secondaries(s, false);
+
+    // Under the workload: the primary steps down and stops; the router follows.
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(workload(client.clone(), tally.clone(), stop.clone(), "sd"));
+    let wait_acks = |n: usize| {
+        let tally = tally.clone();
+        async move {
+            let base = tally.acked_ids.lock().unwrap().len();
+            let limit = Instant::now() + Duration::from_secs(20);
+            while tally.acked_ids.lock().unwrap().len() < base + n {
+                assert!(Instant::now() < limit, "the workload made no progress");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    wait_acks(20).await;
+    let e = admin
+        .run_command(doc! {"shutdown": 1})
+        .await
+        .expect_err("the member closes the connection without a reply");
+    assert!(
+        !matches!(*e.kind, mongodb::error::ErrorKind::Command(_)),
+        "a closed connection, not a refusal: {e:?}"
+    );
+    assert_eq!(s.role(p), Some(sluice::embedded::MemberRole::Stopped));
+    let np = s
+        .wait_for_primary(Duration::from_secs(5))
+        .await
+        .expect("another member elected");
+    assert_ne!(np, p);
+    wait_closed(&s.hosts()[p]).await;
+    wait_acks(30).await;
+
+    // A secondary: it stops, the primary stays.
+    let secondary = (0..3)
+        .find(|i| s.role(*i) == Some(sluice::embedded::MemberRole::Secondary))
+        .expect("a running secondary");
+    let e = common::direct(s.hosts()[secondary].parse().expect("member address"))
+        .await
+        .database("admin")
+        .run_command(doc! {"shutdown": 1})
+        .await
+        .expect_err("the secondary closes the connection");
+    assert!(!matches!(*e.kind, mongodb::error::ErrorKind::Command(_)), "{e:?}");
+    assert_eq!(s.role(secondary), Some(sluice::embedded::MemberRole::Stopped));
+    assert_eq!(s.primary(), Some(np));
+    wait_closed(&s.hosts()[secondary]).await;
+    wait_acks(10).await;
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    let acked = assert_each_write_once(&c, &tally);
+
+    // The router's own shutdown stops the router, and no shard member.
+    let roles = |k: usize| (0..3).map(|i| c.sets[k].role(i)).collect::<Vec<_>>();
+    let before = (roles(0), roles(1));
+    let router_admin = client.database("admin");
+    assert_eq!(
+        code(router_admin.run_command(doc! {"shutdown": 1, "force": 1}).await),
+        14
+    );
+    let e = router_admin
+        .run_command(doc! {"shutdown": 1})
+        .await
+        .expect_err("the router closes the connection");
+    assert!(!matches!(*e.kind, mongodb::error::ErrorKind::Command(_)), "{e:?}");
+    wait_closed(&c.router.local_addr().to_string()).await;
+    assert_eq!((roles(0), roles(1)), before, "no member was shut down");
+    eprintln!("{acked} acknowledged inserts across the member shutdowns, no error");
+    c.stop().await;
 }

@@ -29,6 +29,10 @@ pub const DEFAULT_ELECTION_DELAY: Duration = Duration::from_millis(200);
 /// How often an election without an electable member looks again.
 const ELECTION_RETRY: Duration = Duration::from_millis(50);
 
+/// How long a primary shut down by `shutdown` stays unelectable (mongod's `stepDown` on
+/// shutdown: 120 s).
+const SHUTDOWN_STEP_DOWN: Duration = Duration::from_secs(120);
+
 /// What a member is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemberRole {
@@ -219,6 +223,38 @@ impl ReplicaSetState {
         self.start_election(inner);
     }
 
+    /// Marks member `i` stopped: it leaves the running members (a primary's departure starts
+    /// an election) and refuses what it is still asked until its listener closes.
+    fn mark_stopped(&self, inner: &mut SetInner, i: usize) {
+        let Some(m) = inner.members.get_mut(i) else {
+            return;
+        };
+        m.role = MemberRole::Stopped;
+        m.after_write = None;
+        m.stalled.send_replace(false);
+        if inner.primary == Some(i) {
+            inner.primary = None;
+        }
+        Self::bump_all(inner);
+        self.start_election(inner);
+    }
+
+    /// Whether primary `p` can hand over: a majority of the members have its writes (running,
+    /// replication not held back) and one of them is an electable secondary (not frozen), as
+    /// mongod's `stepDown` without `force` waits for.
+    fn can_hand_over(inner: &SetInner, p: usize) -> bool {
+        let have = |m: &MemberSlot| m.role != MemberRole::Stopped && !m.replication_paused;
+        let caught_up = inner.members.iter().filter(|m| have(m)).count();
+        let now = Instant::now();
+        let electable = inner.members.iter().enumerate().any(|(i, m)| {
+            i != p
+                && m.role == MemberRole::Secondary
+                && have(m)
+                && m.frozen_until.is_none_or(|t| t <= now)
+        });
+        caught_up > inner.members.len() / 2 && electable
+    }
+
     fn start_election(&self, inner: &mut SetInner) {
         if inner.election_running || inner.primary.is_some() {
             return;
@@ -296,7 +332,13 @@ impl MemberLink {
         if role == MemberRole::Primary {
             return Ok(());
         }
-        let refusal = if WRITE_COMMANDS.contains(&name) {
+        let refusal = if role == MemberRole::Stopped {
+            // Shut down by `shutdown`, its listener not closed yet.
+            EngineError::new(
+                ErrorCode::ShutdownInProgress,
+                "The server is in quiesce mode and will shut down",
+            )
+        } else if WRITE_COMMANDS.contains(&name) {
             EngineError::new(ErrorCode::NotWritablePrimary, "not primary")
         } else if READ_COMMANDS.contains(&name) && !secondary_ok(body) {
             EngineError::new(
@@ -502,6 +544,44 @@ impl MemberLink {
         let mut rx = lock(&self.set.inner).members[self.index].stalled.subscribe();
         // Ends when the flag is `false`, or when the set is gone (its sender dropped).
         let _ = rx.wait_for(|stalled| !*stalled).await;
+    }
+
+    /// `shutdown` on this member, as mongod runs it (after the checks of
+    /// `server_info::shutdown_request`): a primary first steps down — without `force` only
+    /// once a majority has its writes and an electable secondary is caught up, waiting up to
+    /// `timeoutSecs` and otherwise refusing with ExceededTimeLimit (262) and staying primary;
+    /// with `force` at once — and stays unelectable for 120 s; a secondary just stops. On
+    /// `Ok` the member is stopped (an election follows if it was primary); the caller then
+    /// closes its listener and connections.
+    pub async fn shutdown(
+        &self,
+        request: crate::command::server_info::ShutdownRequest,
+    ) -> Result<(), EngineError> {
+        let deadline = Instant::now() + request.timeout;
+        loop {
+            {
+                let mut inner = lock(&self.set.inner);
+                if inner.primary != Some(self.index) {
+                    self.set.mark_stopped(&mut inner, self.index);
+                    return Ok(());
+                }
+                if request.force || ReplicaSetState::can_hand_over(&inner, self.index) {
+                    self.set.step_down_locked(&mut inner, SHUTDOWN_STEP_DOWN);
+                    self.set.mark_stopped(&mut inner, self.index);
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                let now = bson::DateTime::now()
+                    .try_to_rfc3339_string()
+                    .unwrap_or_default();
+                return Err(EngineError::new(
+                    ErrorCode::ExceededTimeLimit,
+                    format!("No electable secondaries caught up as of {now}. Please use the replSetStepDown command with the argument {{force: true}} to force node to step down."),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// The test hook to run after this member applied a write, taken once.
@@ -836,17 +916,10 @@ impl EmbeddedReplicaSet {
     pub async fn stop(&self, i: usize) {
         {
             let mut inner = lock(&self.state.inner);
-            let Some(m) = inner.members.get_mut(i) else {
+            if i >= inner.members.len() {
                 return;
-            };
-            m.role = MemberRole::Stopped;
-            m.after_write = None;
-            m.stalled.send_replace(false);
-            if inner.primary == Some(i) {
-                inner.primary = None;
             }
-            ReplicaSetState::bump_all(&mut inner);
-            self.state.start_election(&mut inner);
+            self.state.mark_stopped(&mut inner, i);
         }
         let member = self.members.lock().await.get_mut(i).and_then(Option::take);
         if let Some(m) = member {
@@ -855,11 +928,15 @@ impl EmbeddedReplicaSet {
     }
 
     /// Starts member `i` again on its address, as a secondary with a new `processId` (its
-    /// cursors are gone: a `getMore` for one answers CursorNotFound).
+    /// cursors are gone: a `getMore` for one answers CursorNotFound). A member that shut
+    /// itself down (`shutdown`) is restarted the same way.
     pub async fn restart(&self, i: usize) -> std::io::Result<()> {
         let mut members = self.members.lock().await;
-        if i >= members.len() || members[i].is_some() {
+        if i >= members.len() || self.role(i) != Some(MemberRole::Stopped) {
             return Ok(());
+        }
+        if let Some(down) = members[i].take() {
+            down.shutdown().await;
         }
         let addr: std::net::SocketAddr = self.addrs[i]
             .parse()

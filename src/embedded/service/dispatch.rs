@@ -276,6 +276,17 @@ impl ShardService {
                 crate::embedded::configsvr::run(self, req, &body)?
             }
             "sluiceSetLatency" => self.set_latency(&body)?,
+            "shutdown" if self.member.is_some() => {
+                let request = server_info::shutdown_request(&self.state, client.peer, req)?;
+                if let Some(member) = &self.member {
+                    member.shutdown(request).await?;
+                }
+                tracing::warn!(member = %lock(&self.address), "the shutdown command stops this member");
+                // The listener closes and so does every connection, this one without a reply,
+                // as mongod's exiting process leaves it.
+                self.state.begin_shutdown();
+                return Ok(None);
+            }
             "replSetStepDown" | "replSetFreeze" | "replSetGetStatus" if self.member.is_some() => {
                 let member = self.member.as_ref().ok_or_else(|| {
                     EngineError::new(ErrorCode::InternalError, "not a replica set member")
