@@ -1552,13 +1552,11 @@ async fn a_secondarys_stale_config_after_a_migration_makes_the_router_refresh() 
     );
     let items_b = b.database("demo").collection::<Document>("items");
     let read_b = |filter: Document| async {
-        let docs = all(
-            items_b
-                .find(filter)
-                .selection_criteria(secondary.clone())
-                .await
-                .expect("a read on secondaries through router B"),
-        )
+        let docs = all(items_b
+            .find(filter)
+            .selection_criteria(secondary.clone())
+            .await
+            .expect("a read on secondaries through router B"))
         .await;
         let mut ids: Vec<i64> = docs.iter().map(|d| d.get_i64("_id").unwrap()).collect();
         ids.sort_unstable();
@@ -1571,23 +1569,26 @@ async fn a_secondarys_stale_config_after_a_migration_makes_the_router_refresh() 
     loop {
         assert_eq!(read_b(doc! {}).await, every);
         let now = secondary_finds(&cluster).await;
-        if start
-            .iter()
-            .zip(&now)
-            .all(|(s, n)| match (s, n) {
-                (Some((s, _)), Some((n, _))) => n > s,
-                _ => true,
-            })
-        {
+        if start.iter().zip(&now).all(|(s, n)| match (s, n) {
+            (Some((s, _)), Some((n, _))) => n > s,
+            _ => true,
+        }) {
             break;
         }
-        assert!(std::time::Instant::now() < limit, "some secondary never served B");
+        assert!(
+            std::time::Instant::now() < limit,
+            "some secondary never served B"
+        );
     }
     // Move the chunk of _id 0 to the other shard through router A.
     let owner = cluster
         .sets
         .iter()
-        .position(|s| s.documents("demo", "items").iter().any(|d| d.get_i64("_id").ok() == Some(0)))
+        .position(|s| {
+            s.documents("demo", "items")
+                .iter()
+                .any(|d| d.get_i64("_id").ok() == Some(0))
+        })
         .expect("a shard holds _id 0");
     let to = cluster.sets[1 - owner].name().to_string();
     a.database("admin")
@@ -1606,8 +1607,16 @@ async fn a_secondarys_stale_config_after_a_migration_makes_the_router_refresh() 
     // B, stale, reads on secondaries: the moved document (B targets its old owner), and
     // every document, once.
     for _ in 0..4 {
-        assert_eq!(read_b(doc! {"_id": 0i64}).await, vec![0], "router B finds _id 0");
-        assert_eq!(read_b(doc! {}).await, every, "router B reads every document once");
+        assert_eq!(
+            read_b(doc! {"_id": 0i64}).await,
+            vec![0],
+            "router B finds _id 0"
+        );
+        assert_eq!(
+            read_b(doc! {}).await,
+            every,
+            "router B reads every document once"
+        );
     }
     let after = secondary_finds(&cluster).await;
     let stale_answers: i64 = before
@@ -1615,7 +1624,10 @@ async fn a_secondarys_stale_config_after_a_migration_makes_the_router_refresh() 
         .zip(&after)
         .filter_map(|(b, a)| Some(a.as_ref()?.1 - b.as_ref()?.1))
         .sum();
-    assert!(stale_answers >= 1, "a secondary answered StaleConfig: {before:?} → {after:?}");
+    assert!(
+        stale_answers >= 1,
+        "a secondary answered StaleConfig: {before:?} → {after:?}"
+    );
     assert!(
         stats(&b_state).collection_reads > reloads,
         "router B reloaded the collection's routing"

@@ -392,10 +392,7 @@ async fn failover_under_load(policy: Policy) {
     let elapsed = started.elapsed();
 
     let acked = assert_each_write_once(&c, &tally);
-    assert!(
-        acked >= MIN_ACKED,
-        "the workload ran ({acked} writes)"
-    );
+    assert!(acked >= MIN_ACKED, "the workload ran ({acked} writes)");
     eprintln!(
         "{policy:?}: {} operations, {acked} acknowledged inserts in {elapsed:?}, no error",
         tally.ops.load(Ordering::Relaxed),
@@ -1209,7 +1206,9 @@ async fn stalled_shard_under_load(policy: Policy) {
     let stalled_counter = IdsOn::new(&chunks, stalled.name(), "probe-counter").next_id();
     let healthy_id = IdsOn::new(&chunks, healthy.name(), "probe").next_id();
     let ms = MAX_TIME.as_millis() as i64;
-    let timed = |fut: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), mongodb::error::Error>> + Send>>| async move {
+    let timed = |fut: std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<(), mongodb::error::Error>> + Send>,
+    >| async move {
         let started = Instant::now();
         let r = fut.await;
         (r, started.elapsed())
@@ -1217,9 +1216,11 @@ async fn stalled_shard_under_load(policy: Policy) {
     let db = probes.database("test");
     let (insert, inc, find_and_modify, find, healthy_insert) = tokio::join!(
         timed(Box::pin(async {
-            db.run_command(doc! {"insert": "c", "documents": [{"_id": &stalled_id}], "maxTimeMS": ms})
-                .await
-                .map(|_| ())
+            db.run_command(
+                doc! {"insert": "c", "documents": [{"_id": &stalled_id}], "maxTimeMS": ms},
+            )
+            .await
+            .map(|_| ())
         })),
         timed(Box::pin(async {
             db.run_command(doc! {"update": "c", "updates": [{"q": {"_id": &stalled_counter}, "u": {"$inc": {"n": 1}}, "upsert": true}], "maxTimeMS": ms})
@@ -1241,9 +1242,11 @@ async fn stalled_shard_under_load(policy: Policy) {
                 .map(|_| ())
         })),
         timed(Box::pin(async {
-            db.run_command(doc! {"insert": "c", "documents": [{"_id": &healthy_id}], "maxTimeMS": ms})
-                .await
-                .map(|_| ())
+            db.run_command(
+                doc! {"insert": "c", "documents": [{"_id": &healthy_id}], "maxTimeMS": ms},
+            )
+            .await
+            .map(|_| ())
         })),
     );
     for (label, (r, took)) in [
@@ -1338,7 +1341,13 @@ async fn stalled_shard_under_load(policy: Policy) {
         counter(&stalled_counter).unwrap_or(0) <= 2,
         "two timed-out $incs applied at most once each"
     );
-    assert!(counts.get(&Bson::String(stalled_id.clone()).to_string()).copied().unwrap_or(0) <= 1);
+    assert!(
+        counts
+            .get(&Bson::String(stalled_id.clone()).to_string())
+            .copied()
+            .unwrap_or(0)
+            <= 1
+    );
     eprintln!(
         "{policy:?}: {} acknowledged inserts, {} $incs; probes failed with 50 after {:?}, {:?}, {:?}, {:?}; first stalled-shard acknowledgement {:?} after the stall",
         acked.len(),
@@ -1396,15 +1405,28 @@ async fn shutting_down_a_primary_member_moves_the_primary_and_the_router_follows
         Ok(d) => panic!("expected an error, got {d}"),
     };
     assert_eq!(
-        code(member.database("test").run_command(doc! {"shutdown": 1}).await),
+        code(
+            member
+                .database("test")
+                .run_command(doc! {"shutdown": 1})
+                .await
+        ),
         13
     );
     assert_eq!(
-        code(admin.run_command(doc! {"shutdown": 1, "force": "yes"}).await),
+        code(
+            admin
+                .run_command(doc! {"shutdown": 1, "force": "yes"})
+                .await
+        ),
         14
     );
     assert_eq!(
-        code(admin.run_command(doc! {"shutdown": 1, "timeoutSecs": "1"}).await),
+        code(
+            admin
+                .run_command(doc! {"shutdown": 1, "timeoutSecs": "1"})
+                .await
+        ),
         14
     );
     // No secondary has the primary's writes: it waits timeoutSecs, refuses, stays primary.
@@ -1462,8 +1484,14 @@ async fn shutting_down_a_primary_member_moves_the_primary_and_the_router_follows
         .run_command(doc! {"shutdown": 1})
         .await
         .expect_err("the secondary closes the connection");
-    assert!(!matches!(*e.kind, mongodb::error::ErrorKind::Command(_)), "{e:?}");
-    assert_eq!(s.role(secondary), Some(sluice::embedded::MemberRole::Stopped));
+    assert!(
+        !matches!(*e.kind, mongodb::error::ErrorKind::Command(_)),
+        "{e:?}"
+    );
+    assert_eq!(
+        s.role(secondary),
+        Some(sluice::embedded::MemberRole::Stopped)
+    );
     assert_eq!(s.primary(), Some(np));
     wait_closed(&s.hosts()[secondary]).await;
     wait_acks(10).await;
@@ -1476,14 +1504,21 @@ async fn shutting_down_a_primary_member_moves_the_primary_and_the_router_follows
     let before = (roles(0), roles(1));
     let router_admin = client.database("admin");
     assert_eq!(
-        code(router_admin.run_command(doc! {"shutdown": 1, "force": 1}).await),
+        code(
+            router_admin
+                .run_command(doc! {"shutdown": 1, "force": 1})
+                .await
+        ),
         14
     );
     let e = router_admin
         .run_command(doc! {"shutdown": 1})
         .await
         .expect_err("the router closes the connection");
-    assert!(!matches!(*e.kind, mongodb::error::ErrorKind::Command(_)), "{e:?}");
+    assert!(
+        !matches!(*e.kind, mongodb::error::ErrorKind::Command(_)),
+        "{e:?}"
+    );
     wait_closed(&c.router.local_addr().to_string()).await;
     assert_eq!((roles(0), roles(1)), before, "no member was shut down");
     eprintln!("{acked} acknowledged inserts across the member shutdowns, no error");

@@ -541,7 +541,9 @@ impl MemberLink {
     /// command runs and before its reply is sent, so a stalled member neither reads nor
     /// answers, as a process stopped by SIGSTOP, while its connections stay open.
     pub async fn wait_while_stalled(&self) {
-        let mut rx = lock(&self.set.inner).members[self.index].stalled.subscribe();
+        let mut rx = lock(&self.set.inner).members[self.index]
+            .stalled
+            .subscribe();
         // Ends when the flag is `false`, or when the set is gone (its sender dropped).
         let _ = rx.wait_for(|stalled| !*stalled).await;
     }
