@@ -699,6 +699,53 @@ fn prune(op: &str, spec: &NSpec, items: &mut Vec<(Document, Bson)>, last: bool) 
     }
 }
 
+/// An N accumulator (`$firstN $lastN $maxN $minN $topN $bottomN`, `$top`, `$bottom`) over
+/// `docs` in their order: what `$setWindowFields` computes for one window, the same picks as
+/// `$group`'s.
+pub(super) fn n_accumulate(
+    op: &str,
+    arg: &Bson,
+    docs: &[Document],
+    vars: &Variables,
+) -> Result<Bson, EngineError> {
+    let spec = n_spec(op, arg, vars)?;
+    let mut items: Vec<(Document, Bson)> = Vec::new();
+    for d in docs {
+        if op == "$firstN" && items.len() >= spec.n {
+            break;
+        }
+        let v = eval_with(&spec.output, d, vars)?;
+        if matches!(op, "$maxN" | "$minN")
+            && v.as_ref()
+                .is_none_or(|v| matches!(v, Bson::Null | Bson::Undefined))
+        {
+            continue;
+        }
+        let source = if spec.sort.is_some() {
+            d.clone()
+        } else {
+            Document::new()
+        };
+        items.push((source, v.unwrap_or(Bson::Null)));
+        prune(op, &spec, &mut items, false);
+    }
+    prune(op, &spec, &mut items, true);
+    let mut values = items.into_iter().map(|(_, v)| v);
+    Ok(if matches!(op, "$top" | "$bottom") {
+        values.next().unwrap_or(Bson::Null)
+    } else {
+        Bson::Array(values.collect())
+    })
+}
+
+/// Whether `op` is one of the N accumulators or `$top`/`$bottom`.
+pub(super) fn is_n_accumulator(op: &str) -> bool {
+    matches!(
+        op,
+        "$firstN" | "$lastN" | "$maxN" | "$minN" | "$top" | "$bottom" | "$topN" | "$bottomN"
+    )
+}
+
 pub(super) fn group(
     spec: &Bson,
     docs: Vec<Document>,
@@ -775,10 +822,7 @@ pub(super) fn group(
         } else {
             None
         });
-        if matches!(
-            op.as_str(),
-            "$firstN" | "$lastN" | "$maxN" | "$minN" | "$top" | "$bottom" | "$topN" | "$bottomN"
-        ) {
+        if is_n_accumulator(op) {
             n_specs.push(Some(n_spec(op, arg, vars)?));
         } else {
             check_expression(arg)?;

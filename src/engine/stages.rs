@@ -736,6 +736,14 @@ pub(super) fn set_window_fields(
                 | "$percentile"
                 | "$locf"
                 | "$linearFill"
+                | "$firstN"
+                | "$lastN"
+                | "$maxN"
+                | "$minN"
+                | "$top"
+                | "$bottom"
+                | "$topN"
+                | "$bottomN"
         );
         if !known {
             return Err(err(
@@ -760,6 +768,10 @@ pub(super) fn set_window_fields(
         }
         if matches!(op.as_str(), "$median" | "$percentile") {
             super::quantile::Quantile::parse(&op, &arg, super::quantile::Usage::Accumulator, vars)?;
+        }
+        if super::aggregate::is_n_accumulator(&op) {
+            // Parsed here for its errors, before any document is read.
+            super::aggregate::n_accumulate(&op, &arg, &[], vars)?;
         }
         if matches!(
             op.as_str(),
@@ -1089,6 +1101,9 @@ fn accumulate(
             }
         }
         return Ok(q.finish(&values));
+    }
+    if super::aggregate::is_n_accumulator(op) {
+        return super::aggregate::n_accumulate(op, arg, docs, vars);
     }
     let mut values = Vec::with_capacity(docs.len());
     for d in docs {
@@ -1887,6 +1902,45 @@ mod tests {
         assert_eq!(near, vec![1, 2, 2], "v within 20 below: 0 | 0,20 | 20,40");
         let n: Vec<i64> = even.iter().map(|d| d.get_i64("n").unwrap()).collect();
         assert_eq!(n, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn n_accumulators_over_windows() {
+        let out = one(
+            doc! {"$setWindowFields": {"partitionBy": "$g", "sortBy": {"v": 1}, "output": {
+                "last2": {"$lastN": {"input": "$v", "n": 2}, "window": {"documents": ["unbounded", "current"]}},
+                "first2": {"$firstN": {"input": "$v", "n": 2}, "window": {"documents": ["current", "unbounded"]}},
+                "max2": {"$maxN": {"input": "$v", "n": 2}, "window": {"documents": [-1, 1]}},
+                "min1": {"$minN": {"input": "$v", "n": 1}},
+                "top": {"$top": {"output": "$_id", "sortBy": {"v": -1}}},
+                "bottom2": {"$bottomN": {"output": "$v", "sortBy": {"v": -1}, "n": 2}, "window": {"documents": ["unbounded", "current"]}},
+            }}},
+        )
+        .unwrap();
+        let even: Vec<&Document> = out
+            .iter()
+            .filter(|d| d.get_i32("g").unwrap() == 0)
+            .collect();
+        let arrays =
+            |f: &str| -> Vec<Bson> { even.iter().map(|d| d.get(f).unwrap().clone()).collect() };
+        let ints = |xs: &[&[i32]]| -> Vec<Bson> {
+            xs.iter()
+                .map(|x| Bson::Array(x.iter().map(|v| Bson::Int32(*v)).collect()))
+                .collect()
+        };
+        assert_eq!(arrays("last2"), ints(&[&[0], &[0, 20], &[20, 40]]));
+        assert_eq!(arrays("first2"), ints(&[&[0, 20], &[20, 40], &[40]]));
+        assert_eq!(arrays("max2"), ints(&[&[20, 0], &[40, 20], &[40, 20]]));
+        assert_eq!(arrays("min1"), ints(&[&[0], &[0], &[0]]));
+        assert_eq!(arrays("top"), vec![Bson::Int32(4); 3]);
+        // Sorted by v descending within the window, the last two.
+        assert_eq!(arrays("bottom2"), ints(&[&[0], &[20, 0], &[20, 0]]));
+        // The argument's errors are $group's, before any document is read.
+        let bad =
+            |f: Document| code(doc! {"$setWindowFields": {"sortBy": {"v": 1}, "output": {"x": f}}});
+        assert_eq!(bad(doc! {"$maxN": {"input": "$v", "n": 0}}), 5787908);
+        assert_eq!(bad(doc! {"$topN": {"output": "$v", "n": 1}}), 5788003);
+        assert_eq!(bad(doc! {"$firstN": {"input": "$v"}}), 5787906);
     }
 
     #[test]
