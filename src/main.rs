@@ -85,7 +85,7 @@ enum Command {
     },
     /// Run a benchmark and write its JSON, Markdown and SVG results.
     Bench {
-        /// The scenario: rounds, bulkwrite, seed-table, overhead, overload, undo or failover (`cargo bench --bench micro`
+        /// The scenario: rounds, bulkwrite, seed-table, overhead, security, overload, undo or failover (`cargo bench --bench micro`
         /// runs the micro-benchmarks).
         scenario: String,
         /// A short run (what CI does).
@@ -94,6 +94,12 @@ enum Command {
         /// Directory for the results.
         #[arg(long, default_value = "bench-results")]
         out: PathBuf,
+        /// What rounds and seed-table run against: `static`, one router holding the metadata
+        /// itself (`sluice --config`), or `cluster`, the layout `sluice demo` runs (a config
+        /// server, shards in shard-server mode and a --configdb router, each a process; results
+        /// written as `<scenario>-cluster.*`).
+        #[arg(long, default_value = "static", value_parser = ["static", "cluster"])]
+        layout: String,
     },
     /// Forward every connection to one address with no parsing at all (`bench overhead` measures
     /// the router against it: the cost of the hop itself).
@@ -194,8 +200,10 @@ fn main() -> anyhow::Result<()> {
             scenario,
             quick,
             out,
+            layout,
         }) => {
-            let md = runtime()?.block_on(sluice::bench::run(&scenario, quick, &out))?;
+            let layout = layout.parse()?;
+            let md = runtime()?.block_on(sluice::bench::run(&scenario, quick, layout, &out))?;
             println!("{md}");
             println!("Results written to {}", out.display());
             return Ok(());

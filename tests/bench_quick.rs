@@ -13,22 +13,38 @@ fn out_dir(name: &str) -> PathBuf {
 
 /// Runs `sluice bench <scenario> --quick` and returns its JSON result.
 fn run(scenario: &str) -> (PathBuf, serde_json::Value) {
-    let out = out_dir(scenario);
+    run_in(scenario, "static")
+}
+
+/// Runs `sluice bench <scenario> --quick --layout <layout>` and returns its JSON result (the
+/// cluster layout's files are `<scenario>-cluster.*`).
+fn run_in(scenario: &str, layout: &str) -> (PathBuf, serde_json::Value) {
+    let out = out_dir(&format!("{scenario}-{layout}"));
     let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["bench", scenario, "--quick", "--out"])
+        .args(["bench", scenario, "--quick", "--layout", layout, "--out"])
         .arg(&out)
         .status()
         .expect("sluice bench starts");
     assert!(
         status.success(),
-        "sluice bench {scenario} --quick failed: {status}"
+        "sluice bench {scenario} --quick --layout {layout} failed: {status}"
     );
-    let text = std::fs::read_to_string(out.join(format!("{scenario}.json")))
+    let stem = match layout {
+        "static" => scenario.to_string(),
+        other => format!("{scenario}-{other}"),
+    };
+    let text = std::fs::read_to_string(out.join(format!("{stem}.json")))
         .expect("the scenario writes its JSON");
-    let md = std::fs::read_to_string(out.join(format!("{scenario}.md")))
+    let md = std::fs::read_to_string(out.join(format!("{stem}.md")))
         .expect("the scenario writes its Markdown");
-    assert!(md.contains("|---"), "{scenario}.md holds a table");
-    (out, serde_json::from_str(&text).expect("valid JSON"))
+    assert!(md.contains("|---"), "{stem}.md holds a table");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    assert_eq!(
+        v["layout"].as_str(),
+        Some(layout),
+        "{stem}.json names its layout"
+    );
+    (out, v)
 }
 
 fn samples(v: &serde_json::Value) -> Vec<f64> {
@@ -51,6 +67,21 @@ fn svg(dir: &Path, file: &str) {
 #[test]
 fn rounds_counts_child_batches_on_the_shards() {
     let (dir, v) = run("rounds");
+    check_rounds(&v);
+    svg(&dir, "rounds.svg");
+}
+
+/// The same on the cluster layout: a config server, shard servers and a `--configdb` router,
+/// the collections sharded through the router (a skewed `numInitialChunks` must come out
+/// skewed, as in the static layout).
+#[test]
+fn rounds_counts_child_batches_on_the_cluster_layout() {
+    let (dir, v) = run_in("rounds", "cluster");
+    check_rounds(&v);
+    svg(&dir, "rounds-cluster.svg");
+}
+
+fn check_rounds(v: &serde_json::Value) {
     let rows = v["rows"].as_array().expect("rows");
     assert!(rows.len() >= 3);
     assert!(
@@ -81,8 +112,22 @@ fn rounds_counts_child_batches_on_the_shards() {
         }
         let formula = r["formula"].as_f64().expect("formula");
         assert!(formula > 1.0 && formula < n);
+        let shares: Vec<f64> = r["shares"]
+            .as_array()
+            .expect("shares")
+            .iter()
+            .map(|p| p.as_f64().expect("share"))
+            .collect();
+        assert_eq!(shares.len() as f64, shards, "one share per shard: {r}");
+        let (lo, hi) = shares
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), p| (lo.min(*p), hi.max(*p)));
+        if r["num_initial_chunks"].is_null() {
+            assert!(hi - lo < 1e-6, "a uniform placement: {r}");
+        } else {
+            assert!(hi - lo > 0.1, "a skewed placement: {r}");
+        }
     }
-    svg(&dir, "rounds.svg");
 }
 
 #[test]
@@ -102,6 +147,41 @@ fn bulkwrite_counts_child_bulk_write_commands_on_the_shards() {
 #[test]
 fn seed_table_times_every_plan_beside_the_limit() {
     let (dir, v) = run("seed-table");
+    check_seed_table(&v);
+    svg(&dir, "seed-table.svg");
+}
+
+#[test]
+fn seed_table_times_every_plan_on_the_cluster_layout() {
+    let (dir, v) = run_in("seed-table", "cluster");
+    check_seed_table(&v);
+    svg(&dir, "seed-table-cluster.svg");
+}
+
+/// The other scenarios run on the static layout only, and say so instead of ignoring the flag.
+#[test]
+fn the_cluster_layout_is_refused_where_it_is_not_measured() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "bench",
+            "bulkwrite",
+            "--quick",
+            "--layout",
+            "cluster",
+            "--out",
+        ])
+        .arg(out_dir("bulkwrite-refused"))
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--layout cluster is for rounds and seed-table only"),
+        "{err}"
+    );
+}
+
+fn check_seed_table(v: &serde_json::Value) {
     let variants = v["variants"].as_array().expect("variants");
     assert_eq!(variants.len(), 2);
     for var in variants {
@@ -119,7 +199,6 @@ fn seed_table_times_every_plan_beside_the_limit() {
         assert!(var["bulks_in_flight"]["rewrite"].as_f64().expect("L") > 0.0);
         assert!(var["round_trip_ms"]["shard0"].as_f64().expect("rt") > 0.0);
     }
-    svg(&dir, "seed-table.svg");
 }
 
 #[test]
@@ -246,6 +325,35 @@ fn failover_measures_every_step_down_and_retryable_writes_see_no_error() {
                 errors.iter().all(|x| *x == 0.0),
                 "retryable writes: no error {m}"
             );
+        }
+    }
+}
+
+#[test]
+fn security_counts_what_scram_and_tls_add_per_write_and_per_new_client() {
+    let (_, v) = run("security");
+    let counts = v["counts"].as_array().expect("counts");
+    let modes = [
+        "plain",
+        "SCRAM-SHA-256, authorization on",
+        "TLS",
+        "TLS + SCRAM-SHA-256",
+    ];
+    for mode in modes {
+        for workload in ["insert_one", "new client + ping"] {
+            let c = counts
+                .iter()
+                .find(|c| c["mode"] == mode && c["workload"] == workload)
+                .unwrap_or_else(|| panic!("no {workload} count under {mode}"));
+            assert!(c["per_operation"].as_f64().expect("per op") > 0.0, "{c}");
+            assert!(c["added_over_plain"].is_number(), "{c}");
+            if workload == "new client + ping" {
+                // Every new client opens at least its monitor and one pooled connection.
+                let conns = c["connections_per_operation"]
+                    .as_f64()
+                    .expect("connections");
+                assert!(conns >= 1.0, "{c}");
+            }
         }
     }
 }

@@ -1187,3 +1187,68 @@ async fn move_primary_moves_the_unsharded_collections_and_both_routers_follow() 
     assert_eq!(common::error_code(&e), 11000, "{e}");
     c.shutdown().await;
 }
+
+/// Inserts of `_id`s `range` into `demo.plain` (unsharded) and `demo.items` (sharded),
+/// alternating, as the driver's `Client::bulk_write` models.
+fn plain_and_items(range: std::ops::Range<i64>) -> Vec<mongodb::options::WriteModel> {
+    use mongodb::options::InsertOneModel;
+    range
+        .flat_map(|i| {
+            ["plain", "items"].map(|coll| {
+                InsertOneModel::builder()
+                    .namespace(mongodb::Namespace::new("demo", coll))
+                    .document(doc! {"_id": i})
+                    .build()
+                    .into()
+            })
+        })
+        .collect()
+}
+
+/// A client `bulkWrite` (MongoDB 8.0, the stock driver's `Client::bulk_write`) whose child
+/// reaches a database's primary shard carries, for the unsharded namespace, the UNSHARDED
+/// `shardVersion` and the database's `databaseVersion` in its `nsInfo`, as mongos sends it. A
+/// router that cached the old primary before `movePrimary` through another router is refused
+/// by the old primary (StaleDbVersion), refreshes and writes on the new primary: nothing lands
+/// on the old one, where the other router would never read it.
+#[tokio::test]
+async fn a_bulk_write_on_an_unsharded_namespace_carries_the_database_version() {
+    let c = cluster(2, vec![router_config(), router_config()], ITEMS).await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    let p = primary_of(&c, "demo").await;
+    let other = 1 - p;
+    // Router B learns the database's primary and versions with a first bulkWrite.
+    let r = b.bulk_write(plain_and_items(0..10)).await.unwrap();
+    assert_eq!(r.inserted_count, 20);
+    only_on_primary(&c, "plain", p, &(0..10).collect::<Vec<_>>());
+
+    admin(
+        &a,
+        doc! {"movePrimary": "demo", "to": format!("shard{other}")},
+    )
+    .await
+    .unwrap();
+    assert_eq!(primary_of(&c, "demo").await, other);
+    only_on_primary(&c, "plain", other, &(0..10).collect::<Vec<_>>());
+
+    // Router B, stale, writes both namespaces again, ordered and then unordered.
+    let r = b.bulk_write(plain_and_items(10..20)).await.unwrap();
+    assert_eq!(r.inserted_count, 20);
+    let r = b
+        .bulk_write(plain_and_items(20..30))
+        .ordered(false)
+        .await
+        .unwrap();
+    assert_eq!(r.inserted_count, 20);
+    only_on_primary(&c, "plain", other, &(0..30).collect::<Vec<_>>());
+    assert_eq!(ids(&a, "demo", "plain").await, (0..30).collect::<Vec<_>>());
+    assert_eq!(ids(&a, "demo", "items").await, (0..30).collect::<Vec<_>>());
+    let per_shard = ids_per_shard(&c, "demo", "items");
+    assert_eq!(
+        per_shard.iter().map(Vec::len).sum::<usize>(),
+        30,
+        "{per_shard:?}"
+    );
+    c.shutdown().await;
+}

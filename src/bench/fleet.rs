@@ -1,6 +1,13 @@
 //! What the load scenarios run against: embedded shards as separate `sluice shard` processes
 //! and a router process in front of them, all on loopback, started from this very binary and
 //! stopped when dropped. The load itself goes through the stock Rust driver.
+//!
+//! Two layouts ([`Layout`]): `static`, a router holding the metadata itself (`sluice --config`
+//! with the shards and collections in its generated TOML), and `cluster`, the layout `sluice
+//! demo` runs: an embedded config server (`sluice configsvr`), the shards in shard-server mode
+//! (`sluice shard --configdb …`) and a router in `--configdb` mode, the shards added and the
+//! collections sharded through that router with the commands a user sends (`addShard`,
+//! `enableSharding`, `shardCollection`).
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -106,9 +113,62 @@ impl Latency {
     }
 }
 
-/// Starts one `sluice shard` process on an ephemeral port.
-async fn start_shard(name: &str, latency: Latency) -> anyhow::Result<Proc> {
-    let args = vec![
+/// How the fleet is laid out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// One router holding the metadata itself (`sluice --config` with a generated TOML).
+    #[default]
+    Static,
+    /// An embedded config server, shards in shard-server mode and a `--configdb` router, each
+    /// its own process (what `sluice demo` runs).
+    Cluster,
+}
+
+impl Layout {
+    /// `static` or `cluster`, as `--layout` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Static => "static",
+            Layout::Cluster => "cluster",
+        }
+    }
+}
+
+impl std::str::FromStr for Layout {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Layout> {
+        match s {
+            "static" => Ok(Layout::Static),
+            "cluster" => Ok(Layout::Cluster),
+            other => bail!("unknown layout {other:?} (static or cluster)"),
+        }
+    }
+}
+
+/// The replica set name of the fleet's config server (what `--configdb` names).
+const CONFIG_SET_NAME: &str = "configRS";
+
+/// Starts one `sluice configsvr` process on an ephemeral port.
+async fn start_config_server() -> anyhow::Result<Proc> {
+    let args: Vec<String> = [
+        "configsvr",
+        "--port",
+        "0",
+        "--set-name",
+        CONFIG_SET_NAME,
+        "--log-level",
+        "warn",
+    ]
+    .map(String::from)
+    .to_vec();
+    Proc::start(&sluice_exe()?, &args).await
+}
+
+/// Starts one `sluice shard` process on an ephemeral port (in shard-server mode with a
+/// `configdb`).
+async fn start_shard(name: &str, latency: Latency, configdb: Option<&str>) -> anyhow::Result<Proc> {
+    let mut args = vec![
         "shard".to_string(),
         "--port".into(),
         "0".into(),
@@ -121,6 +181,9 @@ async fn start_shard(name: &str, latency: Latency) -> anyhow::Result<Proc> {
         "--latency-per-document".into(),
         format!("{}us", latency.per_document.as_micros()),
     ];
+    if let Some(c) = configdb {
+        args.extend(["--configdb".to_string(), c.to_string()]);
+    }
     Proc::start(&sluice_exe()?, &args).await
 }
 
@@ -144,6 +207,20 @@ pub struct RouterSpec {
     pub wrapper: Vec<String>,
     /// More configuration appended to the router's TOML (e.g. a `[batching]` table).
     pub extra: String,
+    /// What the fleet's clients of the router put in their connection string: the user
+    /// information before the host (`user:password@`) and options after it (`&tls=true…`).
+    pub client_auth: ClientAuth,
+    /// Static router or config server + shard servers + `--configdb` router.
+    pub layout: Layout,
+}
+
+/// How the fleet's clients reach a router that requires authentication or TLS.
+#[derive(Debug, Clone, Default)]
+pub struct ClientAuth {
+    /// `user:password@`, or empty.
+    pub userinfo: String,
+    /// More connection-string options, each starting with `&`, or empty.
+    pub options: String,
 }
 
 impl RouterSpec {
@@ -154,7 +231,15 @@ impl RouterSpec {
             collections,
             wrapper: Vec::new(),
             extra: String::new(),
+            client_auth: ClientAuth::default(),
+            layout: Layout::Static,
         }
+    }
+
+    /// The same router in `layout`.
+    pub fn in_layout(mut self, layout: Layout) -> RouterSpec {
+        self.layout = layout;
+        self
     }
 }
 
@@ -178,13 +263,25 @@ fn policy_name(p: Policy) -> &'static str {
     }
 }
 
-/// The router's TOML configuration.
-fn router_config(shards: &[(String, SocketAddr)], spec: &RouterSpec) -> String {
+/// The router's TOML configuration: with a `configdb`, the config server is the authority
+/// (no shards or collections listed); otherwise the shards and collections themselves.
+fn router_config(
+    shards: &[(String, SocketAddr)],
+    configdb: Option<&str>,
+    spec: &RouterSpec,
+) -> String {
     let mut s = format!(
-        "listen = \"127.0.0.1:0\"\nmetrics_listen = \"\"\nordered_rewrite = \"{}\"\n\n[log]\nlevel = \"warn\"\n",
+        "listen = \"127.0.0.1:0\"\nmetrics_listen = \"\"\nordered_rewrite = \"{}\"\n",
         policy_name(spec.policy)
     );
+    if let Some(c) = configdb {
+        s.push_str(&format!("configdb = \"{c}\"\n"));
+    }
+    s.push_str("\n[log]\nlevel = \"warn\"\n");
     s.push_str(&spec.extra);
+    if configdb.is_some() {
+        return s;
+    }
     for (id, addr) in shards {
         s.push_str(&format!(
             "\n[[shards]]\nid = \"{id}\"\naddress = \"{addr}\"\n"
@@ -243,6 +340,8 @@ pub struct Fleet {
     pub shard_clients: Vec<mongodb::Client>,
     /// The router process.
     pub router: Proc,
+    /// The config server process (the cluster layout).
+    pub config_server: Option<Proc>,
     /// A stock-driver client of the router, for the driver's own operations (its retryable
     /// writes number their transactions per session themselves).
     pub client: mongodb::Client,
@@ -256,9 +355,20 @@ pub struct Fleet {
 
 /// A stock-driver client; `direct` for a single shard.
 async fn client(addr: SocketAddr, direct: bool) -> anyhow::Result<mongodb::Client> {
+    router_client(addr, direct, &ClientAuth::default()).await
+}
+
+/// A stock-driver client with `auth` in its connection string.
+pub async fn router_client(
+    addr: SocketAddr,
+    direct: bool,
+    auth: &ClientAuth,
+) -> anyhow::Result<mongodb::Client> {
     let uri = format!(
-        "mongodb://{addr}/?serverSelectionTimeoutMS=20000{}",
-        if direct { "&directConnection=true" } else { "" }
+        "mongodb://{}{addr}/?serverSelectionTimeoutMS=20000{}{}",
+        auth.userinfo,
+        if direct { "&directConnection=true" } else { "" },
+        auth.options
     );
     Ok(mongodb::Client::with_uri_str(uri).await?)
 }
@@ -267,11 +377,18 @@ impl Fleet {
     /// Starts one shard per entry of `latencies` and a router configured by `spec`.
     pub async fn start(latencies: &[Latency], spec: &RouterSpec) -> anyhow::Result<Fleet> {
         let scratch = Scratch::new("fleet")?;
+        let config_server = match spec.layout {
+            Layout::Static => None,
+            Layout::Cluster => Some(start_config_server().await?),
+        };
+        let configdb = config_server
+            .as_ref()
+            .map(|c| format!("{CONFIG_SET_NAME}/{}", c.addr));
         let mut shards = Vec::new();
         let mut shard_ids = Vec::new();
         for (i, l) in latencies.iter().enumerate() {
             let id = format!("shard{i}");
-            shards.push(start_shard(&id, *l).await?);
+            shards.push(start_shard(&id, *l, configdb.as_deref()).await?);
             shard_ids.push(id);
         }
         let list: Vec<(String, SocketAddr)> = shard_ids
@@ -284,24 +401,80 @@ impl Fleet {
             ns: format!("bench.{WARM_UP}"),
             chunks: None,
         });
-        let router = start_router(&scratch.0, &list, &spec).await?;
+        let router = start_router(&scratch.0, &list, configdb.as_deref(), &spec).await?;
         let mut shard_clients = Vec::new();
         for s in &shards {
             shard_clients.push(client(s.addr, true).await?);
         }
-        let writer = client(router.addr, false).await?;
-        let client = client(router.addr, false).await?;
+        let writer = router_client(router.addr, false, &spec.client_auth).await?;
+        let client = router_client(router.addr, false, &spec.client_auth).await?;
         let fleet = Fleet {
             shard_ids,
             shards,
             shard_clients,
             router,
+            config_server,
             client,
             writer,
             _scratch: scratch,
         };
+        if fleet.config_server.is_some() {
+            fleet.set_up_cluster(&list, &spec.collections).await?;
+        }
         fleet.warm_up().await?;
         Ok(fleet)
+    }
+
+    /// The cluster layout, through the router as a user sets a cluster up: `addShard` for each
+    /// shard, `enableSharding` of every database, `shardCollection` of each collection on
+    /// `{_id: "hashed"}` (with its `numInitialChunks`). Then one read of each collection, so
+    /// the router has loaded its routing before anything is measured (the static router holds
+    /// it from start-up; a `--configdb` router reads it from the config server on first use).
+    async fn set_up_cluster(
+        &self,
+        shards: &[(String, SocketAddr)],
+        collections: &[Sharded],
+    ) -> anyhow::Result<()> {
+        let admin = self.client.database("admin");
+        for (id, addr) in shards {
+            admin
+                .run_command(doc! {"addShard": format!("{id}/{addr}")})
+                .await
+                .with_context(|| format!("addShard {id} through the router"))?;
+        }
+        let mut dbs: Vec<&str> = collections
+            .iter()
+            .map(|c| c.ns.split_once('.').map_or(c.ns.as_str(), |(db, _)| db))
+            .collect();
+        dbs.sort_unstable();
+        dbs.dedup();
+        for db in dbs {
+            admin
+                .run_command(doc! {"enableSharding": db})
+                .await
+                .with_context(|| format!("enableSharding {db} through the router"))?;
+        }
+        for c in collections {
+            let mut cmd = doc! {"shardCollection": &c.ns, "key": {"_id": "hashed"}};
+            if let Some(n) = c.chunks {
+                cmd.insert("numInitialChunks", n as i64);
+            }
+            admin
+                .run_command(cmd)
+                .await
+                .with_context(|| format!("shardCollection {} through the router", c.ns))?;
+        }
+        for c in collections {
+            let (db, coll) =
+                c.ns.split_once('.')
+                    .ok_or_else(|| anyhow!("{} names no collection", c.ns))?;
+            self.client
+                .database(db)
+                .collection::<Document>(coll)
+                .find_one(doc! {})
+                .await?;
+        }
+        Ok(())
     }
 
     /// Opens the connections the measurements will use (driver pools, the router's shard
@@ -387,6 +560,11 @@ impl Fleet {
             c.shutdown().await;
         }
         self.router.stop().await?;
+        // The config server before the shards: its connections to them close cleanly, where
+        // the shards' going first would reset them under its feet (a warning each).
+        if let Some(c) = self.config_server {
+            c.stop().await?;
+        }
         for s in self.shards {
             s.stop().await?;
         }
@@ -420,6 +598,7 @@ async fn command_total(c: &mongodb::Client, name: &str) -> anyhow::Result<i64> {
 async fn start_router(
     dir: &Path,
     shards: &[(String, SocketAddr)],
+    configdb: Option<&str>,
     spec: &RouterSpec,
 ) -> anyhow::Result<Proc> {
     let path = dir.join("router.toml");
@@ -427,7 +606,7 @@ async fn start_router(
     if let Ok(extra) = std::env::var("SLUICE_BENCH_ROUTER_TOML") {
         spec.extra.push_str(&extra);
     }
-    std::fs::write(&path, router_config(shards, &spec))
+    std::fs::write(&path, router_config(shards, configdb, &spec))
         .with_context(|| format!("cannot write {}", path.display()))?;
     let exe = sluice_exe()?;
     let mut args: Vec<String> = spec.wrapper.iter().skip(1).cloned().collect();
@@ -610,14 +789,32 @@ mod tests {
             }],
             wrapper: vec![],
             extra: String::new(),
+            client_auth: ClientAuth::default(),
+            layout: Layout::Static,
         };
-        let text = router_config(
-            &[("shard0".into(), "127.0.0.1:1".parse().expect("addr"))],
-            &spec,
-        );
+        let shards = [("shard0".into(), "127.0.0.1:1".parse().expect("addr"))];
+        let text = router_config(&shards, None, &spec);
         let c: crate::config::Config = toml::from_str(&text).expect("valid configuration");
         assert_eq!(c.ordered_rewrite, Policy::Off);
         assert_eq!(c.collections[0].num_initial_chunks, Some(3));
         assert_eq!(c.shards[0].address, "127.0.0.1:1");
+        c.validate().expect("a valid static configuration");
+
+        // With a config server: nothing listed, the config server is the authority.
+        let text = router_config(&shards, Some("configRS/127.0.0.1:2"), &spec);
+        let c: crate::config::Config = toml::from_str(&text).expect("valid configuration");
+        assert_eq!(c.configdb.as_deref(), Some("configRS/127.0.0.1:2"));
+        assert!(c.shards.is_empty() && c.collections.is_empty());
+        assert_eq!(c.ordered_rewrite, Policy::Off);
+        c.validate().expect("a valid --configdb configuration");
+    }
+
+    #[test]
+    fn layouts_by_name() {
+        for l in [Layout::Static, Layout::Cluster] {
+            assert_eq!(l.name().parse::<Layout>().expect("known"), l);
+        }
+        assert!("sharded".parse::<Layout>().is_err());
+        assert_eq!(Layout::default(), Layout::Static);
     }
 }

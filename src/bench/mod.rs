@@ -1,7 +1,7 @@
 //! `sluice bench <scenario>`: benchmarks that write a JSON result, a Markdown table and, where
 //! a picture helps, an SVG chart into an output directory (see `docs/benchmarks.md`).
 //!
-//! The load scenarios (`rounds`, `bulkwrite`, `seed-table`, `overhead`, `undo`) start what they need from this very
+//! The load scenarios (`rounds`, `bulkwrite`, `seed-table`, `overhead`, `security`, `undo`) start what they need from this very
 //! binary: embedded shards as separate `sluice shard` processes and a router process, on
 //! loopback, stopped afterwards; the load goes through the stock Rust driver. `overload` runs
 //! the deterministic simulation of [`crate::backend::sim`]. `failover` runs a replica-set
@@ -18,6 +18,7 @@ pub mod overhead;
 pub mod overload;
 pub mod report;
 pub mod rounds;
+pub mod security;
 pub mod seed;
 pub mod undo;
 
@@ -29,18 +30,39 @@ pub const SCENARIOS: &[&str] = &[
     "bulkwrite",
     "seed-table",
     "overhead",
+    "security",
     "overload",
     "undo",
     "failover",
 ];
 
-/// Runs one scenario and writes its results into `out`; returns its Markdown table.
-pub async fn run(scenario: &str, quick: bool, out: &Path) -> anyhow::Result<String> {
+/// The scenarios that run on either [`fleet::Layout`] (the others on the static one only).
+pub const LAYOUT_SCENARIOS: &[&str] = &["rounds", "seed-table"];
+
+/// Runs one scenario on fleets of `layout` and writes its results into `out` (the cluster
+/// layout's under `<scenario>-cluster.*`); returns its Markdown table.
+pub async fn run(
+    scenario: &str,
+    quick: bool,
+    layout: fleet::Layout,
+    out: &Path,
+) -> anyhow::Result<String> {
+    if layout != fleet::Layout::Static
+        && SCENARIOS.contains(&scenario)
+        && !LAYOUT_SCENARIOS.contains(&scenario)
+    {
+        anyhow::bail!(
+            "--layout {} is for {} only; {scenario} runs on the static layout",
+            layout.name(),
+            LAYOUT_SCENARIOS.join(" and ")
+        );
+    }
     let report = match scenario {
-        "rounds" => rounds::run(quick).await?,
+        "rounds" => rounds::run(quick, layout).await?,
         "bulkwrite" => bulk_rounds::run(quick).await?,
-        "seed-table" => seed::run(quick).await?,
+        "seed-table" => seed::run(quick, layout).await?,
         "overhead" => overhead::run(quick).await?,
+        "security" => security::run(quick).await?,
         "overload" => overload::report(quick),
         "undo" => undo::run(quick).await?,
         "failover" => failover::run(quick).await?,

@@ -436,9 +436,11 @@ fn coll_of(lane: Lane) -> String {
     lane.label().to_string()
 }
 
-const VALGRIND: &str = "valgrind";
+/// The profiler the instruction counts come from.
+pub(super) const VALGRIND: &str = "valgrind";
 
-async fn check_valgrind() -> anyhow::Result<()> {
+/// Fails with a clear message when valgrind is missing.
+pub(super) async fn check_valgrind() -> anyhow::Result<()> {
     let ok = tokio::process::Command::new(VALGRIND)
         .arg("--version")
         .output()
@@ -509,7 +511,12 @@ async fn callgrind_run(workload: Workload, bulk: usize, bulks: usize) -> anyhow:
         }
     }
     fleet.stop().await?;
-    let text = std::fs::read_to_string(&out)
+    callgrind_total(&out)
+}
+
+/// The total instructions of a callgrind output file.
+pub(super) fn callgrind_total(out: &std::path::Path) -> anyhow::Result<u64> {
+    let text = std::fs::read_to_string(out)
         .with_context(|| format!("callgrind wrote no {}", out.display()))?;
     text.lines()
         .find_map(|l| {

@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 
 use super::fleet::{
-    per_repetition, timed_update, upserts, Fleet, Latency, Progress, RouterSpec, Stats,
+    per_repetition, timed_update, upserts, Fleet, Latency, Layout, Progress, RouterSpec, Stats,
 };
 use super::report::{line_chart, Report, Series};
 use crate::write::plan::Policy;
@@ -74,8 +74,8 @@ fn setup(quick: bool) -> Setup {
     }
 }
 
-/// Runs the scenario.
-pub async fn run(quick: bool) -> anyhow::Result<Report> {
+/// Runs the scenario on fleets of `layout`.
+pub async fn run(quick: bool, layout: Layout) -> anyhow::Result<Report> {
     let s = setup(quick);
     let mut progress = Progress::new("rounds", s.placements.len() * 2 * s.reps);
     let mut rows = Vec::new();
@@ -91,7 +91,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
             touched: Vec::new(),
         };
         for policy in [Policy::Off, Policy::RetrySafe] {
-            let spec = RouterSpec::new(policy, per_repetition(s.reps, chunks));
+            let spec = RouterSpec::new(policy, per_repetition(s.reps, chunks)).in_layout(layout);
             let fleet = Fleet::start(&vec![Latency::default(); shards], &spec).await?;
             if row.shares.is_empty() {
                 row.shares = fleet.hash_shares("bench.o0").await?;
@@ -144,7 +144,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
         rows.push(row);
     }
     progress.finish();
-    Ok(report(s.n, s.reps, &rows))
+    Ok(report(s.n, s.reps, layout, &rows))
 }
 
 fn placement(row: &Row) -> String {
@@ -164,9 +164,10 @@ fn cell(xs: &[f64]) -> String {
     }
 }
 
-fn report(n: usize, reps: usize, rows: &[Row]) -> Report {
+fn report(n: usize, reps: usize, layout: Layout, rows: &[Row]) -> Report {
     let mut md = format!(
-        "n = {n} ordered upserts with distinct hashed `_id`s per bulk, {reps} repetition(s) per cell (mean ± sample sd [min–max]). Child batches are the shards' own `update` command counts.\n\n| shards | placement (hash-space share per shard) | formula 1+(n−1)(1−Σp²) | mongos rounds | vs formula | proven rewrite | client unordered | shards touched |\n|---|---|---|---|---|---|---|---|\n"
+        "n = {n} ordered upserts with distinct hashed `_id`s per bulk, {reps} repetition(s) per cell (mean ± sample sd [min–max]). Child batches are the shards' own `update` command counts. Layout: {}.\n\n| shards | placement (hash-space share per shard) | formula 1+(n−1)(1−Σp²) | mongos rounds | vs formula | proven rewrite | client unordered | shards touched |\n|---|---|---|---|---|---|---|---|\n",
+        layout_text(layout)
     );
     for r in rows {
         let mean = Stats::of(&r.mongos).mean;
@@ -185,6 +186,7 @@ fn report(n: usize, reps: usize, rows: &[Row]) -> Report {
     }
     let json = serde_json::json!({
         "scenario": "rounds",
+        "layout": layout.name(),
         "n": n,
         "repetitions": reps,
         "rows": rows.iter().map(|r| serde_json::json!({
@@ -221,11 +223,23 @@ fn report(n: usize, reps: usize, rows: &[Row]) -> Report {
             }),
         ],
     );
+    let name = match layout {
+        Layout::Static => "rounds",
+        Layout::Cluster => "rounds-cluster",
+    };
     Report {
-        name: "rounds",
+        name,
         json,
         markdown: md,
-        charts: vec![("rounds.svg".into(), chart)],
+        charts: vec![(format!("{name}.svg"), chart)],
+    }
+}
+
+/// What `layout` starts, for the results' text.
+pub fn layout_text(layout: Layout) -> &'static str {
+    match layout {
+        Layout::Static => "static (one `sluice --config` router holding the shards and collections in its configuration)",
+        Layout::Cluster => "cluster (a `sluice configsvr` config server, the shards in shard-server mode, a `--configdb` router; shards added and collections sharded through the router)",
     }
 }
 

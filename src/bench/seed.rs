@@ -13,7 +13,7 @@ use anyhow::Context;
 use bson::{doc, Bson, Document};
 
 use super::fleet::{
-    per_repetition, timed_update, upserts, Fleet, Latency, Progress, RouterSpec, Stats,
+    per_repetition, timed_update, upserts, Fleet, Latency, Layout, Progress, RouterSpec, Stats,
 };
 use super::report::{log_bar_chart, Bar, Report};
 use crate::write::plan::Policy;
@@ -65,8 +65,8 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Runs the scenario.
-pub async fn run(quick: bool) -> anyhow::Result<Report> {
+/// Runs the scenario on fleets of `layout`.
+pub async fn run(quick: bool, layout: Layout) -> anyhow::Result<Report> {
     let (n, reps) = if quick { (100, 1) } else { (1000, 5) };
     let mut progress = Progress::new("seed-table", 2 * 2 * reps);
     let mut variants = Vec::new();
@@ -81,7 +81,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
             ..Variant::default()
         };
         for policy in [Policy::Off, Policy::RetrySafe] {
-            let spec = RouterSpec::new(policy, per_repetition(reps, None));
+            let spec = RouterSpec::new(policy, per_repetition(reps, None)).in_layout(layout);
             let fleet = Fleet::start(&lat, &spec).await?;
             for r in 0..reps {
                 let tag = format!("{name}-{r}");
@@ -147,7 +147,7 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
         variants.push(v);
     }
     progress.finish();
-    Ok(report(n, reps, &variants))
+    Ok(report(n, reps, layout, &variants))
 }
 
 /// The upserts that recreate what `shard` holds of `bench.coll`.
@@ -212,10 +212,11 @@ fn fmt_ms(v: f64) -> String {
     }
 }
 
-fn report(n: usize, reps: usize, variants: &[Variant]) -> Report {
+fn report(n: usize, reps: usize, layout: Layout, variants: &[Variant]) -> Report {
     let med = |xs: &[f64]| Stats::of(xs).median;
     let mut md = format!(
-        "5 embedded shards (separate processes) inject 1 ms per command + 0.2 ms per document; \"one shard slow\": shard0 injects 10 ms + 2 ms. One ordered bulk of n = {n} distinct-`_id` upserts through the router (stock Rust driver); medians of {reps} repetition(s) [min–max]. Bulks in flight by Little's law at {ARRIVALS_PER_S} bulks/s.\n\nThe physical limit is one wait on the slowest shard for the documents it owns: the model's figure, and the same upserts sent straight to that shard alone. A router that cost nothing would send every shard its share at once: that is measured too (\"all shards direct\"), and on a 2-core machine that hosts five shards it is slower than the slowest shard alone, because the shards' CPU work after the injected wait shares the cores.\n\n| case | plan | wall time | analysis (n = 1,000) | vs slowest shard alone | vs all shards direct | bulks in flight |\n|---|---|---|---|---|---|---|\n"
+        "5 embedded shards (separate processes) inject 1 ms per command + 0.2 ms per document; \"one shard slow\": shard0 injects 10 ms + 2 ms. One ordered bulk of n = {n} distinct-`_id` upserts through the router (stock Rust driver); medians of {reps} repetition(s) [min–max]. Bulks in flight by Little's law at {ARRIVALS_PER_S} bulks/s. Layout: {}.\n\nThe physical limit is one wait on the slowest shard for the documents it owns: the model's figure, and the same upserts sent straight to that shard alone. A router that cost nothing would send every shard its share at once: that is measured too (\"all shards direct\"), and on a 2-core machine that hosts five shards it is slower than the slowest shard alone, because the shards' CPU work after the injected wait shares the cores.\n\n| case | plan | wall time | analysis (n = 1,000) | vs slowest shard alone | vs all shards direct | bulks in flight |\n|---|---|---|---|---|---|---|\n",
+        super::rounds::layout_text(layout)
     );
     for v in variants {
         let alone = med(&v.limit_measured);
@@ -266,6 +267,7 @@ fn report(n: usize, reps: usize, variants: &[Variant]) -> Report {
     }
     let json = serde_json::json!({
         "scenario": "seed-table",
+        "layout": layout.name(),
         "n": n,
         "repetitions": reps,
         "shards": SHARDS,
@@ -311,10 +313,14 @@ fn report(n: usize, reps: usize, variants: &[Variant]) -> Report {
         "ms",
         &bars,
     );
+    let name = match layout {
+        Layout::Static => "seed-table",
+        Layout::Cluster => "seed-table-cluster",
+    };
     Report {
-        name: "seed-table",
+        name,
         json,
         markdown: md,
-        charts: vec![("seed-table.svg".into(), chart)],
+        charts: vec![(format!("{name}.svg"), chart)],
     }
 }

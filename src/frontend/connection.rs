@@ -327,6 +327,11 @@ async fn read_frame(
                 ))
             }
             Ok(_) => {}
+            // A TLS client that closes between messages without close_notify (most drivers
+            // do) has simply gone away, as a plain client closing its socket has.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && buf.is_empty() => {
+                return Ok(None)
+            }
             Err(e) => return Err(e.to_string()),
         }
     }

@@ -452,12 +452,13 @@ pub async fn bulk_write(
             policy = p;
         }
         let db = ns.split_once('.').map_or(ns.as_str(), |(db, _)| db);
-        sharded.sync_database(db, true).await?;
+        let versions = sharded.sync_database(db, true).await?.unwrap_or_default();
         routes.push(match cluster.routing.lookup(ns).await? {
             Some(snap) => crate::write::bulk::NsRoute::Sharded(snap),
-            None => {
-                crate::write::bulk::NsRoute::Unsharded(primary_shard(cluster, store, db, true)?)
-            }
+            None => crate::write::bulk::NsRoute::Unsharded(crate::write::PrimaryShard {
+                shard: primary_shard(cluster, store, db, true)?,
+                versions,
+            }),
         });
     }
     if in_transaction_raw(req) {
@@ -465,16 +466,19 @@ pub async fn bulk_write(
             .await
             .map(Reply::from);
     }
-    let refresh = |ns: String| -> crate::frontend::BoxFuture<'_, _> {
+    let refresh = |ns: String, errors: Vec<Document>| -> crate::frontend::BoxFuture<'_, _> {
         Box::pin(async move {
-            match cluster.routing.reload(&ns, &[]).await {
+            // The shards' answers say what to refresh: the collection (StaleConfig,
+            // StaleEpoch) or its database (StaleDbVersion, after movePrimary).
+            match cluster.routing.reload(&ns, &errors).await {
                 Ok(Some(snap)) => Some(crate::write::bulk::NsRoute::Sharded(snap)),
-                // Dropped or renamed away since it was cached sharded: the primary's now.
+                // Unsharded, or dropped or renamed away since it was cached sharded: the
+                // primary's, with the database's current version.
                 Ok(None) => {
                     let db = ns.split_once('.').map_or(ns.as_str(), |(db, _)| db);
                     primary_for_write(sharded, db)
                         .await
-                        .map(|p| crate::write::bulk::NsRoute::Unsharded(p.shard))
+                        .map(crate::write::bulk::NsRoute::Unsharded)
                 }
                 Err(_) => None,
             }
@@ -845,7 +849,7 @@ async fn bulk_write_in_transaction(
     for route in routes {
         match route {
             crate::write::bulk::NsRoute::Unsharded(primary) => {
-                shards.insert(primary.clone());
+                shards.insert(primary.shard.clone());
             }
             crate::write::bulk::NsRoute::Sharded(snap) => shards.extend(snap.chunks.shards()),
         }

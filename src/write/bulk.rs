@@ -7,8 +7,12 @@
 //! whose identities are pairwise distinct within each namespace (an identity is the pair
 //! namespace, `_id`), and whose operations are retry-safe goes out as ONE round, one ordered
 //! child `bulkWrite` per shard; otherwise mongos's rounds. A child carries the client's whole
-//! `nsInfo` (with each sharded namespace's `shardVersion` for that shard), so the operations
-//! travel as the client's bytes with their `nsInfo` indexes unchanged. Replies are merged item
+//! `nsInfo`, so the operations travel as the client's bytes with their `nsInfo` indexes
+//! unchanged; as mongos (`BulkWriteOp::buildBulkCommandRequest`), each namespace the child has
+//! operations for carries its versions for that shard: a sharded one its `shardVersion`, an
+//! unsharded one the UNSHARDED `shardVersion` and its database's `databaseVersion` (with a
+//! config server), so a shard that is no longer the primary refuses it (StaleDbVersion) and
+//! the router retargets instead of writing where no one reads. Replies are merged item
 //! by item (each child reports every operation it ran), so counts are exact whatever the plan;
 //! an ordered reply is cut at its first error and inserts a rewritten bulk applied after that
 //! error are undone, as for the other write commands (docs/design/bulk-write.md).
@@ -22,7 +26,7 @@ use bytes::Bytes;
 use super::merge::{merge_write_concern_errors, ChildOutcome};
 use super::plan::{self, PlanKind, Policy, Round};
 use super::target::{self, Target, Targeted};
-use super::{child_template, ClusterSender, Statements, WriteStats};
+use super::{child_template, ClusterSender, PrimaryShard, Statements, WriteStats};
 use crate::backend::limiter::OpKind;
 use crate::cluster::Cluster;
 use crate::command::bulk_write::{error_item, ok_item, BulkRequest, Summary, CURSOR_NS};
@@ -37,12 +41,14 @@ use crate::wire::OpMsgBuilder;
 pub enum NsRoute {
     /// A sharded collection: target each operation with this snapshot.
     Sharded(Arc<RoutingSnapshot>),
-    /// An unsharded collection: every operation goes to this shard (the database's primary).
-    Unsharded(String),
+    /// An unsharded collection: every operation goes to the database's primary shard, with
+    /// the versions it checks (UNSHARDED and the `databaseVersion`, with a config server).
+    Unsharded(PrimaryShard),
 }
 
-/// Stale-routing codes a shard answers an operation with when its routing was out of date.
-const STALE_CODES: &[i32] = &[13388, 150, 63];
+/// Stale-routing codes a shard answers an operation with when its routing was out of date
+/// (StaleConfig, StaleEpoch, StaleShardVersion, StaleDbVersion).
+const STALE_CODES: &[i32] = &[13388, 150, 63, 249];
 
 /// Rounds without progress before stale operations fail with NoProgressMade.
 const MAX_ROUNDS_WITHOUT_PROGRESS: usize = 5;
@@ -174,11 +180,11 @@ impl Run<'_> {
                 WriteKind::Update => target::target_update(snap, stmt),
                 WriteKind::Delete => target::target_delete(snap, stmt),
             },
-            NsRoute::Unsharded(shard) => {
+            NsRoute::Unsharded(primary) => {
                 let id = (op.kind == WriteKind::Insert && self.client_id[i])
                     .then(|| stmt.get("_id"))
                     .flatten();
-                target::target_unsharded(op.kind, stmt, id, shard)
+                target::target_unsharded(op.kind, stmt, id, &primary.shard)
             }
         };
         t.identity = t
@@ -212,6 +218,12 @@ impl Run<'_> {
         }
         let mut b = OpMsgBuilder::new(0, body.as_bytes());
         b.begin_sequence("nsInfo");
+        let mut targeted = vec![false; self.bulk.ns_info.len()];
+        for i in ops {
+            if let Some(t) = targeted.get_mut(self.bulk.ops[*i].ns) {
+                *t = true;
+            }
+        }
         for (k, entry) in self.bulk.ns_info.iter().enumerate() {
             let mut e = Document::new();
             for (key, v) in entry {
@@ -219,9 +231,19 @@ impl Run<'_> {
                     e.insert(key.clone(), v.clone());
                 }
             }
-            if let NsRoute::Sharded(snap) = &self.routes[k] {
-                if self.cluster.is_shard_server(shard) {
-                    e.insert("shardVersion", snap.shard_version(shard));
+            // Versions only for the namespaces this child writes, as mongos sets them from
+            // each targeted operation's endpoint.
+            if targeted[k] {
+                match &self.routes[k] {
+                    NsRoute::Sharded(snap) => {
+                        if self.cluster.is_shard_server(shard) {
+                            e.insert("shardVersion", snap.shard_version(shard));
+                        }
+                    }
+                    NsRoute::Unsharded(primary) if primary.shard == shard => {
+                        e.extend(primary.versions.clone());
+                    }
+                    NsRoute::Unsharded(_) => {}
                 }
             }
             b.push_document(&e.to_vec().map_err(cannot)?);
@@ -500,14 +522,17 @@ impl Run<'_> {
 
 /// Runs a router `bulkWrite` whose namespaces resolve to `routes` (one per `nsInfo` entry) and
 /// returns the client's reply (without `ok`). `refresh` reloads a namespace's route after a
-/// shard answered with stale routing.
+/// shard answered its operations with stale routing (given those answers, so that the cache
+/// refreshes what they name: the collection, or the database for StaleDbVersion).
 pub async fn execute<'r>(
     cluster: &Arc<Cluster>,
     stats: &WriteStats,
     policy: Policy,
     bulk: &BulkRequest,
     routes: Vec<NsRoute>,
-    refresh: &(dyn Fn(String) -> crate::frontend::BoxFuture<'r, Option<NsRoute>> + Sync + 'r),
+    refresh: &(dyn Fn(String, Vec<Document>) -> crate::frontend::BoxFuture<'r, Option<NsRoute>>
+          + Sync
+          + 'r),
 ) -> Result<Document, CommandError> {
     let n = bulk.ops.len();
     let retryable = bulk.options.contains_key("lsid") && bulk.options.contains_key("txnNumber");
@@ -645,7 +670,12 @@ pub async fn execute<'r>(
         namespaces.sort_unstable();
         namespaces.dedup();
         for k in namespaces {
-            match refresh(bulk.namespaces[k].clone()).await {
+            let errors: Vec<Document> = stale
+                .iter()
+                .filter(|&&i| bulk.ops[i].ns == k)
+                .filter_map(|&i| items[i].clone())
+                .collect();
+            match refresh(bulk.namespaces[k].clone(), errors).await {
                 Some(r) => run.routes[k] = r,
                 None => refreshed = false,
             }
