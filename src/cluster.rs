@@ -214,13 +214,16 @@ impl Cluster {
         self.current()?.queues.get(shard)
     }
 
-    /// Waits for an execution slot on `shard` for `work`, until `max_time` (the client's
-    /// `maxTimeMS`) or the configured queue timeout.
+    /// Waits for an execution slot on `shard` for `work`, until the configured queue timeout
+    /// (Sluice's admission control: ExceededTimeLimit, 262). A client's `maxTimeMS` is not
+    /// a bound here: the dispatcher ends the whole request at it with MaxTimeMSExpired (50),
+    /// as mongos does, and dropping the wait leaves the queue. Bounding the wait by it too
+    /// made the two race at the same instant, and a request that met a stalled shard got
+    /// 262 (as a write error, with `RetryableWriteError`) or 50 by the luck of the timer.
     pub async fn slot(
         &self,
         shard: &str,
         work: SlotRequest<'_>,
-        max_time: Option<std::time::Duration>,
     ) -> Result<Option<LimitPermit>, QueueTimeout> {
         let Some(queue) = self.queue(shard) else {
             return Ok(None);
@@ -234,7 +237,7 @@ impl Cluster {
             operations: work.operations.max(1),
             bytes: work.bytes,
         };
-        let deadline = std::time::Instant::now() + max_time.unwrap_or(self.queue_timeout);
+        let deadline = std::time::Instant::now() + self.queue_timeout;
         queue.acquire(info, deadline).await.map(Some)
     }
 

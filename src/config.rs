@@ -222,8 +222,8 @@ pub struct BatchingConfig {
     /// Lowest adaptive limit; 0 lets it fall to a quarter of a batch. Set it equal to
     /// `max_in_flight` to fix the limit.
     pub min_in_flight: usize,
-    /// Milliseconds a batch may wait in a shard's queue when the client gave no `maxTimeMS`;
-    /// then it fails with ExceededTimeLimit (262).
+    /// Milliseconds a batch may wait in a shard's queue; then it fails with ExceededTimeLimit
+    /// (262). A client's `maxTimeMS` ends its request sooner, with MaxTimeMSExpired (50).
     pub queue_timeout_ms: u64,
     /// Milliseconds between probes (doubled while a probe's pause would exceed 2.5% of it).
     pub probe_interval_ms: u64,

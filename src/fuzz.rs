@@ -684,8 +684,8 @@ pub fn command_envelope(data: &[u8]) {
     }
     let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
     block_on(async {
-        let (_tx, rx) = tokio::sync::watch::channel(false);
-        let state = Arc::new(ServerState::new(Config::default(), Vec::new(), rx));
+        let stop = Arc::new(tokio::sync::watch::channel(false).0);
+        let state = Arc::new(ServerState::new(Config::default(), Vec::new(), stop));
         let mut client = ClientState::new(1, peer);
         let router = crate::router::Router::new(state.clone(), None);
         let _ = router.handle(&mut client, &req).await;

@@ -565,7 +565,12 @@ async fn run(config: Config, demo_shards: Option<(usize, usize)>) -> anyhow::Res
         println!("Try:               mongosh \"mongodb://{addr}/demo\" --eval 'sh.status()'");
         println!("Stop with Ctrl-C.");
     }
-    wait_for_signal().await;
+    // A signal, or the `shutdown` command (which has begun the router's shutdown already).
+    let mut stopping = router.state().shutdown_signal();
+    tokio::select! {
+        _ = wait_for_signal() => {}
+        _ = stopping.wait_for(|s| *s) => {}
+    }
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     router.shutdown().await;
     for shard in embedded {

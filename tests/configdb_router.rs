@@ -1139,6 +1139,15 @@ async fn the_balancer_mode_is_the_config_servers_and_internal_commands_are_refus
 /// in `--configdb` mode, and `demo.items` (and `demo.other`) sharded on `{_id: "hashed"}`
 /// (two chunks per shard).
 async fn demo_cluster(shards: usize, routers: usize) -> sluice::demo::DemoCluster {
+    demo_cluster_with(shards, 1, routers).await
+}
+
+/// [`demo_cluster`] with each shard a replica set of `members` (more than 1).
+async fn demo_cluster_with(
+    shards: usize,
+    members: usize,
+    routers: usize,
+) -> sluice::demo::DemoCluster {
     let collections: Config = toml::from_str(
         r#"
 [[collections]]
@@ -1157,8 +1166,9 @@ key = '{"_id": "hashed"}'
             ..Config::default()
         })
         .collect();
-    sluice::demo::DemoCluster::start(
+    sluice::demo::DemoCluster::start_with_members(
         shards,
+        members,
         ShardOptions::for_tests(),
         configs,
         vec!["sluice".into()],
@@ -1497,5 +1507,138 @@ async fn a_router_restarted_mid_workload_routes_as_before() {
         through_b.count_documents(doc! {}).await.unwrap() as usize,
         acked.len()
     );
+    cluster.shutdown().await;
+}
+
+/// `(total, failed)` `find`s of each secondary of each set (primaries as `None`).
+async fn secondary_finds(c: &sluice::demo::DemoCluster) -> Vec<Option<(i64, i64)>> {
+    let mut out = Vec::new();
+    for s in &c.sets {
+        let p = s.primary().expect("a primary");
+        for i in 0..s.hosts().len() {
+            out.push(if i == p {
+                None
+            } else {
+                Some((
+                    s.command_total(i, "find").await,
+                    s.command_failed(i, "find").await,
+                ))
+            });
+        }
+    }
+    out
+}
+
+/// After a chunk migration through router A, router B (which has not heard of it) reads with
+/// `readPreference: secondary`. Every secondary had served B before, so each holds the
+/// routing of before the migration, as B does: a secondary must not serve B's stale version
+/// as current (it would miss the documents that moved), but learn of the migration as a
+/// mongod secondary does from its primary, answer StaleConfig (13388), and B refreshes and
+/// retries, as for a primary's StaleConfig. The client sees every document once, and only
+/// secondaries served the reads.
+#[tokio::test]
+async fn a_secondarys_stale_config_after_a_migration_makes_the_router_refresh() {
+    let cluster = demo_cluster_with(2, 3, 2).await;
+    let a = router_client(&cluster, 0).await;
+    let b = router_client(&cluster, 1).await;
+    let b_state = cluster.routers[1].1.clone();
+    a.database("demo")
+        .collection::<Document>("items")
+        .insert_many((0..200i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    let secondary = mongodb::options::SelectionCriteria::ReadPreference(
+        mongodb::options::ReadPreference::Secondary { options: None },
+    );
+    let items_b = b.database("demo").collection::<Document>("items");
+    let read_b = |filter: Document| async {
+        let docs = all(items_b
+            .find(filter)
+            .selection_criteria(secondary.clone())
+            .await
+            .expect("a read on secondaries through router B"))
+        .await;
+        let mut ids: Vec<i64> = docs.iter().map(|d| d.get_i64("_id").unwrap()).collect();
+        ids.sort_unstable();
+        ids
+    };
+    let every: Vec<i64> = (0..200).collect();
+    // B reads on secondaries until every secondary has served it (each caches the routing).
+    let start = secondary_finds(&cluster).await;
+    let limit = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        assert_eq!(read_b(doc! {}).await, every);
+        let now = secondary_finds(&cluster).await;
+        if start.iter().zip(&now).all(|(s, n)| match (s, n) {
+            (Some((s, _)), Some((n, _))) => n > s,
+            _ => true,
+        }) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < limit,
+            "some secondary never served B"
+        );
+    }
+    // Move the chunk of _id 0 to the other shard through router A.
+    let owner = cluster
+        .sets
+        .iter()
+        .position(|s| {
+            s.documents("demo", "items")
+                .iter()
+                .any(|d| d.get_i64("_id").ok() == Some(0))
+        })
+        .expect("a shard holds _id 0");
+    let to = cluster.sets[1 - owner].name().to_string();
+    a.database("admin")
+        .run_command(doc! {"moveChunk": "demo.items", "find": {"_id": 0i64}, "to": &to})
+        .await
+        .expect("moveChunk through router A");
+    let reloads = stats(&b_state).collection_reads;
+    let before = secondary_finds(&cluster).await;
+    let primaries_before: Vec<i64> = {
+        let mut v = Vec::new();
+        for s in &cluster.sets {
+            v.push(s.command_total(s.primary().unwrap(), "find").await);
+        }
+        v
+    };
+    // B, stale, reads on secondaries: the moved document (B targets its old owner), and
+    // every document, once.
+    for _ in 0..4 {
+        assert_eq!(
+            read_b(doc! {"_id": 0i64}).await,
+            vec![0],
+            "router B finds _id 0"
+        );
+        assert_eq!(
+            read_b(doc! {}).await,
+            every,
+            "router B reads every document once"
+        );
+    }
+    let after = secondary_finds(&cluster).await;
+    let stale_answers: i64 = before
+        .iter()
+        .zip(&after)
+        .filter_map(|(b, a)| Some(a.as_ref()?.1 - b.as_ref()?.1))
+        .sum();
+    assert!(
+        stale_answers >= 1,
+        "a secondary answered StaleConfig: {before:?} → {after:?}"
+    );
+    assert!(
+        stats(&b_state).collection_reads > reloads,
+        "router B reloaded the collection's routing"
+    );
+    for (k, s) in cluster.sets.iter().enumerate() {
+        assert_eq!(
+            s.command_total(s.primary().unwrap(), "find").await,
+            primaries_before[k],
+            "{}: no read on the primary",
+            s.name()
+        );
+    }
     cluster.shutdown().await;
 }

@@ -57,6 +57,15 @@ impl Cluster {
 
     /// As [`Cluster::start`], on these sets.
     async fn start_on(sets: Vec<EmbeddedReplicaSet>, policy: Policy) -> Cluster {
+        Cluster::start_with(sets, policy, |_| {}).await
+    }
+
+    /// As [`Cluster::start_on`], with the router's configuration changed by `tweak`.
+    async fn start_with(
+        sets: Vec<EmbeddedReplicaSet>,
+        policy: Policy,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Cluster {
         let mut config = Config {
             ordered_rewrite: policy,
             shards: sets
@@ -77,6 +86,7 @@ impl Cluster {
         };
         config.pool.heartbeat_frequency_ms = 500;
         config.pool.server_selection_timeout_ms = 3_000;
+        tweak(&mut config);
         config.validate().expect("valid configuration");
         // As `sluice` does with a `[[shards]]` configuration.
         let infos: Vec<sluice::routing::ShardInfo> = config
@@ -391,14 +401,21 @@ async fn failover_under_load(policy: Policy) {
     load.await.unwrap();
     let elapsed = started.elapsed();
 
+    let acked = assert_each_write_once(&c, &tally);
+    assert!(acked >= MIN_ACKED, "the workload ran ({acked} writes)");
+    eprintln!(
+        "{policy:?}: {} operations, {acked} acknowledged inserts in {elapsed:?}, no error",
+        tally.ops.load(Ordering::Relaxed),
+    );
+    c.stop().await;
+}
+
+/// No client-visible error, every acknowledged `_id` present exactly once, every counter
+/// equal to its acknowledged `$inc`s; the number of acknowledged inserts.
+fn assert_each_write_once(c: &Cluster, tally: &Tally) -> usize {
     let errors = tally.errors.lock().unwrap().clone();
     assert!(errors.is_empty(), "client-visible errors: {errors:?}");
     let acked = tally.acked_ids.lock().unwrap().clone();
-    assert!(
-        acked.len() >= MIN_ACKED,
-        "the workload ran ({} writes)",
-        acked.len()
-    );
     let counts = id_counts(&c.documents("c"));
     for id in &acked {
         assert_eq!(
@@ -419,12 +436,7 @@ async fn failover_under_load(policy: Policy) {
             "{id}: every $inc once"
         );
     }
-    eprintln!(
-        "{policy:?}: {} operations, {} acknowledged inserts in {elapsed:?}, no error",
-        tally.ops.load(Ordering::Relaxed),
-        acked.len()
-    );
-    c.stop().await;
+    acked.len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -941,5 +953,611 @@ async fn a_bulk_write_whose_cursor_cannot_be_read_reports_the_lost_results_as_er
         .run_command(doc! {"configureFailPoint": "failCommand", "mode": "off"})
         .await
         .unwrap();
+    c.stop().await;
+}
+
+/// `test.c`'s chunks as the router serves `config.chunks`: (min, max, shard), hashed bounds.
+async fn hashed_chunks(client: &mongodb::Client) -> Vec<(Bson, Bson, String)> {
+    let config = client.database("config");
+    let entry = config
+        .collection::<Document>("collections")
+        .find_one(doc! {"_id": "test.c"})
+        .await
+        .unwrap()
+        .expect("test.c is sharded");
+    let uuid = entry.get("uuid").cloned().expect("a collection uuid");
+    common::all(
+        config
+            .collection::<Document>("chunks")
+            .find(doc! {"uuid": uuid})
+            .await
+            .unwrap(),
+    )
+    .await
+    .into_iter()
+    .map(|d| {
+        (
+            d.get_document("min").unwrap().get("_id").cloned().unwrap(),
+            d.get_document("max").unwrap().get("_id").cloned().unwrap(),
+            d.get_str("shard").unwrap().to_string(),
+        )
+    })
+    .collect()
+}
+
+/// String `_id`s of `test.c` that the chunks place on `shard`: `<prefix>-<k>`, skipping
+/// those of other shards.
+#[derive(Clone)]
+struct IdsOn {
+    chunks: Arc<Vec<(Bson, Bson, String)>>,
+    shard: String,
+    prefix: String,
+    k: u64,
+}
+
+impl IdsOn {
+    fn new(chunks: &Arc<Vec<(Bson, Bson, String)>>, shard: &str, prefix: &str) -> IdsOn {
+        IdsOn {
+            chunks: chunks.clone(),
+            shard: shard.to_string(),
+            prefix: prefix.to_string(),
+            k: 0,
+        }
+    }
+
+    fn owner(chunks: &[(Bson, Bson, String)], id: &str) -> String {
+        use sluice::value::compare::compare;
+        let h = Bson::Int64(sluice::routing::hash64(&Bson::String(id.to_string())));
+        chunks
+            .iter()
+            .find(|(lo, hi, _)| compare(lo, &h).is_le() && compare(&h, hi).is_lt())
+            .map(|c| c.2.clone())
+            .expect("a chunk owns every hash")
+    }
+
+    fn next_id(&mut self) -> String {
+        loop {
+            let id = format!("{}-{}", self.prefix, self.k);
+            self.k += 1;
+            if Self::owner(&self.chunks, &id) == self.shard {
+                return id;
+            }
+        }
+    }
+}
+
+/// Acknowledged operations by task (start, end), the acknowledged `_id`s and `$inc`s, and
+/// the errors the workload saw.
+#[derive(Default)]
+struct StallTally {
+    acked: std::sync::Mutex<Vec<(&'static str, Instant, Instant)>>,
+    ids: std::sync::Mutex<Vec<String>>,
+    incs: std::sync::Mutex<std::collections::HashMap<String, i64>>,
+    errors: std::sync::Mutex<Vec<String>>,
+}
+
+impl StallTally {
+    fn ack(&self, task: &'static str, started: Instant) {
+        self.acked
+            .lock()
+            .unwrap()
+            .push((task, started, Instant::now()));
+    }
+
+    /// Acknowledged operations of `task` that ended inside `[from, to]`.
+    fn ended_between(&self, task: &str, from: Instant, to: Instant) -> usize {
+        self.acked
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, _, end)| *t == task && *end >= from && *end <= to)
+            .count()
+    }
+}
+
+/// Runs `op` until `stop`, recording each acknowledgement under `task`.
+fn spawn_task<F, Fut>(
+    task: &'static str,
+    tally: &Arc<StallTally>,
+    stop: &Arc<AtomicBool>,
+    mut op: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
+    let (tally, stop) = (tally.clone(), stop.clone());
+    tokio::spawn(async move {
+        while !stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            match op().await {
+                Ok(()) => tally.ack(task, started),
+                Err(e) => tally.errors.lock().unwrap().push(format!("{task}: {e}")),
+            }
+        }
+    })
+}
+
+/// The tasks of the stall workload, each writing to one shard or to both.
+const STALL_TASKS: [&str; 7] = [
+    "insert-healthy",
+    "inc-healthy",
+    "bulk-healthy",
+    "insert-stalled",
+    "inc-stalled",
+    "bulk-stalled",
+    "bulk-both",
+];
+
+/// A shard whose primary stops answering (an in-process SIGSTOP: it keeps its connections and
+/// reads nothing, answers nothing) while single inserts, `$inc`s and ordered bulks with
+/// retryable writes run on both shards: the healthy shard's operations keep being
+/// acknowledged throughout; operations with `maxTimeMS` that reach the stalled shard fail with
+/// MaxTimeMSExpired (50) at about their `maxTimeMS`; those without wait and are acknowledged
+/// once it resumes; and afterwards every acknowledged insert is present exactly once and
+/// every acknowledged `$inc` applied exactly once. A timed-out write's outcome is unknown (the
+/// stalled member runs it when it resumes, as a mongod continued by SIGCONT would): its
+/// counter is at most the number of attempts.
+///
+/// `adaptive`: with the shard queues' adaptive limit as configured by default; without, the
+/// limit pinned at `max_in_flight`. The stalled executions finish with seconds of latency,
+/// which the adaptive limit reads as an overloaded shard: it halves the limit and spaces the
+/// shard's batches by up to a second each, for several seconds after the shard recovered, so
+/// a write queued behind them can reach the queue timeout (262) with no stall left — a known
+/// defect (`docs/design/adaptive-limit.md` §8), reproduced by the ignored test below. The
+/// failover behaviour is tested with the limit pinned.
+async fn stalled_shard_under_load(policy: Policy, adaptive: bool) {
+    const STALL: Duration = Duration::from_millis(2_500);
+    const MAX_TIME: Duration = Duration::from_millis(500);
+    let sets = vec![start_set("rs0").await, start_set("rs1").await];
+    let c = Cluster::start_with(sets, policy, |config| {
+        if !adaptive {
+            config.batching.min_in_flight = config.batching.max_in_flight;
+        }
+    })
+    .await;
+    let client = c.client("").await;
+    let chunks = Arc::new(hashed_chunks(&client).await);
+    let (healthy, stalled) = (&c.sets[0], &c.sets[1]);
+    let owners: std::collections::HashSet<&str> = chunks.iter().map(|c| c.2.as_str()).collect();
+    assert!(
+        owners.contains(healthy.name()) && owners.contains(stalled.name()),
+        "both shards own chunks: {chunks:?}"
+    );
+    let coll = client.database("test").collection::<Document>("c");
+    let tally = Arc::new(StallTally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (side, shard) in [("healthy", healthy.name()), ("stalled", stalled.name())] {
+        let task: &'static str = if side == "healthy" {
+            "insert-healthy"
+        } else {
+            "insert-stalled"
+        };
+        let (coll2, tally2, mut ids) = (
+            coll.clone(),
+            tally.clone(),
+            IdsOn::new(&chunks, shard, &format!("one-{side}")),
+        );
+        tasks.push(spawn_task(task, &tally, &stop, move || {
+            let (coll, tally, id) = (coll2.clone(), tally2.clone(), ids.next_id());
+            async move {
+                coll.insert_one(doc! {"_id": &id})
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tally.ids.lock().unwrap().push(id);
+                Ok(())
+            }
+        }));
+        let task: &'static str = if side == "healthy" {
+            "inc-healthy"
+        } else {
+            "inc-stalled"
+        };
+        let counter = IdsOn::new(&chunks, shard, &format!("counter-{side}")).next_id();
+        let (coll2, tally2) = (coll.clone(), tally.clone());
+        tasks.push(spawn_task(task, &tally, &stop, move || {
+            let (coll, tally, id) = (coll2.clone(), tally2.clone(), counter.clone());
+            async move {
+                coll.update_one(doc! {"_id": &id}, doc! {"$inc": {"n": 1}})
+                    .upsert(true)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                *tally.incs.lock().unwrap().entry(id).or_insert(0) += 1;
+                Ok(())
+            }
+        }));
+        let task: &'static str = if side == "healthy" {
+            "bulk-healthy"
+        } else {
+            "bulk-stalled"
+        };
+        let (coll2, tally2, mut ids) = (
+            coll.clone(),
+            tally.clone(),
+            IdsOn::new(&chunks, shard, &format!("bulk-{side}")),
+        );
+        tasks.push(spawn_task(task, &tally, &stop, move || {
+            let batch: Vec<String> = (0..4).map(|_| ids.next_id()).collect();
+            let (coll, tally) = (coll2.clone(), tally2.clone());
+            async move {
+                coll.insert_many(batch.iter().map(|id| doc! {"_id": id}))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tally.ids.lock().unwrap().extend(batch);
+                Ok(())
+            }
+        }));
+    }
+    {
+        // Ordered bulks over both shards, alternating.
+        let (coll2, tally2) = (coll.clone(), tally.clone());
+        let mut a = IdsOn::new(&chunks, healthy.name(), "both");
+        let mut b = IdsOn::new(&chunks, stalled.name(), "both");
+        tasks.push(spawn_task("bulk-both", &tally, &stop, move || {
+            let batch: Vec<String> = (0..4).flat_map(|_| [a.next_id(), b.next_id()]).collect();
+            let (coll, tally) = (coll2.clone(), tally2.clone());
+            async move {
+                coll.insert_many(batch.iter().map(|id| doc! {"_id": id}))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tally.ids.lock().unwrap().extend(batch);
+                Ok(())
+            }
+        }));
+    }
+    // Every task under way before the stall.
+    let limit = Instant::now() + Duration::from_secs(20);
+    let t0 = Instant::now();
+    while STALL_TASKS
+        .iter()
+        .any(|t| tally.ended_between(t, t0, Instant::now()) < 3)
+    {
+        assert!(Instant::now() < limit, "the workload did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The stall: the stalled set's primary stops reading and answering.
+    let p = stalled.primary().expect("a primary");
+    let stall_start = Instant::now();
+    stalled.stall(p, true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Probes with maxTimeMS, on their own client: to the stalled shard they time out, to the
+    // healthy one they are answered.
+    let probes = c.client("").await;
+    let pc = probes.database("test").collection::<Document>("c");
+    let stalled_id = IdsOn::new(&chunks, stalled.name(), "probe").next_id();
+    let stalled_counter = IdsOn::new(&chunks, stalled.name(), "probe-counter").next_id();
+    let healthy_id = IdsOn::new(&chunks, healthy.name(), "probe").next_id();
+    let ms = MAX_TIME.as_millis() as i64;
+    let timed = |fut: std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<(), mongodb::error::Error>> + Send>,
+    >| async move {
+        let started = Instant::now();
+        let r = fut.await;
+        (r, started.elapsed())
+    };
+    let db = probes.database("test");
+    let (insert, inc, find_and_modify, find, healthy_insert) = tokio::join!(
+        timed(Box::pin(async {
+            db.run_command(
+                doc! {"insert": "c", "documents": [{"_id": &stalled_id}], "maxTimeMS": ms},
+            )
+            .await
+            .map(|_| ())
+        })),
+        timed(Box::pin(async {
+            db.run_command(doc! {"update": "c", "updates": [{"q": {"_id": &stalled_counter}, "u": {"$inc": {"n": 1}}, "upsert": true}], "maxTimeMS": ms})
+                .await
+                .map(|_| ())
+        })),
+        timed(Box::pin(async {
+            // A retryable write (the driver adds the session's txnNumber).
+            pc.find_one_and_update(doc! {"_id": &stalled_counter}, doc! {"$inc": {"n": 1}})
+                .upsert(true)
+                .max_time(MAX_TIME)
+                .await
+                .map(|_| ())
+        })),
+        timed(Box::pin(async {
+            pc.find_one(doc! {"_id": &stalled_id})
+                .max_time(MAX_TIME)
+                .await
+                .map(|_| ())
+        })),
+        timed(Box::pin(async {
+            db.run_command(
+                doc! {"insert": "c", "documents": [{"_id": &healthy_id}], "maxTimeMS": 2_000},
+            )
+            .await
+            .map(|r| assert_eq!(r.get_i32("n").ok(), Some(1), "{r}"))
+        })),
+    );
+    for (label, (r, took)) in [
+        ("insert", &insert),
+        ("update $inc", &inc),
+        ("findAndModify $inc", &find_and_modify),
+        ("find", &find),
+    ] {
+        let e = r
+            .as_ref()
+            .expect_err(&format!("{label} on the stalled shard times out"));
+        assert_eq!(common::error_code(e), 50, "{label}: {e:?}");
+        assert!(
+            *took >= MAX_TIME - Duration::from_millis(20)
+                && *took < MAX_TIME + Duration::from_millis(700),
+            "{label}: failed after {took:?}, maxTimeMS {MAX_TIME:?}"
+        );
+    }
+    assert!(
+        healthy_insert.0.is_ok(),
+        "the healthy shard answers: {:?}",
+        healthy_insert.0
+    );
+    // Answered while the other shard is still stalled (the probes began 100 ms into it).
+    assert!(
+        healthy_insert.1 < STALL - Duration::from_millis(200),
+        "{:?}",
+        healthy_insert.1
+    );
+    let remaining = STALL.saturating_sub(stall_start.elapsed());
+    tokio::time::sleep(remaining).await;
+    let stall_end = Instant::now();
+    stalled.stall(p, false);
+
+    // During the stall the healthy shard kept acknowledging; the stalled one acknowledged
+    // nothing (a reply already under way when it began may still arrive in the first moment).
+    let window = (stall_start + Duration::from_millis(100), stall_end);
+    for task in ["insert-healthy", "inc-healthy", "bulk-healthy"] {
+        let n = tally.ended_between(task, window.0, window.1);
+        assert!(n >= 3, "{task}: {n} acknowledged during the stall");
+    }
+    for task in ["insert-stalled", "inc-stalled", "bulk-stalled", "bulk-both"] {
+        let n = tally.ended_between(task, window.0, window.1);
+        assert_eq!(n, 0, "{task}: acknowledged while its shard was stalled");
+    }
+    // Afterwards every task recovers.
+    let limit = Instant::now() + Duration::from_secs(20);
+    while STALL_TASKS
+        .iter()
+        .any(|t| tally.ended_between(t, stall_end, Instant::now()) < 3)
+    {
+        assert!(
+            Instant::now() < limit,
+            "the workload did not recover: {:?}",
+            STALL_TASKS
+                .iter()
+                .map(|t| (t, tally.ended_between(t, stall_end, Instant::now())))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first_after = tally
+        .acked
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(t, _, end)| t.ends_with("stalled") && *end >= stall_end)
+        .map(|(_, _, end)| *end - stall_end)
+        .min();
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    let errors = tally.errors.lock().unwrap().clone();
+    assert!(errors.is_empty(), "client-visible errors: {errors:?}");
+    let docs = c.documents("c");
+    let counts = id_counts(&docs);
+    let acked = tally.ids.lock().unwrap().clone();
+    for id in &acked {
+        assert_eq!(
+            counts.get(&Bson::String(id.clone()).to_string()),
+            Some(&1),
+            "{id} present exactly once"
+        );
+    }
+    let counter = |id: &str| {
+        docs.iter()
+            .find(|d| d.get_str("_id").ok() == Some(id))
+            .map(|d| d.get_i32("n").unwrap_or(0) as i64)
+    };
+    for (id, n) in tally.incs.lock().unwrap().iter() {
+        assert_eq!(counter(id), Some(*n), "{id}: every acknowledged $inc once");
+    }
+    // The timed-out writes ran at most once each, and only once the member resumed.
+    assert!(
+        counter(&stalled_counter).unwrap_or(0) <= 2,
+        "two timed-out $incs applied at most once each"
+    );
+    assert!(
+        counts
+            .get(&Bson::String(stalled_id.clone()).to_string())
+            .copied()
+            .unwrap_or(0)
+            <= 1
+    );
+    eprintln!(
+        "{policy:?}: {} acknowledged inserts, {} $incs; probes failed with 50 after {:?}, {:?}, {:?}, {:?}; first stalled-shard acknowledgement {:?} after the stall",
+        acked.len(),
+        tally.incs.lock().unwrap().values().sum::<i64>(),
+        insert.1,
+        inc.1,
+        find_and_modify.1,
+        find.1,
+        first_after
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_shard_under_load_with_the_ordered_rewrite() {
+    stalled_shard_under_load(Policy::RetrySafe, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_shard_under_load_with_mongos_rounds() {
+    stalled_shard_under_load(Policy::Off, false).await;
+}
+
+/// The same with the adaptive limit on: failed about one run in six with a 262 after the
+/// stall (see [`stalled_shard_under_load`]). Run with `-- --ignored` (repeatedly).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known defect: the adaptive limit throttles a shard for seconds after a stall"]
+async fn a_stalled_shard_under_load_with_the_adaptive_limit() {
+    stalled_shard_under_load(Policy::Off, true).await;
+}
+
+/// Waits until nothing listens on `addr` any more (a member or router that shut down).
+async fn wait_closed(addr: &str) {
+    let limit = Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(Instant::now() < limit, "{addr} still accepts connections");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `shutdown` from the stock driver on a member's own address, under the router's workload:
+/// mongod's checks (admin only, field types), a primary that cannot hand over (no secondary
+/// caught up) refusing with 262 after `timeoutSecs` and staying primary, then a primary that
+/// can stepping down and stopping — the set elects another member, the router follows it, the
+/// workload sees no error and every acknowledged write is there once — and a secondary that
+/// just stops. Last, the router's own `shutdown`: it stops itself, never a shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_a_primary_member_moves_the_primary_and_the_router_follows() {
+    let c = Cluster::start(Policy::RetrySafe).await;
+    let client = c.client("").await;
+    client
+        .database("test")
+        .collection::<Document>("counters")
+        .insert_one(doc! {"_id": "warm"})
+        .await
+        .unwrap();
+    let s = &c.sets[0];
+    let p = s.primary().expect("a primary");
+    let member = common::direct(s.hosts()[p].parse().expect("member address")).await;
+    let admin = member.database("admin");
+    let code = |r: Result<Document, mongodb::error::Error>| match r {
+        Err(e) => common::error_code(&e),
+        Ok(d) => panic!("expected an error, got {d}"),
+    };
+    assert_eq!(
+        code(
+            member
+                .database("test")
+                .run_command(doc! {"shutdown": 1})
+                .await
+        ),
+        13
+    );
+    assert_eq!(
+        code(
+            admin
+                .run_command(doc! {"shutdown": 1, "force": "yes"})
+                .await
+        ),
+        14
+    );
+    assert_eq!(
+        code(
+            admin
+                .run_command(doc! {"shutdown": 1, "timeoutSecs": "1"})
+                .await
+        ),
+        14
+    );
+    // No secondary has the primary's writes: it waits timeoutSecs, refuses, stays primary.
+    pause_secondaries(s, true);
+    let started = Instant::now();
+    let e = admin
+        .run_command(doc! {"shutdown": 1, "timeoutSecs": 1})
+        .await
+        .expect_err("no secondary caught up");
+    assert_eq!(common::error_code(&e), 262, "{e:?}");
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(s.primary(), Some(p), "still primary");
+    pause_secondaries(s, false);
+
+    // Under the workload: the primary steps down and stops; the router follows.
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = tokio::spawn(workload(client.clone(), tally.clone(), stop.clone(), "sd"));
+    let wait_acks = |n: usize| {
+        let tally = tally.clone();
+        async move {
+            let base = tally.acked_ids.lock().unwrap().len();
+            let limit = Instant::now() + Duration::from_secs(20);
+            while tally.acked_ids.lock().unwrap().len() < base + n {
+                assert!(Instant::now() < limit, "the workload made no progress");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    wait_acks(20).await;
+    let e = admin
+        .run_command(doc! {"shutdown": 1})
+        .await
+        .expect_err("the member closes the connection without a reply");
+    assert!(
+        !matches!(*e.kind, mongodb::error::ErrorKind::Command(_)),
+        "a closed connection, not a refusal: {e:?}"
+    );
+    assert_eq!(s.role(p), Some(sluice::embedded::MemberRole::Stopped));
+    let np = s
+        .wait_for_primary(Duration::from_secs(5))
+        .await
+        .expect("another member elected");
+    assert_ne!(np, p);
+    wait_closed(&s.hosts()[p]).await;
+    wait_acks(30).await;
+
+    // A secondary: it stops, the primary stays.
+    let secondary = (0..3)
+        .find(|i| s.role(*i) == Some(sluice::embedded::MemberRole::Secondary))
+        .expect("a running secondary");
+    let e = common::direct(s.hosts()[secondary].parse().expect("member address"))
+        .await
+        .database("admin")
+        .run_command(doc! {"shutdown": 1})
+        .await
+        .expect_err("the secondary closes the connection");
+    assert!(
+        !matches!(*e.kind, mongodb::error::ErrorKind::Command(_)),
+        "{e:?}"
+    );
+    assert_eq!(
+        s.role(secondary),
+        Some(sluice::embedded::MemberRole::Stopped)
+    );
+    assert_eq!(s.primary(), Some(np));
+    wait_closed(&s.hosts()[secondary]).await;
+    wait_acks(10).await;
+    stop.store(true, Ordering::Relaxed);
+    load.await.unwrap();
+    let acked = assert_each_write_once(&c, &tally);
+
+    // The router's own shutdown stops the router, and no shard member.
+    let roles = |k: usize| (0..3).map(|i| c.sets[k].role(i)).collect::<Vec<_>>();
+    let before = (roles(0), roles(1));
+    let router_admin = client.database("admin");
+    assert_eq!(
+        code(
+            router_admin
+                .run_command(doc! {"shutdown": 1, "force": 1})
+                .await
+        ),
+        14
+    );
+    let e = router_admin
+        .run_command(doc! {"shutdown": 1})
+        .await
+        .expect_err("the router closes the connection");
+    assert!(
+        !matches!(*e.kind, mongodb::error::ErrorKind::Command(_)),
+        "{e:?}"
+    );
+    wait_closed(&c.router.local_addr().to_string()).await;
+    assert_eq!((roles(0), roles(1)), before, "no member was shut down");
+    eprintln!("{acked} acknowledged inserts across the member shutdowns, no error");
     c.stop().await;
 }

@@ -914,3 +914,51 @@ async fn authentication_restrictions_decide_who_may_authenticate_from_where() {
     assert_eq!(command_error(&e).0, 13, "{e}");
     c.stop().await;
 }
+
+/// `shutdown` through the router with authorization on: refused (13) to a client without the
+/// `shutdown` privilege, who leaves the router serving; a root user's stops the router (the
+/// connection closes without a reply, the listener closes) and no shard.
+#[tokio::test]
+async fn shutdown_needs_the_shutdown_privilege_and_stops_only_the_router() {
+    let users = users_file("shutdown");
+    let c = cluster(&users, Authorization::Enabled).await;
+    let anon = common::driver(c.addr(), "").await;
+    let e = anon
+        .database("admin")
+        .run_command(doc! {"shutdown": 1})
+        .await
+        .unwrap_err();
+    assert_eq!(command_error(&e).0, 13);
+    let bob = client(c.addr(), "bob:bobpw", "").await;
+    let e = bob
+        .database("admin")
+        .run_command(doc! {"shutdown": 1})
+        .await
+        .unwrap_err();
+    assert_eq!(command_error(&e).0, 13);
+    bob.database("test")
+        .collection::<Document>("c")
+        .count_documents(doc! {})
+        .await
+        .expect("the router still serves");
+    let alice = client(c.addr(), "alice:secret", "").await;
+    let e = alice
+        .database("admin")
+        .run_command(doc! {"shutdown": 1})
+        .await
+        .expect_err("the router closes the connection without a reply");
+    assert!(
+        !matches!(*e.kind, mongodb::error::ErrorKind::Command(_)),
+        "{e:?}"
+    );
+    let limit = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(c.addr()).await.is_ok() {
+        assert!(
+            std::time::Instant::now() < limit,
+            "the router still listens"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    common::assert_still_serving(c.shards[0].local_addr()).await;
+    c.stop().await;
+}

@@ -21,6 +21,7 @@ pub use write_kind::WriteKind;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bson::{oid::ObjectId, Bson, Document, Timestamp};
@@ -481,14 +482,18 @@ pub struct ServerState {
     next_connection_id: AtomicI64,
     /// Flips to `true` when the router begins shutting down.
     shutdown: watch::Receiver<bool>,
+    /// What flips it (the listener's, shared with its handle): the `shutdown` command's way
+    /// to stop the server it runs on.
+    stop: Arc<watch::Sender<bool>>,
     /// The sessions requests named (`$listLocalSessions`).
     pub sessions: sessions::LocalSessions,
 }
 
 impl ServerState {
-    /// State for a router with this configuration; `shutdown` tells long waits (awaitable
-    /// `hello`) to end early.
-    pub fn new(config: Config, argv: Vec<String>, shutdown: watch::Receiver<bool>) -> Self {
+    /// State for a router with this configuration; `stop` is the listener's shutdown signal,
+    /// which also tells long waits (awaitable `hello`) to end early.
+    pub fn new(config: Config, argv: Vec<String>, stop: Arc<watch::Sender<bool>>) -> Self {
+        let shutdown = stop.subscribe();
         ServerState {
             config,
             process_id: ObjectId::new(),
@@ -499,8 +504,16 @@ impl ServerState {
             next_request_id: AtomicI32::new(1),
             next_connection_id: AtomicI64::new(1),
             shutdown,
+            stop,
             sessions: sessions::LocalSessions::default(),
         }
+    }
+
+    /// Begins shutting the server down, as a signal does: the listener stops accepting,
+    /// requests in flight are answered within the configured grace period, and every
+    /// connection closes.
+    pub fn begin_shutdown(&self) {
+        self.stop.send_replace(true);
     }
 
     /// A fresh request id for an outgoing message.

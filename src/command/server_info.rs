@@ -1,5 +1,6 @@
 //! Commands about the server itself: `buildInfo`, `getParameter`, `getLog`,
-//! `connectionStatus`, `endSessions`, `getCmdLineOpts`, `serverStatus`.
+//! `connectionStatus`, `endSessions`, `getCmdLineOpts`, `serverStatus`, and the checks of
+//! `shutdown` (each server acts on it its own way).
 //!
 //! Shapes follow mongos: mongosh reads `buildInfo.version` for its banner,
 //! `getParameter.featureCompatibilityVersion.version`, and `getLog("startupWarnings").log`
@@ -307,4 +308,63 @@ mod tests {
         assert_eq!(b.get_str("version").unwrap(), MONGODB_VERSION);
         assert!(b.get_document("sluice").unwrap().contains_key("version"));
     }
+}
+
+/// What a `shutdown` command asks for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShutdownRequest {
+    /// `force`: shut down even when a primary cannot hand over to a caught-up secondary.
+    pub force: bool,
+    /// `timeoutSecs`: how long a primary waits for a secondary to catch up (mongod's default
+    /// since 5.0 is 15 s).
+    pub timeout: std::time::Duration,
+}
+
+/// mongod's and mongos's default `timeoutSecs` for `shutdown`.
+pub const SHUTDOWN_TIMEOUT_SECS: i64 = 15;
+
+/// Checks a `shutdown` command as mongod and mongos do before acting on it: on `admin` only
+/// (13), from a loopback client when the server runs without authorization (13, mongod's
+/// `localHostOnlyIfNoAuth`), `force` a boolean and `timeoutSecs` a number (14, the command
+/// parser's messages).
+pub fn shutdown_request(
+    state: &ServerState,
+    peer: std::net::SocketAddr,
+    req: &CommandRequest,
+) -> Result<ShutdownRequest, CommandError> {
+    req.require_admin()?;
+    if state.config.security.authorization == crate::config::Authorization::Disabled
+        && !peer.ip().is_loopback()
+    {
+        return Err(CommandError::new(
+            ErrorCode::Unauthorized,
+            "shutdown must run from localhost when running db without auth",
+        ));
+    }
+    let body = req.body_document();
+    let wrong = |field: &str, v: &Bson, expected: &str| {
+        CommandError::new(
+            ErrorCode::TypeMismatch,
+            format!(
+                "BSON field 'shutdown.{field}' is the wrong type '{}', expected type{expected}",
+                crate::value::field::type_name(v)
+            ),
+        )
+    };
+    let force = match body.get("force") {
+        None | Some(Bson::Null) => false,
+        Some(Bson::Boolean(b)) => *b,
+        Some(v) => return Err(wrong("force", v, " 'bool'")),
+    };
+    let secs = match body.get("timeoutSecs") {
+        None | Some(Bson::Null) => SHUTDOWN_TIMEOUT_SECS,
+        Some(Bson::Int32(n)) => i64::from(*n),
+        Some(Bson::Int64(n)) => *n,
+        Some(Bson::Double(d)) if d.is_finite() => *d as i64,
+        Some(v) => return Err(wrong("timeoutSecs", v, "s '[long, int, decimal, double]'")),
+    };
+    Ok(ShutdownRequest {
+        force,
+        timeout: std::time::Duration::from_secs(secs.max(0) as u64),
+    })
 }

@@ -127,12 +127,10 @@ fn checked(reply: Result<Document, EngineError>, accept: &[ErrorCode]) -> Result
 /// Has every shard (this one included) reload what it caches of `ns` (a collection) or of a
 /// database; a shard that cannot be told reloads on the next stale request instead.
 async fn flush_everywhere(d: &Donor, all: &[(String, String)], command: &str, target: &str) {
-    if let Ok(cache) = d.filtering.cache().await {
-        if command == "_flushDatabaseCacheUpdates" {
-            cache.flush_database(target);
-        } else {
-            cache.flush_collection(target);
-        }
+    if command == "_flushDatabaseCacheUpdates" {
+        d.filtering.flush_database(target);
+    } else {
+        d.filtering.flush_collection(target);
     }
     for (id, host) in all {
         if *id == d.name {
@@ -175,7 +173,7 @@ async fn create_collection(d: &Donor, db: &str, body: &Document) -> Result<Docum
         .filter(|n| *n > 0)
         .map(|n| n as u32);
     let cache = d.filtering.cache().await?;
-    cache.flush_collection(&ns);
+    d.filtering.flush_collection(&ns);
     let info = cache.routing_info(&ns).await.map_err(engine_error)?;
     if let Some(existing) = info.collection {
         let same = existing.snapshot.pattern.to_document() == pattern.to_document()
@@ -298,7 +296,7 @@ async fn drop_collection(d: &Donor, db: &str, body: &Document) -> Result<Documen
     let ns = format!("{db}.{coll}");
     super::store::check_namespace(db, coll)?;
     let cache = d.filtering.cache().await?;
-    cache.flush_collection(&ns);
+    d.filtering.flush_collection(&ns);
     let tracked = cache
         .routing_info(&ns)
         .await
@@ -356,8 +354,8 @@ async fn rename_collection(d: &Donor, db: &str, body: &Document) -> Result<Docum
         ));
     }
     let cache = d.filtering.cache().await?;
-    cache.flush_collection(&from);
-    cache.flush_collection(&to);
+    d.filtering.flush_collection(&from);
+    d.filtering.flush_collection(&to);
     let source = cache
         .routing_info(&from)
         .await
@@ -719,7 +717,7 @@ async fn split_chunk(d: &Donor, body: &Document) -> Result<Document, EngineError
     commit.insert("splitPoints", keys.clone());
     commit.insert("shard", &d.name);
     let result = d.filtering.run_on_config_server(commit).await;
-    d.filtering.cache().await?.flush_collection(ns);
+    d.filtering.flush_collection(ns);
     let reply = result?;
     Ok(doc! {"shardVersion": reply.get("shardVersion").cloned().unwrap_or(Bson::Null)})
 }
@@ -756,7 +754,7 @@ async fn merge_chunks(d: &Donor, body: &Document) -> Result<Document, EngineErro
         }
     };
     let cache = d.filtering.cache().await?;
-    cache.flush_collection(ns);
+    d.filtering.flush_collection(ns);
     let info = cache.routing_info(ns).await.map_err(engine_error)?;
     let Some(coll) = info.collection else {
         return Err(EngineError::new(
@@ -782,7 +780,7 @@ async fn merge_chunks(d: &Donor, body: &Document) -> Result<Document, EngineErro
             "validAfter": bson::Timestamp { time: now_secs(), increment: 0 }
         })
         .await;
-    cache.flush_collection(ns);
+    d.filtering.flush_collection(ns);
     let reply = result?;
     Ok(doc! {"shardVersion": reply.get("shardVersion").cloned().unwrap_or(Bson::Null)})
 }

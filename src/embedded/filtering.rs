@@ -11,8 +11,16 @@
 //!
 //! A shard learns of a migration or a DDL change the way mongod does after one:
 //! `_flushRoutingTableCacheUpdates: <ns>` / `_flushDatabaseCacheUpdates: <db>` make it reload.
+//!
+//! The members of an embedded replica set each keep their own filtering metadata, as mongod's
+//! do, and learn from one another ([`RoutingChanges`]): what one member forgets (its primary
+//! after a migration or a DDL change), the others forget before their next check, as a mongod
+//! secondary clears its filtering metadata when it replicates the primary's refresh. Without
+//! it a secondary kept the routing of before a migration for ever and served a stale router's
+//! read as current: the read missed the documents that had moved.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use bson::{doc, Bson, Document};
 
@@ -38,12 +46,62 @@ pub fn stale_config(ns: &str, received: &Bson, wanted: Document, shard: &str) ->
     })
 }
 
+/// What one cached entry is: a collection's routing or a database's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Cached {
+    Collection(String),
+    Database(String),
+}
+
+/// The routing changes the members of one replica set tell one another (one per set, in its
+/// shared data set; a single shard has one of its own): for each namespace or database, the
+/// number of the last change a member made to it.
+#[derive(Debug, Default)]
+pub struct RoutingChanges {
+    inner: Mutex<ChangeLog>,
+}
+
+#[derive(Debug, Default)]
+struct ChangeLog {
+    last: u64,
+    changed: HashMap<Cached, u64>,
+}
+
+impl RoutingChanges {
+    /// Records a change to `what`; its number.
+    fn record(&self, what: Cached) -> u64 {
+        let mut log = crate::sync::lock(&self.inner);
+        log.last += 1;
+        let n = log.last;
+        log.changed.insert(what, n);
+        n
+    }
+
+    /// What changed after change `seen`, and the number of the last change.
+    fn since(&self, seen: u64) -> (Vec<Cached>, u64) {
+        let log = crate::sync::lock(&self.inner);
+        if log.last == seen {
+            return (Vec::new(), seen);
+        }
+        let what = log
+            .changed
+            .iter()
+            .filter(|(_, n)| **n > seen)
+            .map(|(w, _)| w.clone())
+            .collect();
+        (what, log.last)
+    }
+}
+
 /// The filtering metadata of a shard server.
 #[derive(Debug)]
 pub struct Filtering {
     configdb: String,
     security: crate::backend::ShardSecurity,
     cache: tokio::sync::OnceCell<(Arc<ConfigServerSource>, CatalogCache)>,
+    /// The set's changes, and the last one this member has applied.
+    changes: Arc<RoutingChanges>,
+    seen: Mutex<u64>,
 }
 
 /// A metadata error as the shard answers it.
@@ -52,13 +110,60 @@ pub(super) fn engine_error(e: MetadataError) -> EngineError {
 }
 
 impl Filtering {
-    /// Filtering metadata read from the config server `configdb` (connected on first use).
-    pub fn new(configdb: &str, security: crate::backend::ShardSecurity) -> Self {
+    /// Filtering metadata read from the config server `configdb` (connected on first use),
+    /// learning of the changes the other members of its set make through `changes`.
+    pub fn new(
+        configdb: &str,
+        security: crate::backend::ShardSecurity,
+        changes: Arc<RoutingChanges>,
+    ) -> Self {
         Filtering {
             configdb: configdb.to_string(),
             security,
             cache: tokio::sync::OnceCell::new(),
+            changes,
+            seen: Mutex::new(0),
         }
+    }
+
+    /// Forgets what is cached of `what` here, and tells the set's other members to.
+    fn forget(&self, what: Cached) {
+        self.drop_cached(&what);
+        let n = self.changes.record(what);
+        let mut seen = crate::sync::lock(&self.seen);
+        if *seen + 1 == n {
+            *seen = n;
+        }
+    }
+
+    fn drop_cached(&self, what: &Cached) {
+        if let Some((_, cache)) = self.cache.get() {
+            match what {
+                Cached::Collection(ns) => cache.flush_collection(ns),
+                Cached::Database(db) => cache.flush_database(db),
+            }
+        }
+    }
+
+    /// Forgets what this member caches of collection `ns` (it changed: a migration, a DDL
+    /// command), and has the other members of its set forget it too.
+    pub fn flush_collection(&self, ns: &str) {
+        self.forget(Cached::Collection(ns.to_string()));
+    }
+
+    /// [`Filtering::flush_collection`] for a database's routing.
+    pub fn flush_database(&self, db: &str) {
+        self.forget(Cached::Database(db.to_string()));
+    }
+
+    /// Forgets what the set's other members changed since this one last looked.
+    fn catch_up(&self) {
+        let mut seen = crate::sync::lock(&self.seen);
+        let (changed, last) = self.changes.since(*seen);
+        for what in &changed {
+            self.drop_cached(what);
+        }
+        *seen = last;
     }
 
     async fn connected(&self) -> Result<&(Arc<ConfigServerSource>, CatalogCache), EngineError> {
@@ -132,6 +237,7 @@ impl Filtering {
 
     /// Checks the versions a request for `ns` carries (see the module's rules).
     pub async fn check(&self, shard: &str, ns: &str, body: &Document) -> Result<(), EngineError> {
+        self.catch_up();
         let db = ns.split('.').next().unwrap_or(ns);
         if let Some(raw) = body.get("databaseVersion") {
             let received = DatabaseVersion::from_bson(raw, &PRINTER).map_err(engine_error)?;
@@ -178,11 +284,11 @@ impl Filtering {
                 ),
             ));
         };
-        let cache = self.cache().await?;
+        self.cache().await?;
         if command == "_flushDatabaseCacheUpdates" {
-            cache.flush_database(target);
+            self.flush_database(target);
         } else {
-            cache.flush_collection(target);
+            self.flush_collection(target);
         }
         Ok(Document::new())
     }

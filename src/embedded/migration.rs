@@ -330,7 +330,7 @@ async fn donate(
     max: Document,
 ) -> Result<Document, EngineError> {
     let cache = d.filtering.cache().await?;
-    cache.flush_collection(&ns);
+    d.filtering.flush_collection(&ns);
     let info = cache
         .routing_info(&ns)
         .await
@@ -381,7 +381,7 @@ async fn donate(
         Ok((reply, critical)) => {
             // Committed: the donor's copy goes, both shards reload, the waiters go on.
             range.delete(&mut lock(&d.catalog));
-            cache.flush_collection(&ns);
+            d.filtering.flush_collection(&ns);
             if let Err(e) = d
                 .migrations
                 .run_on(
@@ -397,7 +397,7 @@ async fn donate(
             Ok(reply)
         }
         Err(e) => {
-            cache.flush_collection(&ns);
+            d.filtering.flush_collection(&ns);
             if let Err(abort) = d
                 .migrations
                 .run_on(&host, doc! {"_recvChunkAbort": &ns, "sessionId": &session})
@@ -453,7 +453,7 @@ async fn transfer_and_commit(
         Err(e) => {
             // The commit's answer was lost or refused: the config server says who owns it.
             let cache = d.filtering.cache().await?;
-            cache.flush_collection(&range.ns);
+            d.filtering.flush_collection(&range.ns);
             let owner = cache
                 .routing_info(&range.ns)
                 .await
@@ -657,7 +657,7 @@ impl Migrations {
         let ns = string_field(body, CMD, CMD)?.to_string();
         let session = string_field(body, CMD, "sessionId")?.to_string();
         Self::incoming_for(&mut lock(&self.incoming), &ns, &session)?;
-        filtering.cache().await?.flush_collection(&ns);
+        filtering.flush_collection(&ns);
         let done = lock(&self.incoming).remove(&ns);
         drop(done);
         Ok(Document::new())

@@ -29,6 +29,10 @@ pub const DEFAULT_ELECTION_DELAY: Duration = Duration::from_millis(200);
 /// How often an election without an electable member looks again.
 const ELECTION_RETRY: Duration = Duration::from_millis(50);
 
+/// How long a primary shut down by `shutdown` stays unelectable (mongod's `stepDown` on
+/// shutdown: 120 s).
+const SHUTDOWN_STEP_DOWN: Duration = Duration::from_secs(120);
+
 /// What a member is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemberRole {
@@ -66,6 +70,9 @@ struct MemberSlot {
     replication_paused: bool,
     changed: watch::Sender<i64>,
     after_write: Option<AfterWrite>,
+    /// The member is stalled (a test's in-process SIGSTOP): while `true` it starts no command
+    /// and sends no reply.
+    stalled: watch::Sender<bool>,
 }
 
 #[derive(Debug)]
@@ -176,6 +183,7 @@ impl ReplicaSetState {
                 replication_paused: false,
                 changed: watch::channel(0).0,
                 after_write: None,
+                stalled: watch::channel(false).0,
             })
             .collect();
         Arc::new_cyclic(|this| ReplicaSetState {
@@ -213,6 +221,38 @@ impl ReplicaSetState {
         inner.members[p].frozen_until = Some(Instant::now() + freeze);
         Self::bump_all(inner);
         self.start_election(inner);
+    }
+
+    /// Marks member `i` stopped: it leaves the running members (a primary's departure starts
+    /// an election) and refuses what it is still asked until its listener closes.
+    fn mark_stopped(&self, inner: &mut SetInner, i: usize) {
+        let Some(m) = inner.members.get_mut(i) else {
+            return;
+        };
+        m.role = MemberRole::Stopped;
+        m.after_write = None;
+        m.stalled.send_replace(false);
+        if inner.primary == Some(i) {
+            inner.primary = None;
+        }
+        Self::bump_all(inner);
+        self.start_election(inner);
+    }
+
+    /// Whether primary `p` can hand over: a majority of the members have its writes (running,
+    /// replication not held back) and one of them is an electable secondary (not frozen), as
+    /// mongod's `stepDown` without `force` waits for.
+    fn can_hand_over(inner: &SetInner, p: usize) -> bool {
+        let have = |m: &MemberSlot| m.role != MemberRole::Stopped && !m.replication_paused;
+        let caught_up = inner.members.iter().filter(|m| have(m)).count();
+        let now = Instant::now();
+        let electable = inner.members.iter().enumerate().any(|(i, m)| {
+            i != p
+                && m.role == MemberRole::Secondary
+                && have(m)
+                && m.frozen_until.is_none_or(|t| t <= now)
+        });
+        caught_up > inner.members.len() / 2 && electable
     }
 
     fn start_election(&self, inner: &mut SetInner) {
@@ -292,7 +332,13 @@ impl MemberLink {
         if role == MemberRole::Primary {
             return Ok(());
         }
-        let refusal = if WRITE_COMMANDS.contains(&name) {
+        let refusal = if role == MemberRole::Stopped {
+            // Shut down by `shutdown`, its listener not closed yet.
+            EngineError::new(
+                ErrorCode::ShutdownInProgress,
+                "The server is in quiesce mode and will shut down",
+            )
+        } else if WRITE_COMMANDS.contains(&name) {
             EngineError::new(ErrorCode::NotWritablePrimary, "not primary")
         } else if READ_COMMANDS.contains(&name) && !secondary_ok(body) {
             EngineError::new(
@@ -488,6 +534,55 @@ impl MemberLink {
             "myState": match me.role { MemberRole::Primary => 1, _ => 2 },
             "term": inner.term,
             "members": members,
+        }
+    }
+
+    /// Waits while the member is stalled ([`EmbeddedReplicaSet::stall`]): called before a
+    /// command runs and before its reply is sent, so a stalled member neither reads nor
+    /// answers, as a process stopped by SIGSTOP, while its connections stay open.
+    pub async fn wait_while_stalled(&self) {
+        let mut rx = lock(&self.set.inner).members[self.index]
+            .stalled
+            .subscribe();
+        // Ends when the flag is `false`, or when the set is gone (its sender dropped).
+        let _ = rx.wait_for(|stalled| !*stalled).await;
+    }
+
+    /// `shutdown` on this member, as mongod runs it (after the checks of
+    /// `server_info::shutdown_request`): a primary first steps down — without `force` only
+    /// once a majority has its writes and an electable secondary is caught up, waiting up to
+    /// `timeoutSecs` and otherwise refusing with ExceededTimeLimit (262) and staying primary;
+    /// with `force` at once — and stays unelectable for 120 s; a secondary just stops. On
+    /// `Ok` the member is stopped (an election follows if it was primary); the caller then
+    /// closes its listener and connections.
+    pub async fn shutdown(
+        &self,
+        request: crate::command::server_info::ShutdownRequest,
+    ) -> Result<(), EngineError> {
+        let deadline = Instant::now() + request.timeout;
+        loop {
+            {
+                let mut inner = lock(&self.set.inner);
+                if inner.primary != Some(self.index) {
+                    self.set.mark_stopped(&mut inner, self.index);
+                    return Ok(());
+                }
+                if request.force || ReplicaSetState::can_hand_over(&inner, self.index) {
+                    self.set.step_down_locked(&mut inner, SHUTDOWN_STEP_DOWN);
+                    self.set.mark_stopped(&mut inner, self.index);
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                let now = bson::DateTime::now()
+                    .try_to_rfc3339_string()
+                    .unwrap_or_default();
+                return Err(EngineError::new(
+                    ErrorCode::ExceededTimeLimit,
+                    format!("No electable secondaries caught up as of {now}. Please use the replSetStepDown command with the argument {{force: true}} to force node to step down."),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -731,6 +826,14 @@ impl EmbeddedReplicaSet {
         }
     }
 
+    /// `metrics.commands.<name>.failed` of member `i` (0 when it is stopped).
+    pub async fn command_failed(&self, i: usize, name: &str) -> i64 {
+        match self.service(i).await {
+            Some(s) => s.command_failed(name),
+            None => 0,
+        }
+    }
+
     /// Documents in `db.coll` (the shared data set).
     pub fn documents(&self, db: &str, coll: &str) -> Vec<Document> {
         self.data.documents(db, coll)
@@ -780,6 +883,19 @@ impl EmbeddedReplicaSet {
         }
     }
 
+    /// Stalls (or resumes) member `i`, as SIGSTOP and SIGCONT would a mongod: while stalled
+    /// it keeps its listener and its connections but starts no command and sends no reply
+    /// (commands it already started finish, their replies held back), and its `hello` goes
+    /// unanswered, so the set keeps its primary; on resuming it runs what it had read and
+    /// sends what it held back. A stall longer than a real set's election timeout would cost
+    /// mongod its primary role; here the primary stays until a test steps it down.
+    pub fn stall(&self, i: usize, stalled: bool) {
+        let inner = lock(&self.state.inner);
+        if let Some(m) = inner.members.get(i) {
+            m.stalled.send_replace(stalled);
+        }
+    }
+
     /// Arms a one-shot hook on member `i`, run right after it next applies a write.
     pub fn after_next_write(&self, i: usize, action: AfterWrite) {
         let mut inner = lock(&self.state.inner);
@@ -802,16 +918,10 @@ impl EmbeddedReplicaSet {
     pub async fn stop(&self, i: usize) {
         {
             let mut inner = lock(&self.state.inner);
-            let Some(m) = inner.members.get_mut(i) else {
+            if i >= inner.members.len() {
                 return;
-            };
-            m.role = MemberRole::Stopped;
-            m.after_write = None;
-            if inner.primary == Some(i) {
-                inner.primary = None;
             }
-            ReplicaSetState::bump_all(&mut inner);
-            self.state.start_election(&mut inner);
+            self.state.mark_stopped(&mut inner, i);
         }
         let member = self.members.lock().await.get_mut(i).and_then(Option::take);
         if let Some(m) = member {
@@ -820,11 +930,15 @@ impl EmbeddedReplicaSet {
     }
 
     /// Starts member `i` again on its address, as a secondary with a new `processId` (its
-    /// cursors are gone: a `getMore` for one answers CursorNotFound).
+    /// cursors are gone: a `getMore` for one answers CursorNotFound). A member that shut
+    /// itself down (`shutdown`) is restarted the same way.
     pub async fn restart(&self, i: usize) -> std::io::Result<()> {
         let mut members = self.members.lock().await;
-        if i >= members.len() || members[i].is_some() {
+        if i >= members.len() || self.role(i) != Some(MemberRole::Stopped) {
             return Ok(());
+        }
+        if let Some(down) = members[i].take() {
+            down.shutdown().await;
         }
         let addr: std::net::SocketAddr = self.addrs[i]
             .parse()
@@ -863,6 +977,7 @@ impl EmbeddedReplicaSet {
             let mut inner = lock(&self.state.inner);
             for m in inner.members.iter_mut() {
                 m.role = MemberRole::Stopped;
+                m.stalled.send_replace(false);
             }
             inner.primary = None;
         }

@@ -29,7 +29,7 @@ pub use crate::command::service::{BoxFuture, Response, Service};
 pub struct RouterHandle {
     addr: SocketAddr,
     state: Arc<ServerState>,
-    shutdown: watch::Sender<bool>,
+    shutdown: Arc<watch::Sender<bool>>,
     task: JoinHandle<()>,
 }
 
@@ -109,7 +109,8 @@ fn start_service_on(
 ) -> std::io::Result<RouterHandle> {
     let addr = listener.local_addr()?;
     let (tx, rx) = watch::channel(false);
-    let state = Arc::new(ServerState::new(config, argv, rx.clone()));
+    let tx = Arc::new(tx);
+    let state = Arc::new(ServerState::new(config, argv, tx.clone()));
     let service = make(state.clone());
     memory::start_idle_trimmer();
     security.attach(service.user_store());

@@ -97,7 +97,7 @@ pub(super) async fn read_at(
         operations: 1,
         bytes: 0,
     };
-    let permit = cluster.slot(shard, work, None).await.map_err(|e| {
+    let permit = cluster.slot(shard, work).await.map_err(|e| {
         ReadFailure::NotRun(CommandError::new(
             ErrorCode::ExceededTimeLimit,
             e.to_string(),

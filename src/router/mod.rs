@@ -116,6 +116,30 @@ impl Router {
     }
 }
 
+impl Router {
+    /// `shutdown`, as mongos answers it: the router shuts itself down (it is never sent to a
+    /// shard; a shard's members are shut down on their own addresses). After mongod's and
+    /// mongos's checks (`server_info::shutdown_request`), the router begins its graceful
+    /// shutdown as on SIGTERM — no new connections, requests in flight answered within
+    /// `shutdown_timeout_secs` — and closes this connection without a reply, as mongos's
+    /// exiting process does. `force` and `timeoutSecs` are validated; the grace period is the
+    /// configured one (a router has no secondary to wait for).
+    fn shutdown(&self, client: &ClientState, req: &CommandRequest) -> crate::frontend::Response {
+        match crate::command::server_info::shutdown_request(&self.state, client.peer, req) {
+            Ok(_) => {
+                tracing::warn!(conn = client.id, peer = %client.peer, "the shutdown command stops the router");
+                self.state.begin_shutdown();
+                crate::frontend::Response::CloseConnection
+            }
+            Err(e) => {
+                let mut reply = e.to_reply();
+                crate::command::append_cluster_time(&self.state, &mut reply);
+                crate::frontend::Response::Reply(reply)
+            }
+        }
+    }
+}
+
 impl crate::frontend::Service for Router {
     fn state(&self) -> &Arc<ServerState> {
         &self.state
@@ -126,7 +150,12 @@ impl crate::frontend::Service for Router {
         client: &'a mut ClientState,
         req: &'a CommandRequest,
     ) -> crate::frontend::BoxFuture<'a, crate::frontend::Response> {
-        Box::pin(async move { self.handle_with_failpoint(client, req).await })
+        Box::pin(async move {
+            if req.name == "shutdown" {
+                return self.shutdown(client, req);
+            }
+            self.handle_with_failpoint(client, req).await
+        })
     }
 
     fn user_store(&self) -> Option<crate::command::service::UserStore> {

@@ -808,7 +808,7 @@ pub(crate) async fn send_frame_from(
         };
         return (failed, None);
     };
-    let permit = match cluster.slot(shard, work, max_time).await {
+    let permit = match cluster.slot(shard, work).await {
         Ok(p) => p,
         Err(e) => {
             let failed = ChildOutcome::Failed {

@@ -276,6 +276,17 @@ impl ShardService {
                 crate::embedded::configsvr::run(self, req, &body)?
             }
             "sluiceSetLatency" => self.set_latency(&body)?,
+            "shutdown" if self.member.is_some() => {
+                let request = server_info::shutdown_request(&self.state, client.peer, req)?;
+                if let Some(member) = &self.member {
+                    member.shutdown(request).await?;
+                }
+                tracing::warn!(member = %lock(&self.address), "the shutdown command stops this member");
+                // The listener closes and so does every connection, this one without a reply,
+                // as mongod's exiting process leaves it.
+                self.state.begin_shutdown();
+                return Ok(None);
+            }
             "replSetStepDown" | "replSetFreeze" | "replSetGetStatus" if self.member.is_some() => {
                 let member = self.member.as_ref().ok_or_else(|| {
                     EngineError::new(ErrorCode::InternalError, "not a replica set member")
@@ -441,6 +452,9 @@ impl Service for ShardService {
         req: &'a CommandRequest,
     ) -> BoxFuture<'a, Response> {
         Box::pin(async move {
+            if let Some(member) = &self.member {
+                member.wait_while_stalled().await;
+            }
             let mut result = self.run(client, req).await;
             // Snapshot reads at a time before this command's writes must not see them.
             if super::snapshot::may_write(&req.name, req.body.raw()) {
@@ -482,6 +496,9 @@ impl Service for ShardService {
             let mut reply = match result {
                 Ok(None) => {
                     self.count_command(counted, true);
+                    if let Some(member) = &self.member {
+                        member.wait_while_stalled().await;
+                    }
                     return Response::CloseConnection;
                 }
                 Ok(Some(mut d)) => {
@@ -495,6 +512,9 @@ impl Service for ShardService {
                 }
             };
             command::append_cluster_time(&self.state, &mut reply);
+            if let Some(member) = &self.member {
+                member.wait_while_stalled().await;
+            }
             Response::Reply(reply)
         })
     }

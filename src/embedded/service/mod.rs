@@ -48,6 +48,7 @@ pub struct DataSet {
     versions: Arc<Mutex<HashMap<String, Document>>>,
     transactions: Arc<Mutex<Transactions>>,
     snapshots: Arc<Mutex<snapshot::SnapshotHistory>>,
+    routing_changes: Arc<super::filtering::RoutingChanges>,
 }
 
 impl DataSet {
@@ -111,6 +112,7 @@ impl ShardService {
             Arc::new(super::filtering::Filtering::new(
                 c,
                 options.internal_security.clone(),
+                data.routing_changes.clone(),
             ))
         });
         let migrations = Arc::new(super::migration::Migrations::with_security(

@@ -22,6 +22,11 @@ impl ShardService {
         lock(&self.counts).get(name).map(|c| c.total).unwrap_or(0)
     }
 
+    /// `metrics.commands.<name>.failed` for one command (its error replies).
+    pub fn command_failed(&self, name: &str) -> i64 {
+        lock(&self.counts).get(name).map(|c| c.failed).unwrap_or(0)
+    }
+
     pub(in crate::embedded) fn bump_opcounter(&self, name: &'static str, by: i64) {
         *lock(&self.opcounters).entry(name).or_insert(0) += by;
     }
