@@ -85,7 +85,7 @@ enum Command {
     },
     /// Run a benchmark and write its JSON, Markdown and SVG results.
     Bench {
-        /// The scenario: rounds, bulkwrite, seed-table, overhead, security, overload, undo or failover (`cargo bench --bench micro`
+        /// The scenario: rounds, bulkwrite, seed-table, overhead, security, overload, undo, failover or migration (`cargo bench --bench micro`
         /// runs the micro-benchmarks).
         scenario: String,
         /// A short run (what CI does).
@@ -97,7 +97,7 @@ enum Command {
         /// What rounds and seed-table run against: `static`, one router holding the metadata
         /// itself (`sluice --config`), or `cluster`, the layout `sluice demo` runs (a config
         /// server, shards in shard-server mode and a --configdb router, each a process; results
-        /// written as `<scenario>-cluster.*`).
+        /// written as `<scenario>-cluster.*`). migration always runs on the cluster layout.
         #[arg(long, default_value = "static", value_parser = ["static", "cluster"])]
         layout: String,
     },

@@ -360,3 +360,89 @@ fn security_counts_what_scram_and_tls_add_per_write_and_per_new_client() {
         }
     }
 }
+
+/// `migration` runs on the cluster layout whatever `--layout` says: a chunk moved under
+/// retryable single writes through the router costs the client no error, every acknowledged
+/// document is on the shards exactly once and on the shard owning its chunk, and every figure
+/// the closing note quotes (refreshes, moveChunk time, latency windows) is there.
+#[test]
+fn migration_moves_chunks_under_writes_without_errors_or_lost_documents() {
+    let out = out_dir("migration");
+    let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench", "migration", "--quick", "--out"])
+        .arg(&out)
+        .status()
+        .expect("sluice bench starts");
+    assert!(
+        status.success(),
+        "sluice bench migration --quick failed: {status}"
+    );
+    let md = std::fs::read_to_string(out.join("migration.md")).expect("migration.md written");
+    assert!(md.contains("|---"), "migration.md holds a table");
+    let text = std::fs::read_to_string(out.join("migration.json")).expect("migration.json");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    assert_eq!(v["layout"].as_str(), Some("cluster"), "{v}");
+    assert_eq!(v["shards"].as_u64(), Some(2), "{v}");
+    let migrations = v["migrations"].as_array().expect("migrations");
+    assert_eq!(migrations.len(), 2, "{v}");
+    for m in migrations {
+        assert_ne!(m["from"], m["to"], "{m}");
+        assert!(m["move_ms"].as_f64().expect("move_ms") > 0.0, "{m}");
+        assert!(m["documents"].is_u64(), "{m}");
+        let before = m["refreshes_before"].as_u64().expect("refreshes_before");
+        let after = m["refreshes_after"].as_u64().expect("refreshes_after");
+        // The router's routing is loaded before anything is moved, and the writes after a
+        // migration find it stale at least once.
+        assert!(before >= 1, "{m}");
+        assert!(
+            after > before,
+            "the router refreshed after the migration: {m}"
+        );
+        assert_eq!(m["refreshes"].as_u64(), Some(after - before), "{m}");
+        for w in ["before", "during", "after"] {
+            for f in ["ops", "p50_ms", "p99_ms", "max_ms"] {
+                assert!(m[w][f].is_number(), "{w}.{f} in {m}");
+            }
+        }
+        assert!(
+            m["before"]["ops"].as_u64().expect("ops") > 0,
+            "writes before: {m}"
+        );
+        assert!(
+            m["after"]["ops"].as_u64().expect("ops") > 0,
+            "writes after: {m}"
+        );
+    }
+    // Both directions: each shard gave a chunk.
+    assert_ne!(migrations[0]["from"], migrations[1]["from"], "{v}");
+    for f in ["move_ms", "refreshes"] {
+        assert!(v["summary"][f]["median"].is_number(), "summary.{f}: {v}");
+    }
+    for w in ["before", "during", "after"] {
+        assert!(
+            v["summary"]["latency"][w]["p99_ms"]["max"].is_number(),
+            "{v}"
+        );
+    }
+    assert_eq!(
+        v["client_errors"].as_u64(),
+        Some(0),
+        "retryable writes: no error {v}"
+    );
+    let docs = &v["documents"];
+    let acknowledged = docs["acknowledged"].as_u64().expect("acknowledged");
+    assert!(acknowledged > 0, "{v}");
+    assert_eq!(v["operations"].as_u64(), Some(acknowledged), "{v}");
+    assert_eq!(docs["lost"].as_u64(), Some(0), "{v}");
+    assert_eq!(docs["duplicated"].as_u64(), Some(0), "{v}");
+    assert_eq!(docs["misplaced"].as_u64(), Some(0), "{v}");
+    assert_eq!(docs["present"].as_u64(), Some(acknowledged), "{v}");
+    let per_shard: Vec<u64> = docs["per_shard"]
+        .as_array()
+        .expect("per_shard")
+        .iter()
+        .map(|n| n.as_u64().expect("count"))
+        .collect();
+    assert_eq!(per_shard.len(), 2, "{v}");
+    assert_eq!(per_shard.iter().sum::<u64>(), acknowledged, "{v}");
+}

@@ -212,6 +212,8 @@ pub struct RouterSpec {
     pub client_auth: ClientAuth,
     /// Static router or config server + shard servers + `--configdb` router.
     pub layout: Layout,
+    /// The router's Prometheus endpoint (`metrics_listen`), or empty for none.
+    pub metrics_listen: String,
 }
 
 /// How the fleet's clients reach a router that requires authentication or TLS.
@@ -233,6 +235,7 @@ impl RouterSpec {
             extra: String::new(),
             client_auth: ClientAuth::default(),
             layout: Layout::Static,
+            metrics_listen: String::new(),
         }
     }
 
@@ -271,7 +274,8 @@ fn router_config(
     spec: &RouterSpec,
 ) -> String {
     let mut s = format!(
-        "listen = \"127.0.0.1:0\"\nmetrics_listen = \"\"\nordered_rewrite = \"{}\"\n",
+        "listen = \"127.0.0.1:0\"\nmetrics_listen = \"{}\"\nordered_rewrite = \"{}\"\n",
+        spec.metrics_listen,
         policy_name(spec.policy)
     );
     if let Some(c) = configdb {
@@ -791,6 +795,7 @@ mod tests {
             extra: String::new(),
             client_auth: ClientAuth::default(),
             layout: Layout::Static,
+            metrics_listen: "127.0.0.1:9999".into(),
         };
         let shards = [("shard0".into(), "127.0.0.1:1".parse().expect("addr"))];
         let text = router_config(&shards, None, &spec);
@@ -798,6 +803,7 @@ mod tests {
         assert_eq!(c.ordered_rewrite, Policy::Off);
         assert_eq!(c.collections[0].num_initial_chunks, Some(3));
         assert_eq!(c.shards[0].address, "127.0.0.1:1");
+        assert_eq!(c.metrics_listen, "127.0.0.1:9999");
         c.validate().expect("a valid static configuration");
 
         // With a config server: nothing listed, the config server is the authority.

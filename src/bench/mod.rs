@@ -5,7 +5,8 @@
 //! binary: embedded shards as separate `sluice shard` processes and a router process, on
 //! loopback, stopped afterwards; the load goes through the stock Rust driver. `overload` runs
 //! the deterministic simulation of [`crate::backend::sim`]. `failover` runs a replica-set
-//! shard, the router and the driver in this process and steps the primary down under load. The micro-benchmarks are criterion
+//! shard, the router and the driver in this process and steps the primary down under load.
+//! `migration` moves chunks between the cluster layout's shard processes under load. The micro-benchmarks are criterion
 //! benchmarks (`cargo bench --bench micro`). Every scenario has a `--quick` mode, which CI
 //! runs to prove that it still works; the figures worth quoting come from the full mode on a
 //! release build.
@@ -14,6 +15,7 @@ pub mod bulk_rounds;
 pub mod failover;
 pub mod fleet;
 pub mod forward;
+pub mod migration;
 pub mod overhead;
 pub mod overload;
 pub mod report;
@@ -34,7 +36,12 @@ pub const SCENARIOS: &[&str] = &[
     "overload",
     "undo",
     "failover",
+    "migration",
 ];
+
+/// The scenarios that run on the cluster layout whatever `--layout` says (a static router has
+/// no chunk migrations).
+pub const CLUSTER_SCENARIOS: &[&str] = &["migration"];
 
 /// The scenarios that run on either [`fleet::Layout`] (the others on the static one only).
 pub const LAYOUT_SCENARIOS: &[&str] = &["rounds", "seed-table"];
@@ -50,6 +57,7 @@ pub async fn run(
     if layout != fleet::Layout::Static
         && SCENARIOS.contains(&scenario)
         && !LAYOUT_SCENARIOS.contains(&scenario)
+        && !CLUSTER_SCENARIOS.contains(&scenario)
     {
         anyhow::bail!(
             "--layout {} is for {} only; {scenario} runs on the static layout",
@@ -66,6 +74,7 @@ pub async fn run(
         "overload" => overload::report(quick),
         "undo" => undo::run(quick).await?,
         "failover" => failover::run(quick).await?,
+        "migration" => migration::run(quick).await?,
         other => anyhow::bail!(
             "unknown benchmark scenario {other:?} (available: {})",
             SCENARIOS.join(", ")
