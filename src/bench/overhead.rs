@@ -441,14 +441,24 @@ pub(super) const VALGRIND: &str = "valgrind";
 
 /// Fails with a clear message when valgrind is missing.
 pub(super) async fn check_valgrind() -> anyhow::Result<()> {
-    let ok = tokio::process::Command::new(VALGRIND)
-        .arg("--version")
+    require_tool(
+        VALGRIND,
+        "--version",
+        "the instruction count needs valgrind (Debian: apt-get install valgrind)",
+    )
+    .await
+}
+
+/// Fails with `missing` when `program arg` does not run successfully.
+pub(super) async fn require_tool(program: &str, arg: &str, missing: &str) -> anyhow::Result<()> {
+    let ok = tokio::process::Command::new(program)
+        .arg(arg)
         .output()
         .await
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !ok {
-        bail!("the instruction count needs valgrind (Debian: apt-get install valgrind)");
+        bail!("{missing}");
     }
     Ok(())
 }

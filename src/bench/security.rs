@@ -29,7 +29,7 @@ use bson::{doc, Document};
 use super::fleet::{
     router_client, ClientAuth, Fleet, Latency, Progress, RouterSpec, Scratch, Sharded,
 };
-use super::overhead::{callgrind_total, check_valgrind, VALGRIND};
+use super::overhead::{callgrind_total, check_valgrind, require_tool, VALGRIND};
 use super::report::Report;
 use crate::auth::credentials::{UserDocument, UsersFile};
 use crate::auth::roles::RoleName;
@@ -148,16 +148,12 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
 }
 
 async fn check_openssl() -> anyhow::Result<()> {
-    let ok = tokio::process::Command::new("openssl")
-        .arg("version")
-        .output()
-        .await
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        bail!("the TLS lanes need the openssl command line (Debian: apt-get install openssl)");
-    }
-    Ok(())
+    require_tool(
+        "openssl",
+        "version",
+        "the TLS lanes need the openssl command line (Debian: apt-get install openssl)",
+    )
+    .await
 }
 
 /// A CA (`ca.pem`) and a server certificate and key for 127.0.0.1 (`server.pem`) in `dir`.

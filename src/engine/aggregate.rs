@@ -799,17 +799,10 @@ pub(super) fn group(
                 | "$stdDevPop"
                 | "$stdDevSamp"
                 | "$mergeObjects"
-                | "$firstN"
-                | "$lastN"
-                | "$maxN"
-                | "$minN"
-                | "$top"
-                | "$bottom"
-                | "$topN"
-                | "$bottomN"
                 | "$median"
                 | "$percentile"
-        ) {
+        ) && !is_n_accumulator(op)
+        {
             return Err(err(15952, format!("unknown group operator '{op}'")));
         }
         quantiles.push(if matches!(op.as_str(), "$median" | "$percentile") {

@@ -736,15 +736,7 @@ pub(super) fn set_window_fields(
                 | "$percentile"
                 | "$locf"
                 | "$linearFill"
-                | "$firstN"
-                | "$lastN"
-                | "$maxN"
-                | "$minN"
-                | "$top"
-                | "$bottom"
-                | "$topN"
-                | "$bottomN"
-        );
+        ) || super::aggregate::is_n_accumulator(&op);
         if !known {
             return Err(err(
                 crate::value::error_codes::ErrorCode::FailedToParse.0,
