@@ -522,20 +522,8 @@ impl Fleet {
 
     /// Each shard's share of the hash space of `ns`, from the router's `config.chunks`.
     pub async fn hash_shares(&self, ns: &str) -> anyhow::Result<Vec<f64>> {
-        let config = self.client.database("config");
-        let coll = config
-            .collection::<Document>("collections")
-            .find_one(doc! {"_id": ns})
-            .await?
-            .ok_or_else(|| anyhow!("{ns} is not sharded"))?;
-        let uuid = coll.get("uuid").cloned().unwrap_or(Bson::Null);
-        let mut cursor = config
-            .collection::<Document>("chunks")
-            .find(doc! {"uuid": uuid})
-            .await?;
         let mut shares = vec![0.0; self.shard_ids.len()];
-        while cursor.advance().await? {
-            let chunk = cursor.deserialize_current()?;
+        for chunk in config_chunks(&self.client, ns).await? {
             let bound = |field: &str| -> anyhow::Result<f64> {
                 match chunk.get_document(field)?.get("_id") {
                     Some(Bson::MinKey) => Ok(i64::MIN as f64),
@@ -574,6 +562,26 @@ impl Fleet {
         }
         Ok(())
     }
+}
+
+/// The `config.chunks` documents of the sharded collection `ns`, read through `client`.
+pub async fn config_chunks(client: &mongodb::Client, ns: &str) -> anyhow::Result<Vec<Document>> {
+    let config = client.database("config");
+    let coll = config
+        .collection::<Document>("collections")
+        .find_one(doc! {"_id": ns})
+        .await?
+        .ok_or_else(|| anyhow!("{ns} is not sharded"))?;
+    let uuid = coll.get("uuid").cloned().unwrap_or(Bson::Null);
+    let mut cursor = config
+        .collection::<Document>("chunks")
+        .find(doc! {"uuid": uuid})
+        .await?;
+    let mut out = Vec::new();
+    while cursor.advance().await? {
+        out.push(cursor.deserialize_current()?);
+    }
+    Ok(out)
 }
 
 /// `metrics.commands.<name>.total` of one server.

@@ -143,20 +143,8 @@ impl Chunk {
 
 /// The chunks of `ns` from `config.chunks` (through the router), in key order.
 async fn chunks(client: &mongodb::Client, ns: &str) -> anyhow::Result<Vec<Chunk>> {
-    let config = client.database("config");
-    let coll = config
-        .collection::<Document>("collections")
-        .find_one(doc! {"_id": ns})
-        .await?
-        .ok_or_else(|| anyhow!("{ns} is not sharded"))?;
-    let uuid = coll.get("uuid").cloned().unwrap_or(Bson::Null);
-    let mut cursor = config
-        .collection::<Document>("chunks")
-        .find(doc! {"uuid": uuid})
-        .await?;
     let mut out = Vec::new();
-    while cursor.advance().await? {
-        let c = cursor.deserialize_current()?;
+    for c in super::fleet::config_chunks(client, ns).await? {
         let bound = |field: &str| -> anyhow::Result<(Bson, i64)> {
             let v = c
                 .get_document(field)?
@@ -532,24 +520,19 @@ fn report(
     }
     let mv = Stats::of(&move_ms);
     let rf = Stats::of(&refreshes);
-    let _ = writeln!(
-        md,
-        "| **median** | | | {:.0} | +{} | {} | {} | {} |",
-        mv.median,
-        rf.median,
-        triple(migrations, windows[0].1, |s| s.median),
-        triple(migrations, windows[1].1, |s| s.median),
-        triple(migrations, windows[2].1, |s| s.median)
-    );
-    let _ = writeln!(
-        md,
-        "| **worst** | | | {:.0} | +{} | {} | {} | {} |",
-        mv.max,
-        rf.max,
-        triple(migrations, windows[0].1, |s| s.max),
-        triple(migrations, windows[1].1, |s| s.max),
-        triple(migrations, windows[2].1, |s| s.max)
-    );
+    let median: fn(&Stats) -> f64 = |s| s.median;
+    let worst: fn(&Stats) -> f64 = |s| s.max;
+    for (label, pick) in [("median", median), ("worst", worst)] {
+        let _ = writeln!(
+            md,
+            "| **{label}** | | | {:.0} | +{} | {} | {} | {} |",
+            pick(&mv),
+            pick(&rf),
+            triple(migrations, windows[0].1, pick),
+            triple(migrations, windows[1].1, pick),
+            triple(migrations, windows[2].1, pick)
+        );
+    }
     let added = |f: fn(&Window) -> f64| {
         Stats::of(
             &migrations

@@ -463,15 +463,13 @@ pub(super) async fn require_tool(program: &str, arg: &str, missing: &str) -> any
     Ok(())
 }
 
-/// Starts two shards and a router under callgrind, routes `bulks` commands of `bulk`
-/// documents and returns the router's total instructions.
-async fn callgrind_run(workload: Workload, bulk: usize, bulks: usize) -> anyhow::Result<u64> {
-    let scratch = Scratch::new("callgrind")?;
-    let out = scratch.0.join("callgrind.out");
+/// A router sharding `ns` on `{_id: "hashed"}` (the default policy), run under callgrind
+/// writing its counts to `out`.
+pub(super) fn callgrind_router(ns: &str, out: &std::path::Path) -> RouterSpec {
     let mut spec = RouterSpec::new(
         Policy::RetrySafe,
         vec![Sharded {
-            ns: "bench.cpu".into(),
+            ns: ns.into(),
             chunks: None,
         }],
     );
@@ -481,6 +479,15 @@ async fn callgrind_run(workload: Workload, bulk: usize, bulks: usize) -> anyhow:
         "--quiet".into(),
         format!("--callgrind-out-file={}", out.display()),
     ];
+    spec
+}
+
+/// Starts two shards and a router under callgrind, routes `bulks` commands of `bulk`
+/// documents and returns the router's total instructions.
+async fn callgrind_run(workload: Workload, bulk: usize, bulks: usize) -> anyhow::Result<u64> {
+    let scratch = Scratch::new("callgrind")?;
+    let out = scratch.0.join("callgrind.out");
+    let spec = callgrind_router("bench.cpu", &out);
     let fleet = Fleet::start(&[Latency::default(); 2], &spec).await?;
     let cl = &fleet.client;
     let coll = cl.database("bench").collection::<Document>("cpu");

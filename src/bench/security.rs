@@ -26,16 +26,13 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context};
 use bson::{doc, Document};
 
-use super::fleet::{
-    router_client, ClientAuth, Fleet, Latency, Progress, RouterSpec, Scratch, Sharded,
-};
-use super::overhead::{callgrind_total, check_valgrind, require_tool, VALGRIND};
+use super::fleet::{router_client, ClientAuth, Fleet, Latency, Progress, Scratch};
+use super::overhead::{callgrind_router, callgrind_total, check_valgrind, require_tool};
 use super::report::Report;
 use crate::auth::credentials::{UserDocument, UsersFile};
 use crate::auth::roles::RoleName;
 use crate::auth::scram::ScramMechanism;
 use crate::auth::UserName;
-use crate::write::plan::Policy;
 
 const USER: &str = "bench";
 const PASSWORD: &str = "bench-password";
@@ -284,22 +281,10 @@ async fn callgrind_run(
 ) -> anyhow::Result<(u64, i64)> {
     let scratch = Scratch::new("security")?;
     let out = scratch.0.join("callgrind.out");
-    let mut spec = RouterSpec::new(
-        Policy::RetrySafe,
-        vec![Sharded {
-            ns: "bench.sec".into(),
-            chunks: None,
-        }],
-    );
+    let mut spec = callgrind_router("bench.sec", &out);
     let (toml, auth) = secure(mode, certs, &scratch.0)?;
     spec.extra = toml;
     spec.client_auth = auth.clone();
-    spec.wrapper = vec![
-        VALGRIND.to_string(),
-        "--tool=callgrind".into(),
-        "--quiet".into(),
-        format!("--callgrind-out-file={}", out.display()),
-    ];
     let fleet = Fleet::start(&[Latency::default(); 2], &spec).await?;
     if mode.scram() {
         refused_without_credentials(&fleet, &auth, mode).await?;

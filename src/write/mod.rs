@@ -1400,30 +1400,23 @@ fn target_statement(
     snap: &RoutingSnapshot,
     i: usize,
 ) -> Targeted {
+    let d = match RawDocument::from_bytes(&stmts.raw[i][..]) {
+        Ok(d) => d,
+        Err(e) => {
+            return Targeted {
+                target: target::Target::Error {
+                    code: ErrorCode::InvalidBSON,
+                    message: e.to_string(),
+                },
+                identity: None,
+                retry_safe: false,
+            }
+        }
+    };
     match kind {
-        WriteKind::Insert => match RawDocument::from_bytes(&stmts.raw[i][..]) {
-            Ok(d) => target::target_insert(snap, d, stmts.client_id[i]),
-            Err(e) => Targeted {
-                target: target::Target::Error {
-                    code: ErrorCode::InvalidBSON,
-                    message: e.to_string(),
-                },
-                identity: None,
-                retry_safe: false,
-            },
-        },
-        WriteKind::Update | WriteKind::Delete => match RawDocument::from_bytes(&stmts.raw[i][..]) {
-            Ok(d) if kind == WriteKind::Update => target::target_update_bytes(snap, d),
-            Ok(d) => target::target_delete_bytes(snap, d),
-            Err(e) => Targeted {
-                target: target::Target::Error {
-                    code: ErrorCode::InvalidBSON,
-                    message: e.to_string(),
-                },
-                identity: None,
-                retry_safe: false,
-            },
-        },
+        WriteKind::Insert => target::target_insert(snap, d, stmts.client_id[i]),
+        WriteKind::Update => target::target_update_bytes(snap, d),
+        WriteKind::Delete => target::target_delete_bytes(snap, d),
     }
 }
 
