@@ -11,7 +11,9 @@
 //! baseline while batches ran together or one was held back, the limit halves; once settled, while
 //! executions stay under 4×, it grows by half a batch per window (by half its value below one).
 //! Below one, batches run one at a time with the shard idle in between. Full batches bypass the
-//! limit. Probes pause a busy shard at synchronized instants so baselines can be renewed.
+//! limit. Probes pause a busy shard at synchronized instants so baselines can be renewed. A shard
+//! that answered nothing at all for a while (a stall) is told from a queueing one by the next
+//! execution: the stall's slow samples wait for it, and are dropped when it is fast.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -127,6 +129,46 @@ struct Window {
     held_back: bool,
 }
 
+/// A sample that waits for the verdict on a silence (see [`Limiter::judge`]).
+#[derive(Debug, Clone)]
+struct Sample {
+    op: OpKind,
+    ratio: f64,
+    /// The execution time, for `typical` (a timeout has none).
+    took: Option<Duration>,
+}
+
+/// What the executions after a silence said about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// No execution that started after it has finished yet: its samples are held.
+    Pending,
+    /// The next execution was answered quickly: the shard was unreachable, not queueing; the
+    /// executions that spanned the silence are not samples.
+    Stall,
+    /// The next execution was slow too: the silence was queueing; its samples count.
+    Load,
+}
+
+/// The latest time the shard answered nothing while executions ran, long enough to make one
+/// of them slow.
+#[derive(Debug, Clone, Copy)]
+struct Silence {
+    /// When it ended: the first answer after it.
+    to: Duration,
+    /// How long the shard had been silent.
+    length: Duration,
+    verdict: Verdict,
+}
+
+/// Where a finished execution's sample goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Judged {
+    Counted,
+    Held,
+    Dropped,
+}
+
 #[derive(Debug, Clone)]
 struct OpState {
     limit: f64,
@@ -140,6 +182,8 @@ struct OpState {
     last_ratio: f64,
     probe_due: bool,
     busy_since_probe: bool,
+    /// Windows closed so far (for tests and diagnostics).
+    windows: u64,
 }
 
 /// The limiter of one shard.
@@ -150,6 +194,12 @@ pub struct Limiter {
     baselines: HashMap<(OpKind, u64, u32), Baseline>,
     next_probe: Option<Duration>,
     pause_until: Duration,
+    /// When the shard last completed an execution of either kind.
+    last_answer: Option<Duration>,
+    /// The latest silence, with its verdict.
+    silence: Option<Silence>,
+    /// Samples of the executions a pending silence spanned.
+    held: Vec<Sample>,
 }
 
 /// Ratio of execution time to baseline above which the shard is considered queueing.
@@ -185,6 +235,7 @@ impl Limiter {
             last_ratio: 0.0,
             probe_due: false,
             busy_since_probe: false,
+            windows: 0,
         };
         Limiter {
             settings,
@@ -192,6 +243,9 @@ impl Limiter {
             baselines: HashMap::new(),
             next_probe: None,
             pause_until: Duration::ZERO,
+            last_answer: None,
+            silence: None,
+            held: Vec::new(),
         }
     }
 
@@ -375,6 +429,11 @@ impl Limiter {
             (_, Some(b)) => took.as_secs_f64() / b.max(MIN_BASELINE).as_secs_f64(),
             (_, None) => 1.0,
         };
+        let sample = Sample {
+            op: ticket.op,
+            ratio,
+            took: (outcome == Outcome::Completed).then_some(took),
+        };
         if outcome == Outcome::Completed {
             // Only a baseline can be lowered by any sample; probes may raise it, at most
             // twofold per interval (or per 15 s, whichever is longer).
@@ -399,19 +458,110 @@ impl Limiter {
                     );
                 }
             }
-            let o = &mut self.ops[idx];
+            let judged = self.judge(now, ticket.started, took, base, ratio);
+            self.last_answer = Some(self.last_answer.map_or(now, |a| a.max(now)));
+            match judged {
+                Judged::Counted => self.record(now, sample),
+                Judged::Held => self.held.push(sample),
+                Judged::Dropped => {}
+            }
+        } else {
+            // A timeout is no answer: it neither ends a silence nor waits for a verdict.
+            self.record(now, sample);
+        }
+        let o = &mut self.ops[idx];
+        if o.limit < 1.0 {
+            // Below one: the shard stays idle between batches, as long as an execution takes
+            // at a half, at most a second.
+            let typical = o.typical.unwrap_or(took);
+            let idle = typical.mul_f64(1.0 / o.limit - 1.0).min(MAX_IDLE);
+            o.idle_until = now + idle;
+        }
+    }
+
+    /// Tells a stalled shard from an overloaded one for a completed execution that started at
+    /// `started` and took `took` (section 12 of the design).
+    ///
+    /// A *silence* is a time in which executions ran and the shard answered none of them. An
+    /// execution is slow because of a silence when it is slow and the shard's last answer came
+    /// within four baselines of its start (or before it): the silence then ends with this
+    /// execution, and its sample and those of every execution running at that moment are held.
+    /// The first execution that starts after the silence ended gives the verdict:
+    ///
+    /// - answered at its usual speed (at most four times its baseline), or in at most a quarter
+    ///   of the silence, it says the shard was unreachable (stopped, paused, partitioned), not
+    ///   queueing: the held samples, and those of executions that were running when the silence
+    ///   ended and finish later, are dropped; they move neither the limit nor `typical`;
+    /// - slow too, it says the shard is queueing: the held samples are counted, in order.
+    ///
+    /// Executions started together against a queueing shard look like a silence as well, so
+    /// under load a round of samples waits for the next round before it counts; the limit still
+    /// halves, one round later.
+    fn judge(
+        &mut self,
+        now: Duration,
+        started: Duration,
+        took: Duration,
+        base: Option<Duration>,
+        ratio: f64,
+    ) -> Judged {
+        if let Some(s) = self.silence.as_mut() {
+            if s.verdict == Verdict::Pending && started >= s.to {
+                let quick = ratio <= SLOW_RATIO || took.mul_f64(SLOW_RATIO) <= s.length;
+                if quick {
+                    s.verdict = Verdict::Stall;
+                    self.held.clear();
+                } else {
+                    s.verdict = Verdict::Load;
+                    for held in std::mem::take(&mut self.held) {
+                        self.record(now, held);
+                    }
+                }
+            }
+        }
+        if let Some(s) = self.silence {
+            if started < s.to {
+                // It was running when the silence ended: it shares its verdict.
+                return match s.verdict {
+                    Verdict::Pending => Judged::Held,
+                    Verdict::Stall => Judged::Dropped,
+                    Verdict::Load => Judged::Counted,
+                };
+            }
+        }
+        let Some(base) = base else {
+            return Judged::Counted;
+        };
+        let quiet_from = self.last_answer.map_or(started, |a| a.max(started));
+        let silent = now.saturating_sub(quiet_from);
+        let explained = took.saturating_sub(silent) <= base.max(MIN_BASELINE).mul_f64(SLOW_RATIO);
+        if ratio > SLOW_RATIO && explained {
+            self.silence = Some(Silence {
+                to: now,
+                length: silent,
+                verdict: Verdict::Pending,
+            });
+            return Judged::Held;
+        }
+        Judged::Counted
+    }
+
+    /// Adds a sample to its kind's window (and its time to `typical`), closing the window and
+    /// moving the limit when it is complete.
+    fn record(&mut self, now: Duration, sample: Sample) {
+        let settled = self.settled(sample.op, now);
+        let floor = self.floor();
+        let max = self.settings.max_in_flight as f64;
+        let o = &mut self.ops[sample.op.index()];
+        if let Some(took) = sample.took {
             o.typical = Some(match o.typical {
                 Some(t) => t.mul_f64(0.8) + took.mul_f64(0.2),
                 None => took,
             });
         }
-        let settled = self.settled(ticket.op, now);
-        let floor = self.floor();
-        let max = self.settings.max_in_flight as f64;
-        let o = &mut self.ops[idx];
         let window_len = MIN_WINDOW.max(o.typical.unwrap_or(Duration::ZERO));
         let started = *o.window.started.get_or_insert(now);
-        o.window.ratios.push(ratio);
+        o.window.ratios.push(sample.ratio);
         if o.window.ratios.len() >= MIN_WINDOW_SAMPLES && now >= started + window_len {
             let mut r = std::mem::take(&mut o.window.ratios);
             r.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
@@ -428,13 +578,7 @@ impl Limiter {
                 o.limit = o.limit.min(max);
             }
             o.window = Window::default();
-        }
-        if o.limit < 1.0 {
-            // Below one: the shard stays idle between batches, as long as an execution takes
-            // at a half, at most a second.
-            let typical = o.typical.unwrap_or(took);
-            let idle = typical.mul_f64(1.0 / o.limit - 1.0).min(MAX_IDLE);
-            o.idle_until = now + idle;
+            o.windows += 1;
         }
     }
 
@@ -507,12 +651,9 @@ mod tests {
             }
             *t += took;
             for tk in tickets {
-                let before = l.ops[0].window.ratios.len();
+                let before = l.ops[0].windows;
                 l.on_finish(*t, tk, outcome);
-                if outcome != Outcome::NotCounted && l.ops[0].window.ratios.is_empty() && before > 0
-                {
-                    closed += 1;
-                }
+                closed += (l.ops[0].windows - before) as usize;
             }
             *t += MS * 2;
         }
@@ -520,6 +661,137 @@ mod tests {
 
     fn run_windows(l: &mut Limiter, t: &mut Duration, n: usize, per: usize, took: Duration) {
         run_windows_with(l, t, n, per, took, Outcome::Completed)
+    }
+
+    /// A shard that answers nothing for `stall` while work keeps arriving: a batch is offered
+    /// every millisecond and the limiter admits what it admits (the anti-stall rule lets some
+    /// through). Returns the executions admitted, none of them finished.
+    fn stalled(l: &mut Limiter, t: &mut Duration, stall: Duration) -> Vec<Ticket> {
+        let b = batch(OpKind::Mutate, 10);
+        let end = *t + stall;
+        let mut running = Vec::new();
+        while *t < end {
+            match l.on_start(*t, &b) {
+                Admission::Start(tk) => running.push(tk),
+                Admission::Wait(_) => *t += MS,
+            }
+        }
+        running
+    }
+
+    /// The shard resumes and answers `running` one after another, 100 µs apart.
+    fn resume(l: &mut Limiter, t: &mut Duration, running: Vec<Ticket>) {
+        for tk in running {
+            *t += Duration::from_micros(100);
+            l.on_finish(*t, tk, Outcome::Completed);
+        }
+    }
+
+    fn typical(l: &Limiter) -> Duration {
+        l.ops[OpKind::Mutate.index()].typical.unwrap_or_default()
+    }
+
+    #[test]
+    fn a_stalled_shard_is_not_read_as_an_overloaded_one() {
+        let mut l = Limiter::new(settings());
+        let mut t = Duration::from_secs(1000);
+        run_windows(&mut l, &mut t, 2, 2, MS);
+        assert_eq!(l.limit(OpKind::Mutate), 2.0);
+        let before = typical(&l);
+        // Nothing answered for 2.5 s (as under SIGSTOP), work piling up behind it.
+        let mut running = stalled(&mut l, &mut t, Duration::from_millis(2_500));
+        assert!(
+            running.len() >= 4,
+            "batches ran together and were held back: {}",
+            running.len()
+        );
+        // It resumes: all but one answer at once, each after up to 2.5 s.
+        let last = running.pop().expect("one left");
+        resume(&mut l, &mut t, running);
+        assert_eq!(
+            l.limit(OpKind::Mutate),
+            2.0,
+            "the stall did not halve the limit"
+        );
+        assert_eq!(typical(&l), before, "held samples do not move typical");
+        // Fast executions follow: the silence was a stall; its samples are dropped.
+        let b = batch(OpKind::Mutate, 10);
+        let a = start(&mut l, t, &b);
+        t += MS;
+        l.on_finish(t, a, Outcome::Completed);
+        // An execution that spanned the stall and answers late is no sample either.
+        t += MS;
+        l.on_finish(t, last, Outcome::Completed);
+        run_windows(&mut l, &mut t, 3, 2, MS);
+        assert_eq!(l.limit(OpKind::Mutate), 2.0, "the limit did not move");
+        assert!(l.latency_ratio(OpKind::Mutate) <= SLOW_RATIO);
+        assert!(
+            typical(&l) <= MS * 2,
+            "typical stays an execution's time: {:?}",
+            typical(&l)
+        );
+        // No idle gap or anti-stall wait: two batches start at once, as before the stall.
+        assert_eq!(l.next_deadline(), None);
+        start(&mut l, t, &b);
+        start(&mut l, t, &b);
+    }
+
+    #[test]
+    fn a_silence_followed_by_slow_executions_is_load_and_halves() {
+        // The same stall, but the shard stays slow afterwards: it is queueing, and the held
+        // samples count.
+        let mut l = Limiter::new(settings());
+        let mut t = Duration::from_secs(1000);
+        run_windows(&mut l, &mut t, 2, 2, MS);
+        let running = stalled(&mut l, &mut t, Duration::from_millis(2_500));
+        resume(&mut l, &mut t, running);
+        run_windows(&mut l, &mut t, 1, 2, Duration::from_millis(2_500));
+        assert!(l.limit(OpKind::Mutate) <= 1.0, "halved");
+        assert!(l.latency_ratio(OpKind::Mutate) > SLOW_RATIO);
+        assert!(
+            typical(&l) > Duration::from_millis(100),
+            "{:?}",
+            typical(&l)
+        );
+        // A sudden overload without a stall before it: executions two at a time go from 1 ms
+        // to 2.5 s and stay there; every round is a silence, and each next round says load.
+        let mut l = Limiter::new(settings());
+        let mut t = Duration::from_secs(1000);
+        run_windows(&mut l, &mut t, 2, 2, MS);
+        run_windows(&mut l, &mut t, 1, 2, Duration::from_millis(2_500));
+        assert_eq!(l.limit(OpKind::Mutate), 1.0, "2 → 1");
+        run_windows(&mut l, &mut t, 1, 2, Duration::from_millis(2_500));
+        assert_eq!(l.limit(OpKind::Mutate), 0.5, "1 → 0.5 with work held back");
+    }
+
+    #[test]
+    fn a_lone_slow_execution_waits_for_the_next_one() {
+        let mut l = Limiter::new(settings());
+        let mut t = Duration::from_secs(1000);
+        run_windows(&mut l, &mut t, 1, 1, MS);
+        let before = typical(&l);
+        let b = batch(OpKind::Mutate, 10);
+        let slow = start(&mut l, t, &b);
+        t += MS * 300;
+        l.on_finish(t, slow, Outcome::Completed);
+        assert_eq!(
+            typical(&l),
+            before,
+            "held until an execution started after it ends"
+        );
+        // The next one is slow too (two thirds of it): the held sample counts, then this
+        // one waits in turn.
+        let next = start(&mut l, t, &b);
+        t += MS * 200;
+        l.on_finish(t, next, Outcome::Completed);
+        assert!(typical(&l) > MS * 50, "{:?}", typical(&l));
+        let counted = typical(&l);
+        // A fast one after it: the 200 ms execution was a stall and is dropped.
+        let fast = start(&mut l, t, &b);
+        t += MS;
+        l.on_finish(t, fast, Outcome::Completed);
+        assert!(typical(&l) < counted);
+        assert_eq!(typical(&l), counted.mul_f64(0.8) + MS.mul_f64(0.2));
     }
 
     #[test]
