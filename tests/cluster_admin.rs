@@ -1253,17 +1253,16 @@ async fn a_bulk_write_on_an_unsharded_namespace_carries_the_database_version() {
     c.shutdown().await;
 }
 
-/// Inserts `{_id: writer * 1_000_000 + i}` for i = 0, 1, … into `demo.<coll>` through
-/// `client`, one at a time, until `stop`; the `_id`s acknowledged, in order (every insert must
-/// succeed).
+/// Inserts `{_id: writer * 1_000_000 + i}` for i = 0, 1, … into `db.coll` through `client`,
+/// one at a time, until `stop`; the `_id`s acknowledged, in order (every insert must succeed).
 fn insert_until(
     client: mongodb::Client,
-    coll: &'static str,
+    (db, coll): (&'static str, &'static str),
     writer: i64,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> tokio::task::JoinHandle<Vec<i64>> {
     tokio::spawn(async move {
-        let coll = client.database("demo").collection::<Document>(coll);
+        let coll = client.database(db).collection::<Document>(coll);
         let mut acked = Vec::new();
         let mut id = writer * 1_000_000;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -1277,12 +1276,12 @@ fn insert_until(
     })
 }
 
-/// Writers inserting one document at a time through router B into `demo.<coll>` while
-/// `ddl` runs on the database `on` through router A (after the writers have run a while, and
+/// Writers inserting one document at a time through router B into `db.coll` while `ddl`
+/// runs on the database `on` through router A (after the writers have run a while, and
 /// they go on a while after it): the `_id`s each writer was acknowledged, in order.
 async fn writes_racing(
     c: &sluice::demo::DemoCluster,
-    coll: &'static str,
+    ns: (&'static str, &'static str),
     on: &str,
     ddl: Document,
 ) -> Vec<Vec<i64>> {
@@ -1291,7 +1290,7 @@ async fn writes_racing(
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut writers = Vec::new();
     for w in 1..=WRITERS {
-        writers.push(insert_until(client(c, 1).await, coll, w, stop.clone()));
+        writers.push(insert_until(client(c, 1).await, ns, w, stop.clone()));
     }
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     a.database(on)
@@ -1347,7 +1346,7 @@ async fn inserts_racing_a_rename_of_a_sharded_collection_are_all_found_under_one
         assert_eq!(ids(&b, "demo", from).await, seed);
         let acked = writes_racing(
             &c,
-            from,
+            ("demo", from),
             "admin",
             doc! {"renameCollection": format!("demo.{from}"), "to": format!("demo.{to}")},
         )
@@ -1421,7 +1420,7 @@ async fn inserts_racing_a_drop_of_a_sharded_collection_recreate_it_on_the_primar
             .await
             .unwrap();
         assert_eq!(ids(&b, "demo", coll).await.len(), 100);
-        let acked = writes_racing(&c, coll, "demo", doc! {"drop": coll}).await;
+        let acked = writes_racing(&c, ("demo", coll), "demo", doc! {"drop": coll}).await;
         let left = ids(&a, "demo", coll).await;
         assert_eq!(ids(&b, "demo", coll).await, left, "B reads as A");
         assert!(
@@ -1459,6 +1458,76 @@ async fn inserts_racing_a_drop_of_a_sharded_collection_recreate_it_on_the_primar
         assert!(
             dropped > 0 && kept > 0,
             "round {coll}: the writers ran before ({dropped}) and after ({kept}) the drop"
+        );
+    }
+    c.shutdown().await;
+}
+
+/// A database dropped through router A while eight writers insert into its sharded
+/// collection through router B: every shard holds the database's critical section from before
+/// the commit until it has dropped the database and forgotten its routing, so a racing insert
+/// either lands before the drop (and is dropped with it) or waits, is answered StaleConfig and
+/// creates the database and the collection again, unsharded, on the new primary shard.
+/// Afterwards each writer's inserts from some point on are found, none earlier, and no shard
+/// holds a document the routers do not read. Five rounds.
+#[tokio::test]
+async fn inserts_racing_a_drop_database_recreate_it_consistently() {
+    let c = cluster(
+        2,
+        vec![router_config(), router_config()],
+        "[[collections]]\nns = \"gone.c\"\nkey = '{\"_id\": \"hashed\"}'\n",
+    )
+    .await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    for round in 0..5 {
+        if round > 0 {
+            // Sharded again for the next round (the last round's inserts made it unsharded).
+            a.database("gone").drop().await.unwrap();
+            admin(
+                &a,
+                doc! {"shardCollection": "gone.c", "key": {"_id": "hashed"}},
+            )
+            .await
+            .unwrap();
+        }
+        a.database("gone")
+            .collection::<Document>("c")
+            .insert_many((0..100i64).map(|i| doc! {"_id": i}))
+            .await
+            .unwrap();
+        assert_eq!(ids(&b, "gone", "c").await.len(), 100);
+        let acked = writes_racing(&c, ("gone", "c"), "gone", doc! {"dropDatabase": 1}).await;
+        let left = ids(&a, "gone", "c").await;
+        assert_eq!(ids(&b, "gone", "c").await, left, "B reads as A");
+        assert!(chunks_of(&c, "gone.c").await.is_none(), "untracked");
+        let held: usize = ids_per_shard(&c, "gone", "c").iter().map(Vec::len).sum();
+        assert_eq!(
+            held,
+            left.len(),
+            "round {round}: nothing orphaned on a shard"
+        );
+        let survived: std::collections::HashSet<i64> = left.iter().copied().collect();
+        let (mut dropped, mut kept) = (0, 0);
+        for (w, ids) in acked.iter().enumerate() {
+            let cut = ids.iter().take_while(|i| !survived.contains(i)).count();
+            let lost: Vec<i64> = ids[cut..]
+                .iter()
+                .filter(|i| !survived.contains(i))
+                .copied()
+                .collect();
+            assert!(
+                lost.is_empty(),
+                "round {round}: writer {w}'s acknowledged {lost:?} lost after {} survived",
+                ids[cut]
+            );
+            dropped += cut;
+            kept += ids.len() - cut;
+        }
+        assert_eq!(left.len(), kept, "round {round}: only acknowledged inserts");
+        assert!(
+            dropped > 0 && kept > 0,
+            "round {round}: the writers ran before ({dropped}) and after ({kept}) the drop"
         );
     }
     c.shutdown().await;

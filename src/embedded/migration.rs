@@ -939,3 +939,65 @@ pub fn commit_chunk_migration(
     };
     Ok(doc! {"shardVersion": {"e": epoch, "t": timestamp, "v": donor_version}})
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether a request on `namespaces` is let through within 50 ms.
+    async fn enters(m: &Migrations, namespaces: &[&str]) -> bool {
+        tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            m.enter_all(namespaces),
+        )
+        .await
+        .is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_participant_block_holds_its_namespace_until_released_for_the_same_reason() {
+        let m = Arc::new(Migrations::default());
+        let rename = doc! {"command": "rename", "from": "d.c", "to": "d.t"};
+        let other = doc! {"command": "dropCollection", "ns": "d.c"};
+        m.participant_block("d.c", true, &rename).await.unwrap();
+        assert!(enters(&m, &["d.x"]).await, "another collection goes on");
+        assert!(
+            !enters(&m, &["d.x", "d.c"]).await,
+            "a bulkWrite naming it waits"
+        );
+        // The same reason again is answered as the first time; another is refused.
+        m.participant_block("d.c", true, &rename).await.unwrap();
+        for block in [true, false] {
+            let e = m.participant_block("d.c", block, &other).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::ConflictingOperationInProgress);
+        }
+        let waiter = {
+            let m = m.clone();
+            tokio::spawn(async move {
+                drop(m.enter_all(&["d.c"]).await);
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "a request on it waits");
+        m.participant_block("d.c", false, &rename).await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("released")
+            .unwrap();
+        // Leaving what is not held succeeds (a coordinator resends).
+        m.participant_block("d.c", false, &rename).await.unwrap();
+        assert!(enters(&m, &["d.c"]).await);
+    }
+
+    #[tokio::test]
+    async fn a_database_block_holds_every_collection_of_the_database() {
+        let m = Arc::new(Migrations::default());
+        let reason = doc! {"command": "dropDatabase", "db": "d"};
+        m.participant_block("d", true, &reason).await.unwrap();
+        assert!(!enters(&m, &["d.c"]).await);
+        assert!(!enters(&m, &["e.c", "d.z"]).await);
+        assert!(enters(&m, &["e.c"]).await, "another database goes on");
+        m.participant_block("d", false, &reason).await.unwrap();
+        assert!(enters(&m, &["d.c"]).await);
+    }
+}
