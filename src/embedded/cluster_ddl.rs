@@ -14,7 +14,8 @@
 //! A drop or rename of a sharded collection holds the collection's critical section on every
 //! shard (`_shardsvrParticipantBlock`, as MongoDB's coordinators send it) from before the
 //! change until every shard has forgotten its routing after the commit: a write racing it
-//! waits, then meets the new metadata and is answered StaleConfig.
+//! waits, then meets the new metadata and is answered StaleConfig. A `dropDatabase` holds the
+//! database's critical section on every shard the same way.
 //!
 //! Where it is simpler than MongoDB's coordinators: the `config.*` changes are one embedded
 //! command (`_sluiceCommit*`) instead of a transaction on the config server, and a
@@ -201,23 +202,32 @@ async fn participant_block(d: &Donor, db: &str, body: &Document) -> Result<Docum
         None => Document::new(),
         Some(_) => object_field(body, CMD, "reason")?.clone(),
     };
-    if !block && body.get("clearFilteringMetadata").is_some_and(truthy) {
-        forget(d, &ns);
-    }
-    d.migrations.participant_block(&ns, block, &reason).await?;
+    let clear = body.get("clearFilteringMetadata").is_some_and(truthy);
+    participate(d, &ns, block, &reason, clear).await?;
     Ok(Document::new())
 }
 
-/// Forgets this shard's routing of `ns`, a collection or (without a `.`) a database.
-fn forget(d: &Donor, ns: &str) {
-    if ns.contains('.') {
-        d.filtering.flush_collection(ns);
-    } else {
-        d.filtering.flush_database(ns);
+/// This shard's part of a DDL critical section on `ns` (a collection, or a database by its
+/// name): enters it (`block`), or forgets its routing of `ns` when `clear` asks and leaves it.
+async fn participate(
+    d: &Donor,
+    ns: &str,
+    block: bool,
+    reason: &Document,
+    clear: bool,
+) -> Result<(), EngineError> {
+    if !block && clear {
+        if ns.contains('.') {
+            d.filtering.flush_collection(ns);
+        } else {
+            d.filtering.flush_database(ns);
+        }
     }
+    d.migrations.participant_block(ns, block, reason).await
 }
 
-/// What a coordinator blocks on every shard: the collections whose critical section it holds.
+/// What a coordinator blocks on every shard: the namespaces (collections, or a database by
+/// its name) whose critical section it holds there.
 struct Blocked<'a> {
     d: &'a Donor,
     all: &'a [(String, String)],
@@ -266,14 +276,7 @@ impl<'a> Blocked<'a> {
         block: bool,
     ) -> Result<(), EngineError> {
         if id == self.d.name {
-            if !block {
-                forget(self.d, ns);
-            }
-            return self
-                .d
-                .migrations
-                .participant_block(ns, block, &self.reason)
-                .await;
+            return participate(self.d, ns, block, &self.reason, !block).await;
         }
         let (db, target) = match ns.split_once('.') {
             Some((db, coll)) => (db, Bson::String(coll.to_string())),
