@@ -1293,10 +1293,13 @@ async fn writes_racing(
         writers.push(insert_until(client(c, 1).await, ns, w, stop.clone()));
     }
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let began = std::time::Instant::now();
     a.database(on)
         .run_command(ddl.clone())
         .await
         .unwrap_or_else(|e| panic!("{ddl} through router A: {e}"));
+    // docs/design/config-server.md records these (`-- --nocapture` prints them).
+    println!("{ddl} under {WRITERS} writers took {:?}", began.elapsed());
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut acked = Vec::new();
