@@ -132,17 +132,16 @@ impl SeriesFn {
             }
             SeriesFn::Integral { input, unit } => {
                 let points = integral_points(input, *unit, part, sort_field, vars)?;
-                let mut out = Vec::with_capacity(part.len());
-                for i in 0..part.len() {
-                    let (lo, hi) = window(i);
-                    // A document's bad value is an error once a window holds it, as in mongod.
-                    let held = points[lo.min(hi)..hi]
-                        .iter()
-                        .cloned()
-                        .collect::<Result<Vec<Point>, EngineError>>()?;
-                    out.push(integral(&held, *unit));
-                }
-                Ok(out)
+                // A document's bad value is an error once a window holds it, as in mongod.
+                over_windows(
+                    &points,
+                    window,
+                    |state: &mut Integral, p| {
+                        state.add(p.clone()?);
+                        Ok(())
+                    },
+                    |state| state.value(*unit),
+                )
             }
             SeriesFn::Covariance { input, sample } => {
                 let mut pairs = Vec::with_capacity(part.len());
@@ -156,15 +155,49 @@ impl SeriesFn {
                         _ => None,
                     });
                 }
-                Ok((0..part.len())
-                    .map(|i| {
-                        let (lo, hi) = window(i);
-                        covariance(pairs[lo.min(hi)..hi].iter().flatten(), *sample)
-                    })
-                    .collect())
+                over_windows(
+                    &pairs,
+                    window,
+                    |state: &mut Covariance, pair| {
+                        if let Some((x, y)) = pair {
+                            state.add(x, y);
+                        }
+                        Ok(())
+                    },
+                    |state| state.value(*sample),
+                )
             }
         }
     }
+}
+
+/// Each document's value over its window `[lo, hi)` of `items`, from a state the items are
+/// added to in partition order. A window that starts where the last one started and ends no
+/// earlier extends that state (the default and left-unbounded windows cost one pass); any other
+/// window is computed afresh, so every value is the one its window alone gives.
+fn over_windows<T, S: Default>(
+    items: &[T],
+    window: &dyn Fn(usize) -> (usize, usize),
+    add: impl Fn(&mut S, &T) -> Result<(), EngineError>,
+    value: impl Fn(&S) -> Bson,
+) -> Result<Vec<Bson>, EngineError> {
+    let mut out = Vec::with_capacity(items.len());
+    let mut state = S::default();
+    let (mut start, mut end) = (0, 0);
+    for i in 0..items.len() {
+        let (lo, hi) = window(i);
+        let hi = hi.max(lo);
+        if lo != start || hi < end {
+            state = S::default();
+            (start, end) = (lo, lo);
+        }
+        for item in &items[end..hi] {
+            add(&mut state, item)?;
+        }
+        end = hi;
+        out.push(value(&state));
+    }
+    Ok(out)
 }
 
 /// `$expMovingAvg`'s argument: exactly `input` and one of `N` (a positive integer, weight
@@ -443,91 +476,103 @@ fn integral_point(
     }))
 }
 
-/// `$integral` of a window's points by the trapezoidal rule, in the partition's order: null for
-/// an empty window, NaN when a value is NaN, the integer 0 for one point, divided by `unit`'s
-/// milliseconds when given.
-fn integral(points: &[Point], unit: Option<f64>) -> Bson {
-    if points.is_empty() {
-        return Bson::Null;
-    }
-    if points.iter().any(|p| p.nan) {
-        return Bson::Double(f64::NAN);
-    }
-    let mut sum = Sum::default();
-    let mut decimal = false;
-    for w in points.windows(2) {
-        let (a, b) = (w[0], w[1]);
-        decimal |= a.decimal || b.decimal;
-        sum.add((a.y + b.y) * (b.x - a.x) / 2.0);
-    }
-    if points.len() == 1 {
-        return match unit {
-            Some(_) => Bson::Double(0.0),
-            None => Bson::Int32(0),
-        };
-    }
-    number(sum.value() / unit.unwrap_or(1.0), decimal)
+/// `$integral` of a window's points by the trapezoidal rule, in the partition's order.
+#[derive(Debug, Default)]
+struct Integral {
+    points: usize,
+    last: Option<Point>,
+    sum: Sum,
+    decimal: bool,
+    nan: bool,
 }
 
-/// `$covariancePop` / `$covarianceSamp` over a window's `[x, y]` pairs: null without enough of
-/// them (none for the population, fewer than two for the sample), 0 for one pair of the
-/// population. Pairs with an infinite or NaN member make the result infinite or NaN as mongod
-/// makes it; the others are accumulated with the online algorithm mongod uses.
-fn covariance<'a>(pairs: impl Iterator<Item = &'a (Bson, Bson)>, sample: bool) -> Bson {
-    let mut count = 0u64;
-    let (mut sum_x, mut sum_y) = (Sum::default(), Sum::default());
-    let mut c_xy = Sum::default();
-    let mut non_finite = Sum::default();
-    let mut decimal = false;
-    for (xv, yv) in pairs {
-        decimal |= is_decimal(xv) || is_decimal(yv);
+impl Integral {
+    fn add(&mut self, p: Point) {
+        self.points += 1;
+        self.nan |= p.nan;
+        if let Some(a) = self.last {
+            self.decimal |= a.decimal || p.decimal;
+            self.sum.add((a.y + p.y) * (p.x - a.x) / 2.0);
+        }
+        self.last = Some(p);
+    }
+
+    /// Null for an empty window, NaN when a value is NaN, the integer 0 for one point, divided
+    /// by `unit`'s milliseconds when given.
+    fn value(&self, unit: Option<f64>) -> Bson {
+        match self.points {
+            0 => Bson::Null,
+            _ if self.nan => Bson::Double(f64::NAN),
+            1 if unit.is_none() => Bson::Int32(0),
+            1 => Bson::Double(0.0),
+            _ => number(self.sum.value() / unit.unwrap_or(1.0), self.decimal),
+        }
+    }
+}
+
+/// `$covariancePop` / `$covarianceSamp` over a window's `[x, y]` pairs, accumulated with the
+/// online algorithm mongod uses. Pairs with an infinite or NaN member make the result infinite
+/// or NaN as mongod makes it.
+#[derive(Debug, Default)]
+struct Covariance {
+    count: u64,
+    sum_x: Sum,
+    sum_y: Sum,
+    c_xy: Sum,
+    non_finite: Sum,
+    decimal: bool,
+}
+
+impl Covariance {
+    fn add(&mut self, xv: &Bson, yv: &Bson) {
+        self.decimal |= is_decimal(xv) || is_decimal(yv);
         let (x, y) = (to_f64(xv), to_f64(yv));
         if !x.is_finite() || !y.is_finite() {
             // Same signs give that infinity; NaN or opposite signs give NaN.
-            let signs = [x, y]
-                .into_iter()
-                .filter(|v| v.is_infinite())
-                .map(f64::signum);
             let mut inf = None;
             let mut nan = x.is_nan() || y.is_nan();
-            for s in signs {
+            for s in [x, y]
+                .into_iter()
+                .filter(|v| v.is_infinite())
+                .map(f64::signum)
+            {
                 match inf {
                     Some(t) if t != s => nan = true,
                     _ => inf = Some(s),
                 }
             }
-            non_finite.add(if nan {
+            self.non_finite.add(if nan {
                 f64::NAN
             } else {
                 inf.unwrap_or(1.0) * f64::INFINITY
             });
-            continue;
+            return;
         }
-        let dx = if count == 0 {
-            None
-        } else {
-            Some(x - sum_x.value() / count as f64)
-        };
-        count += 1;
-        sum_x.add(x);
-        sum_y.add(y);
-        let dy = y - sum_y.value() / count as f64;
+        let dx = (self.count > 0).then(|| x - self.sum_x.value() / self.count as f64);
+        self.count += 1;
+        self.sum_x.add(x);
+        self.sum_y.add(y);
+        let dy = y - self.sum_y.value() / self.count as f64;
         if let Some(dx) = dx {
-            c_xy.add(dx * dy);
+            self.c_xy.add(dx * dy);
         }
     }
-    if count == 1 && !sample {
-        return Bson::Double(0.0);
+
+    /// Null without enough pairs (none for the population, fewer than two for the sample), 0
+    /// for one pair of the population.
+    fn value(&self, sample: bool) -> Bson {
+        if self.count == 1 && !sample {
+            return Bson::Double(0.0);
+        }
+        let n = self.count as f64 - if sample { 1.0 } else { 0.0 };
+        if n <= 0.0 {
+            return Bson::Null;
+        }
+        number(
+            (self.c_xy.value() + self.non_finite.value()) / n,
+            self.decimal,
+        )
     }
-    let n = if sample {
-        count as f64 - 1.0
-    } else {
-        count as f64
-    };
-    if n <= 0.0 {
-        return Bson::Null;
-    }
-    number((c_xy.value() + non_finite.value()) / n, decimal)
 }
 
 /// A compensated (Neumaier) sum: the running error of each addition kept beside the total, so
