@@ -1365,6 +1365,31 @@ async fn series_window_functions_match_one_shard_and_the_formulas() {
         assert!(near(d.get("perDay"), totals[k] - totals[k - 1]), "{d}");
         assert!(near(d.get("hours"), hours), "{d}");
     }
+    // A decimal input gives decimal results, null until the first number.
+    let out = same_on_both(
+        &cl,
+        &[
+            doc! {"$match": {"cust": 1}},
+            doc! {"$set": {"dq": {"$cond": [{"$lt": ["$_id", 10]}, null, {"$toDecimal": "$qty"}]}}},
+            doc! {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {
+                "ema": {"$expMovingAvg": {"input": "$dq", "alpha": 0.5}},
+                "cov": {"$covariancePop": ["$_id", "$dq"], "window": {"documents": ["unbounded", "current"]}},
+            }}},
+        ],
+    )
+    .await;
+    for d in &out {
+        let before = d.get_i32("_id").unwrap() < 10;
+        for f in ["ema", "cov"] {
+            match d.get(f) {
+                Some(Bson::Null) => assert!(before, "{d}"),
+                Some(Bson::Decimal128(_)) if f == "ema" => assert!(!before, "{d}"),
+                Some(Bson::Double(v)) if f == "cov" => assert!(*v == 0.0, "one pair: {d}"),
+                Some(Bson::Decimal128(_)) => assert!(!before, "{d}"),
+                other => panic!("{f}: {other:?} in {d}"),
+            }
+        }
+    }
     // mongod's codes for malformed specifications and for values the functions cannot use.
     let stage = |sort: Option<Document>, f: Document| {
         let mut s = doc! {"output": {"x": f}};
