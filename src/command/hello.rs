@@ -59,6 +59,15 @@ pub struct ReplicaSetMember {
     pub last_write: Timestamp,
 }
 
+/// The fields of a `hello` request that [`hello`] reads.
+const HELLO_FIELDS: [&str; 5] = [
+    "client",
+    "compression",
+    "topologyVersion",
+    "maxAwaitTimeMS",
+    "helloOk",
+];
+
 /// Handles `hello`, `isMaster` and `ismaster` for `role`: the handshake's bookkeeping (client
 /// metadata, compression), the awaitable form's wait, then the reply.
 pub async fn hello(
@@ -67,9 +76,11 @@ pub async fn hello(
     req: &CommandRequest,
     role: Role<'_>,
 ) -> Result<Document, CommandError> {
-    let body = req.body_document();
+    // Only the fields read here are converted (the client metadata, once per connection,
+    // is kept as a document); the rest of the body is never decoded.
+    let mut body = req.body_fields(&HELLO_FIELDS);
 
-    if let Some(meta) = body.get("client") {
+    if let Some(meta) = body.remove("client") {
         if client.client_metadata.is_some() {
             return Err(CommandError::new(
                 ErrorCode::ClientMetadataCannotBeMutated,
@@ -77,7 +88,7 @@ pub async fn hello(
             ));
         }
         match meta {
-            Bson::Document(d) => client.client_metadata = Some(d.clone()),
+            Bson::Document(d) => client.client_metadata = Some(d),
             _ => {
                 return Err(CommandError::new(
                     ErrorCode::TypeMismatch,

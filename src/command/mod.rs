@@ -225,6 +225,23 @@ impl CommandRequest {
         self.body.to_document()
     }
 
+    /// Only the body's fields named in `keys`, as an owned document: what
+    /// [`CommandRequest::body_document`] would hold for them (a field named twice keeps its
+    /// first position and its last value), without converting the rest of the body. For
+    /// handlers that read a few fields of a body carrying much else (a `hello`'s client
+    /// metadata, a speculative authentication).
+    pub fn body_fields(&self, keys: &[&str]) -> Document {
+        let mut d = Document::new();
+        for (k, v) in self.body.raw().iter().flatten() {
+            if keys.contains(&k.as_str()) {
+                if let Ok(v) = Bson::try_from(v) {
+                    d.insert(k.as_str(), v);
+                }
+            }
+        }
+        d
+    }
+
     /// The collection the command names in its first field (`body` is its body), checked as
     /// mongod checks a namespace.
     pub fn collection_name(&self, body: &Document) -> Result<String, CommandError> {
