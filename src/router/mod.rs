@@ -412,7 +412,11 @@ async fn run_command(
         return Err(no_such_command(&req.name));
     };
     let own = match handler {
-        Handler::Hello => hello::hello(state, client, req, hello::Role::Router).await,
+        Handler::Hello => {
+            return hello::hello_raw(state, client, req, hello::Role::Router)
+                .await
+                .map(Reply::from)
+        }
         Handler::Ping => Ok(doc! {}),
         Handler::BuildInfo => Ok(server_info::build_info()),
         Handler::GetParameter => {
