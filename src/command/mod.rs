@@ -179,7 +179,7 @@ impl CommandRequest {
     /// The dispatcher's view of an OP_MSG: `$db` (mongod's errors when it is missing or not
     /// a string), the name, the namespace.
     pub fn from_op_msg(msg: &crate::wire::OpMsg) -> Result<Self, CommandError> {
-        let db = match msg.body.raw().get("$db") {
+        let db = match crate::wire::get_field(msg.body.raw(), "$db") {
             Ok(Some(bson::RawBsonRef::String(db))) => db.to_string(),
             Ok(Some(_)) => {
                 return Err(CommandError::new(
@@ -580,7 +580,7 @@ pub const GENERIC_ARGUMENTS: &[&str] = &[
 /// `maxTimeMS` of a request: `None` when absent or 0 (no limit); mongod's errors for a value
 /// that is not a non-negative 32-bit integer.
 pub fn max_time(body: &bson::RawDocument) -> Result<Option<std::time::Duration>, CommandError> {
-    let ms = match body.get("maxTimeMS") {
+    let ms = match crate::wire::get_field(body, "maxTimeMS") {
         Ok(None) | Err(_) => return Ok(None),
         Ok(Some(bson::RawBsonRef::Int32(v))) => v as f64,
         Ok(Some(bson::RawBsonRef::Int64(v))) => v as f64,

@@ -324,7 +324,7 @@ fn check_envelope(req: &CommandRequest) -> Result<Option<[u8; 16]>, CommandError
             "Can't use 'local' database through mongos",
         ));
     }
-    match req.body.raw().get("lsid") {
+    match crate::wire::get_field(req.body.raw(), "lsid") {
         Ok(None) => Ok(None),
         Ok(Some(bson::RawBsonRef::Document(lsid))) => raw_session_id(lsid).map(Some),
         Ok(Some(_)) | Err(_) => Err(CommandError::new(

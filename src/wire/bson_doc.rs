@@ -89,6 +89,100 @@ pub fn validate_document(bytes: &[u8]) -> Result<(), WireError> {
     validate_with_bson(bytes)
 }
 
+/// `doc.get(key)` (the first field named `key`, the same value and the same error), found by a
+/// walk that compares the keys as bytes and steps over the values by their sizes, without the
+/// element decoding the `bson` crate's iterator does for every field it passes. The walk
+/// reads the element types requests carry; at anything else, or anything it would have to
+/// report as malformed, the answer is `doc.get(key)` itself.
+pub fn get_field<'a>(
+    doc: &'a RawDocument,
+    key: &str,
+) -> bson::error::Result<Option<RawBsonRef<'a>>> {
+    let bytes = doc.as_bytes();
+    let slow = || doc.get(key);
+    let n = bytes.len();
+    if n < 5 || bytes[n - 1] != 0 {
+        return slow();
+    }
+    let end = n - 1;
+    let mut at = 4;
+    while at < end {
+        let tag = bytes[at];
+        let key_start = at + 1;
+        let Some(key_len) = bytes[key_start..end].iter().position(|&b| b == 0) else {
+            return slow();
+        };
+        let name = &bytes[key_start..key_start + key_len];
+        if !name.is_ascii() && std::str::from_utf8(name).is_err() {
+            return slow();
+        }
+        let v = key_start + key_len + 1;
+        let size = match tag {
+            0x01 | 0x09 | 0x11 | 0x12 => 8,
+            0x10 => 4,
+            0x07 => 12,
+            0x13 => 16,
+            0x06 | 0x0A | 0x7F | 0xFF => 0,
+            0x08 => 1,
+            // Strings, code and symbols, documents and arrays end with a zero byte.
+            0x02 | 0x0D | 0x0E | 0x03 | 0x04 => {
+                let least = if matches!(tag, 0x03 | 0x04) { 5 } else { 1 };
+                let size = match i32_at(bytes, v) {
+                    Some(len) if len >= least => len as usize + if least == 1 { 4 } else { 0 },
+                    _ => return slow(),
+                };
+                if v + size > end || bytes[v + size - 1] != 0 {
+                    return slow();
+                }
+                size
+            }
+            0x05 => match i32_at(bytes, v) {
+                Some(len) if len >= 0 => len as usize + 5,
+                _ => return slow(),
+            },
+            _ => return slow(),
+        };
+        if v + size > end {
+            return slow();
+        }
+        if name == key.as_bytes() {
+            let value = &bytes[v..v + size];
+            let found = match tag {
+                0x01 => match value.try_into() {
+                    Ok(b) => RawBsonRef::Double(f64::from_le_bytes(b)),
+                    Err(_) => return slow(),
+                },
+                0x10 => match value.try_into() {
+                    Ok(b) => RawBsonRef::Int32(i32::from_le_bytes(b)),
+                    Err(_) => return slow(),
+                },
+                0x12 => match value.try_into() {
+                    Ok(b) => RawBsonRef::Int64(i64::from_le_bytes(b)),
+                    Err(_) => return slow(),
+                },
+                0x0A => RawBsonRef::Null,
+                0x08 if value[0] <= 1 => RawBsonRef::Boolean(value[0] == 1),
+                0x02 => match std::str::from_utf8(&value[4..size - 1]) {
+                    Ok(s) => RawBsonRef::String(s),
+                    Err(_) => return slow(),
+                },
+                0x03 => match RawDocument::from_bytes(value) {
+                    Ok(d) => RawBsonRef::Document(d),
+                    Err(_) => return slow(),
+                },
+                _ => return slow(),
+            };
+            return Ok(Some(found));
+        }
+        at = v + size;
+    }
+    if at == end {
+        Ok(None)
+    } else {
+        slow()
+    }
+}
+
 /// Reads a little-endian `i32` at `at`, when four bytes are there.
 fn i32_at(bytes: &[u8], at: usize) -> Option<i32> {
     let b = bytes.get(at..at.checked_add(4)?)?;
@@ -314,6 +408,52 @@ mod tests {
                     validate_document(&bad).is_ok(),
                     validate_with_bson(&bad).is_ok()
                 );
+            }
+        }
+    }
+
+    /// The byte walk finds what `RawDocument::get` finds — the same value or error, the first
+    /// of a repeated field, nothing for a missing one — in every sample and every damaged copy
+    /// of it, for every key the sample holds and one it does not.
+    #[test]
+    fn the_byte_walk_finds_what_the_bson_reader_finds() {
+        let mut repeated = bson::RawDocumentBuf::new();
+        repeated.append(bson::raw::cstr!("a"), 1);
+        repeated.append(bson::raw::cstr!("a"), "two");
+        let mut all = samples();
+        all.push(repeated.into_bytes());
+        for good in all {
+            let keys: Vec<String> = RawDocument::from_bytes(&good)
+                .unwrap()
+                .iter()
+                .flatten()
+                .map(|(k, _)| k.as_str().to_string())
+                .chain(["missing".to_string(), String::new()])
+                .collect();
+            let mut variants = vec![good.clone()];
+            for pos in 4..good.len() {
+                for v in [0u8, 1, 2, 3, 5, 0x10, 0x7f, 0xc3, 0xff] {
+                    let mut bad = good.clone();
+                    bad[pos] = v;
+                    variants.push(bad);
+                }
+            }
+            for bytes in &variants {
+                let Ok(doc) = RawDocument::from_bytes(bytes) else {
+                    continue;
+                };
+                for key in &keys {
+                    let fast = get_field(doc, key);
+                    let slow = doc.get(key);
+                    match (&fast, &slow) {
+                        // Compared as printed: a damaged double may be NaN on both sides.
+                        (Ok(a), Ok(b)) => {
+                            assert_eq!(format!("{a:?}"), format!("{b:?}"), "{key} in {bytes:?}")
+                        }
+                        (Err(_), Err(_)) => {}
+                        _ => panic!("{key} in {bytes:?}: {fast:?} against {slow:?}"),
+                    }
+                }
             }
         }
     }
