@@ -1243,3 +1243,241 @@ async fn densify_and_fill_match_one_shard() {
         );
     }
 }
+
+/// Whether `got` is a number within a relative 1e-9 of `want` (the engine sums and divides in
+/// another order than the plain formulas below).
+fn near(got: Option<&Bson>, want: f64) -> bool {
+    let g = match got {
+        Some(Bson::Double(d)) => *d,
+        Some(Bson::Int32(i)) => *i as f64,
+        Some(Bson::Int64(i)) => *i as f64,
+        _ => return false,
+    };
+    (g - want).abs() <= 1e-9 * want.abs().max(1.0)
+}
+
+/// `$expMovingAvg`, `$derivative`, `$integral`, `$covariancePop` and `$covarianceSamp` over each
+/// customer's orders by `_id`: the sharded collection gives what one shard gives, and both give
+/// the values the plain formulas give.
+#[tokio::test]
+async fn series_window_functions_match_one_shard_and_the_formulas() {
+    let (_c, cl) = setup().await;
+    let out = same_on_both(
+        &cl,
+        &[doc! {"$setWindowFields": {"partitionBy": "$cust", "sortBy": {"_id": 1}, "output": {
+            "ema": {"$expMovingAvg": {"input": "$qty", "N": 3}},
+            "emaA": {"$expMovingAvg": {"input": "$qty", "alpha": 0.3}},
+            "der": {"$derivative": {"input": "$qty"}, "window": {"documents": [-1, 0]}},
+            "run": {"$integral": {"input": "$qty"}, "window": {"documents": ["unbounded", "current"]}},
+            "near": {"$integral": {"input": "$qty"}, "window": {"range": [-14, 0]}},
+            "covP": {"$covariancePop": ["$_id", "$qty"]},
+            "covS": {"$covarianceSamp": ["$_id", "$qty"], "window": {"documents": [-2, 0]}},
+        }}}],
+    )
+    .await;
+    assert_eq!(out.len(), 90);
+    for cust in 0..7 {
+        let ids: Vec<f64> = (0..90)
+            .filter(|i| i % 7 == cust)
+            .map(|i| i as f64)
+            .collect();
+        let qty: Vec<f64> = (0..90)
+            .filter(|i| i % 7 == cust)
+            .map(|i| ((i * 13) % 17) as f64)
+            .collect();
+        let docs: Vec<&Document> = out
+            .iter()
+            .filter(|d| d.get_i32("cust").unwrap() == cust)
+            .collect();
+        assert_eq!(docs.len(), ids.len());
+        let cov = |xs: &[f64], ys: &[f64], sample: bool| -> f64 {
+            let n = xs.len() as f64;
+            let (mx, my) = (xs.iter().sum::<f64>() / n, ys.iter().sum::<f64>() / n);
+            let s: f64 = xs.iter().zip(ys).map(|(x, y)| (x - mx) * (y - my)).sum();
+            s / if sample { n - 1.0 } else { n }
+        };
+        let trapezoids = |lo: usize, hi: usize| -> f64 {
+            (lo + 1..=hi)
+                .map(|k| (qty[k - 1] + qty[k]) * (ids[k] - ids[k - 1]) / 2.0)
+                .sum()
+        };
+        let pop_all = cov(&ids, &qty, false);
+        let (mut ema, mut ema_a) = (qty[0], qty[0]);
+        for (k, d) in docs.iter().enumerate() {
+            assert_eq!(d.get_i32("_id").unwrap() as f64, ids[k]);
+            if k > 0 {
+                ema = qty[k] * 0.5 + ema * 0.5; // N = 3: alpha = 2 / 4
+                ema_a = qty[k] * 0.3 + ema_a * 0.7;
+            }
+            assert!(near(d.get("ema"), ema), "{d}");
+            assert!(near(d.get("emaA"), ema_a), "{d}");
+            if k == 0 {
+                assert_eq!(d.get("der"), Some(&Bson::Null), "{d}");
+                assert_eq!(d.get("run"), Some(&Bson::Int32(0)), "{d}");
+            } else {
+                let slope = (qty[k] - qty[k - 1]) / (ids[k] - ids[k - 1]);
+                assert!(near(d.get("der"), slope), "{d}");
+                assert!(near(d.get("run"), trapezoids(0, k)), "{d}");
+            }
+            // Ids of one customer are 7 apart: within 14 below are the two before.
+            let lo = k.saturating_sub(2);
+            if lo == k {
+                assert_eq!(d.get("near"), Some(&Bson::Int32(0)), "{d}");
+            } else {
+                assert!(near(d.get("near"), trapezoids(lo, k)), "{d}");
+            }
+            assert!(near(d.get("covP"), pop_all), "{d}");
+            if k == 0 {
+                assert_eq!(d.get("covS"), Some(&Bson::Null), "{d}");
+            } else {
+                let want = cov(&ids[lo..=k], &qty[lo..=k], true);
+                assert!(near(d.get("covS"), want), "{d} {want}");
+            }
+        }
+    }
+    // Per day: each day's total quantity, its change per day and its running integral in
+    // quantity-hours.
+    let out = same_on_both(
+        &cl,
+        &[
+            doc! {"$group": {"_id": "$day", "q": {"$sum": "$qty"}}},
+            doc! {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {
+                "perDay": {"$derivative": {"input": "$q", "unit": "day"}, "window": {"documents": [-1, 0]}},
+                "hours": {"$integral": {"input": "$q", "unit": "hour"}, "window": {"documents": ["unbounded", "current"]}},
+            }}},
+            doc! {"$sort": {"_id": 1}},
+        ],
+    )
+    .await;
+    let mut totals = [0f64; 10];
+    for i in 0..90 {
+        totals[i % 10] += ((i * 13) % 17) as f64;
+    }
+    assert_eq!(out.len(), 10);
+    let mut hours = 0.0;
+    for (k, d) in out.iter().enumerate() {
+        if k == 0 {
+            assert_eq!(d.get("perDay"), Some(&Bson::Null), "{d}");
+            assert_eq!(d.get("hours"), Some(&Bson::Double(0.0)), "{d}");
+            continue;
+        }
+        hours += (totals[k - 1] + totals[k]) * 24.0 / 2.0;
+        assert!(near(d.get("perDay"), totals[k] - totals[k - 1]), "{d}");
+        assert!(near(d.get("hours"), hours), "{d}");
+    }
+    // A decimal input gives decimal results, null until the first number.
+    let out = same_on_both(
+        &cl,
+        &[
+            doc! {"$match": {"cust": 1}},
+            doc! {"$set": {"dq": {"$cond": [{"$lt": ["$_id", 10]}, null, {"$toDecimal": "$qty"}]}}},
+            doc! {"$setWindowFields": {"sortBy": {"_id": 1}, "output": {
+                "ema": {"$expMovingAvg": {"input": "$dq", "alpha": 0.5}},
+                "cov": {"$covariancePop": ["$_id", "$dq"], "window": {"documents": ["unbounded", "current"]}},
+            }}},
+        ],
+    )
+    .await;
+    for d in &out {
+        let before = d.get_i32("_id").unwrap() < 10;
+        for f in ["ema", "cov"] {
+            match d.get(f) {
+                Some(Bson::Null) => assert!(before, "{d}"),
+                Some(Bson::Decimal128(_)) if f == "ema" => assert!(!before, "{d}"),
+                Some(Bson::Double(v)) if f == "cov" => assert!(*v == 0.0, "one pair: {d}"),
+                Some(Bson::Decimal128(_)) => assert!(!before, "{d}"),
+                other => panic!("{f}: {other:?} in {d}"),
+            }
+        }
+    }
+    // mongod's codes for malformed specifications and for values the functions cannot use.
+    let stage = |sort: Option<Document>, f: Document| {
+        let mut s = doc! {"output": {"x": f}};
+        if let Some(sort) = sort {
+            s.insert("sortBy", sort);
+        }
+        doc! {"$setWindowFields": s}
+    };
+    let by_id = || Some(doc! {"_id": 1});
+    let by_day = || Some(doc! {"day": 1, "_id": 1});
+    let w = || doc! {"documents": [-1, 0]};
+    for (st, code) in [
+        (
+            stage(None, doc! {"$expMovingAvg": {"input": "$qty", "N": 3}}),
+            9,
+        ),
+        (
+            stage(
+                by_id(),
+                doc! {"$expMovingAvg": {"input": "$qty", "N": 3}, "window": w()},
+            ),
+            9,
+        ),
+        (
+            stage(
+                by_id(),
+                doc! {"$expMovingAvg": {"input": "$qty", "N": 3, "alpha": 0.5}},
+            ),
+            9,
+        ),
+        (
+            stage(by_id(), doc! {"$expMovingAvg": {"input": "$qty", "N": 0}}),
+            9,
+        ),
+        (
+            stage(
+                by_id(),
+                doc! {"$expMovingAvg": {"input": "$qty", "alpha": 1.5}},
+            ),
+            9,
+        ),
+        (stage(by_id(), doc! {"$derivative": {"input": "$qty"}}), 9),
+        (
+            stage(None, doc! {"$derivative": {"input": "$qty"}, "window": w()}),
+            9,
+        ),
+        (stage(by_day(), doc! {"$integral": {"input": "$qty"}}), 9),
+        (
+            stage(
+                by_id(),
+                doc! {"$integral": {"input": "$qty", "unit": "month"}},
+            ),
+            5490710,
+        ),
+        (
+            stage(
+                by_id(),
+                doc! {"$derivative": {"input": "$qty", "unit": "hour"}, "window": w()},
+            ),
+            5624900,
+        ),
+        (
+            stage(
+                Some(doc! {"day": 1}),
+                doc! {"$derivative": {"input": "$qty"}, "window": w()},
+            ),
+            5624901,
+        ),
+        (
+            stage(by_id(), doc! {"$integral": {"input": "$tags"}}),
+            5423900,
+        ),
+        (
+            stage(
+                by_id(),
+                doc! {"$integral": {"input": "$qty", "unit": "hour"}},
+            ),
+            5423901,
+        ),
+        (
+            stage(Some(doc! {"day": 1}), doc! {"$integral": {"input": "$qty"}}),
+            5423902,
+        ),
+    ] {
+        assert_eq!(
+            failure_code(&cl, std::slice::from_ref(&st)).await,
+            code,
+            "{st}"
+        );
+    }
+}

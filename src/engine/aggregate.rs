@@ -1436,7 +1436,7 @@ fn modulo(a: &Bson, b: &Bson) -> Result<Bson, EngineError> {
 }
 
 /// `a - b` with MongoDB's types (see [`arithmetic`]).
-fn subtract(a: &Bson, b: &Bson) -> Bson {
+pub(super) fn subtract(a: &Bson, b: &Bson) -> Bson {
     if let (Some(x), Some(y)) = (as_int(a), as_int(b)) {
         let both_int32 = matches!((a, b), (Bson::Int32(_), Bson::Int32(_)));
         return match x.checked_sub(y) {

@@ -17,6 +17,8 @@
 //! - [`fill`]: `$densify` and `$fill`.
 //! - [`quantile`]: `$percentile` and `$median`, as accumulators, window functions and
 //!   expressions.
+//! - [`series`]: the window functions that read a partition as a series: `$expMovingAvg`,
+//!   `$derivative`, `$integral`, `$covariancePop`, `$covarianceSamp`.
 //!
 //! Every failure is an [`EngineError`]: a MongoDB code and message, with the extra fields
 //! mongod puts beside them.
@@ -32,6 +34,7 @@ pub mod path;
 pub mod quantile;
 pub mod query;
 pub mod reads;
+pub mod series;
 pub mod stages;
 pub mod update;
 

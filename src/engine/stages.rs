@@ -2,7 +2,7 @@
 //! `$replaceWith`, `$sortByCount`, `$bucket`, `$facet`, `$sample`, `$lookup` (equality and
 //! pipeline forms, with `let`), `$unionWith`, `$setWindowFields` (accumulators over document
 //! and range windows, `$rank`, `$denseRank`, `$documentNumber`, `$shift`, the gap fillers
-//! `$locf` and `$linearFill`) and `$redact`, with
+//! `$locf` and `$linearFill`, and the series functions of [`super::series`]) and `$redact`, with
 //! mongod's codes for malformed specifications. Each stage's output goes through the same
 //! size and memory checks as the others.
 
@@ -582,7 +582,9 @@ enum Window {
     Range(Bound, Bound, f64),
 }
 
-fn unit_millis(unit: &str) -> Option<f64> {
+/// A time unit of a range window, `$derivative` or `$integral` (a week or shorter), in
+/// milliseconds.
+pub(super) fn unit_millis(unit: &str) -> Option<f64> {
     Some(match unit {
         "week" => 7.0 * 86_400_000.0,
         "day" => 86_400_000.0,
@@ -648,6 +650,7 @@ pub(super) fn set_window_fields(
         op: String,
         arg: Bson,
         window: Option<Window>,
+        series: Option<super::series::SeriesFn>,
     }
     let mut fields = Vec::new();
     for (path, f) in output {
@@ -736,13 +739,25 @@ pub(super) fn set_window_fields(
                 | "$percentile"
                 | "$locf"
                 | "$linearFill"
-        ) || super::aggregate::is_n_accumulator(&op);
+        ) || super::aggregate::is_n_accumulator(&op)
+            || super::series::is_series_function(&op);
         if !known {
             return Err(err(
                 crate::value::error_codes::ErrorCode::FailedToParse.0,
                 format!("Unrecognized window function, {op}"),
             ));
         }
+        // Parsed before the window's own checks, as mongod parses these functions.
+        let series = if super::series::is_series_function(&op) {
+            Some(super::series::SeriesFn::parse(
+                &op,
+                &arg,
+                window.is_some(),
+                sort.as_ref().map(|(_, s)| s),
+            )?)
+        } else {
+            None
+        };
         if matches!(op.as_str(), "$locf" | "$linearFill") {
             check_expression(&arg)?;
             if window.is_some() {
@@ -804,6 +819,7 @@ pub(super) fn set_window_fields(
             op,
             arg,
             window,
+            series,
         });
     }
 
@@ -846,14 +862,22 @@ pub(super) fn set_window_fields(
         for f in &fields {
             let mut rank = 0i64;
             let mut dense = 0i64;
-            let filled = match f.op.as_str() {
-                "$locf" => locf(&f.arg, &part, vars)?,
-                "$linearFill" => linear_fill(&f.arg, &part, &sort_field, vars)?,
+            // The functions that compute a whole partition at once.
+            let filled = match (f.op.as_str(), &f.series) {
+                ("$locf", _) => locf(&f.arg, &part, vars)?,
+                ("$linearFill", _) => linear_fill(&f.arg, &part, &sort_field, vars)?,
+                (_, Some(series)) => series.compute(
+                    &part,
+                    &sort_field,
+                    &|i| window_range(f.window.as_ref(), i, n, &sort_values, sort_desc),
+                    vars,
+                )?,
                 _ => Vec::new(),
             };
             for i in 0..n {
                 let value = match f.op.as_str() {
                     "$locf" | "$linearFill" => filled.get(i).cloned(),
+                    _ if f.series.is_some() => filled.get(i).cloned(),
                     "$documentNumber" => Some(Bson::Int64(i as i64 + 1)),
                     "$rank" | "$denseRank" => {
                         let new_value = i == 0 || compare(&sort_keys[i], &sort_keys[i - 1]).is_ne();
