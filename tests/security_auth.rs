@@ -962,3 +962,80 @@ async fn shutdown_needs_the_shutdown_privilege_and_stops_only_the_router() {
     common::assert_still_serving(c.shards[0].local_addr()).await;
     c.stop().await;
 }
+
+/// A `hello` through the router answers the same fields, in the same order and with the same
+/// values (the clock, the cluster time and the connection's id aside), before and after the
+/// connection authenticates; one carrying a speculative SCRAM `saslStart` gets those fields and
+/// `speculativeAuthenticate` last, and the conversation it starts finishes with
+/// `saslContinue`, authenticating the connection.
+#[tokio::test]
+async fn hello_replies_are_unchanged_by_authentication_and_speculative_authentication_works() {
+    let users = users_file("hello");
+    let c = cluster(&users, Authorization::Enabled).await;
+    let bin = |bytes: Vec<u8>| bson::Binary {
+        subtype: bson::spec::BinarySubtype::Generic,
+        bytes,
+    };
+    // The fields that read the clock or name the connection.
+    let stable = |d: &Document| -> Vec<(String, Bson)> {
+        d.iter()
+            .filter(|(k, _)| {
+                !matches!(
+                    k.as_str(),
+                    "localTime" | "$clusterTime" | "operationTime" | "connectionId"
+                )
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let keys = |d: &Document| -> Vec<String> { d.keys().cloned().collect() };
+    let hello = doc! {"hello": 1, "helloOk": true, "$db": "admin"};
+    let mut raw = common::Raw::connect(c.addr()).await;
+    let before = raw.command(&hello).await;
+    assert_eq!(before.get_f64("ok").unwrap(), 1.0, "{before}");
+    assert_eq!(before.get_str("msg").unwrap(), "isdbgrid");
+
+    let mut speculative = common::Raw::connect(c.addr()).await;
+    let mut conv =
+        ClientConversation::new(ScramMechanism::Sha256, "alice", "secret", "hellononce").unwrap();
+    let mut with_spec = hello.clone();
+    with_spec.insert(
+        "speculativeAuthenticate",
+        doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(conv.client_first()),
+        "options": {"skipEmptyExchange": true}, "db": "admin"},
+    );
+    let first = speculative.command(&with_spec).await;
+    let mut expected = keys(&before);
+    expected.push("speculativeAuthenticate".into());
+    assert_eq!(keys(&first), expected);
+    assert_eq!(stable(&first)[..stable(&before).len()], stable(&before)[..]);
+    let spec = first.get_document("speculativeAuthenticate").unwrap();
+    assert_eq!(spec.get_i32("conversationId").unwrap(), 1);
+    let fin = conv
+        .client_final(spec.get_binary_generic("payload").unwrap())
+        .unwrap();
+    let done = speculative
+        .command(
+            &doc! {"saslContinue": 1, "conversationId": 1, "payload": bin(fin), "$db": "admin"},
+        )
+        .await;
+    assert!(done.get_bool("done").unwrap(), "{done}");
+    let status = speculative
+        .command(&doc! {"connectionStatus": 1, "$db": "admin"})
+        .await;
+    let users_now = status
+        .get_document("authInfo")
+        .unwrap()
+        .get_array("authenticatedUsers")
+        .unwrap();
+    assert_eq!(users_now.len(), 1, "{status}");
+
+    // After authenticating, on both connections, the same hello as before.
+    raw_login(&mut raw, "alice", "secret").await;
+    for conn in [&mut raw, &mut speculative] {
+        let after = conn.command(&hello).await;
+        assert_eq!(keys(&after), keys(&before));
+        assert_eq!(stable(&after), stable(&before));
+    }
+    c.stop().await;
+}

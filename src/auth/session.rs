@@ -158,6 +158,11 @@ fn principal_of(user: &UserDocument, users: &dyn UserLookup) -> Result<Principal
 }
 
 impl AuthSession {
+    /// The fields of a `hello` request that [`AuthSession::sasl_supported_mechs`],
+    /// [`AuthSession::speculative`] and [`AuthSession::named_user`] read: a body without
+    /// either needs nothing from them.
+    pub const HELLO_FIELDS: [&'static str; 2] = ["saslSupportedMechs", "speculativeAuthenticate"];
+
     /// A connection that has not authenticated.
     pub fn new() -> AuthSession {
         AuthSession::default()

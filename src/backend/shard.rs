@@ -83,7 +83,7 @@ pub fn batch_session(body: &RawDocument) -> BatchSession {
 /// (`$readPreference`; absent is `primary`). A malformed read preference is refused with
 /// mongos's error.
 pub fn need_of(body: &RawDocument) -> Result<Need, TopologyError> {
-    match body.get("$readPreference") {
+    match crate::wire::get_field(body, "$readPreference") {
         Ok(Some(v)) => {
             let v = Bson::try_from(v).map_err(|e| {
                 TopologyError::new(

@@ -14,7 +14,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bson::{doc, oid::ObjectId, Bson, Document, Timestamp};
+use bson::raw::{cstr, RawArrayBuf, RawDocumentBuf};
+use bson::{oid::ObjectId, rawdoc, Bson, Document, Timestamp};
 
 use super::{ClientState, CommandError, CommandRequest, ServerState};
 use crate::value::error_codes::ErrorCode;
@@ -59,17 +60,41 @@ pub struct ReplicaSetMember {
     pub last_write: Timestamp,
 }
 
-/// Handles `hello`, `isMaster` and `ismaster` for `role`: the handshake's bookkeeping (client
-/// metadata, compression), the awaitable form's wait, then the reply.
+/// The fields of a `hello` request that [`hello`] reads.
+const HELLO_FIELDS: [&str; 5] = [
+    "client",
+    "compression",
+    "topologyVersion",
+    "maxAwaitTimeMS",
+    "helloOk",
+];
+
+/// [`hello_raw`]'s reply as a document, for a server that adds fields of its own to it (an
+/// embedded shard's replica-set fields).
 pub async fn hello(
     state: &Arc<ServerState>,
     client: &mut ClientState,
     req: &CommandRequest,
     role: Role<'_>,
 ) -> Result<Document, CommandError> {
-    let body = req.body_document();
+    let raw = hello_raw(state, client, req, role).await?;
+    Document::try_from(raw.as_ref())
+        .map_err(|e| CommandError::new(ErrorCode::InternalError, e.to_string()))
+}
 
-    if let Some(meta) = body.get("client") {
+/// Handles `hello`, `isMaster` and `ismaster` for `role`: the handshake's bookkeeping (client
+/// metadata, compression), the awaitable form's wait, then the reply, encoded.
+pub async fn hello_raw(
+    state: &Arc<ServerState>,
+    client: &mut ClientState,
+    req: &CommandRequest,
+    role: Role<'_>,
+) -> Result<RawDocumentBuf, CommandError> {
+    // Only the fields read here are converted (the client metadata, once per connection,
+    // is kept as a document); the rest of the body is never decoded.
+    let mut body = req.body_fields(&HELLO_FIELDS);
+
+    if let Some(meta) = body.remove("client") {
         if client.client_metadata.is_some() {
             return Err(CommandError::new(
                 ErrorCode::ClientMetadataCannotBeMutated,
@@ -77,7 +102,7 @@ pub async fn hello(
             ));
         }
         match meta {
-            Bson::Document(d) => client.client_metadata = Some(d.clone()),
+            Bson::Document(d) => client.client_metadata = Some(d),
             _ => {
                 return Err(CommandError::new(
                     ErrorCode::TypeMismatch,
@@ -149,69 +174,228 @@ pub async fn hello(
         }
     }
 
+    let hello_ok = body.get("helloOk").is_some_and(truthy);
+    Ok(reply(
+        state,
+        client,
+        req,
+        role,
+        hello_ok,
+        body.contains_key("compression"),
+    ))
+}
+
+/// The handshake's reply, written as encoded BSON (no owned document is built, converted or
+/// dropped): the router sends it as it is, an embedded shard reads it as a document.
+fn reply(
+    state: &ServerState,
+    client: &ClientState,
+    req: &CommandRequest,
+    role: Role<'_>,
+    hello_ok: bool,
+    asked_compression: bool,
+) -> RawDocumentBuf {
     let primary_field = if req.name == "hello" {
-        "isWritablePrimary"
+        cstr!("isWritablePrimary")
     } else {
-        "ismaster"
+        cstr!("ismaster")
     };
-    let topology_version = doc! {"processId": state.process_id, "counter": 0i64};
-    let mut reply = Document::new();
+    let topology_version = rawdoc! {"processId": state.process_id, "counter": 0i64};
+    let mut reply = RawDocumentBuf::new();
     match role {
         Role::Router => {
-            reply.insert(primary_field, true);
-            reply.insert("msg", "isdbgrid");
-            reply.insert("topologyVersion", topology_version);
+            reply.append(primary_field, true);
+            reply.append(cstr!("msg"), "isdbgrid");
+            reply.append(cstr!("topologyVersion"), topology_version);
         }
         Role::Primary(member) => {
-            reply.insert("topologyVersion", topology_version);
-            reply.insert("hosts", vec![Bson::String(member.me.clone())]);
-            reply.insert("setName", &member.set_name);
-            reply.insert("setVersion", 1);
-            reply.insert(primary_field, true);
-            reply.insert("secondary", false);
-            reply.insert("primary", &member.me);
-            reply.insert("me", &member.me);
-            reply.insert("electionId", member.election_id);
-            reply.insert(
-                "lastWrite",
-                doc! {"opTime": {"ts": member.last_write, "t": 1i64}, "lastWriteDate": bson::DateTime::now()},
+            reply.append(cstr!("topologyVersion"), topology_version);
+            let mut hosts = RawArrayBuf::new();
+            hosts.push(member.me.as_str());
+            reply.append(cstr!("hosts"), hosts);
+            reply.append(cstr!("setName"), member.set_name.as_str());
+            reply.append(cstr!("setVersion"), 1);
+            reply.append(primary_field, true);
+            reply.append(cstr!("secondary"), false);
+            reply.append(cstr!("primary"), member.me.as_str());
+            reply.append(cstr!("me"), member.me.as_str());
+            reply.append(cstr!("electionId"), member.election_id);
+            reply.append(
+                cstr!("lastWrite"),
+                rawdoc! {"opTime": {"ts": member.last_write, "t": 1i64}, "lastWriteDate": bson::DateTime::now()},
             );
         }
     }
-    if body.get("helloOk").is_some_and(truthy) {
-        reply.insert("helloOk", true);
+    if hello_ok {
+        reply.append(cstr!("helloOk"), true);
     }
-    reply.insert("maxBsonObjectSize", MAX_BSON_OBJECT_SIZE as i32);
-    reply.insert("maxMessageSizeBytes", MAX_MESSAGE_SIZE as i32);
-    reply.insert("maxWriteBatchSize", MAX_WRITE_BATCH_SIZE);
-    reply.insert("localTime", bson::DateTime::now());
-    reply.insert(
-        "logicalSessionTimeoutMinutes",
+    reply.append(cstr!("maxBsonObjectSize"), MAX_BSON_OBJECT_SIZE as i32);
+    reply.append(cstr!("maxMessageSizeBytes"), MAX_MESSAGE_SIZE as i32);
+    reply.append(cstr!("maxWriteBatchSize"), MAX_WRITE_BATCH_SIZE);
+    reply.append(cstr!("localTime"), bson::DateTime::now());
+    reply.append(
+        cstr!("logicalSessionTimeoutMinutes"),
         LOGICAL_SESSION_TIMEOUT_MINUTES,
     );
     match i32::try_from(client.id) {
-        Ok(id) => reply.insert("connectionId", id),
-        Err(_) => reply.insert("connectionId", client.id),
+        Ok(id) => reply.append(cstr!("connectionId"), id),
+        Err(_) => reply.append(cstr!("connectionId"), client.id),
     };
     // mongos and mongod list the two wire versions in opposite orders.
     match role {
         Role::Router => {
-            reply.insert("maxWireVersion", MAX_WIRE_VERSION);
-            reply.insert("minWireVersion", MIN_WIRE_VERSION);
+            reply.append(cstr!("maxWireVersion"), MAX_WIRE_VERSION);
+            reply.append(cstr!("minWireVersion"), MIN_WIRE_VERSION);
         }
         Role::Primary(_) => {
-            reply.insert("minWireVersion", MIN_WIRE_VERSION);
-            reply.insert("maxWireVersion", MAX_WIRE_VERSION);
-            reply.insert("readOnly", false);
+            reply.append(cstr!("minWireVersion"), MIN_WIRE_VERSION);
+            reply.append(cstr!("maxWireVersion"), MAX_WIRE_VERSION);
+            reply.append(cstr!("readOnly"), false);
         }
     }
-    if body.contains_key("compression") && !client.compressors.is_empty() {
-        let names: Vec<Bson> = client
-            .compressors
-            .iter()
-            .map(|c| Bson::String(c.name().to_string()))
-            .collect();
-        reply.insert("compression", names);
+    if asked_compression && !client.compressors.is_empty() {
+        let names: RawArrayBuf = client.compressors.iter().map(|c| c.name()).collect();
+        reply.append(cstr!("compression"), names);
     }
-    Ok(reply)
+    reply
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    /// The reply as it was built before it was written encoded: an owned document, field by
+    /// field (the reference the encoded reply must equal byte for byte).
+    fn reference(
+        state: &ServerState,
+        client: &ClientState,
+        name: &str,
+        role: Role<'_>,
+        hello_ok: bool,
+        compression: bool,
+        now: bson::DateTime,
+    ) -> Document {
+        let primary_field = if name == "hello" {
+            "isWritablePrimary"
+        } else {
+            "ismaster"
+        };
+        let topology_version = doc! {"processId": state.process_id, "counter": 0i64};
+        let mut reply = Document::new();
+        match role {
+            Role::Router => {
+                reply.insert(primary_field, true);
+                reply.insert("msg", "isdbgrid");
+                reply.insert("topologyVersion", topology_version);
+            }
+            Role::Primary(member) => {
+                reply.insert("topologyVersion", topology_version);
+                reply.insert("hosts", vec![Bson::String(member.me.clone())]);
+                reply.insert("setName", &member.set_name);
+                reply.insert("setVersion", 1);
+                reply.insert(primary_field, true);
+                reply.insert("secondary", false);
+                reply.insert("primary", &member.me);
+                reply.insert("me", &member.me);
+                reply.insert("electionId", member.election_id);
+                reply.insert(
+                    "lastWrite",
+                    doc! {"opTime": {"ts": member.last_write, "t": 1i64}, "lastWriteDate": now},
+                );
+            }
+        }
+        if hello_ok {
+            reply.insert("helloOk", true);
+        }
+        reply.insert("maxBsonObjectSize", MAX_BSON_OBJECT_SIZE as i32);
+        reply.insert("maxMessageSizeBytes", MAX_MESSAGE_SIZE as i32);
+        reply.insert("maxWriteBatchSize", MAX_WRITE_BATCH_SIZE);
+        reply.insert("localTime", now);
+        reply.insert(
+            "logicalSessionTimeoutMinutes",
+            LOGICAL_SESSION_TIMEOUT_MINUTES,
+        );
+        match i32::try_from(client.id) {
+            Ok(id) => reply.insert("connectionId", id),
+            Err(_) => reply.insert("connectionId", client.id),
+        };
+        match role {
+            Role::Router => {
+                reply.insert("maxWireVersion", MAX_WIRE_VERSION);
+                reply.insert("minWireVersion", MIN_WIRE_VERSION);
+            }
+            Role::Primary(_) => {
+                reply.insert("minWireVersion", MIN_WIRE_VERSION);
+                reply.insert("maxWireVersion", MAX_WIRE_VERSION);
+                reply.insert("readOnly", false);
+            }
+        }
+        if compression && !client.compressors.is_empty() {
+            let names: Vec<Bson> = client
+                .compressors
+                .iter()
+                .map(|c| Bson::String(c.name().to_string()))
+                .collect();
+            reply.insert("compression", names);
+        }
+        reply
+    }
+
+    /// Sets every date of a reply to `now` (the reply reads the clock itself).
+    fn at(mut d: Document, now: bson::DateTime) -> Document {
+        if d.contains_key("localTime") {
+            d.insert("localTime", now);
+        }
+        if let Ok(w) = d.get_document_mut("lastWrite") {
+            w.insert("lastWriteDate", now);
+        }
+        d
+    }
+
+    /// The encoded reply is the bytes the owned document encoded to (its dates aside, which
+    /// read the clock), field for field in the same order, for the router and for a
+    /// replica-set primary, `hello` and `isMaster`, with and without `helloOk`, negotiated
+    /// compressors and a connection id past 32 bits.
+    #[test]
+    fn the_encoded_reply_is_the_document_reply_encoded() {
+        let state = ServerState::new(
+            crate::config::Config::default(),
+            Vec::new(),
+            Arc::new(tokio::sync::watch::channel(false).0),
+        );
+        let member = ReplicaSetMember {
+            set_name: "rs0".into(),
+            me: "localhost:27018".into(),
+            election_id: ObjectId::new(),
+            last_write: Timestamp {
+                time: 1_764_000_000,
+                increment: 9,
+            },
+        };
+        let now = bson::DateTime::from_millis(1_764_000_000_123);
+        for id in [3i64, 1 << 40] {
+            for compressors in [vec![], vec![Compressor::Zstd, Compressor::Snappy]] {
+                let mut client = ClientState::new(id, "127.0.0.1:1".parse().expect("address"));
+                client.compressors = compressors;
+                for name in ["hello", "isMaster"] {
+                    let req =
+                        CommandRequest::from_document("admin", &doc! {name: 1}).expect("request");
+                    for role in [Role::Router, Role::Primary(&member)] {
+                        for (hello_ok, compression) in [(false, false), (true, true)] {
+                            let raw = reply(&state, &client, &req, role, hello_ok, compression);
+                            let decoded = Document::try_from(raw.as_ref()).expect("decodes");
+                            let expected =
+                                reference(&state, &client, name, role, hello_ok, compression, now);
+                            assert_eq!(
+                                at(decoded, now).to_vec().expect("encodes"),
+                                expected.to_vec().expect("encodes"),
+                                "{name} {role:?} {id}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

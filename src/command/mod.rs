@@ -179,7 +179,7 @@ impl CommandRequest {
     /// The dispatcher's view of an OP_MSG: `$db` (mongod's errors when it is missing or not
     /// a string), the name, the namespace.
     pub fn from_op_msg(msg: &crate::wire::OpMsg) -> Result<Self, CommandError> {
-        let db = match msg.body.raw().get("$db") {
+        let db = match crate::wire::get_field(msg.body.raw(), "$db") {
             Ok(Some(bson::RawBsonRef::String(db))) => db.to_string(),
             Ok(Some(_)) => {
                 return Err(CommandError::new(
@@ -223,6 +223,23 @@ impl CommandRequest {
     /// The body as an owned document (local commands only; the write path reads raw).
     pub fn body_document(&self) -> Document {
         self.body.to_document()
+    }
+
+    /// Only the body's fields named in `keys`, as an owned document: what
+    /// [`CommandRequest::body_document`] would hold for them (a field named twice keeps its
+    /// first position and its last value), without converting the rest of the body. For
+    /// handlers that read a few fields of a body carrying much else (a `hello`'s client
+    /// metadata, a speculative authentication).
+    pub fn body_fields(&self, keys: &[&str]) -> Document {
+        let mut d = Document::new();
+        for (k, v) in self.body.raw().iter().flatten() {
+            if keys.contains(&k.as_str()) {
+                if let Ok(v) = Bson::try_from(v) {
+                    d.insert(k.as_str(), v);
+                }
+            }
+        }
+        d
     }
 
     /// The collection the command names in its first field (`body` is its body), checked as
@@ -563,7 +580,7 @@ pub const GENERIC_ARGUMENTS: &[&str] = &[
 /// `maxTimeMS` of a request: `None` when absent or 0 (no limit); mongod's errors for a value
 /// that is not a non-negative 32-bit integer.
 pub fn max_time(body: &bson::RawDocument) -> Result<Option<std::time::Duration>, CommandError> {
-    let ms = match body.get("maxTimeMS") {
+    let ms = match crate::wire::get_field(body, "maxTimeMS") {
         Ok(None) | Err(_) => return Ok(None),
         Ok(Some(bson::RawBsonRef::Int32(v))) => v as f64,
         Ok(Some(bson::RawBsonRef::Int64(v))) => v as f64,

@@ -474,14 +474,8 @@ impl Session<'_> {
                 .await?;
             return Ok(Flow::Continue);
         }
-        self.stream_hello(
-            req,
-            reply.into_document(),
-            request_id,
-            reply_flags,
-            compressor,
-        )
-        .await
+        self.stream_hello(req, reply, request_id, reply_flags, compressor)
+            .await
     }
 
     /// Exhaust mode: keep answering the awaitable `hello` with `moreToCome` set, each reply
@@ -489,7 +483,7 @@ impl Session<'_> {
     async fn stream_hello(
         &mut self,
         req: CommandRequest,
-        first: Document,
+        first: Reply,
         request_id: i32,
         reply_flags: u32,
         compressor: Option<Compressor>,
@@ -498,9 +492,15 @@ impl Session<'_> {
         let mut respond_to = request_id;
         let mut req = req;
         loop {
-            let last = self.state.shutting_down() || reply.get_f64("ok").ok() != Some(1.0);
+            let last = self.state.shutting_down() || reply.ok() != Some(1.0);
             let flags = reply_flags | if last { 0 } else { MsgFlags::MORE_TO_COME };
-            respond_to = self.send_msg(&reply, respond_to, flags, compressor).await?;
+            respond_to = match &reply {
+                Reply::Document(d) => self.send_msg(d, respond_to, flags, compressor).await?,
+                Reply::Raw(r) => {
+                    self.send_bytes(r.as_bytes(), respond_to, flags, compressor)
+                        .await?
+                }
+            };
             if last {
                 return Ok(Flow::Continue);
             }
@@ -513,8 +513,8 @@ impl Session<'_> {
             }
             let next = tokio::select! {
                 r = serve_request(self.service, self.state, self.client, (self.security, &mut *self.auth), &req, None) => match r {
-                    Response::Reply(reply) => Some(reply),
-                    Response::Raw(reply) => Some(Reply::Raw(reply).into_document()),
+                    Response::Reply(reply) => Some(Reply::Document(reply)),
+                    Response::Raw(reply) => Some(Reply::Raw(reply)),
                     Response::CloseConnection => return Ok(Flow::Close),
                 },
                 read = self.socket.read_buf(self.buf) => match read {
@@ -719,16 +719,18 @@ async fn serve_request(
         Some(span) => CatchUnwind(tracing::Instrument::instrument(fut, span)).await,
         None => CatchUnwind(fut).await,
     };
+    let edited = |mut reply: Reply, auth: &mut ConnectionAuth| {
+        security.after(auth, (conn, &peer), req, &mut reply);
+        match reply {
+            Reply::Document(d) => Response::Reply(d),
+            Reply::Raw(r) => Response::Raw(r),
+        }
+    };
     match outcome {
-        Ok(Response::Reply(mut reply)) => {
-            security.after(auth, (conn, &peer), req, &mut reply);
-            Response::Reply(reply)
-        }
-        Ok(Response::Raw(raw)) if security.edits_reply(&req.name) => {
-            let mut reply = Reply::Raw(raw).into_document();
-            security.after(auth, (conn, &peer), req, &mut reply);
-            Response::Reply(reply)
-        }
+        Ok(Response::Reply(reply)) => edited(Reply::Document(reply), auth),
+        // An encoded reply stays encoded through the hook (a `hello`'s fields are appended
+        // to its bytes).
+        Ok(Response::Raw(raw)) if security.edits_reply(&req.name) => edited(Reply::Raw(raw), auth),
         Ok(Response::Raw(raw)) => {
             security.observe_raw(auth, req, &raw);
             Response::Raw(raw)
@@ -757,19 +759,41 @@ async fn serve_request(
 }
 
 /// The same awaitable `hello` with the `topologyVersion` of `reply` (`None` when the reply has
-/// none or the request already carries it).
-fn with_topology_version(req: &CommandRequest, reply: &Document) -> Option<CommandRequest> {
-    let tv = reply.get_document("topologyVersion").ok()?;
+/// none or the request already carries it). The request is rebuilt only when its
+/// `topologyVersion` differs from the reply's bytes (the first streamed reply at most).
+fn with_topology_version(req: &CommandRequest, reply: &Reply) -> Option<CommandRequest> {
+    let tv = match reply {
+        Reply::Document(d) => d.get_document("topologyVersion").ok()?.clone(),
+        Reply::Raw(r) => {
+            let tv = r.get_document("topologyVersion").ok()?;
+            let asked = last_value(req.body.raw(), "topologyVersion");
+            if let Some(bson::RawBsonRef::Document(asked)) = asked {
+                if asked.as_bytes() == tv.as_bytes() {
+                    return None;
+                }
+            }
+            Document::try_from(tv).ok()?
+        }
+    };
     let mut body = req.body_document();
-    if body.get_document("topologyVersion").ok() == Some(tv) {
+    if body.get_document("topologyVersion").ok() == Some(&tv) {
         return None;
     }
-    body.insert("topologyVersion", tv.clone());
+    body.insert("topologyVersion", tv);
     let bytes = body.to_vec().ok()?;
     Some(CommandRequest {
         body: crate::wire::BsonDoc::from_encoded(bytes),
         ..req.clone()
     })
+}
+
+/// The value of the last field named `key` (where an owned document would keep it).
+fn last_value<'a>(doc: &'a bson::RawDocument, key: &str) -> Option<bson::RawBsonRef<'a>> {
+    doc.iter()
+        .flatten()
+        .filter(|(k, _)| k.as_str() == key)
+        .map(|(_, v)| v)
+        .last()
 }
 
 /// Encodes a reply body (an encoded one is taken as it is).

@@ -36,6 +36,7 @@ use crate::command::service::UserStore;
 use crate::command::{self, CommandError, CommandRequest, ServerState};
 use crate::config::{Authorization, Config};
 use crate::sync::lock;
+use crate::wire::Reply;
 
 /// The security of one listener, built once from the configuration.
 pub struct Security {
@@ -744,20 +745,14 @@ impl Security {
     }
 
     /// Records the cursor an encoded reply hands out (see [`CursorOwners`]); called for every
-    /// reply [`Security::after`] does not see.
+    /// reply [`Security::after`] does not see. Nothing is read unless authorization is on,
+    /// and the reply is walked once.
     pub fn observe_raw(&self, auth: &ConnectionAuth, req: &CommandRequest, reply: &RawDocument) {
         if !self.authorization {
             return;
         }
-        let cursor = match reply.get("cursor") {
-            Ok(Some(bson::RawBsonRef::Document(c))) => Some(c),
-            _ => None,
-        };
-        let id = cursor.and_then(|c| c.get_i64("id").ok());
-        let ns = cursor.and_then(|c| c.get_str("ns").ok()).unwrap_or("");
-        let ok = matches!(reply.get("ok"), Ok(Some(v)) if v.as_f64() == Some(1.0) || v.as_i32() == Some(1));
-        let gone = reply.get_i32("code").ok().is_some_and(cursor_gone);
-        self.note_cursors(auth, req, (ok, gone), id, ns);
+        let facts = CursorFacts::of_raw(reply);
+        self.note_cursors(auth, req, (facts.ok, facts.gone), facts.id, facts.ns);
     }
 
     /// Keeps the cursor owners in step with one reply (`ok`, and whether it failed because
@@ -800,31 +795,32 @@ impl Security {
     }
 
     /// Whether [`Security::after`] may change the reply to the command `name` (an encoded
-    /// reply is decoded for it only then).
+    /// reply is passed to it only then; it stays encoded unless a field must be replaced).
     pub fn edits_reply(&self, name: &str) -> bool {
         is_hello(name)
             || name == "connectionStatus"
             || (self.authorization && name == "listDatabases")
     }
 
-    /// Runs after the service answered: the `hello` family's authentication fields and
-    /// `connectionStatus`'s `authInfo`.
+    /// Runs after the service answered: the cursor owners (with authorization), the `hello`
+    /// family's authentication fields and `connectionStatus`'s `authInfo`. An encoded reply
+    /// stays encoded for the `hello` family: its fields are appended to its bytes, where the
+    /// reply as a document would have had them inserted at its end (it never has them yet).
     pub fn after(
         &self,
         auth: &mut ConnectionAuth,
         conn: (i64, &std::net::SocketAddr),
         req: &CommandRequest,
-        reply: &mut Document,
+        reply: &mut Reply,
     ) {
         if self.authorization {
-            let ok = reply.get_f64("ok").ok() == Some(1.0) || reply.get_i32("ok").ok() == Some(1);
-            let gone = reply.get_i32("code").ok().is_some_and(cursor_gone);
-            let cursor = reply.get_document("cursor").ok();
-            let id = cursor.and_then(|c| c.get_i64("id").ok());
-            let ns = cursor.and_then(|c| c.get_str("ns").ok()).unwrap_or("");
-            self.note_cursors(auth, req, (ok, gone), id, ns);
+            let facts = match &*reply {
+                Reply::Document(d) => CursorFacts::of_document(d),
+                Reply::Raw(r) => CursorFacts::of_raw(r),
+            };
+            self.note_cursors(auth, req, (facts.ok, facts.gone), facts.id, facts.ns);
         }
-        if reply.get_f64("ok").ok() != Some(1.0) {
+        if reply.ok() != Some(1.0) {
             return;
         }
         if self.authorization && req.name == "listDatabases" {
@@ -832,19 +828,27 @@ impl Security {
                 let asked = authorized_databases(req.body.raw());
                 if let Ok(DatabaseFilter::Authorized) = list_databases_filter(&p.privileges, asked)
                 {
-                    filter_databases(reply, |db| p.privileges.has_any_privilege_in_db(db));
+                    edit_document(reply, |d| {
+                        filter_databases(d, |db| p.privileges.has_any_privilege_in_db(db))
+                    });
                 }
             }
         }
         if is_hello(&req.name) {
-            let body = req.body_document();
+            let body = req.body_fields(&AuthSession::HELLO_FIELDS);
+            if body.is_empty() {
+                return;
+            }
             match AuthSession::sasl_supported_mechs(&body, self) {
                 Ok(Some(mechs)) => {
-                    reply.insert("saslSupportedMechs", mechs);
+                    reply.append(
+                        bson::raw::cstr!("saslSupportedMechs"),
+                        Bson::Array(mechs.into_iter().map(Bson::from).collect()),
+                    );
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    *reply = CommandError::from(e).to_reply();
+                    *reply = Reply::Document(CommandError::from(e).to_reply());
                     return;
                 }
             }
@@ -854,7 +858,10 @@ impl Security {
                     auth.generation = self.generation.load(Ordering::Acquire);
                 }
                 if let Some(spec) = spec {
-                    reply.insert("speculativeAuthenticate", spec);
+                    reply.append(
+                        bson::raw::cstr!("speculativeAuthenticate"),
+                        Bson::Document(spec),
+                    );
                 }
             }
         } else if req.name == "connectionStatus" {
@@ -866,9 +873,68 @@ impl Security {
                 .flatten()
                 .and_then(|v| Bson::try_from(v).ok())
                 .is_some_and(|v| crate::value::field::truthy(&v));
-            reply.insert("authInfo", auth.session.auth_info(show));
+            let info = auth.session.auth_info(show);
+            edit_document(reply, |d| {
+                d.insert("authInfo", info);
+            });
         }
     }
+}
+
+/// What the cursor owners need of a reply: whether it succeeded (`ok` 1, double or int),
+/// whether it failed because the cursor is gone, and the cursor it hands out.
+struct CursorFacts<'a> {
+    ok: bool,
+    gone: bool,
+    id: Option<i64>,
+    ns: &'a str,
+}
+
+impl<'a> CursorFacts<'a> {
+    /// Read from an encoded reply in one walk of its top-level fields, each at its first
+    /// occurrence (as `RawDocument::get` finds it).
+    fn of_raw(reply: &'a RawDocument) -> Self {
+        let (mut ok, mut code, mut cursor) = (None, None, None);
+        for (k, v) in reply.iter().flatten() {
+            match k.as_str() {
+                "ok" if ok.is_none() => ok = Some(v),
+                "code" if code.is_none() => code = Some(v),
+                "cursor" if cursor.is_none() => cursor = Some(v),
+                _ => {}
+            }
+        }
+        let cursor = match cursor {
+            Some(bson::RawBsonRef::Document(c)) => Some(c),
+            _ => None,
+        };
+        CursorFacts {
+            ok: ok.is_some_and(|v| v.as_f64() == Some(1.0) || v.as_i32() == Some(1)),
+            gone: matches!(code, Some(bson::RawBsonRef::Int32(c)) if cursor_gone(c)),
+            id: cursor.and_then(|c| c.get_i64("id").ok()),
+            ns: cursor.and_then(|c| c.get_str("ns").ok()).unwrap_or(""),
+        }
+    }
+
+    fn of_document(reply: &'a Document) -> Self {
+        let cursor = reply.get_document("cursor").ok();
+        CursorFacts {
+            ok: reply.get_f64("ok").ok() == Some(1.0) || reply.get_i32("ok").ok() == Some(1),
+            gone: reply.get_i32("code").ok().is_some_and(cursor_gone),
+            id: cursor.and_then(|c| c.get_i64("id").ok()),
+            ns: cursor.and_then(|c| c.get_str("ns").ok()).unwrap_or(""),
+        }
+    }
+}
+
+/// Edits the reply as a document, decoding an encoded one first: for the edits that replace
+/// a field where it stands (`listDatabases`'s list, `connectionStatus`'s `authInfo`).
+fn edit_document(reply: &mut Reply, edit: impl FnOnce(&mut Document)) {
+    let mut d = match std::mem::replace(reply, Reply::Document(Document::new())) {
+        Reply::Document(d) => d,
+        raw => raw.into_document(),
+    };
+    edit(&mut d);
+    *reply = Reply::Document(d);
 }
 
 /// Whether an error code says the cursor no longer exists (CursorNotFound, CursorKilled).
@@ -917,3 +983,180 @@ fn filter_databases(reply: &mut Document, keep: impl Fn(&str) -> bool) {
 
 /// The listener's security, shared by its connections.
 pub type SharedSecurity = Arc<Security>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::scram::{ClientConversation, ScramMechanism};
+    use bson::doc;
+
+    /// A listener's security with authorization on and one user, `alice@admin` (both SCRAM
+    /// mechanisms, root).
+    fn security(name: &str) -> Security {
+        let dir =
+            std::env::temp_dir().join(format!("sluice-security-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temporary directory");
+        let mut users = UsersFile::new();
+        users
+            .insert(
+                UserDocument::new_scram(
+                    UserName::new("alice", "admin"),
+                    "secret",
+                    &ScramMechanism::ALL,
+                    vec![RoleName::new("root", "admin")],
+                )
+                .expect("user"),
+            )
+            .expect("insert");
+        let path = dir.join("users.json");
+        std::fs::write(&path, users.to_text()).expect("users file");
+        let mut config = Config::default();
+        config.security.users_file = Some(path.display().to_string());
+        config.security.authorization = Authorization::Enabled;
+        Security::from_config(&config).expect("security")
+    }
+
+    /// A `hello` reply as the router's dispatch leaves it: `ok` and the cluster time last.
+    fn hello_reply() -> Document {
+        let t = bson::Timestamp {
+            time: 1_764_000_000,
+            increment: 7,
+        };
+        doc! {
+            "isWritablePrimary": true,
+            "msg": "isdbgrid",
+            "maxBsonObjectSize": 16_777_216,
+            "connectionId": 3,
+            "ok": 1.0,
+            "$clusterTime": crate::wire::cluster_time_document(t),
+            "operationTime": t,
+        }
+    }
+
+    fn request(body: Document) -> CommandRequest {
+        CommandRequest::from_document("admin", &body).expect("request")
+    }
+
+    fn peer() -> std::net::SocketAddr {
+        "127.0.0.1:40000".parse().expect("address")
+    }
+
+    /// The `hello` fields the hook adds are the same bytes whether the service answered with
+    /// a document or with an encoded reply (which now stays encoded), and a `hello` that asks
+    /// for none of them leaves the encoded reply exactly as it was.
+    #[test]
+    fn hello_fields_on_an_encoded_reply_are_the_bytes_of_the_document_path() {
+        let security = security("hello-bytes");
+        let encoded =
+            |d: &Document| Reply::Raw(bson::RawDocumentBuf::try_from(d).expect("encodes"));
+        for body in [
+            doc! {"hello": 1, "helloOk": true, "$db": "admin"},
+            doc! {"hello": 1, "saslSupportedMechs": "admin.alice", "$db": "admin"},
+            doc! {"isMaster": 1, "saslSupportedMechs": "admin.nobody", "$db": "admin"},
+            // Wrong type: the reply becomes the error, on both paths.
+            doc! {"hello": 1, "saslSupportedMechs": 5, "$db": "admin"},
+        ] {
+            let req = request(body.clone());
+            let mut as_document = Reply::Document(hello_reply());
+            let mut as_raw = encoded(&hello_reply());
+            for reply in [&mut as_document, &mut as_raw] {
+                let mut auth = ConnectionAuth::default();
+                security.after(&mut auth, (1, &peer()), &req, reply);
+            }
+            assert_eq!(
+                as_document.clone().into_bytes().expect("encodes"),
+                as_raw.clone().into_bytes().expect("encodes"),
+                "{body}"
+            );
+            if body.contains_key("helloOk") {
+                assert!(matches!(as_raw, Reply::Raw(_)), "stays encoded");
+                assert_eq!(
+                    as_raw.into_bytes().expect("encodes"),
+                    hello_reply().to_vec().expect("encodes")
+                );
+            }
+        }
+        let mechs = request(doc! {"hello": 1, "saslSupportedMechs": "admin.alice", "$db": "admin"});
+        let mut reply = encoded(&hello_reply());
+        security.after(
+            &mut ConnectionAuth::default(),
+            (1, &peer()),
+            &mechs,
+            &mut reply,
+        );
+        let d = reply.into_document();
+        let keys: Vec<&str> = d.keys().map(String::as_str).collect();
+        assert_eq!(keys.last(), Some(&"saslSupportedMechs"));
+        assert_eq!(
+            d.get_array("saslSupportedMechs").expect("mechanisms").len(),
+            2
+        );
+    }
+
+    /// A speculative `saslStart` inside `hello` is answered on an encoded reply as on a
+    /// document (the same fields, `speculativeAuthenticate` last), and the conversation it
+    /// starts finishes with `saslContinue`, authenticating the connection.
+    #[test]
+    fn speculative_authentication_works_on_an_encoded_hello_reply() {
+        let security = security("speculative");
+        let state = ServerState::new(
+            Config::default(),
+            Vec::new(),
+            std::sync::Arc::new(tokio::sync::watch::channel(false).0),
+        );
+        for encoded in [false, true] {
+            let mut conv = ClientConversation::new(
+                ScramMechanism::Sha256,
+                "alice",
+                "secret",
+                "speculativenonce",
+            )
+            .expect("conversation");
+            let payload = bson::Binary {
+                subtype: bson::spec::BinarySubtype::Generic,
+                bytes: conv.client_first(),
+            };
+            let req = request(doc! {
+                "hello": 1,
+                "speculativeAuthenticate": {
+                    "saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": payload,
+                    "options": {"skipEmptyExchange": true}, "db": "admin",
+                },
+                "$db": "admin",
+            });
+            let mut reply = if encoded {
+                Reply::Raw(bson::RawDocumentBuf::try_from(&hello_reply()).expect("encodes"))
+            } else {
+                Reply::Document(hello_reply())
+            };
+            let mut auth = ConnectionAuth::default();
+            security.after(&mut auth, (1, &peer()), &req, &mut reply);
+            assert_eq!(matches!(reply, Reply::Raw(_)), encoded);
+            let d = reply.into_document();
+            let keys: Vec<&str> = d.keys().map(String::as_str).collect();
+            let plain = hello_reply();
+            let mut expected: Vec<&str> = plain.keys().map(String::as_str).collect();
+            expected.push("speculativeAuthenticate");
+            assert_eq!(keys, expected);
+            let spec = d.get_document("speculativeAuthenticate").expect("answered");
+            assert_eq!(spec.get_i32("conversationId").ok(), Some(1));
+            let fin = conv
+                .client_final(spec.get_binary_generic("payload").expect("payload"))
+                .expect("server first");
+            let cont = request(doc! {
+                "saslContinue": 1, "conversationId": 1,
+                "payload": bson::Binary {subtype: bson::spec::BinarySubtype::Generic, bytes: fin},
+                "$db": "admin",
+            });
+            let done = security
+                .before(&mut auth, &state, (1, &peer()), &cont)
+                .expect("answered here");
+            assert_eq!(done.get_f64("ok").ok(), Some(1.0), "{done}");
+            assert_eq!(done.get_bool("done").ok(), Some(true), "{done}");
+            assert_eq!(
+                auth.session.principal().map(|p| p.user.user.as_str()),
+                Some("alice")
+            );
+        }
+    }
+}

@@ -324,7 +324,7 @@ fn check_envelope(req: &CommandRequest) -> Result<Option<[u8; 16]>, CommandError
             "Can't use 'local' database through mongos",
         ));
     }
-    match req.body.raw().get("lsid") {
+    match crate::wire::get_field(req.body.raw(), "lsid") {
         Ok(None) => Ok(None),
         Ok(Some(bson::RawBsonRef::Document(lsid))) => raw_session_id(lsid).map(Some),
         Ok(Some(_)) | Err(_) => Err(CommandError::new(
@@ -412,7 +412,11 @@ async fn run_command(
         return Err(no_such_command(&req.name));
     };
     let own = match handler {
-        Handler::Hello => hello::hello(state, client, req, hello::Role::Router).await,
+        Handler::Hello => {
+            return hello::hello_raw(state, client, req, hello::Role::Router)
+                .await
+                .map(Reply::from)
+        }
         Handler::Ping => Ok(doc! {}),
         Handler::BuildInfo => Ok(server_info::build_info()),
         Handler::GetParameter => {

@@ -77,7 +77,202 @@ pub fn empty_document() -> &'static RawDocument {
 }
 
 /// Checks that `bytes` hold exactly one complete, well-formed BSON document.
+///
+/// Every request and every shard reply passes here, so the common case is decided by
+/// [`well_formed`], one walk of the bytes; only what it does not accept (malformed input, or
+/// element types it leaves to the `bson` crate) is walked again by [`validate_with_bson`],
+/// whose verdict and error stand.
 pub fn validate_document(bytes: &[u8]) -> Result<(), WireError> {
+    if well_formed(bytes, 0) {
+        return Ok(());
+    }
+    validate_with_bson(bytes)
+}
+
+/// `doc.get(key)` (the first field named `key`, the same value and the same error), found by a
+/// walk that compares the keys as bytes and steps over the values by their sizes, without the
+/// element decoding the `bson` crate's iterator does for every field it passes. The walk
+/// reads the element types requests carry; at anything else, or anything it would have to
+/// report as malformed, the answer is `doc.get(key)` itself.
+pub fn get_field<'a>(
+    doc: &'a RawDocument,
+    key: &str,
+) -> bson::error::Result<Option<RawBsonRef<'a>>> {
+    let bytes = doc.as_bytes();
+    let slow = || doc.get(key);
+    let n = bytes.len();
+    if n < 5 || bytes[n - 1] != 0 {
+        return slow();
+    }
+    let end = n - 1;
+    let mut at = 4;
+    while at < end {
+        let tag = bytes[at];
+        let key_start = at + 1;
+        let Some(key_len) = bytes[key_start..end].iter().position(|&b| b == 0) else {
+            return slow();
+        };
+        let name = &bytes[key_start..key_start + key_len];
+        if !name.is_ascii() && std::str::from_utf8(name).is_err() {
+            return slow();
+        }
+        let v = key_start + key_len + 1;
+        let size = match tag {
+            0x01 | 0x09 | 0x11 | 0x12 => 8,
+            0x10 => 4,
+            0x07 => 12,
+            0x13 => 16,
+            0x06 | 0x0A | 0x7F | 0xFF => 0,
+            0x08 => 1,
+            // Strings, code and symbols, documents and arrays end with a zero byte.
+            0x02 | 0x0D | 0x0E | 0x03 | 0x04 => {
+                let least = if matches!(tag, 0x03 | 0x04) { 5 } else { 1 };
+                let size = match i32_at(bytes, v) {
+                    Some(len) if len >= least => len as usize + if least == 1 { 4 } else { 0 },
+                    _ => return slow(),
+                };
+                if v + size > end || bytes[v + size - 1] != 0 {
+                    return slow();
+                }
+                size
+            }
+            0x05 => match i32_at(bytes, v) {
+                Some(len) if len >= 0 => len as usize + 5,
+                _ => return slow(),
+            },
+            _ => return slow(),
+        };
+        if v + size > end {
+            return slow();
+        }
+        if name == key.as_bytes() {
+            let value = &bytes[v..v + size];
+            let found = match tag {
+                0x01 => match value.try_into() {
+                    Ok(b) => RawBsonRef::Double(f64::from_le_bytes(b)),
+                    Err(_) => return slow(),
+                },
+                0x10 => match value.try_into() {
+                    Ok(b) => RawBsonRef::Int32(i32::from_le_bytes(b)),
+                    Err(_) => return slow(),
+                },
+                0x12 => match value.try_into() {
+                    Ok(b) => RawBsonRef::Int64(i64::from_le_bytes(b)),
+                    Err(_) => return slow(),
+                },
+                0x0A => RawBsonRef::Null,
+                0x08 if value[0] <= 1 => RawBsonRef::Boolean(value[0] == 1),
+                0x02 => match std::str::from_utf8(&value[4..size - 1]) {
+                    Ok(s) => RawBsonRef::String(s),
+                    Err(_) => return slow(),
+                },
+                0x03 => match RawDocument::from_bytes(value) {
+                    Ok(d) => RawBsonRef::Document(d),
+                    Err(_) => return slow(),
+                },
+                _ => return slow(),
+            };
+            return Ok(Some(found));
+        }
+        at = v + size;
+    }
+    if at == end {
+        Ok(None)
+    } else {
+        slow()
+    }
+}
+
+/// Reads a little-endian `i32` at `at`, when four bytes are there.
+fn i32_at(bytes: &[u8], at: usize) -> Option<i32> {
+    let b = bytes.get(at..at.checked_add(4)?)?;
+    Some(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Whether `bytes` are one document every element of which (recursively, `depth` levels
+/// below the top) is of a type requests and replies carry — double, string, document, array,
+/// binary (but the old subtype 2), undefined, ObjectId, boolean, date, null, int32,
+/// timestamp, int64, decimal128, min and max key — and is complete and well-formed as the
+/// `bson` crate reads it: keys and strings valid UTF-8, lengths within their container, a
+/// boolean 0 or 1, nesting within [`MAX_BSON_DEPTH`]. It accepts nothing
+/// [`validate_with_bson`] refuses; `false` leaves the verdict to it.
+fn well_formed(bytes: &[u8], depth: usize) -> bool {
+    let n = bytes.len();
+    if depth > MAX_BSON_DEPTH || n < 5 || i32_at(bytes, 0) != Some(n as i32) || bytes[n - 1] != 0 {
+        return false;
+    }
+    // The elements lie in `bytes[4..end]`; `end` is the terminator.
+    let end = n - 1;
+    let mut at = 4;
+    while at < end {
+        let tag = bytes[at];
+        let key_start = at + 1;
+        let Some(key_len) = bytes[key_start..end].iter().position(|&b| b == 0) else {
+            return false;
+        };
+        let key = &bytes[key_start..key_start + key_len];
+        if !key.is_ascii() && std::str::from_utf8(key).is_err() {
+            return false;
+        }
+        let v = key_start + key_len + 1;
+        let size = match tag {
+            0x01 | 0x09 | 0x11 | 0x12 => 8,
+            0x10 => 4,
+            0x07 => 12,
+            0x13 => 16,
+            0x06 | 0x0A | 0x7F | 0xFF => 0,
+            0x08 => match bytes.get(v) {
+                Some(0 | 1) => 1,
+                _ => return false,
+            },
+            0x02 => {
+                let Some(len) = i32_at(bytes, v).filter(|&l| l >= 1) else {
+                    return false;
+                };
+                let size = 4 + len as usize;
+                if v + size > end || bytes[v + size - 1] != 0 {
+                    return false;
+                }
+                let text = &bytes[v + 4..v + size - 1];
+                if !text.is_ascii() && std::str::from_utf8(text).is_err() {
+                    return false;
+                }
+                size
+            }
+            0x03 | 0x04 => {
+                let Some(len) = i32_at(bytes, v).filter(|&l| l >= 5) else {
+                    return false;
+                };
+                let size = len as usize;
+                if v + size > end || !well_formed(&bytes[v..v + size], depth + 1) {
+                    return false;
+                }
+                size
+            }
+            0x05 => {
+                let Some(len) = i32_at(bytes, v).filter(|&l| l >= 0) else {
+                    return false;
+                };
+                let size = len as usize + 5;
+                // The old binary subtype's inner length is left to the full check.
+                if size >= i32::MAX as usize || v + size > end || bytes[v + 4] == 0x02 {
+                    return false;
+                }
+                size
+            }
+            _ => return false,
+        };
+        if v + size > end {
+            return false;
+        }
+        at = v + size;
+    }
+    at == end
+}
+
+/// [`validate_document`] through the `bson` crate's reader: the verdict and the error for
+/// whatever [`well_formed`] does not accept.
+fn validate_with_bson(bytes: &[u8]) -> Result<(), WireError> {
     if bytes.len() < 5 {
         return Err(invalid("document is shorter than 5 bytes"));
     }
@@ -149,6 +344,118 @@ mod tests {
         assert!(BsonDoc::new(Bytes::from(bad)).is_err());
 
         assert!(BsonDoc::new(Bytes::from_static(&[1, 2])).is_err());
+    }
+
+    /// Documents of every element type, nested, as requests and replies carry them.
+    fn samples() -> Vec<Vec<u8>> {
+        let bin = |subtype, bytes: Vec<u8>| bson::Bson::Binary(bson::Binary { subtype, bytes });
+        let docs = [
+            bson::doc! {},
+            bson::doc! {"insert": "c", "ordered": true, "lsid": {"id": bin(bson::spec::BinarySubtype::Uuid, vec![7; 16])},
+            "txnNumber": 5i64, "$db": "test", "écrit": "ünïcode ✓"},
+            bson::doc! {"a": 1.5, "b": [1, "x", {"c": null}], "d": bson::oid::ObjectId::new(),
+            "e": false, "f": bson::DateTime::from_millis(7), "g": bson::Timestamp {time: 1, increment: 2},
+            "h": 9i64, "i": bson::Decimal128::from_bytes([3; 16]), "j": bson::Bson::MinKey,
+            "k": bson::Bson::MaxKey, "l": bson::Bson::Undefined, "m": bin(bson::spec::BinarySubtype::Generic, vec![]),
+            "n": ""},
+            // Types left to the full check: each document is still valid.
+            bson::doc! {"r": bson::Regex {pattern: bson::raw::cstr!("a").into(), options: bson::raw::cstr!("i").into()}},
+            bson::doc! {"js": bson::Bson::JavaScriptCode("x".into()), "s": bson::Bson::Symbol("y".into())},
+            bson::doc! {"old": bin(bson::spec::BinarySubtype::BinaryOld, vec![1, 2, 3])},
+        ];
+        docs.iter().map(|d| d.to_vec().unwrap()).collect()
+    }
+
+    /// The single walk accepts the common element types (so requests take the fast path) and
+    /// never accepts what the `bson` crate's reader refuses: every sample, and every change of
+    /// one byte (to each of a few telling values) and every truncation of each sample.
+    #[test]
+    fn the_single_walk_accepts_nothing_the_bson_reader_refuses() {
+        let samples = samples();
+        for (i, good) in samples.iter().enumerate() {
+            assert!(validate_with_bson(good).is_ok());
+            // The first three samples hold only the types the walk reads itself.
+            assert_eq!(well_formed(good, 0), i < 3, "sample {i}");
+            let mut variants = Vec::new();
+            for pos in 0..good.len() {
+                for v in [
+                    0u8,
+                    1,
+                    2,
+                    3,
+                    4,
+                    5,
+                    0x7f,
+                    0x80,
+                    0xc3,
+                    0xff,
+                    good[pos].wrapping_add(1),
+                ] {
+                    let mut bad = good.clone();
+                    bad[pos] = v;
+                    variants.push(bad);
+                }
+                variants.push(good[..pos].to_vec());
+            }
+            for bad in variants {
+                if well_formed(&bad, 0) {
+                    assert!(
+                        validate_with_bson(&bad).is_ok(),
+                        "accepted what the bson reader refuses: {bad:?}"
+                    );
+                }
+                assert_eq!(
+                    validate_document(&bad).is_ok(),
+                    validate_with_bson(&bad).is_ok()
+                );
+            }
+        }
+    }
+
+    /// The byte walk finds what `RawDocument::get` finds — the same value or error, the first
+    /// of a repeated field, nothing for a missing one — in every sample and every damaged copy
+    /// of it, for every key the sample holds and one it does not.
+    #[test]
+    fn the_byte_walk_finds_what_the_bson_reader_finds() {
+        let mut repeated = bson::RawDocumentBuf::new();
+        repeated.append(bson::raw::cstr!("a"), 1);
+        repeated.append(bson::raw::cstr!("a"), "two");
+        let mut all = samples();
+        all.push(repeated.into_bytes());
+        for good in all {
+            let keys: Vec<String> = RawDocument::from_bytes(&good)
+                .unwrap()
+                .iter()
+                .flatten()
+                .map(|(k, _)| k.as_str().to_string())
+                .chain(["missing".to_string(), String::new()])
+                .collect();
+            let mut variants = vec![good.clone()];
+            for pos in 4..good.len() {
+                for v in [0u8, 1, 2, 3, 5, 0x10, 0x7f, 0xc3, 0xff] {
+                    let mut bad = good.clone();
+                    bad[pos] = v;
+                    variants.push(bad);
+                }
+            }
+            for bytes in &variants {
+                let Ok(doc) = RawDocument::from_bytes(bytes) else {
+                    continue;
+                };
+                for key in &keys {
+                    let fast = get_field(doc, key);
+                    let slow = doc.get(key);
+                    match (&fast, &slow) {
+                        // Compared as printed: a damaged double may be NaN on both sides.
+                        (Ok(a), Ok(b)) => {
+                            assert_eq!(format!("{a:?}"), format!("{b:?}"), "{key} in {bytes:?}")
+                        }
+                        (Err(_), Err(_)) => {}
+                        _ => panic!("{key} in {bytes:?}: {fast:?} against {slow:?}"),
+                    }
+                }
+            }
+        }
     }
 
     #[test]
