@@ -306,7 +306,7 @@ impl<'a> ReplyParts<'a> {
             }
         }
         match ok? {
-            RawBsonRef::Double(v) if v == 1.0 => {}
+            RawBsonRef::Double(1.0) => {}
             RawBsonRef::Int32(1) => {}
             _ => return None,
         }
@@ -804,7 +804,11 @@ impl Merger {
     pub fn reply_raw(&self) -> Option<RawDocumentBuf> {
         let p = self.parts();
         let mut out: Vec<u8> = Vec::with_capacity(
-            64 + p.upserted.iter().map(|(_, id)| id.len() + 24).sum::<usize>(),
+            64 + p
+                .upserted
+                .iter()
+                .map(|(_, id)| id.len() + 24)
+                .sum::<usize>(),
         );
         out.extend_from_slice(&[0; 4]);
         put_count(&mut out, b"n\0", p.n);
@@ -1198,9 +1202,11 @@ mod tests {
                 (
                     "B",
                     &[1, 3, 5],
-                    raw(doc! {"n": 1, "nModified": 1, "upserted": [], "writeErrors": [
-                        {"index": 1, "code": 11000, "errmsg": "dup", "errInfo": {"k": 1}},
-                    ], "ok": 1.0}),
+                    raw(
+                        doc! {"n": 1, "nModified": 1, "upserted": [], "writeErrors": [
+                            {"index": 1, "code": 11000, "errmsg": "dup", "errInfo": {"k": 1}},
+                        ], "ok": 1.0},
+                    ),
                 ),
             ],
         );
@@ -1222,9 +1228,11 @@ mod tests {
                 (
                     "A",
                     &[0, 2, 4],
-                    raw(doc! {"n": 3_000_000_000i64, "upserted": [{"index": 2, "_id": 1}],
+                    raw(
+                        doc! {"n": 3_000_000_000i64, "upserted": [{"index": 2, "_id": 1}],
                         "writeErrors": [{"index": 0, "code": 66, "errmsg": "immutable"}],
-                        "writeConcernError": {"code": 64, "errmsg": "timeout"}, "ok": 1.0}),
+                        "writeConcernError": {"code": 64, "errmsg": "timeout"}, "ok": 1.0},
+                    ),
                 ),
                 (
                     "B",
@@ -1246,12 +1254,16 @@ mod tests {
                 (
                     "A",
                     &[0, 2],
-                    raw(doc! {"ok": 0.0, "code": 50, "errmsg": "too slow", "codeName": "MaxTimeMSExpired"}),
+                    raw(
+                        doc! {"ok": 0.0, "code": 50, "errmsg": "too slow", "codeName": "MaxTimeMSExpired"},
+                    ),
                 ),
                 (
                     "B",
                     &[1, 3],
-                    raw(doc! {"n": 2, "writeConcernError": {"code": 91, "errmsg": "down"}, "ok": 1.0}),
+                    raw(
+                        doc! {"n": 2, "writeConcernError": {"code": 91, "errmsg": "down"}, "ok": 1.0},
+                    ),
                 ),
             ],
         );
