@@ -1252,3 +1252,286 @@ async fn a_bulk_write_on_an_unsharded_namespace_carries_the_database_version() {
     );
     c.shutdown().await;
 }
+
+/// Inserts `{_id: writer * 1_000_000 + i}` for i = 0, 1, … into `db.coll` through `client`,
+/// one at a time, until `stop`; the `_id`s acknowledged, in order (every insert must succeed).
+fn insert_until(
+    client: mongodb::Client,
+    (db, coll): (&'static str, &'static str),
+    writer: i64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<i64>> {
+    tokio::spawn(async move {
+        let coll = client.database(db).collection::<Document>(coll);
+        let mut acked = Vec::new();
+        let mut id = writer * 1_000_000;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            coll.insert_one(doc! {"_id": id})
+                .await
+                .unwrap_or_else(|e| panic!("insert of {id} failed: {e}"));
+            acked.push(id);
+            id += 1;
+        }
+        acked
+    })
+}
+
+/// Writers inserting one document at a time through router B into `db.coll` while `ddl`
+/// runs on the database `on` through router A (after the writers have run a while, and
+/// they go on a while after it): the `_id`s each writer was acknowledged, in order.
+async fn writes_racing(
+    c: &sluice::demo::DemoCluster,
+    ns: (&'static str, &'static str),
+    on: &str,
+    ddl: Document,
+) -> Vec<Vec<i64>> {
+    const WRITERS: i64 = 8;
+    let a = client(c, 0).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 1..=WRITERS {
+        writers.push(insert_until(client(c, 1).await, ns, w, stop.clone()));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let began = std::time::Instant::now();
+    a.database(on)
+        .run_command(ddl.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{ddl} through router A: {e}"));
+    // docs/design/config-server.md records these (`-- --nocapture` prints them).
+    println!("{ddl} under {WRITERS} writers took {:?}", began.elapsed());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acked = Vec::new();
+    for w in writers {
+        acked.push(w.await.unwrap());
+    }
+    acked
+}
+
+/// Rounds of each race test, one sharded collection each.
+const ROUNDS: [&str; 5] = ["race0", "race1", "race2", "race3", "race4"];
+
+/// The cluster of the race tests: two shards, two routers, the [`ROUNDS`] collections sharded
+/// on `{_id: "hashed"}`.
+async fn race_cluster() -> sluice::demo::DemoCluster {
+    let collections: String = ROUNDS
+        .iter()
+        .map(|c| format!("[[collections]]\nns = \"demo.{c}\"\nkey = '{{\"_id\": \"hashed\"}}'\n"))
+        .collect();
+    cluster(2, vec![router_config(), router_config()], &collections).await
+}
+
+/// A sharded collection renamed through router A while eight writers insert into it under its
+/// old name through router B: each shard holds the collection's critical section across the
+/// rename, so a racing insert either lands before it (and is renamed with the collection) or
+/// waits, is answered StaleConfig and goes, as router B's refreshed routing says, to a new
+/// unsharded collection under the old name on the primary shard. Afterwards every
+/// acknowledged insert is found exactly once: each writer's first ones under the new name,
+/// the rest under the old, and nothing under the old name on the other shard, where no
+/// router would read it. Five rounds; without the critical section a write landing on a
+/// shard that had already renamed its copy is lost (the test fails).
+#[tokio::test]
+async fn inserts_racing_a_rename_of_a_sharded_collection_are_all_found_under_one_name() {
+    let c = race_cluster().await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    let p = primary_of(&c, "demo").await;
+    for from in ROUNDS {
+        let to: &str = &format!("re{from}");
+        let seed: Vec<i64> = (0..100).collect();
+        a.database("demo")
+            .collection::<Document>(from)
+            .insert_many(seed.iter().map(|i| doc! {"_id": i}))
+            .await
+            .unwrap();
+        // Router B routes the old name by its chunks.
+        assert_eq!(ids(&b, "demo", from).await, seed);
+        let acked = writes_racing(
+            &c,
+            ("demo", from),
+            "admin",
+            doc! {"renameCollection": format!("demo.{from}"), "to": format!("demo.{to}")},
+        )
+        .await;
+        let under_new = ids(&a, "demo", to).await;
+        let under_old = ids(&a, "demo", from).await;
+        assert_eq!(ids(&b, "demo", to).await, under_new, "B reads as A");
+        assert!(chunks_of(&c, &format!("demo.{to}")).await.is_some());
+        assert!(chunks_of(&c, &format!("demo.{from}")).await.is_none());
+        // Whatever is under the old name is on the primary shard only.
+        for (i, held) in ids_per_shard(&c, "demo", from).into_iter().enumerate() {
+            if i == p {
+                assert_eq!(held, under_old, "demo.{from} on the primary shard{i}");
+            } else {
+                assert!(held.is_empty(), "demo.{from} left on shard{i}: {held:?}");
+            }
+        }
+        let new: std::collections::HashSet<i64> = under_new.iter().copied().collect();
+        let old: std::collections::HashSet<i64> = under_old.iter().copied().collect();
+        assert!(seed.iter().all(|i| new.contains(i)), "the seed was renamed");
+        let mut total = seed.len();
+        let (mut before, mut after) = (0, 0);
+        for (w, ids) in acked.iter().enumerate() {
+            total += ids.len();
+            // A prefix of the writer's inserts under the new name, the rest under the old.
+            let cut = ids.iter().take_while(|i| new.contains(i)).count();
+            for id in &ids[cut..] {
+                assert!(
+                    old.contains(id),
+                    "round {from}: writer {w}'s acknowledged {id} is under neither name \
+                     (under the new one: {cut} of {}; under the old: {})",
+                    ids.len(),
+                    ids[cut..].iter().filter(|i| old.contains(i)).count()
+                );
+            }
+            before += cut;
+            after += ids.len() - cut;
+        }
+        assert_eq!(
+            under_new.len() + under_old.len(),
+            total,
+            "round {from}: nothing found twice or unacknowledged"
+        );
+        assert!(
+            before > 0 && after > 0,
+            "round {from}: the writers ran before ({before}) and after ({after}) the rename"
+        );
+    }
+    c.shutdown().await;
+}
+
+/// A sharded collection dropped through router A while eight writers insert into it through
+/// router B: each shard holds the collection's critical section from before the drop's
+/// commit until it has dropped its copy, so a racing insert either lands before the drop
+/// (and is dropped with the collection) or waits, is answered StaleConfig and creates the
+/// collection again, unsharded, on the primary shard. Afterwards the collection is untracked,
+/// held by the primary shard only, and holds exactly each writer's inserts from some point
+/// on (none lost after a later one survived, none orphaned on the other shard). Five rounds;
+/// without the critical section an insert landing on a shard between the commit and its
+/// local drop is lost while the writer's next ones survive (the test fails).
+#[tokio::test]
+async fn inserts_racing_a_drop_of_a_sharded_collection_recreate_it_on_the_primary() {
+    let c = race_cluster().await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    let p = primary_of(&c, "demo").await;
+    for coll in ROUNDS {
+        a.database("demo")
+            .collection::<Document>(coll)
+            .insert_many((0..100i64).map(|i| doc! {"_id": i}))
+            .await
+            .unwrap();
+        assert_eq!(ids(&b, "demo", coll).await.len(), 100);
+        let acked = writes_racing(&c, ("demo", coll), "demo", doc! {"drop": coll}).await;
+        let left = ids(&a, "demo", coll).await;
+        assert_eq!(ids(&b, "demo", coll).await, left, "B reads as A");
+        assert!(
+            chunks_of(&c, &format!("demo.{coll}")).await.is_none(),
+            "untracked"
+        );
+        for (i, held) in ids_per_shard(&c, "demo", coll).into_iter().enumerate() {
+            if i == p {
+                assert_eq!(held, left, "demo.{coll} on the primary shard{i}");
+            } else {
+                assert!(
+                    held.is_empty(),
+                    "demo.{coll} orphaned on shard{i}: {held:?}"
+                );
+            }
+        }
+        let survived: std::collections::HashSet<i64> = left.iter().copied().collect();
+        let (mut dropped, mut kept) = (0, 0);
+        for (w, ids) in acked.iter().enumerate() {
+            let cut = ids.iter().take_while(|i| !survived.contains(i)).count();
+            let lost: Vec<i64> = ids[cut..]
+                .iter()
+                .filter(|i| !survived.contains(i))
+                .copied()
+                .collect();
+            assert!(
+                lost.is_empty(),
+                "round {coll}: writer {w}'s acknowledged {lost:?} lost after {} survived",
+                ids[cut]
+            );
+            dropped += cut;
+            kept += ids.len() - cut;
+        }
+        assert_eq!(left.len(), kept, "round {coll}: only acknowledged inserts");
+        assert!(
+            dropped > 0 && kept > 0,
+            "round {coll}: the writers ran before ({dropped}) and after ({kept}) the drop"
+        );
+    }
+    c.shutdown().await;
+}
+
+/// A database dropped through router A while eight writers insert into its sharded
+/// collection through router B: every shard holds the database's critical section from before
+/// the commit until it has dropped the database and forgotten its routing, so a racing insert
+/// either lands before the drop (and is dropped with it) or waits, is answered StaleConfig and
+/// creates the database and the collection again, unsharded, on the new primary shard.
+/// Afterwards each writer's inserts from some point on are found, none earlier, and no shard
+/// holds a document the routers do not read. Five rounds.
+#[tokio::test]
+async fn inserts_racing_a_drop_database_recreate_it_consistently() {
+    let c = cluster(
+        2,
+        vec![router_config(), router_config()],
+        "[[collections]]\nns = \"gone.c\"\nkey = '{\"_id\": \"hashed\"}'\n",
+    )
+    .await;
+    let a = client(&c, 0).await;
+    let b = client(&c, 1).await;
+    for round in 0..5 {
+        if round > 0 {
+            // Sharded again for the next round (the last round's inserts made it unsharded).
+            a.database("gone").drop().await.unwrap();
+            admin(
+                &a,
+                doc! {"shardCollection": "gone.c", "key": {"_id": "hashed"}},
+            )
+            .await
+            .unwrap();
+        }
+        a.database("gone")
+            .collection::<Document>("c")
+            .insert_many((0..100i64).map(|i| doc! {"_id": i}))
+            .await
+            .unwrap();
+        assert_eq!(ids(&b, "gone", "c").await.len(), 100);
+        let acked = writes_racing(&c, ("gone", "c"), "gone", doc! {"dropDatabase": 1}).await;
+        let left = ids(&a, "gone", "c").await;
+        assert_eq!(ids(&b, "gone", "c").await, left, "B reads as A");
+        assert!(chunks_of(&c, "gone.c").await.is_none(), "untracked");
+        let held: usize = ids_per_shard(&c, "gone", "c").iter().map(Vec::len).sum();
+        assert_eq!(
+            held,
+            left.len(),
+            "round {round}: nothing orphaned on a shard"
+        );
+        let survived: std::collections::HashSet<i64> = left.iter().copied().collect();
+        let (mut dropped, mut kept) = (0, 0);
+        for (w, ids) in acked.iter().enumerate() {
+            let cut = ids.iter().take_while(|i| !survived.contains(i)).count();
+            let lost: Vec<i64> = ids[cut..]
+                .iter()
+                .filter(|i| !survived.contains(i))
+                .copied()
+                .collect();
+            assert!(
+                lost.is_empty(),
+                "round {round}: writer {w}'s acknowledged {lost:?} lost after {} survived",
+                ids[cut]
+            );
+            dropped += cut;
+            kept += ids.len() - cut;
+        }
+        assert_eq!(left.len(), kept, "round {round}: only acknowledged inserts");
+        assert!(
+            dropped > 0 && kept > 0,
+            "round {round}: the writers ran before ({dropped}) and after ({kept}) the drop"
+        );
+    }
+    c.shutdown().await;
+}

@@ -1642,3 +1642,103 @@ async fn a_secondarys_stale_config_after_a_migration_makes_the_router_refresh() 
     }
     cluster.shutdown().await;
 }
+
+/// Client `bulkWrite`s (MongoDB 8.0, the stock driver's `Client::bulk_write`) of four inserts
+/// each into `demo.items` through `client` until `stop`, `_id`s from `from`; the `_id`s
+/// acknowledged (every bulkWrite must succeed).
+fn bulk_write_until(
+    client: mongodb::Client,
+    from: i64,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<i64>> {
+    use mongodb::options::InsertOneModel;
+    tokio::spawn(async move {
+        let mut acked = Vec::new();
+        let mut id = from;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let models: Vec<mongodb::options::WriteModel> = (id..id + 4)
+                .map(|i| {
+                    InsertOneModel::builder()
+                        .namespace(mongodb::Namespace::new("demo", "items"))
+                        .document(doc! {"_id": i})
+                        .build()
+                        .into()
+                })
+                .collect();
+            let r = client
+                .bulk_write(models)
+                .await
+                .unwrap_or_else(|e| panic!("bulkWrite of {id}..{} failed: {e}", id + 4));
+            assert_eq!(r.inserted_count, 4);
+            acked.extend(id..id + 4);
+            id += 4;
+        }
+        acked
+    })
+}
+
+/// `bulkWrite`s through router B racing chunk migrations through router A: the donor's
+/// critical section holds a versioned `bulkWrite` as it holds `insert` (it waits, then is
+/// answered StaleConfig and the router retargets it), so every acknowledged document is
+/// afterwards present exactly once, on the shard owning its chunk. Without the wait a
+/// bulkWrite landing on the donor after its last catch-up round is deleted with the range.
+#[tokio::test]
+async fn bulk_writes_racing_migrations_land_once_on_the_chunks_owner() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let cluster = demo_cluster(2, 2).await;
+    let a = router_client(&cluster, 0).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..6i64 {
+        writers.push(bulk_write_until(
+            router_client(&cluster, 1).await,
+            w * 1_000_000,
+            stop.clone(),
+        ));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    for _ in 0..4 {
+        let owner = owner_of(&hashed_chunks(&cluster).await, 0);
+        let to = if owner == "shard0" {
+            "shard1"
+        } else {
+            "shard0"
+        };
+        admin(
+            &a,
+            doc! {"moveChunk": "demo.items", "find": {"_id": 0i64}, "to": to},
+        )
+        .await
+        .unwrap();
+        assert_eq!(owner_of(&hashed_chunks(&cluster).await, 0), to);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut acked = Vec::new();
+    for w in writers {
+        acked.extend(w.await.unwrap());
+    }
+    assert!(acked.len() > 40, "the workload ran: {}", acked.len());
+
+    let chunks = hashed_chunks(&cluster).await;
+    let mut seen: std::collections::HashMap<i64, String> = std::collections::HashMap::new();
+    for s in &cluster.shards {
+        for d in s.service().documents("demo", "items") {
+            let id = d.get_i64("_id").unwrap();
+            let shard = s.service().name().to_string();
+            assert!(
+                seen.insert(id, shard.clone()).is_none(),
+                "{id} is on two shards"
+            );
+            assert_eq!(
+                owner_of(&chunks, id),
+                shard,
+                "{id} is on the shard owning its chunk"
+            );
+        }
+    }
+    let missing: Vec<&i64> = acked.iter().filter(|id| !seen.contains_key(id)).collect();
+    assert!(missing.is_empty(), "acknowledged but missing: {missing:?}");
+    assert_eq!(seen.len(), acked.len());
+    cluster.shutdown().await;
+}

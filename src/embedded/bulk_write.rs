@@ -148,20 +148,42 @@ pub fn bulk_write(
 }
 
 /// A shard server's check of each `nsInfo` entry's `shardVersion` / `databaseVersion` against
-/// its filtering metadata, as it checks a single-namespace write's: the error each namespace's
-/// operations fail with, by `nsInfo` index (`None` where the versions match or none was sent).
-/// A request that does not parse is checked by nothing here: [`bulk_write`] refuses it.
-pub async fn check_namespaces(
+/// its filtering metadata, as it checks a single-namespace write's: first it waits while any
+/// namespace that carries a version is in a critical section (a migration's, a DDL
+/// coordinator's) and then holds the gate critical sections are entered through, as
+/// `insert`, `update` and `delete` do; then it returns the gate with the error each
+/// namespace's operations fail with, by `nsInfo` index (`None` where the versions match or
+/// none was sent). A request that does not parse is checked by nothing here: [`bulk_write`]
+/// refuses it.
+pub async fn check_namespaces<'m>(
     filtering: &super::filtering::Filtering,
+    migrations: &'m super::migration::Migrations,
     shard: &str,
     req: &CommandRequest,
-) -> Vec<Option<EngineError>> {
+) -> (
+    Option<tokio::sync::RwLockReadGuard<'m, ()>>,
+    Vec<Option<EngineError>>,
+) {
     let Ok(bulk) = bulk_write::parse(req) else {
-        return Vec::new();
+        return (None, Vec::new());
+    };
+    let versioned: Vec<&str> = bulk
+        .ns_info
+        .iter()
+        .zip(&bulk.namespaces)
+        .filter(|(entry, _)| {
+            entry.contains_key("shardVersion") || entry.contains_key("databaseVersion")
+        })
+        .map(|(_, ns)| ns.as_str())
+        .collect();
+    let gate = if versioned.is_empty() {
+        None
+    } else {
+        Some(migrations.enter_all(&versioned).await)
     };
     let mut out = Vec::new();
     for (entry, ns) in bulk.ns_info.iter().zip(&bulk.namespaces) {
         out.push(filtering.check(shard, ns, entry).await.err());
     }
-    out
+    (gate, out)
 }

@@ -11,10 +11,15 @@
 //! - the shard that owns a chunk runs `splitChunk` and `mergeChunks`, committing them on the
 //!   config server (`_configsvrCommitChunkSplit`, `_configsvrCommitChunksMerge`) and reloading.
 //!
-//! Where it is simpler than MongoDB's coordinators: no critical section spans the shards
-//! while a collection or database is dropped (a write racing the drop may land before or
-//! after it), and the `config.*` changes are one embedded command
-//! (`_sluiceCommit*`) instead of a transaction on the config server.
+//! A drop or rename of a sharded collection holds the collection's critical section on every
+//! shard (`_shardsvrParticipantBlock`, as MongoDB's coordinators send it) from before the
+//! change until every shard has forgotten its routing after the commit: a write racing it
+//! waits, then meets the new metadata and is answered StaleConfig. A `dropDatabase` holds the
+//! database's critical section on every shard the same way.
+//!
+//! Where it is simpler than MongoDB's coordinators: the `config.*` changes are one embedded
+//! command (`_sluiceCommit*`) instead of a transaction on the config server, and a
+//! coordinator's progress is not recorded, so a primary that stops halfway does not resume.
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 
@@ -24,7 +29,7 @@ use crate::routing::chunks::initial_chunks;
 use crate::routing::ShardKeyPattern;
 use crate::sync::lock;
 use crate::value::error_codes::ErrorCode;
-use crate::value::field::{number_field, truthy};
+use crate::value::field::{number_field, number_value, truthy};
 
 use super::configsvr::object_field;
 use super::filtering::engine_error;
@@ -37,6 +42,7 @@ pub const COMMANDS: &[&str] = &[
     "_shardsvrDropDatabase",
     "_shardsvrRenameCollection",
     "_shardsvrMovePrimary",
+    "_shardsvrParticipantBlock",
     "splitChunk",
     "mergeChunks",
 ];
@@ -80,6 +86,7 @@ pub async fn run(
         "_shardsvrDropDatabase" => drop_database(&shard, &req.db).await,
         "_shardsvrRenameCollection" => rename_collection(&shard, &req.db, &body).await,
         "_shardsvrMovePrimary" => move_primary(&shard, &body).await,
+        "_shardsvrParticipantBlock" => participant_block(&shard, &req.db, &body).await,
         "splitChunk" => split_chunk(&shard, &body).await,
         _ => merge_chunks(&shard, &body).await,
     }
@@ -139,6 +146,180 @@ async fn flush_everywhere(d: &Donor, all: &[(String, String)], command: &str, ta
         if let Err(e) = d.migrations.run_on(host, doc! {command: target}).await {
             tracing::warn!(shard = %id, target, error = %e.message,
                 "a shard could not be told to reload its metadata");
+        }
+    }
+}
+
+/// The block types of `_shardsvrParticipantBlock` (MongoDB's `CriticalSectionBlockType`):
+/// reads and writes wait, or the critical section ends.
+const BLOCK_READS_AND_WRITES: &str = "ReadsAndWrites";
+const UNBLOCK: &str = "Unblock";
+
+/// `_shardsvrParticipantBlock: <coll>` on the database, `blockType: "ReadsAndWrites" |
+/// "Unblock"`, `reason`, `clearFilteringMetadata` (what a MongoDB DDL coordinator sends every
+/// shard around a drop or rename of a sharded collection): enters or leaves the collection's
+/// critical section on this shard, as a migration's donor does (every request carrying a
+/// version for it waits; the running ones finish first). With `clearFilteringMetadata` the
+/// shard forgets its routing of the collection before leaving, so the requests that waited
+/// are checked against the committed change and answered StaleConfig.
+///
+/// An embedded extension: `_shardsvrParticipantBlock: 1` (no collection) blocks the whole
+/// database, as the embedded `dropDatabase` coordinator asks every shard to.
+async fn participant_block(d: &Donor, db: &str, body: &Document) -> Result<Document, EngineError> {
+    const CMD: &str = "_shardsvrParticipantBlock";
+    let ns = if body.get(CMD).and_then(number_value) == Some(1) {
+        crate::limits::check_database_name(db)
+            .map_err(|message| EngineError::new(ErrorCode::InvalidNamespace, message))?;
+        db.to_string()
+    } else {
+        let coll = string(body, CMD, CMD)?;
+        super::store::check_namespace(db, coll)?;
+        format!("{db}.{coll}")
+    };
+    let block = match body.get("blockType") {
+        None => true,
+        Some(Bson::String(t)) if t == BLOCK_READS_AND_WRITES => true,
+        Some(Bson::String(t)) if t == UNBLOCK => false,
+        Some(Bson::String(t)) => {
+            return Err(EngineError::new(
+                ErrorCode::BadValue,
+                format!(
+                    "Enumeration value '{t}' for field '{CMD}.blockType' is not a valid value."
+                ),
+            ))
+        }
+        Some(other) => {
+            return Err(EngineError::new(
+                ErrorCode::TypeMismatch,
+                format!(
+                    "BSON field '{CMD}.blockType' is the wrong type '{}', expected type 'string'",
+                    crate::value::field::type_name(other)
+                ),
+            ))
+        }
+    };
+    let reason = match body.get("reason") {
+        None => Document::new(),
+        Some(_) => object_field(body, CMD, "reason")?.clone(),
+    };
+    let clear = body.get("clearFilteringMetadata").is_some_and(truthy);
+    participate(d, &ns, block, &reason, clear).await?;
+    Ok(Document::new())
+}
+
+/// This shard's part of a DDL critical section on `ns` (a collection, or a database by its
+/// name): enters it (`block`), or forgets its routing of `ns` when `clear` asks and leaves it.
+async fn participate(
+    d: &Donor,
+    ns: &str,
+    block: bool,
+    reason: &Document,
+    clear: bool,
+) -> Result<(), EngineError> {
+    if !block && clear {
+        if ns.contains('.') {
+            d.filtering.flush_collection(ns);
+        } else {
+            d.filtering.flush_database(ns);
+        }
+    }
+    d.migrations.participant_block(ns, block, reason).await
+}
+
+/// What a coordinator blocks on every shard: the namespaces (collections, or a database by
+/// its name) whose critical section it holds there.
+struct Blocked<'a> {
+    d: &'a Donor,
+    all: &'a [(String, String)],
+    namespaces: Vec<String>,
+    reason: Document,
+}
+
+impl<'a> Blocked<'a> {
+    /// Enters the critical section of each of `namespaces` (collections, or a database by its
+    /// name) on every shard of `all` (this one included), in shard order; on a failure leaves
+    /// what was entered and fails.
+    async fn enter(
+        d: &'a Donor,
+        all: &'a [(String, String)],
+        namespaces: &[&str],
+        reason: Document,
+    ) -> Result<Blocked<'a>, EngineError> {
+        let blocked = Blocked {
+            d,
+            all,
+            namespaces: namespaces.iter().map(|ns| ns.to_string()).collect(),
+            reason,
+        };
+        if let Err(e) = blocked.send(true).await {
+            blocked.leave().await;
+            return Err(e);
+        }
+        Ok(blocked)
+    }
+
+    async fn send(&self, block: bool) -> Result<(), EngineError> {
+        for (id, host) in self.all {
+            for ns in &self.namespaces {
+                self.send_one(id, host, ns, block).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `_shardsvrParticipantBlock` for `ns` to the shard `id` (run here when it is this one).
+    async fn send_one(
+        &self,
+        id: &str,
+        host: &str,
+        ns: &str,
+        block: bool,
+    ) -> Result<(), EngineError> {
+        if id == self.d.name {
+            return participate(self.d, ns, block, &self.reason, !block).await;
+        }
+        let (db, target) = match ns.split_once('.') {
+            Some((db, coll)) => (db, Bson::String(coll.to_string())),
+            None => (ns, Bson::Int32(1)),
+        };
+        let command = doc! {
+            "_shardsvrParticipantBlock": target,
+            "blockType": if block { BLOCK_READS_AND_WRITES } else { UNBLOCK },
+            "reason": self.reason.clone(),
+            "clearFilteringMetadata": !block,
+            "writeConcern": {"w": "majority"},
+        };
+        self.d
+            .migrations
+            .run_on_db(host, db, command)
+            .await
+            .map(|_| ())
+    }
+
+    /// Has every shard forget its routing of the namespaces and leave their critical
+    /// sections: the requests that waited go on against the committed change. A shard that
+    /// cannot be reached is asked again a few times, then logged.
+    async fn leave(self) {
+        const ATTEMPTS: u32 = 5;
+        for (id, host) in self.all {
+            for ns in &self.namespaces {
+                for attempt in 1..=ATTEMPTS {
+                    match self.send_one(id, host, ns, false).await {
+                        Ok(()) => break,
+                        Err(e)
+                            if attempt == ATTEMPTS
+                                || e.code == ErrorCode::ConflictingOperationInProgress =>
+                        {
+                            tracing::warn!(shard = %id, ns = %ns, error = %e.message,
+                                "a shard could not be told to leave a DDL critical section");
+                            break;
+                        }
+                        Err(_) => {
+                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            }
         }
     }
 }
@@ -304,21 +485,37 @@ async fn drop_collection(d: &Donor, db: &str, body: &Document) -> Result<Documen
         .collection
         .is_some();
     let all = shards(d).await?;
-    if tracked {
+    if !tracked {
+        let host = all.iter().find(|(id, _)| *id == d.name).map(|(_, h)| h);
+        if let Some(host) = host {
+            checked(
+                d.migrations.run_on_db(host, db, doc! {"drop": coll}).await,
+                &[ErrorCode::NamespaceNotFound],
+            )?;
+        }
+        flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", &ns).await;
+        return Ok(doc! {"ns": &ns});
+    }
+    // Every shard holds the collection's critical section from before the commit until each
+    // has dropped its copy and forgotten the routing: a write racing the drop waits, then is
+    // answered StaleConfig, instead of landing in a copy about to be dropped or orphaned.
+    let reason = doc! {"command": "dropCollection", "ns": &ns};
+    let blocked = Blocked::enter(d, &all, &[&ns], reason).await?;
+    let dropped = async {
         d.filtering
             .run_on_config_server(doc! {"_sluiceCommitDropCollection": &ns})
             .await?;
-    }
-    for (id, host) in &all {
-        if !tracked && *id != d.name {
-            continue;
+        for (_, host) in &all {
+            checked(
+                d.migrations.run_on_db(host, db, doc! {"drop": coll}).await,
+                &[ErrorCode::NamespaceNotFound],
+            )?;
         }
-        checked(
-            d.migrations.run_on_db(host, db, doc! {"drop": coll}).await,
-            &[ErrorCode::NamespaceNotFound],
-        )?;
+        Ok::<_, EngineError>(())
     }
-    flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", &ns).await;
+    .await;
+    blocked.leave().await;
+    dropped?;
     Ok(doc! {"ns": &ns})
 }
 
@@ -413,32 +610,40 @@ async fn rename_collection(d: &Donor, db: &str, body: &Document) -> Result<Docum
             ));
         }
     }
-    for (_, host) in &all {
-        if drop_target {
+    // Both names' critical sections on every shard, from before the first local rename until
+    // each shard has forgotten its routing of both after the commit: a write racing the
+    // rename waits, then is answered StaleConfig, instead of landing under the old name on a
+    // shard that already renamed its copy.
+    let reason = doc! {"command": "rename", "from": &from, "to": &to};
+    let blocked = Blocked::enter(d, &all, &[&from, &to], reason).await?;
+    let renamed = async {
+        for (_, host) in &all {
+            if drop_target {
+                checked(
+                    d.migrations
+                        .run_on_db(host, to_db, doc! {"drop": to_coll})
+                        .await,
+                    &[ErrorCode::NamespaceNotFound],
+                )?;
+            }
             checked(
                 d.migrations
-                    .run_on_db(host, to_db, doc! {"drop": to_coll})
+                    .run_on(host, doc! {"renameCollection": &from, "to": &to})
                     .await,
                 &[ErrorCode::NamespaceNotFound],
             )?;
         }
-        checked(
-            d.migrations
-                .run_on(host, doc! {"renameCollection": &from, "to": &to})
-                .await,
-            &[ErrorCode::NamespaceNotFound],
-        )?;
+        d.filtering
+            .run_on_config_server(doc! {
+                "_sluiceCommitRenameCollection": &from,
+                "to": &to,
+                "dropTarget": drop_target,
+            })
+            .await
     }
-    let committed = d
-        .filtering
-        .run_on_config_server(doc! {
-            "_sluiceCommitRenameCollection": &from,
-            "to": &to,
-            "dropTarget": drop_target,
-        })
-        .await?;
-    flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", &from).await;
-    flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", &to).await;
+    .await;
+    blocked.leave().await;
+    let committed = renamed?;
     Ok(doc! {"collectionVersion": {
         "e": committed.get("epoch").cloned().unwrap_or(Bson::Null),
         "t": committed.get("timestamp").cloned().unwrap_or(Bson::Null),
@@ -465,32 +670,41 @@ async fn drop_database(d: &Donor, db: &str) -> Result<Document, EngineError> {
         ));
     }
     let all = shards(d).await?;
-    let reply = d
-        .filtering
-        .run_on_config_server(doc! {
-            "_sluiceCommitDropDatabase": db
-        })
-        .await?;
-    for (_, host) in &all {
-        checked(
-            d.migrations
-                .run_on_db(host, db, doc! {"dropDatabase": 1})
-                .await,
-            &[],
-        )?;
+    // The database's critical section on every shard (every request carrying a version for
+    // any of its collections waits) from before the commit until each shard has dropped it
+    // and forgotten its routing: a racing write is then answered StaleConfig or
+    // StaleDbVersion instead of landing in a copy about to be dropped or orphaned.
+    let reason = doc! {"command": "dropDatabase", "db": db};
+    let blocked = Blocked::enter(d, &all, &[db], reason).await?;
+    let dropped = async {
+        let reply = d
+            .filtering
+            .run_on_config_server(doc! {"_sluiceCommitDropDatabase": db})
+            .await?;
+        for (_, host) in &all {
+            checked(
+                d.migrations
+                    .run_on_db(host, db, doc! {"dropDatabase": 1})
+                    .await,
+                &[],
+            )?;
+        }
+        Ok::<_, EngineError>(reply)
     }
-    let dropped: Vec<String> = reply
-        .get_array("collections")
-        .map(|a| {
-            a.iter()
-                .filter_map(|b| b.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    for ns in &dropped {
-        flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", ns).await;
+    .await;
+    if let Ok(reply) = &dropped {
+        let collections = reply.get_array("collections").map(Vec::as_slice);
+        for ns in collections
+            .unwrap_or_default()
+            .iter()
+            .filter_map(Bson::as_str)
+        {
+            flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", ns).await;
+        }
     }
-    flush_everywhere(d, &all, "_flushDatabaseCacheUpdates", db).await;
+    // Leaving has every shard forget the database's routing first.
+    blocked.leave().await;
+    dropped?;
     Ok(doc! {"dropped": db})
 }
 

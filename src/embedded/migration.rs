@@ -57,6 +57,9 @@ pub struct Migrations {
     critical: Mutex<HashMap<String, tokio::sync::watch::Sender<()>>>,
     incoming: Mutex<HashMap<String, Incoming>>,
     moving: Mutex<HashSet<String>>,
+    /// The critical sections a DDL coordinator asked this shard to hold
+    /// (`_shardsvrParticipantBlock`), by namespace, with the reason it gave.
+    blocks: Mutex<HashMap<String, (Document, CriticalSection)>>,
     peers: Mutex<HashMap<String, mongodb::Client>>,
     /// How connections to peers prove who this server is.
     security: crate::backend::ShardSecurity,
@@ -206,16 +209,24 @@ impl Migrations {
     /// Waits while `ns` is in a critical section, then holds the gate that a critical section
     /// is entered through, so none begins while the request runs.
     pub async fn enter(&self, ns: &str) -> tokio::sync::RwLockReadGuard<'_, ()> {
-        // A database's critical section (`movePrimary`) holds every namespace in it.
-        let db = ns.split('.').next().unwrap_or(ns);
+        self.enter_all(&[ns]).await
+    }
+
+    /// [`Migrations::enter`] for a request on several namespaces (a `bulkWrite`): waits until
+    /// none of them is in a critical section, then holds the gate once for all of them.
+    pub async fn enter_all(&self, namespaces: &[&str]) -> tokio::sync::RwLockReadGuard<'_, ()> {
         loop {
             let gate = self.gate.read().await;
             let held = {
                 let critical = lock(&self.critical);
-                critical
-                    .get(ns)
-                    .or_else(|| critical.get(db))
-                    .map(|tx| tx.subscribe())
+                namespaces.iter().find_map(|ns| {
+                    // A database's critical section (`movePrimary`) holds every namespace in it.
+                    let db = ns.split('.').next().unwrap_or(ns);
+                    critical
+                        .get(*ns)
+                        .or_else(|| critical.get(db))
+                        .map(|tx| tx.subscribe())
+                })
             };
             match held {
                 None => return gate,
@@ -226,6 +237,50 @@ impl Migrations {
                 }
             }
         }
+    }
+
+    /// `_shardsvrParticipantBlock` on this shard: enters the critical section of `ns` for a
+    /// DDL coordinator (`block`), or leaves it (`!block`). Asking again with the same `reason`
+    /// is answered as the first time (a coordinator may resend); a critical section held for
+    /// another reason is ConflictingOperationInProgress (117), whether entering or leaving.
+    /// Leaving one that is not held succeeds.
+    pub async fn participant_block(
+        self: &Arc<Self>,
+        ns: &str,
+        block: bool,
+        reason: &Document,
+    ) -> Result<(), EngineError> {
+        let conflict = |held: &Document| {
+            EngineError::new(
+                ErrorCode::ConflictingOperationInProgress,
+                format!(
+                    "{ns} is in a critical section for another operation: {}",
+                    crate::value::render::render_doc(held)
+                ),
+            )
+        };
+        if !block {
+            let mut blocks = lock(&self.blocks);
+            match blocks.get(ns) {
+                Some((held, _)) if held != reason => return Err(conflict(held)),
+                Some(_) => {
+                    // Dropping the critical section lets the requests that waited go on.
+                    blocks.remove(ns);
+                }
+                None => {}
+            }
+            return Ok(());
+        }
+        if let Some((held, _)) = lock(&self.blocks).get(ns) {
+            return if held == reason {
+                Ok(())
+            } else {
+                Err(conflict(held))
+            };
+        }
+        let critical = self.critical_section(ns).await?;
+        lock(&self.blocks).insert(ns.to_string(), (reason.clone(), critical));
+        Ok(())
     }
 
     /// Enters the critical section of `ns`, once every request already running on it ended.
@@ -883,4 +938,66 @@ pub fn commit_chunk_migration(
         },
     };
     Ok(doc! {"shardVersion": {"e": epoch, "t": timestamp, "v": donor_version}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether a request on `namespaces` is let through within 50 ms.
+    async fn enters(m: &Migrations, namespaces: &[&str]) -> bool {
+        tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            m.enter_all(namespaces),
+        )
+        .await
+        .is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_participant_block_holds_its_namespace_until_released_for_the_same_reason() {
+        let m = Arc::new(Migrations::default());
+        let rename = doc! {"command": "rename", "from": "d.c", "to": "d.t"};
+        let other = doc! {"command": "dropCollection", "ns": "d.c"};
+        m.participant_block("d.c", true, &rename).await.unwrap();
+        assert!(enters(&m, &["d.x"]).await, "another collection goes on");
+        assert!(
+            !enters(&m, &["d.x", "d.c"]).await,
+            "a bulkWrite naming it waits"
+        );
+        // The same reason again is answered as the first time; another is refused.
+        m.participant_block("d.c", true, &rename).await.unwrap();
+        for block in [true, false] {
+            let e = m.participant_block("d.c", block, &other).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::ConflictingOperationInProgress);
+        }
+        let waiter = {
+            let m = m.clone();
+            tokio::spawn(async move {
+                drop(m.enter_all(&["d.c"]).await);
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "a request on it waits");
+        m.participant_block("d.c", false, &rename).await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("released")
+            .unwrap();
+        // Leaving what is not held succeeds (a coordinator resends).
+        m.participant_block("d.c", false, &rename).await.unwrap();
+        assert!(enters(&m, &["d.c"]).await);
+    }
+
+    #[tokio::test]
+    async fn a_database_block_holds_every_collection_of_the_database() {
+        let m = Arc::new(Migrations::default());
+        let reason = doc! {"command": "dropDatabase", "db": "d"};
+        m.participant_block("d", true, &reason).await.unwrap();
+        assert!(!enters(&m, &["d.c"]).await);
+        assert!(!enters(&m, &["e.c", "d.z"]).await);
+        assert!(enters(&m, &["e.c"]).await, "another database goes on");
+        m.participant_block("d", false, &reason).await.unwrap();
+        assert!(enters(&m, &["d.c"]).await);
+    }
 }

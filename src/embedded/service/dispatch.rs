@@ -161,9 +161,13 @@ impl ShardService {
                 _ => {}
             }
             if name == "bulkWrite" {
-                bulk_checked =
-                    crate::embedded::bulk_write::check_namespaces(filtering, self.name(), req)
-                        .await;
+                (_versioned, bulk_checked) = crate::embedded::bulk_write::check_namespaces(
+                    filtering,
+                    &self.migrations,
+                    self.name(),
+                    req,
+                )
+                .await;
             }
             if let Some(ns) = req.namespace.as_deref() {
                 if body.contains_key("shardVersion") || body.contains_key("databaseVersion") {
