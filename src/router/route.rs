@@ -242,8 +242,8 @@ async fn route_once(
                     &primary,
                 )
                 .await?;
-                reply.insert("ok", 1.0);
-                return Ok(reply.into());
+                reply.append(bson::raw::cstr!("ok"), Bson::Double(1.0));
+                return Ok(reply);
             }
             Forwarded::FindAndModify => {
                 return find_and_modify(cluster, req, &body, &snap)

@@ -115,6 +115,16 @@ pub fn number_value(value: &Bson) -> Option<i64> {
     }
 }
 
+/// [`number_value`] of a value read in place.
+pub fn number_raw(value: bson::RawBsonRef<'_>) -> Option<i64> {
+    match value {
+        bson::RawBsonRef::Int32(v) => Some(v as i64),
+        bson::RawBsonRef::Int64(v) => Some(v),
+        bson::RawBsonRef::Double(v) if v.is_finite() => Some(v as i64),
+        _ => None,
+    }
+}
+
 /// The name MongoDB uses for a value's type in messages.
 pub fn type_name(v: &Bson) -> &'static str {
     match v {

@@ -298,6 +298,7 @@ impl Run<'_> {
         let reply = match outcome {
             ChildOutcome::Failed { code, message } => return fail_all(code, &message),
             ChildOutcome::Reply(r) => r,
+            ChildOutcome::Raw(r) => super::merge::owned_reply(r.raw()),
         };
         if !is_ok(&reply) {
             let code = ErrorCode(reply.get_i32("code").unwrap_or(ErrorCode::InternalError.0));
@@ -419,6 +420,7 @@ impl Run<'_> {
                 return (failed_item(i, kind, code, &message), None)
             }
             ChildOutcome::Reply(r) => r,
+            ChildOutcome::Raw(r) => super::merge::owned_reply(r.raw()),
         };
         let wce = reply.get_document("writeConcernError").ok().cloned();
         if !is_ok(&reply) {

@@ -91,6 +91,7 @@ fn key(shard: &str, child: &ChildSpec<'_>) -> Vec<u8> {
 pub fn split_reply(outcome: &ChildOutcome, offset: usize, len: usize) -> ChildOutcome {
     let reply = match outcome {
         ChildOutcome::Failed { .. } => return outcome.clone(),
+        ChildOutcome::Raw(_) => return split_reply(&outcome.clone().into_owned(), offset, len),
         ChildOutcome::Reply(r) => r,
     };
     if reply.get_f64("ok").ok() != Some(1.0) {

@@ -664,11 +664,8 @@ pub async fn run_write(
                     _ => continue,
                 };
                 let results = sender.run_shard(&snap, &shard, vec![i], true).await;
-                if let Some(ChildResult {
-                    outcome: ChildOutcome::Reply(r),
-                    ..
-                }) = results.first()
-                {
+                let first = results.into_iter().next().map(|c| c.outcome.into_owned());
+                if let Some(ChildOutcome::Reply(r)) = &first {
                     if r.get_f64("ok").ok() == Some(1.0) && !r.contains_key("writeErrors") {
                         merger.resolve(
                             i,
@@ -745,6 +742,17 @@ pub async fn send_child(
     child: &ChildSpec<'_>,
     raws: &[Bytes],
 ) -> ChildOutcome {
+    send_child_as(cluster, shard, child, raws, false).await
+}
+
+/// [`send_child`], with the reply kept as it arrived ([`ChildOutcome::Raw`]) when `in_place`.
+async fn send_child_as(
+    cluster: &Cluster,
+    shard: &str,
+    child: &ChildSpec<'_>,
+    raws: &[Bytes],
+    in_place: bool,
+) -> ChildOutcome {
     let bytes: usize = raws.iter().map(|r| r.len()).sum();
     let work = crate::cluster::SlotRequest {
         op: OpKind::Mutate,
@@ -763,7 +771,7 @@ pub async fn send_child(
         child.version.as_deref(),
         raws,
     );
-    send_frame(
+    send_frame_as(
         cluster,
         shard,
         work,
@@ -771,28 +779,16 @@ pub async fn send_child(
         child.retryable,
         &frame,
         id,
+        in_place,
     )
     .await
+    .0
 }
 
 /// Sends one encoded child command (`frame`, request id `id`) to `shard`: waits for an
-/// execution slot on the shard's queue, sends, reads the reply; a `retryable` command is
-/// resent once after a network error.
-pub(crate) async fn send_frame(
-    cluster: &Cluster,
-    shard: &str,
-    work: crate::cluster::SlotRequest<'_>,
-    max_time: Option<std::time::Duration>,
-    retryable: bool,
-    frame: &Bytes,
-    id: i32,
-) -> ChildOutcome {
-    send_frame_from(cluster, shard, work, max_time, retryable, frame, id)
-        .await
-        .0
-}
-
-/// [`send_frame`], with the member that answered (a cursor the reply opened lives there).
+/// execution slot on the shard's queue, sends, reads the reply (as an owned document); a
+/// `retryable` command is resent once after a network error. Returns the member that answered
+/// too (a cursor the reply opened lives there).
 pub(crate) async fn send_frame_from(
     cluster: &Cluster,
     shard: &str,
@@ -801,6 +797,22 @@ pub(crate) async fn send_frame_from(
     retryable: bool,
     frame: &Bytes,
     id: i32,
+) -> (ChildOutcome, Option<String>) {
+    send_frame_as(cluster, shard, work, max_time, retryable, frame, id, false).await
+}
+
+/// [`send_frame_from`], with the reply kept as it arrived ([`ChildOutcome::Raw`]) when
+/// `in_place`.
+#[allow(clippy::too_many_arguments)]
+async fn send_frame_as(
+    cluster: &Cluster,
+    shard: &str,
+    work: crate::cluster::SlotRequest<'_>,
+    max_time: Option<std::time::Duration>,
+    retryable: bool,
+    frame: &Bytes,
+    id: i32,
+    in_place: bool,
 ) -> (ChildOutcome, Option<String>) {
     let Some(pool) = cluster.pool(shard) else {
         let failed = ChildOutcome::Failed {
@@ -834,7 +846,12 @@ pub(crate) async fn send_frame_from(
     match pool.send(frame, id, &Need::Write, deadline, resend).await {
         Ok((reply, member)) => {
             finish(permit, Outcome::Completed);
-            (ChildOutcome::Reply(child_reply(&reply)), Some(member))
+            let outcome = if in_place {
+                ChildOutcome::Raw(reply)
+            } else {
+                ChildOutcome::Reply(merge::owned_reply(reply.raw()))
+            };
+            (outcome, Some(member))
         }
         Err(e) => {
             tracing::debug!(shard, error = %e, "child batch failed");
@@ -855,33 +872,6 @@ pub(crate) async fn send_frame_from(
             (failed, None)
         }
     }
-}
-
-/// A shard's reply as the write path reads it: an owned document without the shard's
-/// cluster-time and replication gossip (`$clusterTime`, `operationTime`, `opTime`,
-/// `electionId`, …), which no reader of a child's reply looks at (the client's reply carries
-/// the router's own) and which costs more to convert than the rest of a small reply.
-fn child_reply(reply: &crate::wire::BsonDoc) -> Document {
-    let mut d = Document::new();
-    for (k, v) in reply.raw().iter().flatten() {
-        if matches!(
-            k.as_str(),
-            "$clusterTime"
-                | "operationTime"
-                | "opTime"
-                | "electionId"
-                | "$configServerState"
-                | "$gleStats"
-                | "lastCommittedOpTime"
-                | "$topologyTime"
-        ) {
-            continue;
-        }
-        if let Ok(v) = Bson::try_from(v) {
-            d.insert(k.as_str(), v);
-        }
-    }
-    d
 }
 
 /// Sends child batches over the cluster's shard pools.
@@ -942,7 +932,8 @@ impl ClusterSender<'_> {
                 return c.submit(self.cluster, shard, child, raws).await;
             }
         }
-        send_child(self.cluster, shard, &child, &raws).await
+        // The merger reads the reply in place.
+        send_child_as(self.cluster, shard, &child, &raws, true).await
     }
 }
 
@@ -980,13 +971,7 @@ impl ClusterSender<'_> {
             let outcome = self
                 .send(shard, &piece, ordered, version.clone(), template)
                 .await;
-            let stop = ordered
-                && match &outcome {
-                    ChildOutcome::Failed { .. } => true,
-                    ChildOutcome::Reply(r) => {
-                        r.get_f64("ok").ok() != Some(1.0) || r.contains_key("writeErrors")
-                    }
-                };
+            let stop = ordered && outcome.stops_ordered();
             out.push(ChildResult {
                 shard: shard.to_string(),
                 statements: piece,
@@ -1348,12 +1333,13 @@ impl ChildSender for ClusterSender<'_> {
                         retryable: false,
                         max_time: self.max_time,
                     };
-                    let all_gone = match send_child(self.cluster, &shard, &child, &raws).await {
+                    let sent = send_child(self.cluster, &shard, &child, &raws).await;
+                    let all_gone = match sent.into_owned() {
                         ChildOutcome::Reply(r) => {
                             r.get_f64("ok").ok() == Some(1.0)
                                 && number_field(&r, "n") == Some(items.len() as i64)
                         }
-                        ChildOutcome::Failed { .. } => false,
+                        ChildOutcome::Failed { .. } | ChildOutcome::Raw(_) => false,
                     };
                     if all_gone {
                         return Vec::new();
@@ -1436,7 +1422,7 @@ pub async fn execute(
     kind: WriteKind,
     snapshot: Arc<RoutingSnapshot>,
     primary: &PrimaryLookup<'_>,
-) -> Result<Document, CommandError> {
+) -> Result<crate::wire::Reply, CommandError> {
     let WriteOptions {
         ordered,
         retryable,
@@ -1483,23 +1469,18 @@ pub async fn execute(
         })
     };
     let outcome = run_write(&spec, &sender, &target, snapshot, &refresh, stats).await;
-    let reply = outcome.merger.reply();
     // A bulk whose child batches all timed out in the shards' queues applied nothing: it
     // fails as a command with ExceededTimeLimit, labelled RetryableWriteError for a retryable
     // write, so the driver retries it as it would for mongos.
-    let errors = reply.get_array("writeErrors").map(|e| e.len()).unwrap_or(0);
-    let all_queue_timeouts = errors > 0
-        && reply
-            .get_array("writeErrors")
-            .into_iter()
-            .flatten()
+    let errors = outcome.merger.write_errors();
+    let all_queue_timeouts = !errors.is_empty()
+        && errors
+            .iter()
             .filter_map(|e| e.as_document())
             .all(|e| e.get_i32("code").ok() == Some(ErrorCode::ExceededTimeLimit.0));
     if all_queue_timeouts && outcome.merger.nothing_applied() {
-        let first = reply
-            .get_array("writeErrors")
-            .ok()
-            .and_then(|e| e.first())
+        let first = errors
+            .first()
             .and_then(|e| e.as_document())
             .and_then(|e| e.get_str("errmsg").ok())
             .unwrap_or("timed out waiting for an execution slot")
@@ -1510,7 +1491,12 @@ pub async fn execute(
         }
         return Err(e);
     }
-    Ok(reply)
+    // Written as bytes (the same bytes the reply document encodes to); the document only when
+    // an error cannot be encoded, for the frontend to answer as it answers such a reply.
+    Ok(match outcome.merger.reply_raw() {
+        Some(raw) => crate::wire::Reply::Raw(raw),
+        None => crate::wire::Reply::Document(outcome.merger.reply()),
+    })
 }
 
 #[cfg(test)]
