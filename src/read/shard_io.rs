@@ -48,23 +48,35 @@ async fn exchange(
     cmd: &Document,
     at: Option<&str>,
 ) -> Result<(BsonDoc, String), BackendError> {
-    let Some(pool) = cluster.pool(shard) else {
-        return Err(BackendError::Unreachable(format!("unknown shard {shard}")));
-    };
     let bytes = cmd
         .to_vec()
         .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))?;
+    let max_time = crate::value::field::number_field(cmd, "maxTimeMS");
+    exchange_raw(cluster, shard, &bytes, max_time, at).await
+}
+
+/// [`exchange`] of a command already encoded (`max_time`: its `maxTimeMS`, read by the caller).
+async fn exchange_raw(
+    cluster: &Cluster,
+    shard: &str,
+    bytes: &[u8],
+    max_time: Option<i64>,
+    at: Option<&str>,
+) -> Result<(BsonDoc, String), BackendError> {
+    let Some(pool) = cluster.pool(shard) else {
+        return Err(BackendError::Unreachable(format!("unknown shard {shard}")));
+    };
     let id = PooledConnection::next_request_id();
-    let frame = OpMsgBuilder::new(0, &bytes).finish(id, 0);
+    let frame = OpMsgBuilder::new(0, bytes).finish(id, 0);
     if let Some(member) = at {
         let mut conn = pool.checkout_at(member).await?;
         let addr = conn.addr().to_string();
         return conn.request(&frame, id).await.map(|r| (r, addr));
     }
-    let need = RawDocument::from_bytes(&bytes)
+    let need = RawDocument::from_bytes(bytes)
         .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))
         .and_then(|raw| need_of(raw).map_err(|e| BackendError::NoMember(e.code, e.message)))?;
-    let deadline = crate::value::field::number_field(cmd, "maxTimeMS")
+    let deadline = max_time
         .filter(|m| *m > 0)
         .map(|m| std::time::Instant::now() + std::time::Duration::from_millis(m as u64));
     pool.send(&frame, id, &need, deadline, Resend::Read).await
@@ -90,6 +102,28 @@ pub(super) async fn read_at(
     cmd: &Document,
 ) -> Result<(BsonDoc, String), ReadFailure> {
     let name = cmd.keys().next().map(String::as_str).unwrap_or_default();
+    let bytes = cmd.to_vec().map_err(|e| {
+        ReadFailure::Unreachable(
+            BackendError::Protocol(format!("cannot encode command: {e}"))
+                .at(shard)
+                .into(),
+        )
+    })?;
+    let max_time = crate::value::field::number_field(cmd, "maxTimeMS");
+    read_at_raw(cluster, shard, at, ns, name, &bytes, max_time).await
+}
+
+/// [`read_at`] of a command already encoded (`bytes`), named `name`, with `max_time` its
+/// `maxTimeMS`.
+async fn read_at_raw(
+    cluster: &Cluster,
+    shard: &str,
+    at: Option<&str>,
+    ns: &str,
+    name: &str,
+    bytes: &[u8],
+    max_time: Option<i64>,
+) -> Result<(BsonDoc, String), ReadFailure> {
     let work = SlotRequest {
         op: OpKind::Read,
         command: name,
@@ -103,7 +137,7 @@ pub(super) async fn read_at(
             e.to_string(),
         ))
     })?;
-    let result = exchange(cluster, shard, cmd, at).await;
+    let result = exchange_raw(cluster, shard, bytes, max_time, at).await;
     if let Some(p) = permit {
         p.finish(match &result {
             Ok(_) => Outcome::Completed,
@@ -218,16 +252,30 @@ pub(super) async fn open_streams(
     partial: bool,
 ) -> Result<(Vec<ShardStream>, bool), CommandError> {
     let ns = format!("{db}.{coll}");
+    // The command is encoded once; each shard's copy is those bytes with `$db` and its
+    // `shardVersion` appended, as inserting them into a copy of the document placed them.
+    let base = command.to_vec().map_err(|e| {
+        CommandError::new(
+            ErrorCode::InternalError,
+            format!("cannot encode command: {e}"),
+        )
+    })?;
+    let name = command
+        .keys()
+        .next()
+        .map(String::as_str)
+        .unwrap_or_default();
+    let max_time = crate::value::field::number_field(command, "maxTimeMS");
     let mut futures = Vec::new();
     for shard in shards {
-        let mut cmd = command.clone();
-        cmd.insert("$db", db);
-        if cluster.is_shard_server(&shard) {
-            cmd.insert("shardVersion", snap.shard_version(&shard));
-        }
+        let version = cluster
+            .is_shard_server(&shard)
+            .then(|| snap.shard_version(&shard));
+        let cmd = child_command(command, &base, db, version)?;
         let ns = &ns;
         futures.push(async move {
-            let (reply, member) = read_at(cluster, &shard, None, ns, &cmd).await?;
+            let (reply, member) =
+                read_at_raw(cluster, &shard, None, ns, name, &cmd, max_time).await?;
             let (buffer, cursor_id) = batch_of(&reply, "firstBatch");
             Ok(ShardStream {
                 buffer,
@@ -252,6 +300,46 @@ pub(super) async fn open_streams(
         return Err(e);
     }
     Ok((streams, skipped))
+}
+
+/// The bytes of the command one shard is sent: `command` (encoded as `base`) with `$db` and,
+/// for a shard server, its `shardVersion` set. Both are appended to `base` as encoded elements
+/// when `command` holds neither, which is where inserting them into the document put them;
+/// otherwise the document is copied and changed.
+fn child_command(
+    command: &Document,
+    base: &[u8],
+    db: &str,
+    version: Option<Document>,
+) -> Result<Vec<u8>, CommandError> {
+    let encode_error = |e: bson::error::Error| {
+        CommandError::new(
+            ErrorCode::InternalError,
+            format!("cannot encode command: {e}"),
+        )
+    };
+    if command.contains_key("$db") || command.contains_key("shardVersion") || base.len() < 5 {
+        let mut cmd = command.clone();
+        cmd.insert("$db", db);
+        if let Some(v) = version {
+            cmd.insert("shardVersion", v);
+        }
+        return cmd.to_vec().map_err(encode_error);
+    }
+    let mut extra = doc! {"$db": db};
+    if let Some(v) = version {
+        extra.insert("shardVersion", v);
+    }
+    let extra = extra.to_vec().map_err(encode_error)?;
+    // Each encoding is a length, the elements and a closing zero: the child's elements are
+    // the base's followed by the extra's.
+    let mut out = Vec::with_capacity(base.len() + extra.len() - 5);
+    out.extend_from_slice(&base[..base.len() - 1]);
+    out.extend_from_slice(&extra[4..]);
+    let len = i32::try_from(out.len())
+        .map_err(|_| CommandError::new(ErrorCode::InternalError, "command too large to encode"))?;
+    out[..4].copy_from_slice(&len.to_le_bytes());
+    Ok(out)
 }
 
 /// Fetches the next batch of a shard cursor into its buffer.
@@ -377,4 +465,44 @@ pub(super) async fn on_each(
         out.push(r?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What each shard was sent before the command was encoded once: a copy of the document
+    /// with `$db` and `shardVersion` inserted, encoded.
+    fn owned_child(command: &Document, db: &str, version: Option<Document>) -> Vec<u8> {
+        let mut cmd = command.clone();
+        cmd.insert("$db", db);
+        if let Some(v) = version {
+            cmd.insert("shardVersion", v);
+        }
+        cmd.to_vec().expect("encodes")
+    }
+
+    #[test]
+    fn child_command_is_the_owned_paths_bytes() {
+        let version = doc! {"e": bson::oid::ObjectId::new(), "t": bson::Timestamp { time: 7, increment: 1 }, "v": bson::Timestamp { time: 3, increment: 2 }};
+        let commands = [
+            doc! {"find": "c", "filter": {"_id": 5}, "batchSize": 1_i64, "limit": 1_i64},
+            doc! {"find": "c", "filter": {"a": {"$gt": 1}, "s": "x"}, "batchSize": 101_i64, "sort": {"a": 1}, "projection": {"a": 1}, "collation": {"locale": "fr"}, "maxTimeMS": 50, "$readPreference": {"mode": "secondary"}},
+            doc! {"aggregate": "c", "pipeline": [{"$match": {"a": 1}}], "cursor": {"batchSize": 10_000}},
+            doc! {"find": "c", "filter": {}},
+            // Fields the router sets already present: replaced in place, as insert did.
+            doc! {"find": "c", "$db": "other", "filter": {}},
+            doc! {"find": "c", "shardVersion": {"v": 1}, "filter": {}},
+        ];
+        for command in &commands {
+            let base = command.to_vec().expect("encodes");
+            for version in [None, Some(version.clone())] {
+                let new = child_command(command, &base, "db1", version.clone()).expect("encodes");
+                assert_eq!(new, owned_child(command, "db1", version), "{command}");
+                let fields = Document::try_from(RawDocument::from_bytes(&new).expect("valid"))
+                    .expect("decodes");
+                assert_eq!(fields.get_str("$db").ok(), Some("db1"));
+            }
+        }
+    }
 }
