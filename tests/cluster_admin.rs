@@ -1276,6 +1276,34 @@ fn insert_until(
     })
 }
 
+/// After a DDL raced by writers: each writer's acknowledged inserts (in the order they were
+/// acknowledged) are absent up to some point and all present from it on, nothing but
+/// acknowledged inserts is left, and the writers ran both before and after the DDL.
+fn assert_acknowledged_suffixes_survived(acked: &[Vec<i64>], left: &[i64], round: &str) {
+    let survived: std::collections::HashSet<i64> = left.iter().copied().collect();
+    let (mut dropped, mut kept) = (0, 0);
+    for (w, ids) in acked.iter().enumerate() {
+        let cut = ids.iter().take_while(|i| !survived.contains(i)).count();
+        let lost: Vec<i64> = ids[cut..]
+            .iter()
+            .filter(|i| !survived.contains(i))
+            .copied()
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "{round}: writer {w}'s acknowledged {lost:?} lost after {} survived",
+            ids[cut]
+        );
+        dropped += cut;
+        kept += ids.len() - cut;
+    }
+    assert_eq!(left.len(), kept, "{round}: only acknowledged inserts");
+    assert!(
+        dropped > 0 && kept > 0,
+        "{round}: the writers ran before ({dropped}) and after ({kept}) the drop"
+    );
+}
+
 /// Writers inserting one document at a time through router B into `db.coll` while `ddl`
 /// runs on the database `on` through router A (after the writers have run a while, and
 /// they go on a while after it): the `_id`s each writer was acknowledged, in order.
@@ -1440,28 +1468,7 @@ async fn inserts_racing_a_drop_of_a_sharded_collection_recreate_it_on_the_primar
                 );
             }
         }
-        let survived: std::collections::HashSet<i64> = left.iter().copied().collect();
-        let (mut dropped, mut kept) = (0, 0);
-        for (w, ids) in acked.iter().enumerate() {
-            let cut = ids.iter().take_while(|i| !survived.contains(i)).count();
-            let lost: Vec<i64> = ids[cut..]
-                .iter()
-                .filter(|i| !survived.contains(i))
-                .copied()
-                .collect();
-            assert!(
-                lost.is_empty(),
-                "round {coll}: writer {w}'s acknowledged {lost:?} lost after {} survived",
-                ids[cut]
-            );
-            dropped += cut;
-            kept += ids.len() - cut;
-        }
-        assert_eq!(left.len(), kept, "round {coll}: only acknowledged inserts");
-        assert!(
-            dropped > 0 && kept > 0,
-            "round {coll}: the writers ran before ({dropped}) and after ({kept}) the drop"
-        );
+        assert_acknowledged_suffixes_survived(&acked, &left, &format!("round {coll}"));
     }
     c.shutdown().await;
 }
@@ -1510,28 +1517,7 @@ async fn inserts_racing_a_drop_database_recreate_it_consistently() {
             left.len(),
             "round {round}: nothing orphaned on a shard"
         );
-        let survived: std::collections::HashSet<i64> = left.iter().copied().collect();
-        let (mut dropped, mut kept) = (0, 0);
-        for (w, ids) in acked.iter().enumerate() {
-            let cut = ids.iter().take_while(|i| !survived.contains(i)).count();
-            let lost: Vec<i64> = ids[cut..]
-                .iter()
-                .filter(|i| !survived.contains(i))
-                .copied()
-                .collect();
-            assert!(
-                lost.is_empty(),
-                "round {round}: writer {w}'s acknowledged {lost:?} lost after {} survived",
-                ids[cut]
-            );
-            dropped += cut;
-            kept += ids.len() - cut;
-        }
-        assert_eq!(left.len(), kept, "round {round}: only acknowledged inserts");
-        assert!(
-            dropped > 0 && kept > 0,
-            "round {round}: the writers ran before ({dropped}) and after ({kept}) the drop"
-        );
+        assert_acknowledged_suffixes_survived(&acked, &left, &format!("round {round}"));
     }
     c.shutdown().await;
 }

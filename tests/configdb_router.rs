@@ -1385,6 +1385,31 @@ async fn hashed_chunks(cluster: &sluice::demo::DemoCluster) -> Vec<(Bson, Bson, 
     .collect()
 }
 
+/// Every `demo.items` document on the shards, by `_id`, with the shard holding it; asserts
+/// that none is on two shards and each is on the shard owning its chunk.
+async fn placed_once_on_owners(
+    cluster: &sluice::demo::DemoCluster,
+) -> std::collections::HashMap<i64, String> {
+    let chunks = hashed_chunks(cluster).await;
+    let mut seen = std::collections::HashMap::new();
+    for s in &cluster.shards {
+        for d in s.service().documents("demo", "items") {
+            let id = d.get_i64("_id").unwrap();
+            let shard = s.service().name().to_string();
+            assert!(
+                seen.insert(id, shard.clone()).is_none(),
+                "{id} is on two shards"
+            );
+            assert_eq!(
+                owner_of(&chunks, id),
+                shard,
+                "{id} is on the shard owning its chunk"
+            );
+        }
+    }
+    seen
+}
+
 fn owner_of(chunks: &[(Bson, Bson, String)], id: i64) -> String {
     let h = sluice::routing::hash64(&Bson::Int64(id));
     let above = |b: &Bson| match b {
@@ -1481,23 +1506,7 @@ async fn a_router_restarted_mid_workload_routes_as_before() {
     acked.extend(writer_b.await.unwrap());
     assert!(acked.len() > 20, "the workload ran: {}", acked.len());
 
-    let chunks = hashed_chunks(&cluster).await;
-    let mut seen: std::collections::HashMap<i64, String> = std::collections::HashMap::new();
-    for s in &cluster.shards {
-        for d in s.service().documents("demo", "items") {
-            let id = d.get_i64("_id").unwrap();
-            let shard = s.service().name().to_string();
-            assert!(
-                seen.insert(id, shard.clone()).is_none(),
-                "{id} is on two shards"
-            );
-            assert_eq!(
-                owner_of(&chunks, id),
-                shard,
-                "{id} is on the shard owning its chunk"
-            );
-        }
-    }
+    let seen = placed_once_on_owners(&cluster).await;
     for id in &acked {
         assert!(seen.contains_key(id), "acknowledged {id} is missing");
     }
@@ -1720,23 +1729,7 @@ async fn bulk_writes_racing_migrations_land_once_on_the_chunks_owner() {
     }
     assert!(acked.len() > 40, "the workload ran: {}", acked.len());
 
-    let chunks = hashed_chunks(&cluster).await;
-    let mut seen: std::collections::HashMap<i64, String> = std::collections::HashMap::new();
-    for s in &cluster.shards {
-        for d in s.service().documents("demo", "items") {
-            let id = d.get_i64("_id").unwrap();
-            let shard = s.service().name().to_string();
-            assert!(
-                seen.insert(id, shard.clone()).is_none(),
-                "{id} is on two shards"
-            );
-            assert_eq!(
-                owner_of(&chunks, id),
-                shard,
-                "{id} is on the shard owning its chunk"
-            );
-        }
-    }
+    let seen = placed_once_on_owners(&cluster).await;
     let missing: Vec<&i64> = acked.iter().filter(|id| !seen.contains_key(id)).collect();
     assert!(missing.is_empty(), "acknowledged but missing: {missing:?}");
     assert_eq!(seen.len(), acked.len());

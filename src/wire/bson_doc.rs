@@ -107,22 +107,11 @@ pub fn get_field<'a>(
     let end = n - 1;
     let mut at = 4;
     while at < end {
-        let tag = bytes[at];
-        let key_start = at + 1;
-        let Some(key_len) = bytes[key_start..end].iter().position(|&b| b == 0) else {
+        let Some((tag, name, v)) = element_head(bytes, at, end) else {
             return slow();
         };
-        let name = &bytes[key_start..key_start + key_len];
-        if !name.is_ascii() && std::str::from_utf8(name).is_err() {
-            return slow();
-        }
-        let v = key_start + key_len + 1;
         let size = match tag {
-            0x01 | 0x09 | 0x11 | 0x12 => 8,
-            0x10 => 4,
-            0x07 => 12,
-            0x13 => 16,
-            0x06 | 0x0A | 0x7F | 0xFF => 0,
+            _ if let Some(size) = fixed_size(tag) => size,
             0x08 => 1,
             // Strings, code and symbols, documents and arrays end with a zero byte.
             0x02 | 0x0D | 0x0E | 0x03 | 0x04 => {
@@ -183,6 +172,31 @@ pub fn get_field<'a>(
     }
 }
 
+/// The element at `at` of a document whose terminator is at `end`: its type, its key and where
+/// its value starts; `None` when the key is not terminated before `end` or is not UTF-8.
+fn element_head(bytes: &[u8], at: usize, end: usize) -> Option<(u8, &[u8], usize)> {
+    let tag = bytes[at];
+    let key_start = at + 1;
+    let key_len = bytes[key_start..end].iter().position(|&b| b == 0)?;
+    let key = &bytes[key_start..key_start + key_len];
+    if !key.is_ascii() && std::str::from_utf8(key).is_err() {
+        return None;
+    }
+    Some((tag, key, key_start + key_len + 1))
+}
+
+/// The size of a value whose type fixes it (the boolean aside: its byte is checked).
+fn fixed_size(tag: u8) -> Option<usize> {
+    match tag {
+        0x01 | 0x09 | 0x11 | 0x12 => Some(8),
+        0x10 => Some(4),
+        0x07 => Some(12),
+        0x13 => Some(16),
+        0x06 | 0x0A | 0x7F | 0xFF => Some(0),
+        _ => None,
+    }
+}
+
 /// Reads a little-endian `i32` at `at`, when four bytes are there.
 fn i32_at(bytes: &[u8], at: usize) -> Option<i32> {
     let b = bytes.get(at..at.checked_add(4)?)?;
@@ -205,22 +219,11 @@ fn well_formed(bytes: &[u8], depth: usize) -> bool {
     let end = n - 1;
     let mut at = 4;
     while at < end {
-        let tag = bytes[at];
-        let key_start = at + 1;
-        let Some(key_len) = bytes[key_start..end].iter().position(|&b| b == 0) else {
+        let Some((tag, _, v)) = element_head(bytes, at, end) else {
             return false;
         };
-        let key = &bytes[key_start..key_start + key_len];
-        if !key.is_ascii() && std::str::from_utf8(key).is_err() {
-            return false;
-        }
-        let v = key_start + key_len + 1;
         let size = match tag {
-            0x01 | 0x09 | 0x11 | 0x12 => 8,
-            0x10 => 4,
-            0x07 => 12,
-            0x13 => 16,
-            0x06 | 0x0A | 0x7F | 0xFF => 0,
+            _ if let Some(size) = fixed_size(tag) => size,
             0x08 => match bytes.get(v) {
                 Some(0 | 1) => 1,
                 _ => return false,
