@@ -25,7 +25,7 @@
 //! dispatch table must add an entry here for each command it serves ([`is_known_command`]).
 
 use super::render::render_command;
-use super::roles::{Action, Principal, Privileges, Resource};
+use super::roles::{Action, ActionSet, Principal, Privileges, Resource};
 use super::AuthError;
 use crate::value::error_codes::ErrorCode;
 use bson::raw::{RawArray, RawBsonRef, RawDocument};
@@ -301,50 +301,68 @@ enum Check {
     Unknown,
 }
 
-/// A resource with owned names, for requirements gathered before they are checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Target {
-    AnyNormal,
-    Cluster,
-    Database(String),
-    Namespace(String, String),
+/// The privileges a command needs, checked as they are named: `met` stays true while every one
+/// so far is granted (the checks are pure, so checking each as it is added decides the same as
+/// gathering them first, without allocating a list or owned names per command).
+struct Needs<'p> {
+    privileges: &'p Privileges,
+    met: bool,
 }
 
-struct Needs {
-    list: Vec<(Target, Vec<Action>)>,
-}
-
-impl Needs {
-    fn new() -> Needs {
-        Needs { list: Vec::new() }
+impl<'p> Needs<'p> {
+    fn new(privileges: &'p Privileges) -> Needs<'p> {
+        Needs {
+            privileges,
+            met: true,
+        }
+    }
+    fn need(&mut self, target: Resource<'_>, actions: &ActionSet) {
+        if self.met {
+            self.met = self.privileges.is_authorized_for(&target, actions);
+        }
     }
     fn ns(&mut self, db: &str, coll: &str, actions: &[Action]) {
-        self.list.push((
-            Target::Namespace(db.to_string(), coll.to_string()),
-            actions.to_vec(),
-        ));
+        self.need(Resource::Namespace(db, coll), &ActionSet::of(actions));
+    }
+    fn ns_set(&mut self, db: &str, coll: &str, actions: ActionSet) {
+        self.need(Resource::Namespace(db, coll), &actions);
+    }
+    /// `base` on the namespace, plus the actions `extra` names (a subset of `conditional`).
+    /// `extra` is only worked out when the user lacks some of `conditional`: holding them all,
+    /// whichever `extra` names are granted, so the body need not be read for them.
+    fn ns_then(
+        &mut self,
+        db: &str,
+        coll: &str,
+        base: ActionSet,
+        conditional: ActionSet,
+        extra: impl FnOnce() -> ActionSet,
+    ) {
+        if !self.met {
+            return;
+        }
+        let granted = self.privileges.actions_on(&Resource::Namespace(db, coll));
+        self.met = granted.contains_all(&base)
+            && (granted.contains_all(&conditional) || granted.contains_all(&extra()));
     }
     fn full_ns(&mut self, ns: &str, actions: &[Action]) {
+        self.full_ns_set(ns, ActionSet::of(actions));
+    }
+    fn full_ns_set(&mut self, ns: &str, actions: ActionSet) {
         let (db, coll) = ns.split_once('.').unwrap_or((ns, ""));
-        self.ns(db, coll, actions);
+        self.ns_set(db, coll, actions);
     }
     fn db(&mut self, db: &str, actions: &[Action]) {
-        self.list
-            .push((Target::Database(db.to_string()), actions.to_vec()));
+        self.need(Resource::Database(db), &ActionSet::of(actions));
     }
     fn cluster(&mut self, actions: &[Action]) {
-        self.list.push((Target::Cluster, actions.to_vec()));
+        self.need(Resource::Cluster, &ActionSet::of(actions));
     }
-    fn all_met(&self, p: &Privileges) -> bool {
-        self.list.iter().all(|(target, actions)| {
-            let resource = match target {
-                Target::AnyNormal => Resource::AnyNormal,
-                Target::Cluster => Resource::Cluster,
-                Target::Database(d) => Resource::Database(d),
-                Target::Namespace(d, c) => Resource::Namespace(d, c),
-            };
-            p.is_authorized(&resource, actions)
-        })
+    fn any_normal(&mut self, actions: &[Action]) {
+        self.need(Resource::AnyNormal, &ActionSet::of(actions));
+    }
+    fn all_met(&self) -> bool {
+        self.met
     }
 }
 
@@ -441,10 +459,11 @@ fn check_command(
 ) -> Check {
     use Action as A;
     let p = &principal.privileges;
-    let mut needs = Needs::new();
+    let mut needs = Needs::new(p);
     let raw_name = first_key(body).unwrap_or(name);
     let coll = coll_arg(body, raw_name);
-    let bypass = flag(body, "bypassDocumentValidation");
+    // Read only by the commands it matters to (it walks the whole body).
+    let bypass = || flag(body, "bypassDocumentValidation");
     match name {
         // Authentication alone.
         "logout" | "whatsmyuri" | "startSession" | "endSessions" | "refreshSessions"
@@ -463,7 +482,7 @@ fn check_command(
             if !collectionless && !starts_with_source {
                 needs.ns(db, coll, &[A::Find]);
             }
-            pipeline_needs(&stages, db, coll, bypass, &mut needs);
+            pipeline_needs(&stages, db, coll, bypass(), &mut needs);
         }
         "explain" => {
             return match get_doc(body, "explain") {
@@ -476,59 +495,75 @@ fn check_command(
             };
         }
         "insert" => {
-            let mut a = vec![A::Insert];
-            if bypass {
-                a.push(A::BypassDocumentValidation);
-            }
-            needs.ns(db, coll, &a);
+            needs.ns_then(
+                db,
+                coll,
+                ActionSet::of(&[A::Insert]),
+                ActionSet::of(&[A::BypassDocumentValidation]),
+                || {
+                    let mut a = ActionSet::empty();
+                    if bypass() {
+                        a.insert(A::BypassDocumentValidation);
+                    }
+                    a
+                },
+            );
         }
         "update" => {
-            let mut a = vec![A::Update];
-            if statements(cmd, body, "updates")
-                .iter()
-                .any(|s| flag(s, "upsert"))
-            {
-                a.push(A::Insert);
-            }
-            if bypass {
-                a.push(A::BypassDocumentValidation);
-            }
-            needs.ns(db, coll, &a);
+            needs.ns_then(
+                db,
+                coll,
+                ActionSet::of(&[A::Update]),
+                ActionSet::of(&[A::Insert, A::BypassDocumentValidation]),
+                || {
+                    let mut a = ActionSet::empty();
+                    if statements(cmd, body, "updates")
+                        .iter()
+                        .any(|s| flag(s, "upsert"))
+                    {
+                        a.insert(A::Insert);
+                    }
+                    if bypass() {
+                        a.insert(A::BypassDocumentValidation);
+                    }
+                    a
+                },
+            );
         }
         "delete" => needs.ns(db, coll, &[A::Remove]),
         "findAndModify" => {
-            let mut a = vec![A::Find];
+            let mut a = ActionSet::of(&[A::Find]);
             if flag(body, "remove") {
-                a.push(A::Remove);
+                a.insert(A::Remove);
             } else {
-                a.push(A::Update);
+                a.insert(A::Update);
                 if flag(body, "upsert") {
-                    a.push(A::Insert);
+                    a.insert(A::Insert);
                 }
             }
-            if bypass {
-                a.push(A::BypassDocumentValidation);
+            if bypass() {
+                a.insert(A::BypassDocumentValidation);
             }
-            needs.ns(db, coll, &a);
+            needs.ns_set(db, coll, a);
         }
         "bulkWrite" => {
             let ns_info = statements(cmd, body, "nsInfo");
             for op in statements(cmd, body, "ops") {
                 let (index, mut actions) = if let Some(v) = get(op, "insert") {
-                    (v, vec![A::Insert])
+                    (v, ActionSet::of(&[A::Insert]))
                 } else if let Some(v) = get(op, "update") {
-                    let mut a = vec![A::Update];
+                    let mut a = ActionSet::of(&[A::Update]);
                     if flag(op, "upsert") {
-                        a.push(A::Insert);
+                        a.insert(A::Insert);
                     }
                     (v, a)
                 } else if let Some(v) = get(op, "delete") {
-                    (v, vec![A::Remove])
+                    (v, ActionSet::of(&[A::Remove]))
                 } else {
                     continue;
                 };
-                if bypass {
-                    actions.push(A::BypassDocumentValidation);
+                if bypass() {
+                    actions.insert(A::BypassDocumentValidation);
                 }
                 let idx = match index {
                     RawBsonRef::Int32(i) => i as i64,
@@ -541,7 +576,7 @@ fn check_command(
                     .and_then(|i| ns_info.get(i))
                     .and_then(|info| get_str(info, "ns"));
                 match target {
-                    Some(ns) => needs.full_ns(ns, &actions),
+                    Some(ns) => needs.full_ns_set(ns, actions),
                     // An index outside nsInfo is the command's own error to report.
                     None => continue,
                 }
@@ -691,7 +726,7 @@ fn check_command(
                 needs.db(db, &[A::ChangeCustomData]);
             }
             if get(body, "roles").is_some() {
-                needs.list.push((Target::AnyNormal, vec![A::RevokeRole]));
+                needs.any_normal(&[A::RevokeRole]);
                 role_grants(body, db, A::GrantRole, &mut needs);
             }
             if get(body, "authenticationRestrictions").is_some() {
@@ -719,7 +754,7 @@ fn check_command(
         // Unknown here: only a user holding every action everywhere.
         _ => return Check::Unknown,
     }
-    verdict(needs.all_met(p))
+    verdict(needs.all_met())
 }
 
 fn ns<'a>(db: &'a str, coll: &'a str) -> Resource<'a> {
@@ -832,9 +867,7 @@ fn pipeline_needs(stages: &[&RawDocument], db: &str, coll: &str, bypass: bool, n
             "$changeStream" => {
                 let all = arg_doc.is_some_and(|d| flag(d, "allChangesForCluster"));
                 if all {
-                    needs
-                        .list
-                        .push((Target::AnyNormal, vec![A::Find, A::ChangeStream]));
+                    needs.any_normal(&[A::Find, A::ChangeStream]);
                 } else if coll.is_empty() {
                     needs.db(db, &[A::Find, A::ChangeStream]);
                 } else {

@@ -1065,8 +1065,12 @@ impl Privileges {
 
     /// Whether every one of `actions` is granted on `target`.
     pub fn is_authorized(&self, target: &Resource<'_>, actions: &[Action]) -> bool {
-        self.actions_on(target)
-            .contains_all(&ActionSet::of(actions))
+        self.is_authorized_for(target, &ActionSet::of(actions))
+    }
+
+    /// [`Privileges::is_authorized`] for a set of actions.
+    pub fn is_authorized_for(&self, target: &Resource<'_>, actions: &ActionSet) -> bool {
+        self.actions_on(target).contains_all(actions)
     }
 
     /// Whether any action is granted on the namespace (the filter of

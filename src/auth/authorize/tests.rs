@@ -727,3 +727,67 @@ fn the_routers_commands_are_all_known() {
     }
     assert!(!is_known_command("someFutureCommand"));
 }
+
+/// Writes that bypass document validation need `bypassDocumentValidation` as well, wherever the
+/// flag sits in the body; a user holding it (or lacking the write itself) is decided without
+/// the flag, and the answer must be the same either way.
+#[test]
+fn bypassing_document_validation_needs_its_action() {
+    //           roles:  R  RW DA UA DO CMo CMa CAd RAD RWAD root sys none
+    const WITH: &str = "NNNNYNNNNNYYN";
+    const WITHOUT: &str = "NYNNYNNNNYYYN";
+    let upsert = || vec![rawdoc! {"q": {}, "u": {"$set": {"a": 1}}, "upsert": true}];
+    let mut cases = vec![
+        (
+            "insert, flag last",
+            OwnedCommand::new(
+                "test",
+                rawdoc! {"insert": "c", "ordered": true, "$db": "test", "bypassDocumentValidation": true},
+            ),
+            WITH,
+        ),
+        (
+            "insert, flag false",
+            OwnedCommand::new(
+                "test",
+                rawdoc! {"insert": "c", "bypassDocumentValidation": false, "$db": "test"},
+            ),
+            WITHOUT,
+        ),
+        (
+            "insert, flag 1",
+            OwnedCommand::new(
+                "test",
+                rawdoc! {"insert": "c", "bypassDocumentValidation": 1, "$db": "test"},
+            ),
+            WITH,
+        ),
+        (
+            "update, flag",
+            OwnedCommand::new(
+                "test",
+                rawdoc! {"update": "c", "$db": "test", "bypassDocumentValidation": true},
+            ),
+            WITH,
+        ),
+    ];
+    let mut seq = OwnedCommand::new(
+        "test",
+        rawdoc! {"update": "c", "$db": "test", "bypassDocumentValidation": true},
+    );
+    seq.sequences.push(("updates".to_string(), upsert()));
+    cases.push(("update with upsert in a sequence, flag", seq, WITH));
+    let mut seq = OwnedCommand::new("test", rawdoc! {"update": "c", "$db": "test"});
+    seq.sequences.push(("updates".to_string(), upsert()));
+    cases.push(("update with upsert in a sequence", seq, WITHOUT));
+    let principals: Vec<Principal> = ROLES.iter().map(|(r, d)| principal(r, d)).collect();
+    let mut failures = Vec::new();
+    for (what, cmd, expect) in &cases {
+        for ((role, p), want) in ROLES.iter().zip(&principals).zip(expect.chars()) {
+            if authorize(Some(p), cmd).is_ok() != (want == 'Y') {
+                failures.push(format!("{what} as {}: expected {want}", role.0));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
