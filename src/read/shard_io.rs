@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 
+use bson::raw::cstr;
 use bson::{doc, Document, RawBsonRef, RawDocument};
 use bytes::Bytes;
 
@@ -326,20 +327,13 @@ fn child_command(
         }
         return cmd.to_vec().map_err(encode_error);
     }
-    let mut extra = doc! {"$db": db};
+    let mut out = bson::RawDocumentBuf::from_bytes(base.to_vec()).map_err(encode_error)?;
+    out.append(cstr!("$db"), db);
     if let Some(v) = version {
-        extra.insert("shardVersion", v);
+        let v = bson::RawDocumentBuf::try_from(&v).map_err(encode_error)?;
+        out.append(cstr!("shardVersion"), v);
     }
-    let extra = extra.to_vec().map_err(encode_error)?;
-    // Each encoding is a length, the elements and a closing zero: the child's elements are
-    // the base's followed by the extra's.
-    let mut out = Vec::with_capacity(base.len() + extra.len() - 5);
-    out.extend_from_slice(&base[..base.len() - 1]);
-    out.extend_from_slice(&extra[4..]);
-    let len = i32::try_from(out.len())
-        .map_err(|_| CommandError::new(ErrorCode::InternalError, "command too large to encode"))?;
-    out[..4].copy_from_slice(&len.to_le_bytes());
-    Ok(out)
+    Ok(out.into_bytes())
 }
 
 /// Fetches the next batch of a shard cursor into its buffer.
