@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bson::{doc, Bson, Document};
+use mongodb::event::command::CommandEvent;
 use mongodb::options::{ReadPreference, ReadPreferenceOptions, SelectionCriteria};
 use sluice::config::{CollectionConfig, Config, Policy, ShardConfig};
 use sluice::embedded::{AfterWrite, EmbeddedReplicaSet, ReplicaSetOptions, ShardOptions};
@@ -1044,6 +1045,16 @@ impl StallTally {
             .push((task, started, Instant::now()));
     }
 
+    /// Acknowledged operations of `task` sent and acknowledged inside `[from, to]`.
+    fn sent_and_ended_between(&self, task: &str, from: Instant, to: Instant) -> usize {
+        self.acked
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, start, end)| *t == task && *start >= from && *end <= to)
+            .count()
+    }
+
     /// Acknowledged operations of `task` that ended inside `[from, to]`.
     fn ended_between(&self, task: &str, from: Instant, to: Instant) -> usize {
         self.acked
@@ -1052,6 +1063,52 @@ impl StallTally {
             .iter()
             .filter(|(t, _, end)| *t == task && *end >= from && *end <= to)
             .count()
+    }
+}
+
+/// When each probe of the stall test (named by its `comment`) was sent and answered, from the
+/// driver's command events: the time a command spent with the router, without the client's
+/// own server selection and connection checkout before it.
+#[derive(Default)]
+struct ProbeTimes {
+    sent: std::sync::Mutex<std::collections::HashMap<i32, (String, Instant)>>,
+    answered: std::sync::Mutex<std::collections::HashMap<String, (Instant, Instant)>>,
+}
+
+impl ProbeTimes {
+    fn handler(self: &Arc<Self>) -> mongodb::event::EventHandler<CommandEvent> {
+        let times = self.clone();
+        mongodb::event::EventHandler::callback(move |event: CommandEvent| {
+            let now = Instant::now();
+            let request_id = match &event {
+                CommandEvent::Started(e) => {
+                    if let Ok(label) = e.command.get_str("comment") {
+                        times
+                            .sent
+                            .lock()
+                            .unwrap()
+                            .insert(e.request_id, (label.to_string(), now));
+                    }
+                    return;
+                }
+                CommandEvent::Succeeded(e) => e.request_id,
+                CommandEvent::Failed(e) => e.request_id,
+                _ => return,
+            };
+            if let Some((label, sent)) = times.sent.lock().unwrap().remove(&request_id) {
+                times.answered.lock().unwrap().insert(label, (sent, now));
+            }
+        })
+    }
+
+    /// When the probe `label` was sent and answered.
+    fn of(&self, label: &str) -> (Instant, Instant) {
+        *self
+            .answered
+            .lock()
+            .unwrap()
+            .get(label)
+            .unwrap_or_else(|| panic!("no command events for {label}"))
     }
 }
 
@@ -1216,103 +1273,136 @@ async fn stalled_shard_under_load(policy: Policy, adaptive: bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    // The stall: the stalled set's primary stops reading and answering.
-    let p = stalled.primary().expect("a primary");
-    let stall_start = Instant::now();
-    stalled.stall(p, true);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // Probes with maxTimeMS, on their own client: to the stalled shard they time out, to the
-    // healthy one they are answered.
-    let probes = c.client("").await;
+    // Probes with maxTimeMS, on their own client, made and connected before the stall: to the
+    // stalled shard they time out, to the healthy one they are answered. Their times are taken
+    // from the driver's command events (sent → answered), so they are the router's answer
+    // time, not the new client's server selection and connection set-up, which on a loaded
+    // machine took hundreds of milliseconds more and which no `maxTimeMS` bounds (mongos's
+    // neither).
+    let probe_times = Arc::new(ProbeTimes::default());
+    let probes = {
+        let mut options = mongodb::options::ClientOptions::parse(format!(
+            "mongodb://{}/?serverSelectionTimeoutMS=5000",
+            c.router.local_addr()
+        ))
+        .await
+        .expect("probe client options");
+        options.command_event_handler = Some(probe_times.handler());
+        mongodb::Client::with_options(options).expect("probe client")
+    };
+    probes
+        .database("admin")
+        .run_command(doc! {"ping": 1})
+        .await
+        .expect("the router answers a ping");
     let pc = probes.database("test").collection::<Document>("c");
+    let db = probes.database("test");
     let stalled_id = IdsOn::new(&chunks, stalled.name(), "probe").next_id();
     let stalled_counter = IdsOn::new(&chunks, stalled.name(), "probe-counter").next_id();
     let healthy_id = IdsOn::new(&chunks, healthy.name(), "probe").next_id();
     let ms = MAX_TIME.as_millis() as i64;
-    let timed = |fut: std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<(), mongodb::error::Error>> + Send>,
-    >| async move {
-        let started = Instant::now();
-        let r = fut.await;
-        (r, started.elapsed())
+
+    // The stall: the stalled set's primary stops reading and answering. It is lifted after
+    // `STALL` whatever the probes do, so a probe that waited for the member instead of its
+    // `maxTimeMS` would be answered after the lift and fail the check below (it used to hang).
+    let p = stalled.primary().expect("a primary");
+    let stall_start = Instant::now();
+    stalled.stall(p, true);
+    let lift = async {
+        tokio::time::sleep_until((stall_start + STALL).into()).await;
+        let stall_end = Instant::now();
+        stalled.stall(p, false);
+        stall_end
     };
-    let db = probes.database("test");
-    let (insert, inc, find_and_modify, find, healthy_insert) = tokio::join!(
-        timed(Box::pin(async {
-            db.run_command(
-                doc! {"insert": "c", "documents": [{"_id": &stalled_id}], "maxTimeMS": ms},
-            )
-            .await
-            .map(|_| ())
-        })),
-        timed(Box::pin(async {
-            db.run_command(doc! {"update": "c", "updates": [{"q": {"_id": &stalled_counter}, "u": {"$inc": {"n": 1}}, "upsert": true}], "maxTimeMS": ms})
-                .await
-                .map(|_| ())
-        })),
-        timed(Box::pin(async {
-            // A retryable write (the driver adds the session's txnNumber).
-            pc.find_one_and_update(doc! {"_id": &stalled_counter}, doc! {"$inc": {"n": 1}})
-                .upsert(true)
-                .max_time(MAX_TIME)
-                .await
-                .map(|_| ())
-        })),
-        timed(Box::pin(async {
-            pc.find_one(doc! {"_id": &stalled_id})
-                .max_time(MAX_TIME)
-                .await
-                .map(|_| ())
-        })),
-        timed(Box::pin(async {
-            db.run_command(
-                doc! {"insert": "c", "documents": [{"_id": &healthy_id}], "maxTimeMS": 2_000},
-            )
-            .await
-            .map(|r| assert_eq!(r.get_i32("n").ok(), Some(1), "{r}"))
-        })),
-    );
-    for (label, (r, took)) in [
-        ("insert", &insert),
-        ("update $inc", &inc),
-        ("findAndModify $inc", &find_and_modify),
-        ("find", &find),
+    let probes = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::join!(
+            async {
+                db.run_command(doc! {"insert": "c", "documents": [{"_id": &stalled_id}], "maxTimeMS": ms, "comment": "probe insert"})
+                    .await
+                    .map(|_| ())
+            },
+            async {
+                db.run_command(doc! {"update": "c", "updates": [{"q": {"_id": &stalled_counter}, "u": {"$inc": {"n": 1}}, "upsert": true}], "maxTimeMS": ms, "comment": "probe update $inc"})
+                    .await
+                    .map(|_| ())
+            },
+            async {
+                // A retryable write (the driver adds the session's txnNumber).
+                pc.find_one_and_update(doc! {"_id": &stalled_counter}, doc! {"$inc": {"n": 1}})
+                    .upsert(true)
+                    .max_time(MAX_TIME)
+                    .comment("probe findAndModify $inc")
+                    .await
+                    .map(|_| ())
+            },
+            async {
+                pc.find_one(doc! {"_id": &stalled_id})
+                    .max_time(MAX_TIME)
+                    .comment("probe find")
+                    .await
+                    .map(|_| ())
+            },
+            async {
+                db.run_command(doc! {"insert": "c", "documents": [{"_id": &healthy_id}], "maxTimeMS": 2_000, "comment": "probe healthy insert"})
+                    .await
+                    .map(|r| assert_eq!(r.get_i32("n").ok(), Some(1), "{r}"))
+            },
+        )
+    };
+    let ((insert, inc, find_and_modify, find, healthy_insert), stall_end) =
+        tokio::join!(probes, lift);
+    let mut took = Vec::new();
+    for (label, r) in [
+        ("probe insert", &insert),
+        ("probe update $inc", &inc),
+        ("probe findAndModify $inc", &find_and_modify),
+        ("probe find", &find),
     ] {
         let e = r
             .as_ref()
             .expect_err(&format!("{label} on the stalled shard times out"));
         assert_eq!(common::error_code(e), 50, "{label}: {e:?}");
+        let (sent, answered) = probe_times.of(label);
+        // Not before maxTimeMS (the router's clock starts after the driver sent it), and
+        // before the stall was lifted: the router gave up at the deadline rather than waiting
+        // for the member. No tighter bound: on two loaded cores the timer and the reply's way
+        // back were seen to add hundreds of milliseconds of scheduling delay, while a probe
+        // that waited for the member could only be answered after the lift, 1.9 s later.
         assert!(
-            *took >= MAX_TIME - Duration::from_millis(20)
-                && *took < MAX_TIME + Duration::from_millis(700),
-            "{label}: failed after {took:?}, maxTimeMS {MAX_TIME:?}"
+            answered - sent >= MAX_TIME - Duration::from_millis(20) && answered < stall_end,
+            "{label}: failed {:?} after it was sent, maxTimeMS {MAX_TIME:?}; the stall was lifted {:?} after it was sent",
+            answered - sent,
+            stall_end.saturating_duration_since(sent)
         );
+        took.push(answered - sent);
     }
     assert!(
-        healthy_insert.0.is_ok(),
-        "the healthy shard answers: {:?}",
-        healthy_insert.0
+        healthy_insert.is_ok(),
+        "the healthy shard answers: {healthy_insert:?}"
     );
-    // Answered while the other shard is still stalled (the probes began 100 ms into it).
+    // Answered while the other shard was still stalled.
+    let (_, answered) = probe_times.of("probe healthy insert");
     assert!(
-        healthy_insert.1 < STALL - Duration::from_millis(200),
-        "{:?}",
-        healthy_insert.1
+        answered < stall_end,
+        "the healthy insert was answered {:?} after the stall",
+        answered - stall_end
     );
-    let remaining = STALL.saturating_sub(stall_start.elapsed());
-    tokio::time::sleep(remaining).await;
-    let stall_end = Instant::now();
-    stalled.stall(p, false);
 
-    // During the stall the healthy shard kept acknowledging; the stalled one acknowledged
-    // nothing (a reply already under way when it began may still arrive in the first moment).
-    let window = (stall_start + Duration::from_millis(100), stall_end);
+    // During the stall the healthy shard kept acknowledging writes sent during it; the stalled
+    // one acknowledged none of those. Writes are told apart by when they were sent, not by
+    // when their acknowledgement reached the test: a write the member had run, and whose
+    // reply it had sent, before the stall began is acknowledged during the stall, and on a
+    // loaded machine its way through the router and the driver took more than the 100 ms this
+    // test used to allow (108 ms was seen). A write sent after the stall began reaches the
+    // member after it, which holds it until it resumes, so an acknowledgement of one before
+    // `stall_end` is a write acknowledged that the stalled member had not applied.
     for task in ["insert-healthy", "inc-healthy", "bulk-healthy"] {
-        let n = tally.ended_between(task, window.0, window.1);
-        assert!(n >= 3, "{task}: {n} acknowledged during the stall");
+        let n = tally.sent_and_ended_between(task, stall_start, stall_end);
+        assert!(n >= 3, "{task}: {n} sent and acknowledged during the stall");
     }
     for task in ["insert-stalled", "inc-stalled", "bulk-stalled", "bulk-both"] {
-        let n = tally.ended_between(task, window.0, window.1);
+        let n = tally.sent_and_ended_between(task, stall_start, stall_end);
         assert_eq!(n, 0, "{task}: acknowledged while its shard was stalled");
     }
     // Afterwards every task recovers.
@@ -1380,10 +1470,10 @@ async fn stalled_shard_under_load(policy: Policy, adaptive: bool) {
         "{policy:?}: {} acknowledged inserts, {} $incs; probes failed with 50 after {:?}, {:?}, {:?}, {:?}; first stalled-shard acknowledgement {:?} after the stall",
         acked.len(),
         tally.incs.lock().unwrap().values().sum::<i64>(),
-        insert.1,
-        inc.1,
-        find_and_modify.1,
-        find.1,
+        took[0],
+        took[1],
+        took[2],
+        took[3],
         first_after
     );
     c.stop().await;
