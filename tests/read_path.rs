@@ -250,7 +250,7 @@ async fn a_lost_shard_fails_cleanly_or_is_skipped_with_allow_partial_results() {
 }
 
 #[tokio::test]
-async fn transactions_run_on_one_shard_only() {
+async fn each_transaction_statement_targets_one_shard() {
     let (c, cl) = setup().await;
     let db = cl.database("shop");
     let lsid = doc! {"id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![3; 16] })};
@@ -258,7 +258,8 @@ async fn transactions_run_on_one_shard_only() {
     db.run_command(doc! {"find": "items", "filter": {"_id": 5}, "lsid": lsid.clone(), "txnNumber": 1i64, "startTransaction": true, "autocommit": false})
         .await
         .unwrap();
-    // A statement that needs several shards is refused by the router.
+    // A statement that needs several shards at once is refused by the router (a transaction
+    // may span shards, one statement at a time).
     let r = db
         .run_command(doc! {"find": "items", "filter": {"g": 1}, "lsid": lsid.clone(), "txnNumber": 2i64, "startTransaction": true, "autocommit": false})
         .await
