@@ -817,25 +817,39 @@ async fn a_prepared_transaction_holds_its_documents_until_commit() {
     let insert = |id: i32| doc! {"insert": "c", "documents": [{"_id": id}], "$db": "d"};
 
     // Unknown, then aborted: NoSuchTransaction.
-    let r = raw.command(&txn_cmd(prepare.clone(), &lsid, 1, false)).await;
+    let r = raw
+        .command(&txn_cmd(prepare.clone(), &lsid, 1, false))
+        .await;
     assert_eq!(r.get_i32("code").unwrap(), 251, "{r}");
     let r = raw.command(&txn_cmd(insert(1), &lsid, 1, true)).await;
     assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
     let mut early = txn_cmd(commit.clone(), &lsid, 1, false);
-    early.insert("commitTimestamp", bson::Timestamp { time: 1, increment: 1 });
+    early.insert(
+        "commitTimestamp",
+        bson::Timestamp {
+            time: 1,
+            increment: 1,
+        },
+    );
     let r = raw.command(&early).await;
     assert_eq!(r.get_i32("code").unwrap(), 72, "{r}");
     let r = raw.command(&txn_cmd(abort.clone(), &lsid, 1, false)).await;
     assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
-    let r = raw.command(&txn_cmd(prepare.clone(), &lsid, 1, false)).await;
+    let r = raw
+        .command(&txn_cmd(prepare.clone(), &lsid, 1, false))
+        .await;
     assert_eq!(r.get_i32("code").unwrap(), 251, "{r}");
 
     // Prepared: statements, a commit without (or before) the prepare time are refused.
     let r = raw.command(&txn_cmd(insert(1), &lsid, 2, true)).await;
     assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
-    let r = raw.command(&txn_cmd(prepare.clone(), &lsid, 2, false)).await;
+    let r = raw
+        .command(&txn_cmd(prepare.clone(), &lsid, 2, false))
+        .await;
     let at = r.get_timestamp("prepareTimestamp").unwrap();
-    let r = raw.command(&txn_cmd(prepare.clone(), &lsid, 2, false)).await;
+    let r = raw
+        .command(&txn_cmd(prepare.clone(), &lsid, 2, false))
+        .await;
     assert_eq!(r.get_timestamp("prepareTimestamp").unwrap(), at, "{r}");
     assert_eq!(s.service().prepared_transactions(), 1);
     let r = raw.command(&txn_cmd(commit.clone(), &lsid, 2, false)).await;
@@ -843,7 +857,13 @@ async fn a_prepared_transaction_holds_its_documents_until_commit() {
     let r = raw.command(&txn_cmd(insert(2), &lsid, 2, false)).await;
     assert_eq!(r.get_i32("code").unwrap(), 267, "{r}");
     let mut before = txn_cmd(commit.clone(), &lsid, 2, false);
-    before.insert("commitTimestamp", bson::Timestamp { time: at.time - 1, increment: 0 });
+    before.insert(
+        "commitTimestamp",
+        bson::Timestamp {
+            time: at.time - 1,
+            increment: 0,
+        },
+    );
     let r = raw.command(&before).await;
     assert_eq!(r.get_i32("code").unwrap(), 72, "{r}");
     // Another transaction writing the prepared document: WriteConflict.
@@ -866,14 +886,21 @@ async fn a_prepared_transaction_holds_its_documents_until_commit() {
     let r = raw.command(&at_commit).await;
     assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
     assert_eq!(outside.await.unwrap().unwrap(), 1);
-    assert_eq!(s.service().documents("d", "c"), vec![doc! {"_id": 1, "after": true}]);
-    let r = raw.command(&txn_cmd(prepare.clone(), &lsid, 2, false)).await;
+    assert_eq!(
+        s.service().documents("d", "c"),
+        vec![doc! {"_id": 1, "after": true}]
+    );
+    let r = raw
+        .command(&txn_cmd(prepare.clone(), &lsid, 2, false))
+        .await;
     assert_eq!(r.get_i32("code").unwrap(), 256, "{r}");
 
     // Abort of a prepared transaction: nothing applied, the documents released.
     let r = raw.command(&txn_cmd(insert(3), &lsid, 3, true)).await;
     assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
-    let r = raw.command(&txn_cmd(prepare.clone(), &lsid, 3, false)).await;
+    let r = raw
+        .command(&txn_cmd(prepare.clone(), &lsid, 3, false))
+        .await;
     assert!(r.get_timestamp("prepareTimestamp").is_ok(), "{r}");
     let r = raw.command(&txn_cmd(abort.clone(), &lsid, 3, false)).await;
     assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
@@ -909,9 +936,7 @@ async fn an_outside_write_waits_for_a_prepared_transaction_through_the_router() 
             .await
             .unwrap();
     }
-    let committing = tokio::spawn(async move {
-        s.commit_transaction().await.map(|_| s)
-    });
+    let committing = tokio::spawn(async move { s.commit_transaction().await.map(|_| s) });
     // Wait until a's shard is prepared, then write a outside.
     for _ in 0..200 {
         if c.shards[ia].service().prepared_transactions() == 1 {
@@ -930,5 +955,74 @@ async fn an_outside_write_waits_for_a_prepared_transaction_through_the_router() 
     committing.await.unwrap().unwrap();
     let d = sharded.find_one(doc! {"_id": a}).await.unwrap().unwrap();
     assert_eq!(d.get_i32("n").unwrap(), 11, "{d}");
+    c.stop().await;
+}
+
+/// A commit whose second phase loses its connection to one shard: the client gets
+/// `UnknownTransactionCommitResult` (not the transient label: the transaction must not run
+/// again), and the retried commit finishes it on that shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_commit_outcome_is_labelled_and_a_retry_finishes_it() {
+    let (c, cl, a, b, _, ib) = two_shards().await;
+    let sharded = coll(&cl, "sharded");
+    c.direct(ib)
+        .await
+        .database("admin")
+        .run_command(doc! {"configureFailPoint": "failCommand", "mode": {"times": 1}, "data": {"failCommands": ["commitTransaction"], "closeConnection": true}})
+        .await
+        .unwrap();
+    let mut s = cl.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    for id in [a, b] {
+        sharded
+            .insert_one(doc! {"_id": id})
+            .session(&mut s)
+            .await
+            .unwrap();
+    }
+    let e = s.commit_transaction().await.unwrap_err();
+    assert!(e.contains_label("UnknownTransactionCommitResult"), "{e}");
+    assert!(!e.contains_label(LABEL), "{e}");
+    assert_eq!(c.shards[ib].service().prepared_transactions(), 1);
+    s.commit_transaction().await.unwrap();
+    assert_eq!(c.count_on_shards("txn", "sharded"), 2);
+    assert_eq!(open_on(&c), (0, 0));
+    c.stop().await;
+}
+
+/// A commit sent to another router with the `recoveryToken` of the last reply: a one-shard
+/// transaction commits on the shard the token names; a transaction across two shards commits
+/// on both (the token names them, and the other router runs the two phases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_through_another_router_uses_the_recovery_token() {
+    let (c, _cl, a, b, _, _) = two_shards().await;
+    // The other router only ends transactions here: it needs the shards, not the collection's
+    // metadata (a second static router would give the shards a different version of it).
+    let other = c.another_router(&[]).await;
+    let mut first = Raw::connect(c.addr()).await;
+    let mut second = Raw::connect(other.local_addr()).await;
+    let lsid = doc! {"id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![9; 16] })};
+    let insert = |id: i32| doc! {"insert": "sharded", "documents": [{"_id": id}], "$db": "txn"};
+    let commit = doc! {"commitTransaction": 1, "$db": "admin"};
+
+    let owner = |id: i32| c.owner("txn.sharded", &doc! {"_id": id});
+    let a2 = (2..100).find(|i| owner(*i) == owner(a)).unwrap();
+    for (txn, ids) in [(1, vec![a]), (2, vec![a2, b])] {
+        let mut token = Document::new();
+        for (k, id) in ids.iter().enumerate() {
+            let r = first
+                .command(&txn_cmd(insert(*id), &lsid, txn, k == 0))
+                .await;
+            assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+            token = r.get_document("recoveryToken").unwrap().clone();
+        }
+        let mut cmd = txn_cmd(commit.clone(), &lsid, txn, false);
+        cmd.insert("recoveryToken", token);
+        let r = second.command(&cmd).await;
+        assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+        assert_eq!(open_on(&c), (0, 0), "transaction {txn}");
+    }
+    assert_eq!(c.count_on_shards("txn", "sharded"), 3);
+    other.shutdown().await;
     c.stop().await;
 }

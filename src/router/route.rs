@@ -883,10 +883,9 @@ async fn statement_on(
         .get_document("readConcern")
         .ok()
         .and_then(|d| Document::try_from(d).ok());
-    let joined =
-        cluster
-            .transactions
-            .begin(session, txn, &shard, wrote, read_concern.as_ref())?;
+    let joined = cluster
+        .transactions
+        .begin(session, txn, &shard, wrote, read_concern.as_ref())?;
     let mut extra = Document::new();
     if let Some(v) = version {
         extra.insert("shardVersion", v);

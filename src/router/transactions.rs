@@ -158,10 +158,7 @@ impl Ends<'_> {
                 let code = reply.get_i32("code").unwrap_or(ErrorCode::InternalError.0);
                 let mut e = CommandError::new(
                     ErrorCode(code),
-                    format!(
-                        "{} at {shard}",
-                        reply.get_str("errmsg").unwrap_or_default()
-                    ),
+                    format!("{} at {shard}", reply.get_str("errmsg").unwrap_or_default()),
                 );
                 if let Ok(labels) = reply.get_array("errorLabels") {
                     e.labels = labels
@@ -208,7 +205,10 @@ impl Ends<'_> {
         &self,
         participants: &[Participant],
     ) -> Result<Document, CommandError> {
-        let command = self.command("commitTransaction", self.with_write_concern(Document::new()));
+        let command = self.command(
+            "commitTransaction",
+            self.with_write_concern(Document::new()),
+        );
         let mut order: Vec<&Participant> = participants.iter().filter(|p| !p.wrote).collect();
         order.extend(participants.iter().filter(|p| p.wrote));
         let mut reply = doc! {"ok": 1.0};
@@ -241,8 +241,7 @@ impl Ends<'_> {
             match answer {
                 Answer::Ok(r) => match r.get_timestamp("prepareTimestamp") {
                     Ok(t) => {
-                        if commit_at.is_none_or(|c| (t.time, t.increment) > (c.time, c.increment))
-                        {
+                        if commit_at.is_none_or(|c| (t.time, t.increment) > (c.time, c.increment)) {
                             commit_at = Some(t);
                         }
                         to_commit.push(p);
@@ -250,7 +249,10 @@ impl Ends<'_> {
                     Err(_) => {
                         failure.get_or_insert(CommandError::new(
                             ErrorCode::InternalError,
-                            format!("prepareTransaction at {} returned no prepareTimestamp", p.shard),
+                            format!(
+                                "prepareTransaction at {} returned no prepareTimestamp",
+                                p.shard
+                            ),
                         ));
                     }
                 },

@@ -208,8 +208,7 @@ impl Transactions {
                 .collect(),
         };
         for k in keys {
-            if matches!(self.sessions.get(&k), Some(s) if matches!(s.state, State::InProgress(_)))
-            {
+            if matches!(self.sessions.get(&k), Some(s) if matches!(s.state, State::InProgress(_))) {
                 self.finish(&k, State::Aborted);
             }
         }
@@ -518,9 +517,7 @@ impl ShardService {
             }
         }
         match name {
-            "commitTransaction" if prepared => {
-                self.commit_prepared(&mut txns, &txn.session, body)
-            }
+            "commitTransaction" if prepared => self.commit_prepared(&mut txns, &txn.session, body),
             "commitTransaction" => self.commit(&mut txns, &txn.session),
             "prepareTransaction" => self.prepare(&mut txns, &txn.session),
             "abortTransaction" => {
@@ -796,7 +793,11 @@ fn committed_collections(
                 None => return Err(write_conflict()),
                 Some(current) => current,
             };
-            replaced.push((db.clone(), coll.clone(), apply_writes(current.clone(), c, &ns)?));
+            replaced.push((
+                db.clone(),
+                coll.clone(),
+                apply_writes(current.clone(), c, &ns)?,
+            ));
         }
     }
     Ok(replaced)
@@ -928,7 +929,13 @@ impl ShardService {
         let deadline = Instant::now() + limit;
         loop {
             let guard = if exclusive {
-                PrepareGuard::Exclusive(self.prepare_gate.clone().write_owned().await)
+                // Commands outside transactions that are running (a long `getMore` with
+                // `maxAwaitTimeMS`, say) are waited for no longer than the prepare waits.
+                let left = deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, self.prepare_gate.clone().write_owned()).await {
+                    Ok(g) => PrepareGuard::Exclusive(g),
+                    Err(_) => return Err(write_conflict()),
+                }
             } else {
                 PrepareGuard::Shared(self.prepare_gate.clone().read_owned().await)
             };
