@@ -12,11 +12,17 @@
 //! document once more and copies them into the shared catalog, all of them or none;
 //! `abortTransaction` drops the copy.
 //!
+//! `prepareTransaction`, the first phase of a commit across shards, runs the commit's checks
+//! without applying anything; the prepared transaction keeps its documents, commands outside it
+//! on the namespaces it wrote wait until it ends ([`ShardService::prepare_gate`]), and
+//! `commitTransaction` with a `commitTimestamp` applies it.
+//!
 //! The states, codes and labels are mongod's: NoSuchTransaction (251) for a number that was
 //! aborted or never started, TransactionCommitted (256) to continue or abort a committed one,
 //! a repeated `commitTransaction` answered ok, ConflictingOperationInProgress (117) to restart a
-//! number, TransactionTooOld (225) for a number older than the session's newest, and
-//! OperationNotSupportedInTransaction (263) for a command transactions do not run.
+//! number, TransactionTooOld (225) for a number older than the session's newest,
+//! OperationNotSupportedInTransaction (263) for a command transactions do not run, and
+//! PreparedTransactionInProgress (267) to continue or restart a prepared one.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
