@@ -127,7 +127,7 @@ enum Answer {
     /// The shard's error.
     Refused(CommandError),
     /// No answer (connection lost, no primary): the outcome is unknown.
-    NoAnswer(CommandError),
+    Unanswered(CommandError),
 }
 
 /// What the router sends the participants of one transaction.
@@ -168,7 +168,7 @@ impl Ends<'_> {
                 }
                 Answer::Refused(e)
             }
-            Err(e) => Answer::NoAnswer(CommandError::from(e.at(shard))),
+            Err(e) => Answer::Unanswered(CommandError::from(e.at(shard))),
         }
     }
 
@@ -193,7 +193,7 @@ impl Ends<'_> {
             match answer {
                 Answer::Ok(_) => {}
                 Answer::Refused(e) if e.code == ErrorCode::NoSuchTransaction => {}
-                Answer::Refused(e) | Answer::NoAnswer(e) => return Err(e),
+                Answer::Refused(e) | Answer::Unanswered(e) => return Err(e),
             }
         }
         Ok(doc! {"ok": 1.0})
@@ -215,7 +215,7 @@ impl Ends<'_> {
         for p in order {
             match self.send(&p.shard, &command).await {
                 Answer::Ok(r) => keep_write_concern_error(&mut reply, &r, &p.shard),
-                Answer::Refused(e) | Answer::NoAnswer(e) => return Err(e),
+                Answer::Refused(e) | Answer::Unanswered(e) => return Err(e),
             }
         }
         Ok(reply)
@@ -260,7 +260,7 @@ impl Ends<'_> {
                 Answer::Refused(e) if e.code == ErrorCode::TransactionCommitted => {
                     committed = true;
                 }
-                Answer::Refused(e) | Answer::NoAnswer(e) => {
+                Answer::Refused(e) | Answer::Unanswered(e) => {
                     failure.get_or_insert(e);
                 }
             }
@@ -300,7 +300,7 @@ impl Ends<'_> {
         {
             match answer {
                 Answer::Ok(r) => keep_write_concern_error(&mut reply, &r, &p.shard),
-                Answer::Refused(e) | Answer::NoAnswer(e) => return Err(unknown_commit(e)),
+                Answer::Refused(e) | Answer::Unanswered(e) => return Err(unknown_commit(e)),
             }
         }
         Ok(reply)
