@@ -456,3 +456,49 @@ impl TransactionTable {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transaction_gathers_its_participants_and_what_each_wrote() {
+        let t = TransactionTable::default();
+        let s = [1u8; 16];
+        let rc = bson::doc! {"level": "snapshot"};
+        let first = t.begin(s, 1, "a", false, Some(&rc)).unwrap();
+        assert!(first.first && !first.new_participant);
+        // The first shard again: not new; its write is remembered.
+        let again = t.begin(s, 1, "a", true, None).unwrap();
+        assert!(!again.first && !again.new_participant);
+        // A second shard joins with the first statement's readConcern.
+        let b = t.begin(s, 1, "b", false, None).unwrap();
+        assert!(b.new_participant);
+        assert_eq!(b.read_concern, Some(rc));
+        assert_eq!(
+            t.participants(&s, 1).unwrap(),
+            vec![
+                Participant {
+                    shard: "a".into(),
+                    wrote: true
+                },
+                Participant {
+                    shard: "b".into(),
+                    wrote: false
+                },
+            ]
+        );
+        assert_eq!(t.shard_of(&s, 1).as_deref(), Some("a"));
+        t.add_cursor(&s, 1, 77, "b");
+        assert_eq!(t.cursor_shard(&s, 1, 77).as_deref(), Some("b"));
+        assert_eq!(t.cursor_shard(&s, 1, 78), None);
+        t.leave(&s, 1, "b");
+        assert_eq!(t.participants(&s, 1).unwrap().len(), 1);
+        // A newer number replaces the entry; the older one is unknown.
+        let next = t.begin(s, 2, "b", true, None).unwrap();
+        assert!(next.first);
+        assert_eq!(t.participants(&s, 1), None);
+        assert_eq!(t.end(&s, 2).map(|p| p.len()), Some(1));
+        assert!(t.is_empty());
+    }
+}

@@ -330,3 +330,37 @@ fn keep_write_concern_error(reply: &mut Document, from: &Document, shard: &str) 
         reply.insert("writeConcernError", w);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recovery_token_names_the_first_participant_and_all_of_them() {
+        let token = recovery_token(&[
+            Participant {
+                shard: "a".into(),
+                wrote: false,
+            },
+            Participant {
+                shard: "b".into(),
+                wrote: true,
+            },
+        ]);
+        assert_eq!(
+            token,
+            doc! {"recoveryShardId": "a", "participants": [
+                {"shardId": "a", "readOnly": true},
+                {"shardId": "b", "readOnly": false},
+            ]}
+        );
+    }
+
+    #[test]
+    fn an_unknown_outcome_is_never_transient() {
+        let mut e = CommandError::new(ErrorCode::HostUnreachable, "gone");
+        e.labels.push(TRANSIENT.to_string());
+        let e = unknown_commit(e);
+        assert_eq!(e.labels, vec![UNKNOWN_COMMIT.to_string()]);
+    }
+}
