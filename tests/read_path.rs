@@ -265,15 +265,17 @@ async fn each_transaction_statement_targets_one_shard() {
         .await
         .unwrap_err();
     assert_eq!(error_code(&r), 263);
-    // Each kind of statement is targeted by what it reads the shard key from: an insert by its
-    // documents, an update or delete by each statement's `q`, a count or distinct by its
-    // `query`, a findAndModify by its `query`. One shard passes through (and runs); several
-    // are refused by the router (263).
-    let one_and_many: [(Document, Document); 5] = [
-        (
-            doc! {"insert": "items", "documents": [{"_id": 1000}]},
-            doc! {"insert": "items", "documents": [{"_id": 1000}, {"_id": 1001}, {"_id": 1002}, {"_id": 1003}]},
-        ),
+    // An insert whose documents live on several shards is split, one child per shard (its
+    // shards join the transaction).
+    let r = db
+        .run_command(doc! {"insert": "items", "documents": [{"_id": 1000}, {"_id": 1001}, {"_id": 1002}, {"_id": 1003}], "lsid": lsid.clone(), "txnNumber": 3i64, "startTransaction": true, "autocommit": false})
+        .await
+        .unwrap();
+    assert_eq!(r.get_i32("n").unwrap(), 4, "{r}");
+    // Each kind of statement is targeted by what it reads the shard key from: an update or
+    // delete by each statement's `q`, a count or distinct by its `query`, a findAndModify by
+    // its `query`. One shard passes through (and runs); several are refused by the router (263).
+    let one_and_many: [(Document, Document); 4] = [
         (
             doc! {"update": "items", "updates": [{"q": {"_id": 5}, "u": {"$set": {"t": 1}}}]},
             doc! {"update": "items", "updates": [{"q": {"g": 1}, "u": {"$set": {"t": 1}}}]},

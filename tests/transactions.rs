@@ -1026,3 +1026,43 @@ async fn a_commit_through_another_router_uses_the_recovery_token() {
     other.shutdown().await;
     c.stop().await;
 }
+
+/// An `insert` inside a transaction whose documents live on two shards is split into one
+/// child per shard: all of it commits together; a duplicate key on the second shard comes back
+/// as a write error at the document's index in the client's command, and nothing is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_across_shards_in_a_transaction_is_split() {
+    let (c, cl, a, b, ia, ib) = two_shards().await;
+    let sharded = coll(&cl, "sharded");
+    let mut s = cl.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    let docs: Vec<Document> = (100..110).map(|i| doc! {"_id": i}).collect();
+    let r = sharded.insert_many(docs).session(&mut s).await.unwrap();
+    assert_eq!(r.inserted_ids.len(), 10);
+    assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 0);
+    s.commit_transaction().await.unwrap();
+    assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 10);
+    for i in [ia, ib] {
+        assert!(c.shards[i].service().count_documents("txn", "sharded") > 0);
+    }
+
+    sharded.insert_one(doc! {"_id": b}).await.unwrap();
+    s.start_transaction().await.unwrap();
+    let e = sharded
+        .insert_many([doc! {"_id": a}, doc! {"_id": b}])
+        .session(&mut s)
+        .await
+        .unwrap_err();
+    match *e.kind {
+        mongodb::error::ErrorKind::InsertMany(ref f) => {
+            let we = f.write_errors.as_ref().unwrap();
+            assert_eq!(we.len(), 1, "{e}");
+            assert_eq!((we[0].index, we[0].code), (1, 11000), "{e}");
+        }
+        _ => panic!("{e}"),
+    }
+    let _ = s.abort_transaction().await;
+    assert_eq!(sharded.count_documents(doc! {"_id": a}).await.unwrap(), 0);
+    assert_eq!(open_on(&c), (0, 0));
+    c.stop().await;
+}

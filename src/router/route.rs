@@ -790,6 +790,9 @@ async fn transaction(
             let shards = transaction_targets(snap, how, req, body);
             match shards.as_slice() {
                 [one] => one.clone(),
+                [_, _, ..] if how == Forwarded::Write(WriteKind::Insert) => {
+                    return insert_across_shards(cluster, snap, req, body, session, txn).await;
+                }
                 _ => {
                     return Err(CommandError::new(
                         ErrorCode::OperationNotSupportedInTransaction,
@@ -813,6 +816,84 @@ async fn transaction(
         wrote,
     )
     .await
+}
+
+/// An `insert` of a transaction whose documents live on several shards: one child `insert`
+/// per shard (each shard joining the transaction if new to it), in the order the shards first
+/// appear among the documents. The reply counts every shard's documents; the first child that
+/// fails ends the insert with its error (or its write errors, their `index` the document's
+/// index in the client's command): the transaction is aborted on that shard, so what the other
+/// children wrote is never committed.
+async fn insert_across_shards(
+    cluster: &Arc<Cluster>,
+    snap: &crate::routing::RoutingSnapshot,
+    req: &CommandRequest,
+    body: &Document,
+    session: [u8; 16],
+    txn: i64,
+) -> Result<Document, CommandError> {
+    let mut groups: Vec<(String, Vec<usize>, Vec<Bson>)> = Vec::new();
+    for (i, raw) in req.statement_bytes("documents")?.iter().enumerate() {
+        let doc = bson::RawDocument::from_bytes(raw)
+            .map_err(|e| CommandError::new(ErrorCode::BadValue, e.to_string()))?;
+        let shard = snap
+            .pattern
+            .extract_from_document(doc)
+            .ok()
+            .and_then(|k| snap.shard_for(&k).map(str::to_string));
+        let Some(shard) = shard else {
+            return Err(CommandError::new(
+                ErrorCode::OperationNotSupportedInTransaction,
+                format!("a document of this insert into {} has no shard key value inside a transaction; Sluice sends each statement of a transaction to one shard", snap.ns),
+            ));
+        };
+        let doc = Document::try_from(doc)
+            .map_err(|e| CommandError::new(ErrorCode::BadValue, e.to_string()))?;
+        match groups.iter_mut().find(|(s, _, _)| *s == shard) {
+            Some((_, indexes, docs)) => {
+                indexes.push(i);
+                docs.push(Bson::Document(doc));
+            }
+            None => groups.push((shard, vec![i], vec![Bson::Document(doc)])),
+        }
+    }
+    let mut n = 0i64;
+    let mut last = Document::new();
+    for (shard, indexes, docs) in groups {
+        let mut child = body.clone();
+        child.insert("documents", docs);
+        let child_req = CommandRequest::from_document(&req.db, &child)?;
+        let version = version_of(cluster, Some(snap), &shard);
+        let mut reply =
+            statement_on(cluster, session, txn, &shard, &child_req, version, true).await?;
+        if reply.get_f64("ok").ok() != Some(1.0) {
+            return Ok(reply);
+        }
+        n += crate::value::field::number_field(&reply, "n").unwrap_or(0);
+        if let Ok(errors) = reply.get_array("writeErrors") {
+            let remapped: Vec<Bson> = errors
+                .iter()
+                .filter_map(Bson::as_document)
+                .map(|e| {
+                    let mut e = e.clone();
+                    let local = crate::value::field::number_field(&e, "index").unwrap_or(0);
+                    let index = usize::try_from(local)
+                        .ok()
+                        .and_then(|l| indexes.get(l))
+                        .copied()
+                        .unwrap_or(0);
+                    e.insert("index", index as i32);
+                    Bson::Document(e)
+                })
+                .collect();
+            reply.insert("writeErrors", remapped);
+            reply.insert("n", n as i32);
+            return Ok(reply);
+        }
+        last = reply;
+    }
+    last.insert("n", n as i32);
+    Ok(last)
 }
 
 /// The `shardVersion` a statement bound for `shard` carries, when the shard checks one.
