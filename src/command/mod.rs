@@ -132,6 +132,10 @@ pub struct CommandRequest {
     pub sequences: Vec<DocumentSequence>,
     /// Arrived over the legacy OP_QUERY.
     pub legacy: bool,
+    /// The body's `bypassDocumentValidation` by MongoDB's truthiness, when it was read on the
+    /// way to `$db` ([`CommandRequest::from_op_msg`]); `None`: not read, the authorization
+    /// check reads the body for it.
+    pub bypass_document_validation: Option<bool>,
 }
 
 impl CommandRequest {
@@ -173,13 +177,18 @@ impl CommandRequest {
             body,
             sequences,
             legacy,
+            bypass_document_validation: None,
         }
     }
 
     /// The dispatcher's view of an OP_MSG: `$db` (mongod's errors when it is missing or not
-    /// a string), the name, the namespace.
+    /// a string), the name, the namespace. The walk that finds `$db` (usually the body's last
+    /// field but the session's) also reads `bypassDocumentValidation`, which the
+    /// authorization check of every write needs for a user who may not bypass validation.
     pub fn from_op_msg(msg: &crate::wire::OpMsg) -> Result<Self, CommandError> {
-        let db = match crate::wire::get_field(msg.body.raw(), "$db") {
+        let [db, bypass] =
+            crate::wire::get_fields(msg.body.raw(), ["$db", "bypassDocumentValidation"]);
+        let db = match db {
             Ok(Some(bson::RawBsonRef::String(db))) => db.to_string(),
             Ok(Some(_)) => {
                 return Err(CommandError::new(
@@ -194,12 +203,10 @@ impl CommandRequest {
                 ))
             }
         };
-        Ok(CommandRequest::new(
-            db,
-            msg.body.clone(),
-            msg.sequences.clone(),
-            false,
-        ))
+        let mut req = CommandRequest::new(db, msg.body.clone(), msg.sequences.clone(), false);
+        req.bypass_document_validation =
+            Some(crate::auth::authorize::truthy(bypass.ok().flatten()));
+        Ok(req)
     }
 
     /// A request Sluice makes itself (start-up, tests): `body` on `db`, no sequences.
@@ -807,6 +814,39 @@ mod tests {
             prev = t;
         }
         assert_eq!(c.now(), prev);
+    }
+
+    /// The walk that finds an OP_MSG's `$db` reads `bypassDocumentValidation` too, as the
+    /// authorization check reads it from the body: MongoDB's truthiness, the first field of
+    /// that name, before or after `$db`.
+    #[test]
+    fn the_db_walk_reads_bypass_document_validation_as_the_check_does() {
+        for body in [
+            doc! {"insert": "c", "$db": "test"},
+            doc! {"insert": "c", "bypassDocumentValidation": true, "$db": "test"},
+            doc! {"insert": "c", "$db": "test", "bypassDocumentValidation": true, "lsid": {"id": 1}},
+            doc! {"insert": "c", "bypassDocumentValidation": false, "$db": "test"},
+            doc! {"insert": "c", "bypassDocumentValidation": 0, "$db": "test"},
+            doc! {"insert": "c", "bypassDocumentValidation": 2.5, "$db": "test"},
+            doc! {"insert": "c", "bypassDocumentValidation": "no", "$db": "test"},
+            doc! {"insert": "c", "bypassDocumentValidation": null, "$db": "test"},
+            doc! {"insert": "c", "bypassDocumentValidation": [], "$db": "test"},
+            doc! {"update": "c", "bypassDocumentValidation": 1i64, "$db": "test", "bypassDocumentValidation": false},
+        ] {
+            let msg = crate::wire::OpMsg {
+                flags: crate::wire::MsgFlags(0),
+                body: crate::wire::BsonDoc::from_encoded(body.to_vec().expect("encodes")),
+                sequences: Vec::new(),
+            };
+            let req = CommandRequest::from_op_msg(&msg).expect("a request");
+            assert_eq!(
+                req.bypass_document_validation,
+                Some(crate::auth::authorize::bypasses_document_validation(
+                    req.body.raw()
+                )),
+                "{body}"
+            );
+        }
     }
 
     /// The statement check reads a statement's bytes as it reads its owned copy: the same
