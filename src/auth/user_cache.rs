@@ -5,10 +5,11 @@
 //! custom role it reaches. The result depends only on the user set (users and roles), so it is
 //! kept here, keyed by user and database, and handed out shared to every connection of that
 //! user until the set changes. The holder of the user set numbers its versions (a generation
-//! bumped on every change: a user or role command, a read of the config server that found a
-//! change, `invalidateUserCache`) and passes the current one to every lookup; an entry made for
-//! another generation is never used: the whole cache is dropped as soon as a lookup names a
-//! newer one. So a cached user is seen changed exactly when an uncached one would be.
+//! bumped on every change: a user or role command, a read of the config server, periodic or
+//! asked for by `invalidateUserCache`, that found a change) and passes the current one to
+//! every lookup; an entry made for another generation is never used: the whole cache is
+//! dropped as soon as a lookup names a newer one. So a cached user is seen changed exactly
+//! when an uncached one would be.
 //!
 //! What is not kept: a user that does not exist (looked up again at each use, as mongos does)
 //! and a user whose roles do not resolve (an authentication failure, rare and logged).
