@@ -50,6 +50,17 @@ pub trait CommandView {
     }
 }
 
+/// The commands (any alias) whose check reads `bypassDocumentValidation`; no other command's
+/// check does, so a request parser may read the flag for these alone.
+pub const READS_BYPASS_DOCUMENT_VALIDATION: [&str; 6] = [
+    "insert",
+    "update",
+    "findAndModify",
+    "findandmodify",
+    "bulkWrite",
+    "aggregate",
+];
+
 /// Whether a command body sets `bypassDocumentValidation` (its first field of that name, by
 /// MongoDB's truthiness): what [`CommandView::bypass_document_validation`] reads when the view
 /// did not read it already.

@@ -182,12 +182,29 @@ impl CommandRequest {
     }
 
     /// The dispatcher's view of an OP_MSG: `$db` (mongod's errors when it is missing or not
-    /// a string), the name, the namespace. The walk that finds `$db` (usually the body's last
-    /// field but the session's) also reads `bypassDocumentValidation`, which the
-    /// authorization check of every write needs for a user who may not bypass validation.
+    /// a string), the name, the namespace. For the commands whose authorization check reads
+    /// `bypassDocumentValidation` (a write by a user who may not bypass validation), the walk
+    /// that finds `$db` reads the flag too, so the check does not walk the body again; it goes
+    /// on past `$db` only over the envelope fields a driver puts after it.
     pub fn from_op_msg(msg: &crate::wire::OpMsg) -> Result<Self, CommandError> {
-        let [db, bypass] =
-            crate::wire::get_fields(msg.body.raw(), ["$db", "bypassDocumentValidation"]);
+        use crate::auth::authorize::{truthy, READS_BYPASS_DOCUMENT_VALIDATION};
+        let raw = msg.body.raw();
+        // The first key (the command's name) of a body already validated as a document.
+        let first = raw
+            .as_bytes()
+            .get(5..)
+            .and_then(|b| b.iter().position(|&c| c == 0).map(|n| &b[..n]));
+        let reads_flag = first.is_some_and(|k| {
+            READS_BYPASS_DOCUMENT_VALIDATION
+                .iter()
+                .any(|n| n.as_bytes() == k)
+        });
+        let (db, bypass) = if reads_flag {
+            let [db, bypass] = crate::wire::get_fields(raw, ["$db", "bypassDocumentValidation"]);
+            (db, Some(truthy(bypass.ok().flatten())))
+        } else {
+            (crate::wire::get_field(raw, "$db"), None)
+        };
         let db = match db {
             Ok(Some(bson::RawBsonRef::String(db))) => db.to_string(),
             Ok(Some(_)) => {
@@ -204,8 +221,7 @@ impl CommandRequest {
             }
         };
         let mut req = CommandRequest::new(db, msg.body.clone(), msg.sequences.clone(), false);
-        req.bypass_document_validation =
-            Some(crate::auth::authorize::truthy(bypass.ok().flatten()));
+        req.bypass_document_validation = bypass;
         Ok(req)
     }
 
@@ -816,9 +832,10 @@ mod tests {
         assert_eq!(c.now(), prev);
     }
 
-    /// The walk that finds an OP_MSG's `$db` reads `bypassDocumentValidation` too, as the
-    /// authorization check reads it from the body: MongoDB's truthiness, the first field of
-    /// that name, before or after `$db`.
+    /// For the commands whose check reads it, the walk that finds an OP_MSG's `$db` reads
+    /// `bypassDocumentValidation` too, as the authorization check reads it from the body:
+    /// MongoDB's truthiness, the first field of that name, before or after `$db`. Other
+    /// commands leave it unread.
     #[test]
     fn the_db_walk_reads_bypass_document_validation_as_the_check_does() {
         for body in [
@@ -831,7 +848,13 @@ mod tests {
             doc! {"insert": "c", "bypassDocumentValidation": "no", "$db": "test"},
             doc! {"insert": "c", "bypassDocumentValidation": null, "$db": "test"},
             doc! {"insert": "c", "bypassDocumentValidation": [], "$db": "test"},
-            doc! {"update": "c", "bypassDocumentValidation": 1i64, "$db": "test", "bypassDocumentValidation": false},
+            doc! {"update": "c", "bypassDocumentValidation": 1i64, "$db": "test"},
+            doc! {"findAndModify": "c", "bypassDocumentValidation": true, "$db": "test"},
+            doc! {"findandmodify": "c", "$db": "test", "bypassDocumentValidation": true},
+            doc! {"bulkWrite": 1, "bypassDocumentValidation": true, "$db": "admin"},
+            doc! {"aggregate": "c", "pipeline": [], "bypassDocumentValidation": true, "$db": "test"},
+            doc! {"find": "c", "bypassDocumentValidation": true, "$db": "test"},
+            doc! {"delete": "c", "$db": "test"},
         ] {
             let msg = crate::wire::OpMsg {
                 flags: crate::wire::MsgFlags(0),
@@ -839,13 +862,11 @@ mod tests {
                 sequences: Vec::new(),
             };
             let req = CommandRequest::from_op_msg(&msg).expect("a request");
-            assert_eq!(
-                req.bypass_document_validation,
-                Some(crate::auth::authorize::bypasses_document_validation(
-                    req.body.raw()
-                )),
-                "{body}"
-            );
+            let read = crate::auth::authorize::READS_BYPASS_DOCUMENT_VALIDATION
+                .contains(&req.name.as_str())
+                .then(|| crate::auth::authorize::bypasses_document_validation(req.body.raw()));
+            assert_eq!(req.bypass_document_validation, read, "{body}");
+            assert_eq!(req.db, body.get_str("$db").expect("$db"), "{body}");
         }
     }
 
