@@ -1039,3 +1039,260 @@ async fn hello_replies_are_unchanged_by_authentication_and_speculative_authentic
     }
     c.stop().await;
 }
+
+/// Runs a command that must succeed.
+async fn run(db: &mongodb::Database, cmd: Document) {
+    db.run_command(cmd.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+}
+
+/// A user's privileges are resolved once and shared by its logins until the users or roles
+/// change; every change of the user, or of a role it holds or inherits, is seen by the next
+/// login (and by an open connection at its next command) exactly as without a cache. Each
+/// step logs `dave` in afresh after the change, so a login answered from a resolution made
+/// before the change fails the step.
+#[tokio::test]
+async fn every_user_and_role_change_is_seen_by_the_next_login_of_a_user_already_resolved() {
+    let users = users_file("user-cache");
+    let roles = users.with_file_name("roles.json");
+    let mut config = Config::default();
+    config.security.users_file = Some(users.display().to_string());
+    config.security.roles_file = Some(roles.display().to_string());
+    config.security.authorization = Authorization::Enabled;
+    let c = TestCluster::start_with(1, &[], config).await;
+    let alice = client(c.addr(), "alice:secret", "").await;
+    let admin = alice.database("admin");
+    let test = alice.database("test");
+    for coll in ["c", "d"] {
+        test.collection::<Document>(coll)
+            .insert_one(doc! {"_id": 0})
+            .await
+            .unwrap();
+    }
+    run(
+        &test,
+        doc! {
+            "createRole": "findC",
+            "privileges": [{"resource": {"db": "test", "collection": "c"}, "actions": ["find"]}],
+            "roles": [],
+        },
+    )
+    .await;
+    run(
+        &test,
+        doc! {"createRole": "reader", "privileges": [], "roles": ["findC"]},
+    )
+    .await;
+    run(
+        &admin,
+        doc! {"createUser": "dave", "pwd": "davepw", "roles": [{"role": "reader", "db": "test"}]},
+    )
+    .await;
+
+    // What a fresh login of dave may do: find on test.c, test.d, insert into test.c.
+    let addr = c.addr();
+    let dave_can = move || async move {
+        let dave = client(addr, "dave:davepw", "").await;
+        let test = dave.database("test");
+        let find = |coll: &str| {
+            let coll = test.collection::<Document>(coll);
+            async move { coll.find_one(doc! {}).await.is_ok() }
+        };
+        (
+            find("c").await,
+            find("d").await,
+            test.collection::<Document>("c")
+                .insert_one(doc! {})
+                .await
+                .is_ok(),
+        )
+    };
+    assert_eq!(dave_can().await, (true, false, false), "as created");
+    assert_eq!(dave_can().await, (true, false, false), "a second login");
+    // An open connection of dave's, which must follow the changes at its next command.
+    let open = client(addr, "dave:davepw", "").await;
+    let open_d = open.database("test").collection::<Document>("d");
+    assert!(open_d.find_one(doc! {}).await.is_err());
+
+    // A privilege granted to a role dave inherits.
+    run(
+        &test,
+        doc! {
+            "grantPrivilegesToRole": "findC",
+            "privileges": [{"resource": {"db": "test", "collection": "d"}, "actions": ["find"]}],
+        },
+    )
+    .await;
+    assert_eq!(
+        dave_can().await,
+        (true, true, false),
+        "grantPrivilegesToRole"
+    );
+    open_d
+        .find_one(doc! {})
+        .await
+        .expect("the open connection too");
+
+    // The inherited role rewritten: test.d only.
+    run(
+        &test,
+        doc! {
+            "updateRole": "findC",
+            "privileges": [{"resource": {"db": "test", "collection": "d"}, "actions": ["find"]}],
+        },
+    )
+    .await;
+    assert_eq!(dave_can().await, (false, true, false), "updateRole");
+
+    // A privilege revoked from it.
+    run(
+        &test,
+        doc! {
+            "revokePrivilegesFromRole": "findC",
+            "privileges": [{"resource": {"db": "test", "collection": "d"}, "actions": ["find"]}],
+        },
+    )
+    .await;
+    assert_eq!(
+        dave_can().await,
+        (false, false, false),
+        "revokePrivilegesFromRole"
+    );
+    assert!(
+        open_d.find_one(doc! {}).await.is_err(),
+        "the open connection too"
+    );
+
+    // A role granted to the role dave holds.
+    run(
+        &test,
+        doc! {"grantRolesToRole": "reader", "roles": ["readWrite"]},
+    )
+    .await;
+    assert_eq!(dave_can().await, (true, true, true), "grantRolesToRole");
+    run(
+        &test,
+        doc! {"revokeRolesFromRole": "reader", "roles": ["readWrite"]},
+    )
+    .await;
+    assert_eq!(
+        dave_can().await,
+        (false, false, false),
+        "revokeRolesFromRole"
+    );
+
+    // Roles granted to and revoked from the user itself.
+    run(
+        &admin,
+        doc! {"grantRolesToUser": "dave", "roles": [{"role": "read", "db": "test"}]},
+    )
+    .await;
+    assert_eq!(dave_can().await, (true, true, false), "grantRolesToUser");
+    run(
+        &admin,
+        doc! {"revokeRolesFromUser": "dave", "roles": [{"role": "read", "db": "test"}]},
+    )
+    .await;
+    assert_eq!(
+        dave_can().await,
+        (false, false, false),
+        "revokeRolesFromUser"
+    );
+    run(
+        &admin,
+        doc! {"updateUser": "dave", "roles": [{"role": "readWrite", "db": "test"}]},
+    )
+    .await;
+    assert_eq!(dave_can().await, (true, true, true), "updateUser");
+
+    // Dropped and created again with other roles.
+    run(&admin, doc! {"dropUser": "dave"}).await;
+    assert!(
+        open_d.find_one(doc! {}).await.is_err(),
+        "a dropped user is logged out"
+    );
+    run(
+        &admin,
+        doc! {"createUser": "dave", "pwd": "davepw", "roles": [{"role": "reader", "db": "test"}]},
+    )
+    .await;
+    run(
+        &test,
+        doc! {
+            "grantPrivilegesToRole": "findC",
+            "privileges": [{"resource": {"db": "test", "collection": "c"}, "actions": ["find"]}],
+        },
+    )
+    .await;
+    assert_eq!(
+        dave_can().await,
+        (true, false, false),
+        "dropUser, createUser"
+    );
+
+    // A role dave inherits dropped.
+    run(&test, doc! {"dropRole": "findC"}).await;
+    assert_eq!(dave_can().await, (false, false, false), "dropRole");
+
+    // Restrictions put on a role dave inherits: he may no longer log in from here.
+    run(&test, doc! {"updateRole": "reader", "authenticationRestrictions": [{"clientSource": ["10.0.0.0/8"]}]}).await;
+    let e = client(addr, "dave:davepw", "")
+        .await
+        .database("admin")
+        .run_command(doc! {"ping": 1})
+        .await
+        .unwrap_err();
+    assert!(format!("{e}").contains("Authentication failed"), "{e}");
+    c.stop().await;
+}
+
+/// A write that sets `bypassDocumentValidation` needs the `bypassDocumentValidation` action:
+/// without it (`readWrite`) the write is 13 Unauthorized with mongod's message, whether the
+/// flag is `true` or a truthy number, and the same write without the flag, or with it false,
+/// passes; a user holding the action (`root`) may set it.
+#[tokio::test]
+async fn bypassing_document_validation_without_the_privilege_is_unauthorized() {
+    let users = users_file("bypass");
+    let c = cluster(&users, Authorization::Enabled).await;
+    let carol = client(c.addr(), "carol:carolpw", "").await;
+    let test = carol.database("test");
+    let coll = test.collection::<Document>("c");
+    coll.insert_one(doc! {"_id": 1}).await.expect("no flag");
+    coll.insert_one(doc! {"_id": 2})
+        .bypass_document_validation(false)
+        .await
+        .expect("the flag false");
+    let e = coll
+        .insert_one(doc! {"_id": 3})
+        .bypass_document_validation(true)
+        .await
+        .unwrap_err();
+    let (code, message) = command_error(&e);
+    assert_eq!(code, 13, "{e}");
+    assert!(
+        message.starts_with("not authorized on test to execute command { insert: \"c\""),
+        "{message}"
+    );
+    for cmd in [
+        doc! {"insert": "c", "documents": [{"_id": 4}], "bypassDocumentValidation": 1},
+        doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"x": 1}}}], "bypassDocumentValidation": true},
+        doc! {"findAndModify": "c", "query": {"_id": 1}, "update": {"$set": {"x": 2}}, "bypassDocumentValidation": true},
+    ] {
+        let e = test.run_command(cmd.clone()).await.unwrap_err();
+        assert_eq!(command_error(&e).0, 13, "{cmd}: {e}");
+    }
+    test.run_command(doc! {"update": "c", "updates": [{"q": {"_id": 1}, "u": {"$set": {"x": 1}}}], "bypassDocumentValidation": false})
+        .await
+        .expect("update with the flag false");
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 2);
+    let alice = client(c.addr(), "alice:secret", "").await;
+    alice
+        .database("test")
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 5})
+        .bypass_document_validation(true)
+        .await
+        .expect("root may bypass validation");
+    c.stop().await;
+}

@@ -487,3 +487,128 @@ async fn routers_fetch_unknown_users_at_once_and_reread_known_ones_on_invalidate
     assert!(!authenticates(b, "carl", "carlpw", "test").await);
     c.shutdown().await;
 }
+
+/// On a `--configdb` router the user cache follows the users the router holds: a user (or a
+/// role it inherits) changed through another router keeps its old privileges on this one until
+/// this one reads the config server again (here `invalidateUserCache`; the period is an hour),
+/// as before the cache, and from then on every new login gets the new ones. Each check logs in
+/// afresh, so a login answered from a resolution made before the read fails the test.
+#[tokio::test]
+async fn logins_on_another_router_see_user_and_role_changes_when_it_reads_them() {
+    let c = cluster_reading_users_every(3600).await;
+    let (a, b) = (router(&c, 0), router(&c, 1));
+    client(a, "", "admin")
+        .await
+        .database("admin")
+        .run_command(doc! {"createUser": "admin", "pwd": "adminpw", "roles": ["root"]})
+        .await
+        .expect("the first user, through A");
+    let root_a = client(a, "admin:adminpw@", "admin").await;
+    let test_a = root_a.database("test");
+    test_a
+        .collection::<Document>("c")
+        .insert_one(doc! {"_id": 0})
+        .await
+        .unwrap();
+    test_a
+        .run_command(doc! {
+            "createRole": "findC",
+            "privileges": [{"resource": {"db": "test", "collection": "c"}, "actions": ["find"]}],
+            "roles": [],
+        })
+        .await
+        .unwrap();
+    test_a
+        .run_command(doc! {"createRole": "reader", "privileges": [], "roles": ["findC"]})
+        .await
+        .unwrap();
+    test_a
+        .run_command(doc! {"createUser": "erin", "pwd": "erinpw", "roles": ["reader"]})
+        .await
+        .unwrap();
+    // What a fresh login of erin through B may do: find and insert on test.c.
+    let erin_on_b = || async move {
+        let erin = client(b, "erin:erinpw@", "test").await;
+        let coll = erin.database("test").collection::<Document>("c");
+        (
+            coll.find_one(doc! {}).await.is_ok(),
+            coll.insert_one(doc! {}).await.is_ok(),
+        )
+    };
+    let invalidate_b = || async move {
+        client(b, "admin:adminpw@", "admin")
+            .await
+            .database("admin")
+            .run_command(doc! {"invalidateUserCache": 1})
+            .await
+            .expect("invalidateUserCache");
+    };
+    // Fetched when named, resolved, then resolved no more.
+    assert_eq!(erin_on_b().await, (true, false));
+    assert_eq!(erin_on_b().await, (true, false));
+
+    // The user changed through A.
+    test_a
+        .run_command(doc! {"grantRolesToUser": "erin", "roles": ["readWrite"]})
+        .await
+        .unwrap();
+    assert_eq!(erin_on_b().await, (true, false), "B has not read it yet");
+    invalidate_b().await;
+    assert_eq!(
+        erin_on_b().await,
+        (true, true),
+        "grantRolesToUser, read by B"
+    );
+    test_a
+        .run_command(doc! {"revokeRolesFromUser": "erin", "roles": ["readWrite"]})
+        .await
+        .unwrap();
+    invalidate_b().await;
+    assert_eq!(
+        erin_on_b().await,
+        (true, false),
+        "revokeRolesFromUser, read by B"
+    );
+
+    // A role erin inherits changed through A.
+    test_a
+        .run_command(doc! {
+            "revokePrivilegesFromRole": "findC",
+            "privileges": [{"resource": {"db": "test", "collection": "c"}, "actions": ["find"]}],
+        })
+        .await
+        .unwrap();
+    assert_eq!(erin_on_b().await, (true, false), "B has not read it yet");
+    invalidate_b().await;
+    assert_eq!(
+        erin_on_b().await,
+        (false, false),
+        "revokePrivilegesFromRole, read by B"
+    );
+    test_a
+        .run_command(doc! {"grantRolesToRole": "findC", "roles": ["readWrite"]})
+        .await
+        .unwrap();
+    invalidate_b().await;
+    assert_eq!(
+        erin_on_b().await,
+        (true, true),
+        "grantRolesToRole, read by B"
+    );
+    test_a
+        .run_command(doc! {"dropRole": "findC"})
+        .await
+        .unwrap();
+    invalidate_b().await;
+    assert_eq!(erin_on_b().await, (false, false), "dropRole, read by B");
+
+    // A change made through B itself is B's at once (it reads the config server after it).
+    client(b, "admin:adminpw@", "admin")
+        .await
+        .database("test")
+        .run_command(doc! {"updateUser": "erin", "roles": ["read"]})
+        .await
+        .unwrap();
+    assert_eq!(erin_on_b().await, (true, false), "updateUser through B");
+    c.shutdown().await;
+}

@@ -43,6 +43,29 @@ pub trait CommandView {
     fn sequence(&self, _identifier: &str) -> Option<Vec<&RawDocument>> {
         None
     }
+    /// The body's `bypassDocumentValidation` flag (MongoDB's truthiness, the first field of
+    /// that name). A view that read it already answers without walking the body again.
+    fn bypass_document_validation(&self) -> bool {
+        bypasses_document_validation(self.body())
+    }
+}
+
+/// The commands (any alias) whose check reads `bypassDocumentValidation`; no other command's
+/// check does, so a request parser may read the flag for these alone.
+pub const READS_BYPASS_DOCUMENT_VALIDATION: [&str; 6] = [
+    "insert",
+    "update",
+    "findAndModify",
+    "findandmodify",
+    "bulkWrite",
+    "aggregate",
+];
+
+/// Whether a command body sets `bypassDocumentValidation` (its first field of that name, by
+/// MongoDB's truthiness): what [`CommandView::bypass_document_validation`] reads when the view
+/// did not read it already.
+pub fn bypasses_document_validation(body: &RawDocument) -> bool {
+    flag(body, "bypassDocumentValidation")
 }
 
 /// An owned command: for tests, and for callers that hold no request type of their own.
@@ -399,7 +422,7 @@ fn get_array<'a>(doc: &'a RawDocument, key: &str) -> Option<&'a RawArray> {
 }
 
 /// MongoDB's truthiness for option flags (`upsert`, `remove`, `bypassDocumentValidation`).
-fn truthy(v: Option<RawBsonRef<'_>>) -> bool {
+pub fn truthy(v: Option<RawBsonRef<'_>>) -> bool {
     match v {
         None | Some(RawBsonRef::Null) | Some(RawBsonRef::Undefined) => false,
         Some(RawBsonRef::Boolean(b)) => b,
@@ -462,8 +485,8 @@ fn check_command(
     let mut needs = Needs::new(p);
     let raw_name = first_key(body).unwrap_or(name);
     let coll = coll_arg(body, raw_name);
-    // Read only by the commands it matters to (it walks the whole body).
-    let bypass = || flag(body, "bypassDocumentValidation");
+    // Read only by the commands it matters to (unless the view has it, it walks the body).
+    let bypass = || cmd.bypass_document_validation();
     match name {
         // Authentication alone.
         "logout" | "whatsmyuri" | "startSession" | "endSessions" | "refreshSessions"

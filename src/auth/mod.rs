@@ -20,6 +20,7 @@
 //! | [`cursors`] | who opened each cursor: only that user continues or kills it |
 //! | [`render`] | BSON rendered the way mongod prints it in error messages |
 //! | [`user_admin`] | `createUser`, `updateUser`, `dropUser`, `dropAllUsersFromDatabase`, `usersInfo` on the users of static and demo mode |
+//! | [`user_cache`] | users resolved into privileges and restrictions, kept per user for one generation of the user set |
 //! | [`tls`] | rustls server and client configurations, the `tls_mode` values, telling TLS from plain on one port |
 //! | [`x509`] | the subject name of a certificate in mongod's RFC 2253 form, cluster membership |
 
@@ -36,6 +37,7 @@ pub mod scram;
 pub mod session;
 pub mod tls;
 pub mod user_admin;
+pub mod user_cache;
 pub mod x509;
 
 use crate::value::error_codes::ErrorCode;

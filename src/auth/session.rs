@@ -19,19 +19,21 @@
 //! Users come from a [`UserLookup`]: the users file in static and demo mode, the keyfile's
 //! `__system@local` when one is configured.
 
-use super::credentials::UserDocument;
+use super::credentials::{UserDocument, UsersFile};
 use super::keyfile::InternalCredentials;
 use super::restrictions::ConnectionAddresses;
 use super::roles::{Principal, RoleName};
 use super::scram::{
     server_nonce, ClientFirst, ScramError, ScramMechanism, ServerConversation, ServerStep,
 };
+use super::user_cache::ResolvedUser;
 use super::{AuthError, Mechanism, UserName, EXTERNAL_DB, INTERNAL_DB, INTERNAL_USER};
 use crate::value::error_codes::ErrorCode;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use bson::spec::BinarySubtype;
 use bson::{doc, Binary, Bson, Document};
+use std::sync::Arc;
 
 /// Where a session finds users.
 pub trait UserLookup {
@@ -48,6 +50,35 @@ pub trait UserLookup {
     /// when the lookup knows custom roles).
     fn restrictions(&self, user: &UserDocument) -> Vec<Vec<Bson>> {
         user.authentication_restrictions.iter().cloned().collect()
+    }
+    /// The user `name` as authentication needs it: its principal and the restrictions to
+    /// meet. `None`: no such user; `Err`: a role that does not exist. A lookup may keep the
+    /// result for as long as its users and roles stay as they are
+    /// ([`super::user_cache::UserCache`]).
+    fn resolve(&self, name: &UserName) -> Option<Result<Arc<ResolvedUser>, RoleName>> {
+        let user = self.user(name)?;
+        Some(self.principal(&user).map(|principal| {
+            Arc::new(ResolvedUser {
+                principal: Arc::new(principal),
+                restrictions: self.restrictions(&user),
+            })
+        }))
+    }
+}
+
+/// The users of the set as authentication reads them (no keyfile user: the caller adds it).
+impl UserLookup for UsersFile {
+    fn user(&self, name: &UserName) -> Option<UserDocument> {
+        self.find(name).cloned()
+    }
+    fn internal_credentials(&self) -> Option<&InternalCredentials> {
+        None
+    }
+    fn principal(&self, user: &UserDocument) -> Result<Principal, RoleName> {
+        UsersFile::principal(self, user)
+    }
+    fn restrictions(&self, user: &UserDocument) -> Vec<Vec<Bson>> {
+        UsersFile::restrictions(self, user)
     }
 }
 
@@ -85,7 +116,8 @@ struct Pending {
 #[derive(Default)]
 pub struct AuthSession {
     pending: Option<Pending>,
-    principal: Option<Principal>,
+    /// Shared with the other connections of the same user (the lookup's resolved user).
+    principal: Option<Arc<Principal>>,
     /// The verified client certificate's subject (RFC 2253), when the client presented one.
     peer_subject: Option<String>,
     /// Whether that certificate names a member of the cluster: `Some(true)` when members may
@@ -147,14 +179,16 @@ fn skip_empty_exchange(body: &Document) -> bool {
         .is_some_and(|v| matches!(v, Bson::Boolean(true)) || v.as_i32().is_some_and(|i| i != 0))
 }
 
-/// The user's principal, or the role that does not exist.
-fn principal_of(user: &UserDocument, users: &dyn UserLookup) -> Result<Principal, AuthError> {
-    users.principal(user).map_err(|role: RoleName| {
+/// The user resolved (`None`: no such user), or the role that does not exist.
+fn resolve(
+    name: &UserName,
+    users: &dyn UserLookup,
+) -> Option<Result<Arc<ResolvedUser>, AuthError>> {
+    Some(users.resolve(name)?.map_err(|role: RoleName| {
         AuthError::authentication_failed(format!(
-            "user {} has a role that does not exist: {role}",
-            user.name
+            "user {name} has a role that does not exist: {role}"
         ))
-    })
+    }))
 }
 
 impl AuthSession {
@@ -191,31 +225,32 @@ impl AuthSession {
 
     /// The authenticated user, if any.
     pub fn principal(&self) -> Option<&Principal> {
-        self.principal.as_ref()
+        self.principal.as_deref()
     }
 
-    /// Forgets an authenticated user whose document changed or went away (`dropUser`,
-    /// `updateUser` of its roles): mongod re-reads the user on its next command; here the
-    /// caller passes the new document, or `None` when it was dropped.
-    pub fn refresh_user(
-        &mut self,
-        name: &UserName,
-        user: Option<&UserDocument>,
-        users: &dyn UserLookup,
-    ) {
-        if self.principal.as_ref().map(|p| &p.user) != Some(name) {
+    /// Reads the authenticated user again after the users or roles changed (`dropUser`,
+    /// `updateUser` of its roles, a role it inherits changed): mongod re-reads the user on its
+    /// next command. A user that is gone, no longer resolves, or whose restrictions this
+    /// connection no longer meets is logged out.
+    pub fn refresh_user(&mut self, users: &dyn UserLookup) {
+        let Some(name) = self.principal.as_ref().map(|p| p.user.clone()) else {
+            return;
+        };
+        if name.is_internal() {
             return;
         }
-        // A user whose restrictions this connection no longer meets is logged out.
-        self.principal = user
-            .filter(|u| self.restrictions_met(u, users))
-            .and_then(|u| principal_of(u, users).ok());
+        self.principal = match resolve(&name, users) {
+            Some(Ok(user)) if self.restrictions_met(&user.restrictions) => {
+                Some(Arc::clone(&user.principal))
+            }
+            _ => None,
+        };
     }
 
-    /// Whether this connection meets the user's `authenticationRestrictions` and those of its
+    /// Whether this connection meets the `authenticationRestrictions` of a user and its
     /// roles.
-    fn restrictions_met(&self, user: &UserDocument, users: &dyn UserLookup) -> bool {
-        users.restrictions(user).iter().all(|r| {
+    fn restrictions_met(&self, restrictions: &[Vec<Bson>]) -> bool {
+        restrictions.iter().all(|r| {
             r.is_empty()
                 || self
                     .addresses
@@ -373,14 +408,14 @@ impl AuthSession {
         &self,
         name: &UserName,
         users: &dyn UserLookup,
-    ) -> Result<Principal, AuthError> {
+    ) -> Result<Arc<Principal>, AuthError> {
         if name.is_internal() {
-            return Ok(Principal::internal());
+            return Ok(Arc::new(Principal::internal()));
         }
-        match users.user(name) {
-            Some(u) => {
-                let principal = principal_of(&u, users)?;
-                if !self.restrictions_met(&u, users) {
+        match resolve(name, users) {
+            Some(user) => {
+                let user = user?;
+                if !self.restrictions_met(&user.restrictions) {
                     return Err(AuthError::authentication_failed(format!(
                         "Client {} does not meet the authentication restrictions of user \"{}\" \
                          for db \"{}\"",
@@ -392,7 +427,7 @@ impl AuthSession {
                         name.db
                     )));
                 }
-                Ok(principal)
+                Ok(Arc::clone(&user.principal))
             }
             None => Err(AuthError::authentication_failed(format!(
                 "Could not find user \"{}\" for db \"{}\"",
@@ -449,7 +484,7 @@ impl AuthSession {
         // use certificates it authenticates no one.
         match self.peer_member {
             Some(true) => {
-                self.principal = Some(Principal::internal());
+                self.principal = Some(Arc::new(Principal::internal()));
                 return (
                     Ok(doc! {"dbname": EXTERNAL_DB, "user": subject}),
                     Outcome::Succeeded {

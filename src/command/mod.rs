@@ -132,6 +132,10 @@ pub struct CommandRequest {
     pub sequences: Vec<DocumentSequence>,
     /// Arrived over the legacy OP_QUERY.
     pub legacy: bool,
+    /// The body's `bypassDocumentValidation` by MongoDB's truthiness, when it was read on the
+    /// way to `$db` ([`CommandRequest::from_op_msg`]); `None`: not read, the authorization
+    /// check reads the body for it.
+    pub bypass_document_validation: Option<bool>,
 }
 
 impl CommandRequest {
@@ -173,13 +177,35 @@ impl CommandRequest {
             body,
             sequences,
             legacy,
+            bypass_document_validation: None,
         }
     }
 
     /// The dispatcher's view of an OP_MSG: `$db` (mongod's errors when it is missing or not
-    /// a string), the name, the namespace.
+    /// a string), the name, the namespace. For the commands whose authorization check reads
+    /// `bypassDocumentValidation` (a write by a user who may not bypass validation), the walk
+    /// that finds `$db` reads the flag too, so the check does not walk the body again; it goes
+    /// on past `$db` only over the envelope fields a driver puts after it.
     pub fn from_op_msg(msg: &crate::wire::OpMsg) -> Result<Self, CommandError> {
-        let db = match crate::wire::get_field(msg.body.raw(), "$db") {
+        use crate::auth::authorize::{truthy, READS_BYPASS_DOCUMENT_VALIDATION};
+        let raw = msg.body.raw();
+        // The first key (the command's name) of a body already validated as a document.
+        let first = raw
+            .as_bytes()
+            .get(5..)
+            .and_then(|b| b.iter().position(|&c| c == 0).map(|n| &b[..n]));
+        let reads_flag = first.is_some_and(|k| {
+            READS_BYPASS_DOCUMENT_VALIDATION
+                .iter()
+                .any(|n| n.as_bytes() == k)
+        });
+        let (db, bypass) = if reads_flag {
+            let [db, bypass] = crate::wire::get_fields(raw, ["$db", "bypassDocumentValidation"]);
+            (db, Some(truthy(bypass.ok().flatten())))
+        } else {
+            (crate::wire::get_field(raw, "$db"), None)
+        };
+        let db = match db {
             Ok(Some(bson::RawBsonRef::String(db))) => db.to_string(),
             Ok(Some(_)) => {
                 return Err(CommandError::new(
@@ -194,12 +220,9 @@ impl CommandRequest {
                 ))
             }
         };
-        Ok(CommandRequest::new(
-            db,
-            msg.body.clone(),
-            msg.sequences.clone(),
-            false,
-        ))
+        let mut req = CommandRequest::new(db, msg.body.clone(), msg.sequences.clone(), false);
+        req.bypass_document_validation = bypass;
+        Ok(req)
     }
 
     /// A request Sluice makes itself (start-up, tests): `body` on `db`, no sequences.
@@ -807,6 +830,44 @@ mod tests {
             prev = t;
         }
         assert_eq!(c.now(), prev);
+    }
+
+    /// For the commands whose check reads it, the walk that finds an OP_MSG's `$db` reads
+    /// `bypassDocumentValidation` too, as the authorization check reads it from the body:
+    /// MongoDB's truthiness, the first field of that name, before or after `$db`. Other
+    /// commands leave it unread.
+    #[test]
+    fn the_db_walk_reads_bypass_document_validation_as_the_check_does() {
+        for body in [
+            doc! {"insert": "c", "$db": "test"},
+            doc! {"insert": "c", "bypassDocumentValidation": true, "$db": "test"},
+            doc! {"insert": "c", "$db": "test", "bypassDocumentValidation": true, "lsid": {"id": 1}},
+            doc! {"insert": "c", "bypassDocumentValidation": false, "$db": "test"},
+            doc! {"insert": "c", "bypassDocumentValidation": 0, "$db": "test"},
+            doc! {"insert": "c", "bypassDocumentValidation": 2.5, "$db": "test"},
+            doc! {"insert": "c", "bypassDocumentValidation": "no", "$db": "test"},
+            doc! {"insert": "c", "bypassDocumentValidation": null, "$db": "test"},
+            doc! {"insert": "c", "bypassDocumentValidation": [], "$db": "test"},
+            doc! {"update": "c", "bypassDocumentValidation": 1i64, "$db": "test"},
+            doc! {"findAndModify": "c", "bypassDocumentValidation": true, "$db": "test"},
+            doc! {"findandmodify": "c", "$db": "test", "bypassDocumentValidation": true},
+            doc! {"bulkWrite": 1, "bypassDocumentValidation": true, "$db": "admin"},
+            doc! {"aggregate": "c", "pipeline": [], "bypassDocumentValidation": true, "$db": "test"},
+            doc! {"find": "c", "bypassDocumentValidation": true, "$db": "test"},
+            doc! {"delete": "c", "$db": "test"},
+        ] {
+            let msg = crate::wire::OpMsg {
+                flags: crate::wire::MsgFlags(0),
+                body: crate::wire::BsonDoc::from_encoded(body.to_vec().expect("encodes")),
+                sequences: Vec::new(),
+            };
+            let req = CommandRequest::from_op_msg(&msg).expect("a request");
+            let read = crate::auth::authorize::READS_BYPASS_DOCUMENT_VALIDATION
+                .contains(&req.name.as_str())
+                .then(|| crate::auth::authorize::bypasses_document_validation(req.body.raw()));
+            assert_eq!(req.bypass_document_validation, read, "{body}");
+            assert_eq!(req.db, body.get_str("$db").expect("$db"), "{body}");
+        }
     }
 
     /// The statement check reads a statement's bytes as it reads its owned copy: the same

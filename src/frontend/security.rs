@@ -23,7 +23,8 @@ use std::time::Duration;
 use bson::{Bson, Document, RawDocument};
 
 use crate::auth::authorize::{
-    authorize, check_admin_only, list_databases_filter, CommandView, DatabaseFilter,
+    authorize, bypasses_document_validation, check_admin_only, list_databases_filter, CommandView,
+    DatabaseFilter,
 };
 use crate::auth::credentials::{UserDocument, UsersFile};
 use crate::auth::cursors::CursorOwners;
@@ -31,6 +32,7 @@ use crate::auth::custom_roles::{RoleDocument, RoleGraph};
 use crate::auth::keyfile::{InternalCredentials, KeyFile};
 use crate::auth::roles::{Principal, RoleName};
 use crate::auth::session::{AuthSession, Outcome, UserLookup};
+use crate::auth::user_cache::{CacheCounts, ResolvedUser, UserCache};
 use crate::auth::{role_admin, tls, user_admin, AuthError, UserName};
 use crate::command::service::UserStore;
 use crate::command::{self, CommandError, CommandRequest, ServerState};
@@ -51,8 +53,12 @@ pub struct Security {
     /// Held while a user an authentication request names is fetched from the config server,
     /// so that such reads run one at a time.
     on_demand: tokio::sync::Mutex<()>,
-    /// Bumped on every change of the users, so connections re-read their user.
+    /// Bumped on every change of the users or roles, always with `users` locked, so
+    /// connections re-read their user and `resolved` drops what it holds.
     generation: AtomicU64,
+    /// The users authenticated since the last change, resolved into their privileges and
+    /// restrictions (one resolution per user, not per connection).
+    resolved: Mutex<UserCache>,
     internal: Option<InternalCredentials>,
     tls: Option<(tls::TlsMode, tokio_rustls::TlsAcceptor)>,
     /// Who opened each open cursor (kept with authorization enabled).
@@ -147,6 +153,7 @@ impl Security {
             refresh_interval: Duration::from_secs(refresh_secs),
             on_demand: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
+            resolved: Mutex::new(UserCache::new()),
             internal,
             tls,
             cursors: CursorOwners::default(),
@@ -334,6 +341,8 @@ impl Security {
             *current = UsersFile::from_parts(current.users().to_vec(), role_graph_of(&role_docs));
             self.generation.fetch_add(1, Ordering::Release);
         }
+        // No generation bump: a user added changes no other user's resolution, and the user
+        // cache holds no entry for it (a missing user is never kept).
         current.insert(user).map_err(|e| e.message)
     }
 
@@ -515,6 +524,14 @@ impl UserLookup for Security {
     fn restrictions(&self, user: &UserDocument) -> Vec<Vec<bson::Bson>> {
         lock(&self.users).restrictions(user)
     }
+    /// From the user cache: resolved once per user until the users or roles change.
+    fn resolve(&self, name: &UserName) -> Option<Result<Arc<ResolvedUser>, RoleName>> {
+        let users = lock(&self.users);
+        // Every change of the users bumps the generation with `users` locked, so this is
+        // the generation of the set `users` holds.
+        let generation = self.generation.load(Ordering::Acquire);
+        lock(&self.resolved).get_or_resolve(generation, name, || users.resolve(name))
+    }
 }
 
 /// A connection's authentication state: the session and the users generation it last saw.
@@ -562,6 +579,11 @@ impl CommandView for View<'_> {
             .iter()
             .find(|s| s.identifier == identifier)
             .map(|s| s.documents.iter().map(|d| d.raw()).collect())
+    }
+    fn bypass_document_validation(&self) -> bool {
+        self.0
+            .bypass_document_validation
+            .unwrap_or_else(|| bypasses_document_validation(self.0.body.raw()))
     }
 }
 
@@ -615,21 +637,21 @@ fn record(conn: i64, peer: &std::net::SocketAddr, speculative: bool, outcome: &O
 }
 
 impl Security {
-    /// Brings the connection's user up to date after `createUser`/`updateUser`/`dropUser` on
-    /// any connection: a dropped user is no longer authenticated, a changed one has its new
-    /// roles.
+    /// Brings the connection's user up to date after `createUser`/`updateUser`/`dropUser` or
+    /// a role change on any connection: a dropped user is no longer authenticated, a changed
+    /// one has its new roles.
     fn refresh(&self, auth: &mut ConnectionAuth) {
         let now = self.generation.load(Ordering::Acquire);
         if auth.generation == now {
             return;
         }
         auth.generation = now;
-        if let Some(name) = auth.session.principal().map(|p| p.user.clone()) {
-            if !name.is_internal() {
-                let user = self.user(&name);
-                auth.session.refresh_user(&name, user.as_ref(), self);
-            }
-        }
+        auth.session.refresh_user(self);
+    }
+
+    /// How often an authentication found its user already resolved in the user cache.
+    pub fn user_cache_counts(&self) -> CacheCounts {
+        lock(&self.resolved).counts()
     }
 
     /// mongod's localhost exception: while no user exists, a client on the loopback interface
@@ -1158,5 +1180,79 @@ mod tests {
                 Some("alice")
             );
         }
+    }
+
+    /// A whole SCRAM-SHA-256 conversation as `alice`/`secret` on a new connection, through
+    /// the hook, as the driver runs it (`saslStart`, `saslContinue`).
+    fn log_in(security: &Security, state: &ServerState) -> ConnectionAuth {
+        let mut auth = ConnectionAuth::default();
+        let mut conv =
+            ClientConversation::new(ScramMechanism::Sha256, "alice", "secret", "cachenonce")
+                .expect("conversation");
+        let bin = |bytes: Vec<u8>| bson::Binary {
+            subtype: bson::spec::BinarySubtype::Generic,
+            bytes,
+        };
+        let start = request(doc! {
+            "saslStart": 1, "mechanism": "SCRAM-SHA-256", "payload": bin(conv.client_first()),
+            "options": {"skipEmptyExchange": true}, "$db": "admin",
+        });
+        let first = security
+            .before(&mut auth, state, (1, &peer()), &start)
+            .expect("answered here");
+        let fin = conv
+            .client_final(first.get_binary_generic("payload").expect("payload"))
+            .expect("server first");
+        let cont = request(doc! {
+            "saslContinue": 1, "conversationId": 1, "payload": bin(fin), "$db": "admin",
+        });
+        let done = security
+            .before(&mut auth, state, (1, &peer()), &cont)
+            .expect("answered here");
+        assert_eq!(done.get_bool("done").ok(), Some(true), "{done}");
+        auth
+    }
+
+    /// Logins of one user share one resolution of its roles until the users change: the
+    /// second login is a cache hit and gets the very same privileges; a user command drops
+    /// the cache (the connection that ran it reads its user again, a miss, and the next
+    /// login shares that new resolution).
+    #[test]
+    fn logins_of_one_user_share_one_resolution_until_the_users_change() {
+        let security = security("user-cache");
+        let state = ServerState::new(
+            Config::default(),
+            Vec::new(),
+            std::sync::Arc::new(tokio::sync::watch::channel(false).0),
+        );
+        let first = log_in(&security, &state);
+        let second = log_in(&security, &state);
+        assert_eq!(
+            security.user_cache_counts(),
+            CacheCounts { hits: 1, misses: 1 }
+        );
+        let (a, b) = (
+            first.session.principal().expect("authenticated"),
+            second.session.principal().expect("authenticated"),
+        );
+        assert!(std::ptr::eq(a, b), "one resolution, shared");
+
+        let mut admin = second;
+        let create =
+            request(doc! {"createUser": "bob", "pwd": "bobpw", "roles": [], "$db": "admin"});
+        let reply = security
+            .before(&mut admin, &state, (1, &peer()), &create)
+            .expect("answered here");
+        assert_eq!(reply.get_f64("ok").ok(), Some(1.0), "{reply}");
+        let third = log_in(&security, &state);
+        assert_eq!(
+            security.user_cache_counts(),
+            CacheCounts { hits: 2, misses: 2 },
+            "resolved again after the change"
+        );
+        assert!(!std::ptr::eq(
+            a,
+            third.session.principal().expect("authenticated")
+        ));
     }
 }

@@ -98,18 +98,39 @@ pub fn get_field<'a>(
     doc: &'a RawDocument,
     key: &str,
 ) -> bson::error::Result<Option<RawBsonRef<'a>>> {
-    let bytes = doc.as_bytes();
-    let slow = || doc.get(key);
+    let [found] = get_fields(doc, [key]);
+    found
+}
+
+/// [`get_field`] for several keys in one walk: `doc.get(key)` for each of `keys`. The walk ends
+/// at the last of them or at the end of the document, so a key that usually comes last (`$db`)
+/// finds the others on the way for nothing.
+pub fn get_fields<'a, const N: usize>(
+    doc: &'a RawDocument,
+    keys: [&str; N],
+) -> [bson::error::Result<Option<RawBsonRef<'a>>>; N] {
+    match walk_fields(doc.as_bytes(), keys) {
+        Some(found) => found.map(Ok),
+        None => keys.map(|key| doc.get(key)),
+    }
+}
+
+/// The walk of [`get_fields`]: the first value of each key, or `None` when the answer must be
+/// the `bson` crate's (a type the walk does not read, or a malformed element).
+fn walk_fields<'a, const N: usize>(
+    bytes: &'a [u8],
+    keys: [&str; N],
+) -> Option<[Option<RawBsonRef<'a>>; N]> {
+    let mut found: [Option<RawBsonRef<'a>>; N] = [None; N];
+    let mut missing = N;
     let n = bytes.len();
     if n < 5 || bytes[n - 1] != 0 {
-        return slow();
+        return None;
     }
     let end = n - 1;
     let mut at = 4;
-    while at < end {
-        let Some((tag, name, v)) = element_head(bytes, at, end) else {
-            return slow();
-        };
+    while at < end && missing > 0 {
+        let (tag, name, v) = element_head(bytes, at, end)?;
         let size = match tag {
             _ if let Some(size) = fixed_size(tag) => size,
             0x08 => 1,
@@ -118,57 +139,50 @@ pub fn get_field<'a>(
                 let least = if matches!(tag, 0x03 | 0x04) { 5 } else { 1 };
                 let size = match i32_at(bytes, v) {
                     Some(len) if len >= least => len as usize + if least == 1 { 4 } else { 0 },
-                    _ => return slow(),
+                    _ => return None,
                 };
                 if v + size > end || bytes[v + size - 1] != 0 {
-                    return slow();
+                    return None;
                 }
                 size
             }
             0x05 => match i32_at(bytes, v) {
                 Some(len) if len >= 0 => len as usize + 5,
-                _ => return slow(),
+                _ => return None,
             },
-            _ => return slow(),
+            _ => return None,
         };
         if v + size > end {
-            return slow();
+            return None;
         }
-        if name == key.as_bytes() {
-            let value = &bytes[v..v + size];
-            let found = match tag {
-                0x01 => match value.try_into() {
-                    Ok(b) => RawBsonRef::Double(f64::from_le_bytes(b)),
-                    Err(_) => return slow(),
-                },
-                0x10 => match value.try_into() {
-                    Ok(b) => RawBsonRef::Int32(i32::from_le_bytes(b)),
-                    Err(_) => return slow(),
-                },
-                0x12 => match value.try_into() {
-                    Ok(b) => RawBsonRef::Int64(i64::from_le_bytes(b)),
-                    Err(_) => return slow(),
-                },
-                0x0A => RawBsonRef::Null,
-                0x08 if value[0] <= 1 => RawBsonRef::Boolean(value[0] == 1),
-                0x02 => match std::str::from_utf8(&value[4..size - 1]) {
-                    Ok(s) => RawBsonRef::String(s),
-                    Err(_) => return slow(),
-                },
-                0x03 => match RawDocument::from_bytes(value) {
-                    Ok(d) => RawBsonRef::Document(d),
-                    Err(_) => return slow(),
-                },
-                _ => return slow(),
-            };
-            return Ok(Some(found));
+        // Each key at its first occurrence only (a key asked for twice gets it twice).
+        let mut value = None;
+        for i in 0..N {
+            if found[i].is_some() || name != keys[i].as_bytes() {
+                continue;
+            }
+            if value.is_none() {
+                let bytes = &bytes[v..v + size];
+                value = Some(match tag {
+                    0x01 => RawBsonRef::Double(f64::from_le_bytes(bytes.try_into().ok()?)),
+                    0x10 => RawBsonRef::Int32(i32::from_le_bytes(bytes.try_into().ok()?)),
+                    0x12 => RawBsonRef::Int64(i64::from_le_bytes(bytes.try_into().ok()?)),
+                    0x0A => RawBsonRef::Null,
+                    0x08 if bytes[0] <= 1 => RawBsonRef::Boolean(bytes[0] == 1),
+                    0x02 => RawBsonRef::String(std::str::from_utf8(&bytes[4..size - 1]).ok()?),
+                    0x03 => RawBsonRef::Document(RawDocument::from_bytes(bytes).ok()?),
+                    _ => return None,
+                });
+            }
+            found[i] = value;
+            missing -= 1;
         }
         at = v + size;
     }
-    if at == end {
-        Ok(None)
+    if missing == 0 || at == end {
+        Some(found)
     } else {
-        slow()
+        None
     }
 }
 
@@ -417,7 +431,8 @@ mod tests {
 
     /// The byte walk finds what `RawDocument::get` finds — the same value or error, the first
     /// of a repeated field, nothing for a missing one — in every sample and every damaged copy
-    /// of it, for every key the sample holds and one it does not.
+    /// of it, for every key the sample holds and one it does not, one key at a time and two
+    /// keys in one walk ([`get_fields`], each pair in both orders).
     #[test]
     fn the_byte_walk_finds_what_the_bson_reader_finds() {
         let mut repeated = bson::RawDocumentBuf::new();
@@ -445,16 +460,23 @@ mod tests {
                 let Ok(doc) = RawDocument::from_bytes(bytes) else {
                     continue;
                 };
-                for key in &keys {
-                    let fast = get_field(doc, key);
+                let same = |key: &str, fast: &bson::error::Result<Option<RawBsonRef<'_>>>| {
                     let slow = doc.get(key);
-                    match (&fast, &slow) {
+                    match (fast, &slow) {
                         // Compared as printed: a damaged double may be NaN on both sides.
                         (Ok(a), Ok(b)) => {
                             assert_eq!(format!("{a:?}"), format!("{b:?}"), "{key} in {bytes:?}")
                         }
                         (Err(_), Err(_)) => {}
                         _ => panic!("{key} in {bytes:?}: {fast:?} against {slow:?}"),
+                    }
+                };
+                for key in &keys {
+                    same(key, &get_field(doc, key));
+                    for other in &keys {
+                        let [a, b] = get_fields(doc, [key.as_str(), other.as_str()]);
+                        same(key, &a);
+                        same(other, &b);
                     }
                 }
             }

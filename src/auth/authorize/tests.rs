@@ -791,3 +791,76 @@ fn bypassing_document_validation_needs_its_action() {
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
+
+/// Only the commands of [`READS_BYPASS_DOCUMENT_VALIDATION`] ask the view for the
+/// `bypassDocumentValidation` flag (the request parser reads it for them alone), and a view
+/// that answers it from elsewhere decides as the body does: with the flag set in the body
+/// but answered false by the view, a `readWrite` user passes, answered true it is refused.
+#[test]
+fn only_the_listed_commands_read_bypass_document_validation() {
+    struct Counting<'a> {
+        cmd: &'a OwnedCommand,
+        asked: std::cell::Cell<u32>,
+        answer: bool,
+    }
+    impl CommandView for Counting<'_> {
+        fn db(&self) -> &str {
+            self.cmd.db()
+        }
+        fn body(&self) -> &RawDocument {
+            self.cmd.body()
+        }
+        fn bypass_document_validation(&self) -> bool {
+            self.asked.set(self.asked.get() + 1);
+            self.answer
+        }
+    }
+    let read_write = principal("readWrite", "test");
+    let bodies = [
+        rawdoc! {"insert": "c", "documents": [{}], "bypassDocumentValidation": true},
+        rawdoc! {"update": "c", "updates": [{"q": {}, "u": {"$set": {"a": 1}}}], "bypassDocumentValidation": true},
+        rawdoc! {"findAndModify": "c", "query": {}, "update": {"$set": {"a": 1}}, "bypassDocumentValidation": true},
+        rawdoc! {"findandmodify": "c", "query": {}, "update": {"$set": {"a": 1}}, "bypassDocumentValidation": true},
+        rawdoc! {"aggregate": "c", "pipeline": [{"$out": "d"}], "cursor": {}, "bypassDocumentValidation": true},
+        rawdoc! {"find": "c", "bypassDocumentValidation": true},
+        rawdoc! {"delete": "c", "deletes": [{"q": {}, "limit": 0}], "bypassDocumentValidation": true},
+        rawdoc! {"count": "c", "bypassDocumentValidation": true},
+        rawdoc! {"distinct": "c", "key": "a", "bypassDocumentValidation": true},
+        rawdoc! {"create": "d", "bypassDocumentValidation": true},
+        rawdoc! {"createIndexes": "c", "indexes": [], "bypassDocumentValidation": true},
+        rawdoc! {"drop": "c", "bypassDocumentValidation": true},
+        rawdoc! {"listCollections": 1, "bypassDocumentValidation": true},
+    ];
+    for body in bodies {
+        let name = first_key(&body).expect("a name").to_string();
+        let cmd = OwnedCommand::new("test", body);
+        let listed = READS_BYPASS_DOCUMENT_VALIDATION.contains(&name.as_str());
+        for answer in [false, true] {
+            let view = Counting {
+                cmd: &cmd,
+                asked: std::cell::Cell::new(0),
+                answer,
+            };
+            let allowed = authorize(Some(&read_write), &view).is_ok();
+            assert_eq!(view.asked.get() > 0, listed, "{name} asked for the flag");
+            if listed {
+                assert_eq!(
+                    allowed, !answer,
+                    "{name} decided by the view's answer {answer}"
+                );
+            }
+        }
+    }
+    // bulkWrite asks too, for each of its operations.
+    let bulk = OwnedCommand::new(
+        "admin",
+        rawdoc! {"bulkWrite": 1, "ops": [{"insert": 0, "document": {}}], "nsInfo": [{"ns": "test.c"}]},
+    );
+    let view = Counting {
+        cmd: &bulk,
+        asked: std::cell::Cell::new(0),
+        answer: true,
+    };
+    assert!(authorize(Some(&read_write), &view).is_err());
+    assert!(view.asked.get() > 0);
+}
