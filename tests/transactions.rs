@@ -1066,3 +1066,113 @@ async fn an_insert_across_shards_in_a_transaction_is_split() {
     assert_eq!(open_on(&c), (0, 0));
     c.stop().await;
 }
+
+/// Every `_id` of `c` as transaction `s` sees it, read with a `find` across both shards in
+/// batches of `batch` (each shard's cursor continued with getMores inside the transaction).
+async fn ids_in(c: &Collection<Document>, s: &mut mongodb::ClientSession, batch: u32) -> Vec<Bson> {
+    let mut cursor = c
+        .find(doc! {})
+        .sort(doc! {"_id": 1})
+        .batch_size(batch)
+        .session(&mut *s)
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while cursor.advance(&mut *s).await.unwrap() {
+        out.push(
+            cursor
+                .deserialize_current()
+                .unwrap()
+                .get("_id")
+                .cloned()
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// Reads that need both shards at once run inside a transaction: a scatter `find` (with
+/// getMores), `countDocuments`' aggregate and `distinct` each reach both shards as
+/// statements of the transaction, see its own uncommitted writes on both and not another
+/// session's, and the commit (two-phase: both shards wrote) applies the writes; a transaction
+/// whose first statement is a scatter read, aborted, leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_across_shards_run_inside_a_transaction() {
+    let (c, cl, _, _, ia, ib) = two_shards().await;
+    let sharded = coll(&cl, "sharded");
+    // Another session's transaction writes on both shards and stays open.
+    let mut other = cl.start_session().await.unwrap();
+    other.start_transaction().await.unwrap();
+    let theirs: Vec<Document> = (500..510).map(|i| doc! {"_id": i}).collect();
+    sharded
+        .insert_many(theirs)
+        .session(&mut other)
+        .await
+        .unwrap();
+
+    let mut s = cl.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    let ours: Vec<Document> = (300..310).map(|i| doc! {"_id": i}).collect();
+    sharded.insert_many(ours).session(&mut s).await.unwrap();
+    for i in [ia, ib] {
+        assert!(c.shards[i].service().open_transactions() >= 2);
+    }
+    let expected: Vec<Bson> = (300..310).map(Bson::Int32).collect();
+    // A batch of 2: each shard's cursor holds more, fetched by getMores in the transaction.
+    assert_eq!(ids_in(&sharded, &mut s, 2).await, expected);
+    assert_eq!(
+        sharded
+            .count_documents(doc! {})
+            .session(&mut s)
+            .await
+            .unwrap(),
+        10
+    );
+    let n = sharded
+        .count_documents(doc! {"_id": {"$gte": 305}})
+        .session(&mut s)
+        .await
+        .unwrap();
+    assert_eq!(n, 5);
+    let mut values = sharded
+        .distinct("_id", doc! {})
+        .session(&mut s)
+        .await
+        .unwrap();
+    values.sort_by_key(|v| v.as_i32());
+    assert_eq!(values, expected);
+    // Nobody outside sees either transaction's writes.
+    assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 0);
+    let prepares = c.shard_command_total("prepareTransaction");
+    s.commit_transaction().await.unwrap();
+    assert_eq!(c.shard_command_total("prepareTransaction"), prepares + 2);
+    assert_eq!(ids(&sharded).await, expected);
+    other.abort_transaction().await.unwrap();
+    assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 10);
+
+    // A transaction that starts with a scatter read: both shards join it with its snapshot.
+    s.start_transaction().await.unwrap();
+    assert_eq!(ids_in(&sharded, &mut s, 3).await, expected);
+    sharded
+        .insert_many((600..604).map(|i| doc! {"_id": i}))
+        .session(&mut s)
+        .await
+        .unwrap();
+    sharded
+        .delete_one(doc! {"_id": 300})
+        .session(&mut s)
+        .await
+        .unwrap();
+    assert_eq!(
+        sharded
+            .count_documents(doc! {})
+            .session(&mut s)
+            .await
+            .unwrap(),
+        13
+    );
+    s.abort_transaction().await.unwrap();
+    assert_eq!(ids(&sharded).await, expected);
+    assert_eq!(open_on(&c), (0, 0));
+    c.stop().await;
+}

@@ -25,6 +25,7 @@
 
 pub mod cursors;
 pub mod foreign;
+pub mod in_txn;
 pub mod merge;
 mod shard_io;
 mod stream_merge;

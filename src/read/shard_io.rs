@@ -80,7 +80,13 @@ async fn exchange_raw(
     let deadline = max_time
         .filter(|m| *m > 0)
         .map(|m| std::time::Instant::now() + std::time::Duration::from_millis(m as u64));
-    pool.send(&frame, id, &need, deadline, Resend::Read).await
+    // A transaction's statement is never sent again to another member.
+    let resend = if super::in_txn::active() {
+        Resend::Never
+    } else {
+        Resend::Read
+    };
+    pool.send(&frame, id, &need, deadline, resend).await
 }
 
 /// Runs one read command on a shard (`ns` names the collection it reads) once the shard's
@@ -138,7 +144,18 @@ async fn read_at_raw(
             e.to_string(),
         ))
     })?;
+    // Inside a transaction the command is a statement of it (see [`super::in_txn`]).
+    let (statement, joined) = match super::in_txn::statement(cluster, shard, bytes) {
+        Some(Ok((b, j))) => (Some(b), Some(j)),
+        Some(Err(e)) => return Err(ReadFailure::NotRun(e)),
+        None => (None, None),
+    };
+    let bytes = statement.as_deref().unwrap_or(bytes);
     let result = exchange_raw(cluster, shard, bytes, max_time, at).await;
+    if let Some(j) = &joined {
+        let ok = matches!(&result, Ok((r, _)) if matches!(r.raw().get("ok"), Ok(Some(RawBsonRef::Double(ok))) if ok == 1.0));
+        super::in_txn::settle(cluster, shard, j, ok);
+    }
     if let Some(p) = permit {
         p.finish(match &result {
             Ok(_) => Outcome::Completed,
@@ -153,10 +170,12 @@ async fn read_at_raw(
         e => ReadFailure::Unreachable(e.at(shard).into()),
     })?;
     if !matches!(reply.raw().get("ok"), Ok(Some(RawBsonRef::Double(ok))) if ok == 1.0) {
-        return Err(ReadFailure::Refused(CommandError::from_shard_reply(
-            shard,
-            &reply.to_document(),
-        )));
+        let reply = reply.to_document();
+        let mut e = CommandError::from_shard_reply(shard, &reply);
+        if joined.is_some() {
+            e.labels = super::in_txn::labels(&reply);
+        }
+        return Err(ReadFailure::Refused(e));
     }
     Ok((reply, member))
 }

@@ -212,7 +212,7 @@ async fn route_once(
             Some(_) => req.options_document(),
             None => body,
         };
-        return transaction(cluster, store, how, req, &body, snapshot.as_deref())
+        return transaction(sharded, how, req, &body, snapshot.as_deref(), client_id)
             .await
             .map(Reply::from);
     }
@@ -750,13 +750,14 @@ fn in_transaction(body: &Document) -> bool {
 /// shards at once is refused with OperationNotSupportedInTransaction (263). The commit and
 /// abort are [`super::transactions::end_transaction`]'s.
 async fn transaction(
-    cluster: &Arc<Cluster>,
-    store: &StaticStore,
+    sharded: &ShardedCluster,
     how: Forwarded,
     req: &CommandRequest,
     body: &Document,
     snapshot: Option<&crate::routing::RoutingSnapshot>,
+    client_id: i64,
 ) -> Result<Document, CommandError> {
+    let (cluster, store) = (&sharded.cluster, &*sharded.metadata);
     let Ok(lsid) = body.get_document("lsid") else {
         return Err(CommandError::new(
             ErrorCode::InvalidOptions,
@@ -767,6 +768,34 @@ async fn transaction(
     let txn = crate::value::field::number_field(body, "txnNumber").unwrap_or(0);
     if how == Forwarded::EndTransaction {
         return super::transactions::end_transaction(cluster, req, body, session, txn).await;
+    }
+    let statement = || crate::read::in_txn::TxnStatement {
+        session,
+        lsid: lsid.clone(),
+        txn,
+        starts: body
+            .get("startTransaction")
+            .is_some_and(crate::value::field::truthy),
+        read_concern: body.get_document("readConcern").ok().cloned(),
+    };
+    // A router cursor of a read across shards: its shard cursors' getMores are statements of
+    // the transaction on the shards that opened them.
+    if matches!(how, Forwarded::GetMore | Forwarded::KillCursors)
+        && sharded.cursors.names_own_cursor(&req.name, body)
+    {
+        let read = async {
+            match how {
+                Forwarded::GetMore => {
+                    sharded
+                        .cursors
+                        .get_more(cluster, req, body, client_id)
+                        .await
+                }
+                _ => Ok(sharded.cursors.kill(cluster, req, client_id).await.into()),
+            }
+        };
+        let reply = crate::read::in_txn::scope(statement(), read).await;
+        return read_reply(cluster, session, txn, reply);
     }
     // A cursor of the transaction lives on the shard that opened it.
     let cursor = match how {
@@ -793,6 +822,21 @@ async fn transaction(
                 [_, _, ..] if how == Forwarded::Write(WriteKind::Insert) => {
                     return insert_across_shards(cluster, snap, req, body, session, txn).await;
                 }
+                [_, _, ..]
+                    if matches!(how, Forwarded::Read | Forwarded::Aggregate)
+                        && !writes_output(body) =>
+                {
+                    let primaries = super::maintenance::StorePrimaries { cluster, store };
+                    let read =
+                        crate::read::read(cluster, &sharded.cursors, &primaries, snap, req, body, client_id);
+                    if let Some(reply) = crate::read::in_txn::scope(statement(), read).await {
+                        return read_reply(cluster, session, txn, reply);
+                    }
+                    return Err(CommandError::new(
+                        ErrorCode::OperationNotSupportedInTransaction,
+                        format!("'{}' on {} targets {} shards at once inside a transaction", req.name, snap.ns, shards.len()),
+                    ));
+                }
                 _ => {
                     return Err(CommandError::new(
                         ErrorCode::OperationNotSupportedInTransaction,
@@ -816,6 +860,36 @@ async fn transaction(
         wrote,
     )
     .await
+}
+
+/// The reply to a read of a transaction served by the read path across shards, with the
+/// transaction's `recoveryToken`; an error the router could not get an answer for is labelled
+/// as a one-shard statement's is.
+fn read_reply(
+    cluster: &Arc<Cluster>,
+    session: [u8; 16],
+    txn: i64,
+    reply: Result<crate::wire::Reply, CommandError>,
+) -> Result<Document, CommandError> {
+    let mut d = reply.map_err(transient_statement_error)?.into_document();
+    d.insert("ok", 1.0);
+    if let Some(participants) = cluster.transactions.participants(&session, txn) {
+        d.insert(
+            "recoveryToken",
+            super::transactions::recovery_token(&participants),
+        );
+    }
+    Ok(d)
+}
+
+/// An `aggregate` whose last stage writes its output (`$out`, `$merge`), which a transaction
+/// does not run.
+fn writes_output(body: &Document) -> bool {
+    body.get_array("pipeline")
+        .ok()
+        .and_then(|p| p.last())
+        .and_then(Bson::as_document)
+        .is_some_and(|s| s.contains_key("$out") || s.contains_key("$merge"))
 }
 
 /// An `insert` of a transaction whose documents live on several shards: one child `insert`
