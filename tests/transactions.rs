@@ -1095,7 +1095,8 @@ async fn ids_in(c: &Collection<Document>, s: &mut mongodb::ClientSession, batch:
 /// getMores), `countDocuments`' aggregate and `distinct` each reach both shards as
 /// statements of the transaction, see its own uncommitted writes on both and not another
 /// session's, and the commit (two-phase: both shards wrote) applies the writes; a transaction
-/// whose first statement is a scatter read, aborted, leaves nothing.
+/// whose first statement is a scatter read, aborted, leaves nothing; one shard's error comes
+/// back with its labels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_across_shards_run_inside_a_transaction() {
     let (c, cl, _, _, ia, ib) = two_shards().await;
@@ -1173,6 +1174,20 @@ async fn reads_across_shards_run_inside_a_transaction() {
     );
     s.abort_transaction().await.unwrap();
     assert_eq!(ids(&sharded).await, expected);
+    assert_eq!(open_on(&c), (0, 0));
+
+    // One shard's error reaches the client with the shard's labels.
+    c.direct(ia)
+        .await
+        .database("admin")
+        .run_command(doc! {"configureFailPoint": "failCommand", "mode": {"times": 1}, "data": {"failCommands": ["find"], "errorCode": 112}})
+        .await
+        .unwrap();
+    s.start_transaction().await.unwrap();
+    let e = sharded.find(doc! {}).session(&mut s).await.unwrap_err();
+    assert_eq!(code(&e), 112, "{e}");
+    assert!(e.contains_label(LABEL), "{e}");
+    let _ = s.abort_transaction().await;
     assert_eq!(open_on(&c), (0, 0));
     c.stop().await;
 }

@@ -746,9 +746,11 @@ fn in_transaction(body: &Document) -> bool {
 
 /// A statement of a transaction, or its commit/abort. Each statement goes to the one shard it
 /// targets, which joins the transaction if it is new to it (`startTransaction` and the first
-/// statement's `readConcern` are added, as mongos adds them); a statement that targets several
-/// shards at once is refused with OperationNotSupportedInTransaction (263). The commit and
-/// abort are [`super::transactions::end_transaction`]'s.
+/// statement's `readConcern` are added, as mongos adds them). A `find`, `aggregate` or
+/// `distinct` that needs several shards runs through the read path with each shard command a
+/// statement of the transaction ([`crate::read::in_txn`]), an `insert` is split per shard, and
+/// any other statement that targets several shards at once is refused with
+/// OperationNotSupportedInTransaction (263). The commit and abort are [`super::transactions::end_transaction`]'s.
 async fn transaction(
     sharded: &ShardedCluster,
     how: Forwarded,
@@ -840,7 +842,7 @@ async fn transaction(
                 _ => {
                     return Err(CommandError::new(
                         ErrorCode::OperationNotSupportedInTransaction,
-                        format!("'{}' on {} targets {} shards at once inside a transaction; Sluice sends each statement of a transaction to one shard", req.name, snap.ns, shards.len()),
+                        format!("'{}' on {} targets {} shards at once inside a transaction; Sluice runs a write of a transaction on one shard at a time", req.name, snap.ns, shards.len()),
                     ))
                 }
             }
