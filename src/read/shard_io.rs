@@ -161,18 +161,6 @@ async fn read_at_raw(
     Ok((reply, member))
 }
 
-/// [`read_on`], the reply as a document (replies the router reads field by field).
-pub(super) async fn read_document(
-    cluster: &Cluster,
-    shard: &str,
-    ns: &str,
-    cmd: &Document,
-) -> Result<Document, ReadFailure> {
-    read_on(cluster, shard, ns, cmd)
-        .await
-        .map(|r| r.to_document())
-}
-
 /// Runs one read command on a shard through its queue, as every shard read does, for readers
 /// outside this module (the write path's lookups): the shard's `{ok: 1}` reply or the error.
 pub async fn read_one(
@@ -241,38 +229,27 @@ pub(super) fn decode(doc: &Bytes) -> Document {
     Document::try_from(raw(doc)).unwrap_or_default()
 }
 
-/// Sends a cursor-returning command to each of `shards` at once and keeps each shard's first
-/// batch and cursor. With `partial`, a shard that cannot be reached is skipped (and reported).
+/// Sends a cursor-returning command (`command`, encoded) to each of `shards` at once and keeps
+/// each shard's first batch and cursor. With `partial`, a shard that cannot be reached is
+/// skipped (and reported).
 pub(super) async fn open_streams(
     cluster: &Cluster,
     snap: &RoutingSnapshot,
     shards: Vec<String>,
     db: &str,
     coll: &str,
-    command: &Document,
+    command: &RawDocument,
     partial: bool,
 ) -> Result<(Vec<ShardStream>, bool), CommandError> {
     let ns = format!("{db}.{coll}");
-    // The command is encoded once; each shard's copy is those bytes with `$db` and its
-    // `shardVersion` appended, as inserting them into a copy of the document placed them.
-    let base = command.to_vec().map_err(|e| {
-        CommandError::new(
-            ErrorCode::InternalError,
-            format!("cannot encode command: {e}"),
-        )
-    })?;
-    let name = command
-        .keys()
-        .next()
-        .map(String::as_str)
-        .unwrap_or_default();
-    let max_time = crate::value::field::number_field(command, "maxTimeMS");
+    let name = first_key(command);
+    let max_time = max_time_of(command);
     let mut futures = Vec::new();
     for shard in shards {
         let version = cluster
             .is_shard_server(&shard)
-            .then(|| snap.shard_version(&shard));
-        let cmd = child_command(command, &base, db, version)?;
+            .then(|| snap.shard_version_bytes(&shard));
+        let cmd = child_command(command, db, version.as_deref())?;
         let ns = &ns;
         futures.push(async move {
             let (reply, member) =
@@ -303,15 +280,32 @@ pub(super) async fn open_streams(
     Ok((streams, skipped))
 }
 
-/// The bytes of the command one shard is sent: `command` (encoded as `base`) with `$db` and,
-/// for a shard server, its `shardVersion` set. Both are appended to `base` as encoded elements
-/// when `command` holds neither, which is where inserting them into the document put them;
-/// otherwise the document is copied and changed.
+/// The name of a command: its first field's.
+fn first_key(command: &RawDocument) -> &str {
+    command
+        .iter()
+        .next()
+        .and_then(Result::ok)
+        .map(|(k, _)| k.as_str())
+        .unwrap_or_default()
+}
+
+/// A command's `maxTimeMS`, as [`crate::value::field::number_field`] reads it.
+fn max_time_of(command: &RawDocument) -> Option<i64> {
+    crate::wire::get_field(command, "maxTimeMS")
+        .ok()
+        .flatten()
+        .and_then(crate::value::field::number_raw)
+}
+
+/// The bytes of the command one shard is sent: `command` with `$db` and, for a shard server,
+/// its `shardVersion` (encoded, [`RoutingSnapshot::shard_version_bytes`]) set. Both are
+/// appended to the command's bytes when it holds neither, which is where inserting them into
+/// an owned copy put them; otherwise an owned copy is changed and encoded.
 fn child_command(
-    command: &Document,
-    base: &[u8],
+    command: &RawDocument,
     db: &str,
-    version: Option<Document>,
+    version: Option<&RawDocument>,
 ) -> Result<Vec<u8>, CommandError> {
     let encode_error = |e: bson::error::Error| {
         CommandError::new(
@@ -319,18 +313,18 @@ fn child_command(
             format!("cannot encode command: {e}"),
         )
     };
-    if command.contains_key("$db") || command.contains_key("shardVersion") || base.len() < 5 {
-        let mut cmd = command.clone();
+    let holds = |k: &str| matches!(crate::wire::get_field(command, k), Ok(Some(_)));
+    if holds("$db") || holds("shardVersion") {
+        let mut cmd = Document::try_from(command).map_err(encode_error)?;
         cmd.insert("$db", db);
         if let Some(v) = version {
-            cmd.insert("shardVersion", v);
+            cmd.insert("shardVersion", Document::try_from(v).map_err(encode_error)?);
         }
         return cmd.to_vec().map_err(encode_error);
     }
-    let mut out = bson::RawDocumentBuf::from_bytes(base.to_vec()).map_err(encode_error)?;
+    let mut out = command.to_owned();
     out.append(cstr!("$db"), db);
     if let Some(v) = version {
-        let v = bson::RawDocumentBuf::try_from(&v).map_err(encode_error)?;
         out.append(cstr!("shardVersion"), v);
     }
     Ok(out.into_bytes())
@@ -423,38 +417,36 @@ pub(super) async fn drain(
         .collect()
 }
 
-/// Runs a plain command (`count`, `distinct`) on each targeted shard.
+/// Runs a plain command (`count`, `distinct`; `command`, encoded) on each targeted shard.
 pub(super) async fn on_each(
     cluster: &Cluster,
     snap: &RoutingSnapshot,
     shards: Vec<String>,
     db: &str,
-    command: &Document,
+    command: &RawDocument,
 ) -> Result<Vec<Document>, CommandError> {
+    let name = first_key(command);
+    let max_time = max_time_of(command);
+    let coll = match command.iter().next() {
+        Some(Ok((_, RawBsonRef::String(c)))) => c,
+        _ => "",
+    };
+    let ns = format!("{db}.{coll}");
+    let mut futures = Vec::new();
+    for shard in shards {
+        let version = cluster
+            .is_shard_server(&shard)
+            .then(|| snap.shard_version_bytes(&shard));
+        let cmd = child_command(command, db, version.as_deref())?;
+        let ns = &ns;
+        futures.push(async move {
+            read_at_raw(cluster, &shard, None, ns, name, &cmd, max_time)
+                .await
+                .map(|(r, _)| r.to_document())
+                .map_err(ReadFailure::into_error)
+        });
+    }
     let mut out = Vec::new();
-    let futures: Vec<_> = shards
-        .into_iter()
-        .map(|shard| {
-            let mut cmd = command.clone();
-            cmd.insert("$db", db);
-            if cluster.is_shard_server(&shard) {
-                cmd.insert("shardVersion", snap.shard_version(&shard));
-            }
-            let ns = format!(
-                "{db}.{}",
-                command
-                    .values()
-                    .next()
-                    .and_then(bson::Bson::as_str)
-                    .unwrap_or_default()
-            );
-            async move {
-                read_document(cluster, &shard, &ns, &cmd)
-                    .await
-                    .map_err(ReadFailure::into_error)
-            }
-        })
-        .collect();
     for r in crate::backend::join_all(futures).await {
         out.push(r?);
     }
@@ -489,9 +481,12 @@ mod tests {
             doc! {"find": "c", "shardVersion": {"v": 1}, "filter": {}},
         ];
         for command in &commands {
-            let base = command.to_vec().expect("encodes");
+            let base = bson::RawDocumentBuf::try_from(command).expect("encodes");
             for version in [None, Some(version.clone())] {
-                let new = child_command(command, &base, "db1", version.clone()).expect("encodes");
+                let raw_version = version
+                    .as_ref()
+                    .map(|v| bson::RawDocumentBuf::try_from(v).expect("encodes"));
+                let new = child_command(&base, "db1", raw_version.as_deref()).expect("encodes");
                 assert_eq!(new, owned_child(command, "db1", version), "{command}");
                 let fields = Document::try_from(RawDocument::from_bytes(&new).expect("valid"))
                     .expect("decodes");

@@ -17,7 +17,7 @@ mod op_msg;
 mod op_query;
 mod reply;
 
-pub use bson_doc::{empty_document, get_field, validate_document, BsonDoc};
+pub use bson_doc::{changes_when_owned, empty_document, get_field, validate_document, BsonDoc};
 pub use compression::Compressor;
 pub use error::WireError;
 pub use header::{Header, OpCode, HEADER_LEN};
