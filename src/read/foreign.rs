@@ -120,6 +120,7 @@ pub async fn fetch(
                 db,
                 coll,
                 &encoded,
+                None,
                 false,
             )
             .await?

@@ -409,14 +409,20 @@ async fn read_at(
     let coll = body.str(&req.name).unwrap_or("").to_string();
     let db = req.db.clone();
     let ns = format!("{db}.{coll}");
+    let mut need = None;
     if matches!(
         req.name.as_str(),
         "find" | "aggregate" | "count" | "distinct"
     ) {
-        if let Err(e) = crate::backend::shard::need_of(req.body.raw()) {
-            return Some(Err(CommandError::new(e.code, e.message)));
+        match crate::backend::shard::need_of(req.body.raw()) {
+            Ok(n) => need = Some(n),
+            Err(e) => return Some(Err(CommandError::new(e.code, e.message))),
         }
     }
+    // The shard commands carry the client's `$readPreference` element as it is when the body
+    // is read in place: what the shards' members are chosen by is what was just read.
+    let need = need.filter(|_| std::ptr::eq(body.raw(), req.body.raw()));
+    let need = need.as_ref();
     cursors.reap(cluster).await;
     let collation = match Collation::from_option(body.owned("collation").as_ref()) {
         Ok(c) => c,
@@ -426,7 +432,7 @@ async fn read_at(
         "find" => async {
             let plan = find_plan(body, &coll, collation.clone())?;
             let targets = collated_targets(snap, &plan.filter, collation.as_deref());
-            let (streams, skipped) = open_streams(cluster, snap, targets, &db, &coll, &plan.command, plan.partial).await?;
+            let (streams, skipped) = open_streams(cluster, snap, targets, &db, &coll, &plan.command, need, plan.partial).await?;
             let merge = Merge::new(
                 db.clone(),
                 coll.clone(),
@@ -459,7 +465,7 @@ async fn read_at(
             let split = merge::split_pipeline(stages);
             let filter = leading_match(stages);
             let shard_cmd = aggregate_command(read_body, &coll, &split.shard_part)?;
-            let (streams, _) = open_streams(cluster, snap, collated_targets(snap, &filter, collation.as_deref()), &db, &coll, &shard_cmd, false).await?;
+            let (streams, _) = open_streams(cluster, snap, collated_targets(snap, &filter, collation.as_deref()), &db, &coll, &shard_cmd, need, false).await?;
             let stage_memory = cluster.stage_memory();
             let streams = drain(cluster, &db, &coll, streams, stage_memory).await?;
             let merged = match &split.merge_sort {
@@ -512,7 +518,7 @@ async fn read_at(
                 .filter(|l| *l != 0)
                 .map(|l| l.checked_abs().unwrap_or(i64::MAX));
             let cmd = count_command(body, &coll, query_raw, limit.map(|l| l.saturating_add(skip)));
-            let replies = on_each(cluster, snap, collated_targets(snap, &query, collation.as_deref()), &db, &cmd).await?;
+            let replies = on_each(cluster, snap, collated_targets(snap, &query, collation.as_deref()), &db, &cmd, need).await?;
             let total: i64 = replies
                 .iter()
                 .map(|r| number_field(r, "n").unwrap_or(0))
@@ -531,7 +537,7 @@ async fn read_at(
             let query_raw = doc_field(body, "query", "distinct")?;
             let query = owned(query_raw)?;
             let cmd = distinct_command(body, &coll, key, query_raw);
-            let replies = on_each(cluster, snap, collated_targets(snap, &query, collation.as_deref()), &db, &cmd).await?;
+            let replies = on_each(cluster, snap, collated_targets(snap, &query, collation.as_deref()), &db, &cmd, need).await?;
             let values = crate::engine::reads::distinct_values(
                 replies.iter().flat_map(|r| r.get_array("values").into_iter().flatten().cloned()),
                 collation.as_deref(),

@@ -14,6 +14,7 @@ use bytes::Bytes;
 
 use crate::backend::limiter::{OpKind, Outcome};
 use crate::backend::shard::{need_of, Resend};
+use crate::backend::topology::Need;
 use crate::backend::{BackendError, PooledConnection};
 use crate::cluster::{Cluster, SlotRequest};
 use crate::command::CommandError;
@@ -53,7 +54,24 @@ async fn exchange(
         .to_vec()
         .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))?;
     let max_time = crate::value::field::number_field(cmd, "maxTimeMS");
-    exchange_raw(cluster, shard, &bytes, max_time, at).await
+    exchange_raw(cluster, shard, &bytes, max_time, Member::of(at)).await
+}
+
+/// Which member of a shard a read goes to.
+#[derive(Debug, Clone, Copy)]
+enum Member<'a> {
+    /// This one: it holds the cursor the read continues.
+    At(&'a str),
+    /// One chosen by the command's `$readPreference`: what it needs, when the caller already
+    /// read it from the same element; else it is read from the command's bytes.
+    Chosen(Option<&'a Need>),
+}
+
+impl<'a> Member<'a> {
+    /// `at` when given, else one chosen by the command.
+    fn of(at: Option<&'a str>) -> Self {
+        at.map_or(Member::Chosen(None), Member::At)
+    }
 }
 
 /// [`exchange`] of a command already encoded (`max_time`: its `maxTimeMS`, read by the caller).
@@ -62,25 +80,37 @@ async fn exchange_raw(
     shard: &str,
     bytes: &[u8],
     max_time: Option<i64>,
-    at: Option<&str>,
+    member: Member<'_>,
 ) -> Result<(BsonDoc, String), BackendError> {
     let Some(pool) = cluster.pool(shard) else {
         return Err(BackendError::Unreachable(format!("unknown shard {shard}")));
     };
     let id = PooledConnection::next_request_id();
     let frame = OpMsgBuilder::new(0, bytes).finish(id, 0);
-    if let Some(member) = at {
-        let mut conn = pool.checkout_at(member).await?;
-        let addr = conn.addr().to_string();
-        return conn.request(&frame, id).await.map(|r| (r, addr));
-    }
-    let need = RawDocument::from_bytes(bytes)
-        .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))
-        .and_then(|raw| need_of(raw).map_err(|e| BackendError::NoMember(e.code, e.message)))?;
+    let known = match member {
+        Member::At(member) => {
+            let mut conn = pool.checkout_at(member).await?;
+            let addr = conn.addr().to_string();
+            return conn.request(&frame, id).await.map(|r| (r, addr));
+        }
+        Member::Chosen(known) => known,
+    };
+    let read;
+    let need = match known {
+        Some(need) => need,
+        None => {
+            read = RawDocument::from_bytes(bytes)
+                .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))
+                .and_then(|raw| {
+                    need_of(raw).map_err(|e| BackendError::NoMember(e.code, e.message))
+                })?;
+            &read
+        }
+    };
     let deadline = max_time
         .filter(|m| *m > 0)
         .map(|m| std::time::Instant::now() + std::time::Duration::from_millis(m as u64));
-    pool.send(&frame, id, &need, deadline, Resend::Read).await
+    pool.send(&frame, id, need, deadline, Resend::Read).await
 }
 
 /// Runs one read command on a shard (`ns` names the collection it reads) once the shard's
@@ -111,7 +141,7 @@ pub(super) async fn read_at(
         )
     })?;
     let max_time = crate::value::field::number_field(cmd, "maxTimeMS");
-    read_at_raw(cluster, shard, at, ns, name, &bytes, max_time).await
+    read_at_raw(cluster, shard, Member::of(at), ns, name, &bytes, max_time).await
 }
 
 /// [`read_at`] of a command already encoded (`bytes`), named `name`, with `max_time` its
@@ -119,7 +149,7 @@ pub(super) async fn read_at(
 async fn read_at_raw(
     cluster: &Cluster,
     shard: &str,
-    at: Option<&str>,
+    member: Member<'_>,
     ns: &str,
     name: &str,
     bytes: &[u8],
@@ -138,7 +168,7 @@ async fn read_at_raw(
             e.to_string(),
         ))
     })?;
-    let result = exchange_raw(cluster, shard, bytes, max_time, at).await;
+    let result = exchange_raw(cluster, shard, bytes, max_time, member).await;
     if let Some(p) = permit {
         p.finish(match &result {
             Ok(_) => Outcome::Completed,
@@ -231,7 +261,9 @@ pub(super) fn decode(doc: &Bytes) -> Document {
 
 /// Sends a cursor-returning command (`command`, encoded) to each of `shards` at once and keeps
 /// each shard's first batch and cursor. With `partial`, a shard that cannot be reached is
-/// skipped (and reported).
+/// skipped (and reported). `need` is the member the command's `$readPreference` asks for, when
+/// the caller read it from the element the command carries; else it is read from `command`.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn open_streams(
     cluster: &Cluster,
     snap: &RoutingSnapshot,
@@ -239,6 +271,7 @@ pub(super) async fn open_streams(
     db: &str,
     coll: &str,
     command: &RawDocument,
+    need: Option<&Need>,
     partial: bool,
 ) -> Result<(Vec<ShardStream>, bool), CommandError> {
     let ns = format!("{db}.{coll}");
@@ -252,8 +285,16 @@ pub(super) async fn open_streams(
         let cmd = child_command(command, db, version.as_deref())?;
         let ns = &ns;
         futures.push(async move {
-            let (reply, member) =
-                read_at_raw(cluster, &shard, None, ns, name, &cmd, max_time).await?;
+            let (reply, member) = read_at_raw(
+                cluster,
+                &shard,
+                Member::Chosen(need),
+                ns,
+                name,
+                &cmd,
+                max_time,
+            )
+            .await?;
             let (buffer, cursor_id) = batch_of(&reply, "firstBatch");
             Ok(ShardStream {
                 buffer,
@@ -417,13 +458,15 @@ pub(super) async fn drain(
         .collect()
 }
 
-/// Runs a plain command (`count`, `distinct`; `command`, encoded) on each targeted shard.
+/// Runs a plain command (`count`, `distinct`; `command`, encoded) on each targeted shard
+/// (`need`: as for [`open_streams`]).
 pub(super) async fn on_each(
     cluster: &Cluster,
     snap: &RoutingSnapshot,
     shards: Vec<String>,
     db: &str,
     command: &RawDocument,
+    need: Option<&Need>,
 ) -> Result<Vec<Document>, CommandError> {
     let name = first_key(command);
     let max_time = max_time_of(command);
@@ -440,10 +483,18 @@ pub(super) async fn on_each(
         let cmd = child_command(command, db, version.as_deref())?;
         let ns = &ns;
         futures.push(async move {
-            read_at_raw(cluster, &shard, None, ns, name, &cmd, max_time)
-                .await
-                .map(|(r, _)| r.to_document())
-                .map_err(ReadFailure::into_error)
+            read_at_raw(
+                cluster,
+                &shard,
+                Member::Chosen(need),
+                ns,
+                name,
+                &cmd,
+                max_time,
+            )
+            .await
+            .map(|(r, _)| r.to_document())
+            .map_err(ReadFailure::into_error)
         });
     }
     let mut out = Vec::new();
