@@ -135,6 +135,9 @@ impl DemoCluster {
                 .await
                 .map_err(|e| failed(&format!("cannot add the shard {host}"), e))?;
         }
+        // Shut down, not dropped: a dropped client ends its sessions from a task of its own,
+        // which outlives it.
+        client.shutdown().await;
         for config in routers {
             cluster.start_router(config, argv.clone()).await?;
         }

@@ -59,6 +59,9 @@ struct FakeMember {
     /// While set, a `hello` that is not a connection's handshake (a monitor's check) closes
     /// the connection: the monitor's checks fail, the data path's connections keep working.
     fail_checks: Arc<AtomicBool>,
+    /// While set, an awaitable `hello` is answered at once (a member that does not
+    /// implement the wait), with the `topologyVersion` it was sent.
+    no_wait: Arc<AtomicBool>,
 }
 
 impl FakeMember {
@@ -85,6 +88,7 @@ impl FakeMember {
             hellos_seen: Arc::new(AtomicU64::new(0)),
             cut: Arc::new(AtomicU64::new(0)),
             fail_checks: Arc::new(AtomicBool::new(false)),
+            no_wait: Arc::new(AtomicBool::new(false)),
         };
         let tasks = m.tasks.clone();
         let cut = m.cut.clone();
@@ -95,6 +99,7 @@ impl FakeMember {
             m.awaitable_seen.clone(),
             m.hellos_seen.clone(),
             m.fail_checks.clone(),
+            m.no_wait.clone(),
         );
         let accept = tokio::spawn(async move {
             loop {
@@ -117,7 +122,7 @@ impl FakeMember {
                     ctx.0,
                     ctx.1,
                     ctx.2.subscribe(),
-                    (ctx.3, ctx.4),
+                    (ctx.3, ctx.4, ctx.6),
                     ctx.5,
                 ));
                 tasks.lock().unwrap().push(conn);
@@ -188,7 +193,7 @@ async fn serve(
     addr: String,
     process_id: ObjectId,
     mut script: watch::Receiver<Script>,
-    (awaitable_seen, hellos_seen): (Arc<AtomicU64>, Arc<AtomicU64>),
+    (awaitable_seen, hellos_seen, no_wait): (Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicBool>),
     fail_checks: Arc<AtomicBool>,
 ) {
     let mut next_id = 1;
@@ -227,11 +232,13 @@ async fn serve(
                         && tv.get_i64("counter").ok() == Some(s.counter)
                 };
                 // Answer when the state changes, or when the wait is over.
-                let _ = tokio::time::timeout(
-                    Duration::from_millis(wait as u64),
-                    script.wait_for(|s| !current(s)),
-                )
-                .await;
+                if !no_wait.load(Ordering::SeqCst) {
+                    let _ = tokio::time::timeout(
+                        Duration::from_millis(wait as u64),
+                        script.wait_for(|s| !current(s)),
+                    )
+                    .await;
+                }
             }
             let s = script.borrow().clone();
             reply_for(&addr, process_id, &s)
@@ -714,6 +721,75 @@ async fn a_not_primary_error_from_the_data_path_marks_the_member_and_checks_at_o
         )
         .await;
     assert_eq!(e.expect("new primary"), b.host());
+}
+
+/// A member that answered an awaitable `hello` at once with nothing changed is not asked
+/// again for 500 ms; if the data path marks it Unknown meanwhile (a connection it closed
+/// after a write), the check the monitor had planned before — an awaitable `hello` with the
+/// member's `topologyVersion` — is dropped for a poll. Sent, it would wait out
+/// `maxAwaitTimeMS` (10 s) on a member whose state has not changed, and the shard would have
+/// no primary for that long: the data path's mark cancelled only a `hello` already in flight.
+#[tokio::test]
+async fn a_member_marked_unknown_while_its_awaitable_hello_is_held_back_is_polled() {
+    let (a, b, c) = three(true).await;
+    a.set(
+        Role::Primary {
+            election: election(1),
+        },
+        &[&a, &b, &c],
+        None,
+    );
+    b.set(Role::Secondary, &[&a, &b, &c], Some(&a));
+    c.set(Role::Secondary, &[&a, &b, &c], Some(&a));
+    a.no_wait.store(true, Ordering::SeqCst);
+    // Heartbeat a minute; the awaitable hello's wait is the default 10 s.
+    let m = monitor(
+        &format!("rs0/{},{},{}", a.addr, b.addr, c.addr),
+        settings(60_000),
+    );
+    assert!(
+        until(&m, Duration::from_secs(10), |m| primary(m)
+            == Some(a.host()))
+        .await,
+        "a is found primary"
+    );
+    // a answers an awaitable hello at once: its monitor now holds the next one back for
+    // 500 ms. From now on a waits as a member should.
+    let seen = a.awaitable_seen.load(Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.awaitable_seen.load(Ordering::SeqCst) == seen {
+        assert!(Instant::now() < deadline, "no awaitable hello was sent");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    a.no_wait.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The data path lost a connection to a (it closed it after applying a write).
+    let generation = m.with_topology(|t| t.member(&a.host()).map(|x| x.pool_generation()));
+    let update = m.report_application_error(
+        &a.host(),
+        &ApplicationError::Network {
+            generation: generation.unwrap_or(0),
+            during_handshake: false,
+            timeout: false,
+        },
+    );
+    assert!(update.applied && update.primary_changed);
+    assert_eq!(kind_of(&m, &a.host()), Some(ServerType::Unknown));
+    let marked = Instant::now();
+    let found = m
+        .select(
+            Need::Write,
+            Some(Instant::now() + Duration::from_secs(8)),
+            0,
+            &PRINTER,
+        )
+        .await;
+    assert_eq!(found.expect("a is primary again"), a.host());
+    assert!(
+        marked.elapsed() < Duration::from_secs(3),
+        "a seen primary again after {:?}",
+        marked.elapsed()
+    );
 }
 
 /// A data-path connection whose handshake the primary cuts short (it is stopping or starting)

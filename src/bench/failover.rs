@@ -196,6 +196,9 @@ pub async fn measure(retryable: bool, step_downs: usize) -> anyhow::Result<ModeR
             n => bail!("acknowledged write {} is present {n:?} times", w.id),
         }
     }
+    // The driver's client is shut down before the servers it talks to: dropped instead, it
+    // ends its sessions from a task of its own after the router is gone.
+    client.shutdown().await;
     router.shutdown().await;
     set.shutdown().await;
     Ok(result)

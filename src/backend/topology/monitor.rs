@@ -102,10 +102,12 @@ struct Inner {
     /// Bumped when a check is requested: monitors waiting for a poll wake at once.
     check_requests: watch::Sender<u64>,
     tasks: Mutex<HashMap<HostAddr, MemberTasks>>,
-    /// Per member: woken when the data path marks the member Unknown, to cancel an awaitable
-    /// `hello` in flight (the member may never answer it: a connection it dropped, a state it
-    /// does not know it lost) and poll at once instead.
-    cancels: Mutex<HashMap<HostAddr, Arc<tokio::sync::Notify>>>,
+    /// Per member: bumped when the data path marks the member Unknown, to cancel an awaitable
+    /// `hello` in flight or about to be sent (the member may never answer it: a connection it
+    /// dropped, a state it does not know it lost) and poll instead. A counter rather than a
+    /// notification, so a monitor that looks before it plans its check cannot miss a mark
+    /// made after its plan and before it listens.
+    cancels: Mutex<HashMap<HostAddr, watch::Sender<u64>>>,
     counts: Mutex<HashMap<HostAddr, MonitorCounts>>,
     options: MonitorOptions,
     stopped: std::sync::atomic::AtomicBool,
@@ -140,6 +142,15 @@ impl ShardMonitor {
         settings: TopologySettings,
         options: MonitorOptions,
     ) -> ShardMonitor {
+        let monitor = ShardMonitor::new(seeds, settings, options);
+        for h in &seeds.hosts {
+            spawn_member(&monitor.inner, h.clone());
+        }
+        monitor
+    }
+
+    /// The topology and its channels, no task started yet.
+    fn new(seeds: &SeedList, settings: TopologySettings, options: MonitorOptions) -> ShardMonitor {
         let topology = ShardTopology::new(seeds, settings);
         let (version, _) = watch::channel(topology.version());
         let (check_requests, _) = watch::channel(0);
@@ -154,9 +165,6 @@ impl ShardMonitor {
             stopped: std::sync::atomic::AtomicBool::new(false),
             pool_clearer: std::sync::OnceLock::new(),
         });
-        for h in &seeds.hosts {
-            spawn_member(&inner, h.clone());
-        }
         ShardMonitor { inner }
     }
 
@@ -215,7 +223,7 @@ impl ShardMonitor {
             (update, unknown)
         };
         if update.applied && unknown {
-            cancel_of(&self.inner, addr).notify_waiters();
+            cancel_of(&self.inner, addr).send_modify(|n| *n += 1);
         }
         clear_pool(&self.inner, addr, &update);
         apply(&self.inner, &update);
@@ -262,8 +270,15 @@ impl ShardMonitor {
                     until,
                 } => {
                     self.request_immediate_check();
+                    // Wait for a version newer than the one this step looked at. Not for one
+                    // merely different: the published version may lag the topology's for a
+                    // moment (a change applied, its publication not sent yet), and a waiter
+                    // that took "different" for "changed" stepped again at once, for ever,
+                    // without yielding — a few such waiters held every worker of the runtime,
+                    // so the monitors could not publish the election they waited for, and
+                    // they gave up at the selection timeout (133).
                     let changed = async {
-                        while *changes.borrow_and_update() == seen_version {
+                        while *changes.borrow_and_update() <= seen_version {
                             if changes.changed().await.is_err() {
                                 // The monitors are gone: nothing will change before `until`.
                                 std::future::pending::<()>().await;
@@ -284,6 +299,31 @@ impl ShardMonitor {
         for (_, t) in lock(&self.inner.tasks).drain() {
             t.abort();
         }
+    }
+}
+
+#[cfg(test)]
+impl ShardMonitor {
+    /// A monitor that runs no task (members added later get none either): the test applies
+    /// the events itself, with [`ShardMonitor::change`].
+    pub(super) fn without_tasks(seeds: &SeedList, settings: TopologySettings) -> ShardMonitor {
+        let monitor = ShardMonitor::new(seeds, settings, MonitorOptions::default());
+        monitor.stop();
+        monitor
+    }
+
+    /// Applies an event to the topology, as a monitor task does; `publish: false` stops
+    /// half-way, as a task that applied its change and has not published it yet.
+    pub(super) fn change(&self, event: impl FnOnce(&mut ShardTopology) -> Update, publish: bool) {
+        let update = event(&mut lock(&self.inner.topology));
+        if publish {
+            apply(&self.inner, &update);
+        }
+    }
+
+    /// The published topology version.
+    pub(super) fn published(&self) -> u64 {
+        *self.inner.version.borrow()
     }
 }
 
@@ -314,7 +354,7 @@ fn spawn_member(inner: &Arc<Inner>, addr: HostAddr) {
 fn apply(inner: &Arc<Inner>, update: &Update) {
     if update.applied {
         let v = lock(&inner.topology).version();
-        inner.version.send_replace(v);
+        publish(&inner.version, v);
     }
     for h in &update.added {
         spawn_member(inner, h.clone());
@@ -332,10 +372,25 @@ fn apply(inner: &Arc<Inner>, update: &Update) {
     }
 }
 
-fn cancel_of(inner: &Inner, addr: &HostAddr) -> Arc<tokio::sync::Notify> {
+/// Publishes topology version `v` unless a newer one is published already. Two updates
+/// applied on two threads read the version in one order and may send it in the other: a
+/// plain send would put the older version back, and the published version would stay behind
+/// the topology's until the next change.
+pub(super) fn publish(version: &watch::Sender<u64>, v: u64) {
+    version.send_if_modified(|published| {
+        if v > *published {
+            *published = v;
+            true
+        } else {
+            false
+        }
+    });
+}
+
+fn cancel_of(inner: &Inner, addr: &HostAddr) -> watch::Sender<u64> {
     lock(&inner.cancels)
         .entry(addr.clone())
-        .or_default()
+        .or_insert_with(|| watch::channel(0).0)
         .clone()
 }
 
@@ -361,12 +416,16 @@ async fn run_monitor(inner: Arc<Inner>, addr: HostAddr) {
     let timeout = inner.options.connect_timeout;
     let mut conn: Option<ShardConnection> = None;
     let mut checks = inner.check_requests.subscribe();
+    let mut cancels = cancel_of(&inner, &addr).subscribe();
     // The first check is due at once.
     let mut last_start: Option<Instant> = None;
     // Set when an awaitable `hello` came back at once with nothing changed (a member that
     // does not wait): the next one is not sent before the minimum heartbeat interval.
     let mut hold_until: Option<Instant> = None;
     loop {
+        // Marks made from here on cancel the check planned next (one made before is in the
+        // plan: the member is Unknown, and is polled).
+        cancels.borrow_and_update();
         let plan = {
             let topology = lock(&inner.topology);
             topology.next_check(&addr, last_start.unwrap_or_else(Instant::now))
@@ -387,6 +446,9 @@ async fn run_monitor(inner: Arc<Inner>, addr: HostAddr) {
             let wake_on_request = matches!(plan.kind, CheckKind::Poll);
             tokio::select! {
                 _ = tokio::time::sleep_until(at.into()) => {}
+                // Holding back an awaitable `hello` and the member was marked Unknown: plan
+                // again (a poll) rather than send the awaitable one it may never answer.
+                Ok(()) = cancels.changed(), if !wake_on_request => continue,
                 r = checks.changed(), if wake_on_request => {
                     if r.is_ok() {
                         // A requested check still keeps the minimum interval between checks.
@@ -438,13 +500,9 @@ async fn run_monitor(inner: Arc<Inner>, addr: HostAddr) {
         let result = if timed {
             c.run(&body, read_timeout).await
         } else {
-            let cancel = cancel_of(&inner, &addr);
-            let cancelled = cancel.notified();
-            tokio::pin!(cancelled);
-            cancelled.as_mut().enable();
             tokio::select! {
                 r = c.run(&body, read_timeout) => r,
-                _ = cancelled => {
+                Ok(()) = cancels.changed() => {
                     // The reply may still come: the connection cannot be reused.
                     conn = None;
                     continue;

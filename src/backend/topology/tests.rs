@@ -965,6 +965,75 @@ fn waiting_for_a_primary_ends_when_one_is_elected() {
     );
 }
 
+/// `ShardMonitor::select` (the I/O side of the wait) on a monitor without tasks, where the
+/// test plays the monitors: a waiter that steps while a change is applied but not yet
+/// published must wait for the publication, not step again at once. It used to take the
+/// published version being merely different from the one it saw for a change, so it looped
+/// without ever yielding: on this single-threaded runtime nothing else ran until its selection
+/// timeout, and it gave up (133) with the election already over; on the router's runtime a
+/// few such waiters held every worker, so the monitors could not publish the primary either.
+#[tokio::test]
+async fn a_waiter_waits_for_the_publication_of_a_change_it_saw_applied() {
+    let settings = TopologySettings {
+        find_host_timeout: Duration::from_secs(2),
+        ..TopologySettings::default()
+    };
+    let m = std::sync::Arc::new(monitor::ShardMonitor::without_tasks(
+        &SeedList::parse("rs0/a:1,b:1,c:1").unwrap(),
+        settings,
+    ));
+    // a's monitor has applied a secondary's reply and not published it yet.
+    m.change(
+        |t| {
+            t.on_hello(
+                &h("a:1"),
+                Hello::from_document(&secondary("a:1", &ABC)),
+                None,
+                at(0),
+            )
+        },
+        false,
+    );
+    assert!(m.published() < m.with_topology(|t| t.version()));
+    let waiter = {
+        let m = m.clone();
+        tokio::spawn(async move { m.select(Need::Write, None, 0, &STUB).await })
+    };
+    // Let the waiter run until it waits.
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished(), "{:?}", waiter.await);
+    // b is elected; its monitor applies and publishes.
+    m.change(
+        |t| {
+            t.on_hello(
+                &h("b:1"),
+                Hello::from_document(&primary("b:1", &ABC, 2, 1)),
+                None,
+                at(1),
+            )
+        },
+        true,
+    );
+    let selected = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter wakes")
+        .expect("the waiter runs");
+    assert_eq!(selected, Ok(h("b:1")));
+}
+
+/// Two updates applied on two threads read the topology's version in one order and may
+/// publish it in the other: the older version must not replace the newer one (a waiter would
+/// see the published version behind the topology's until the next change).
+#[test]
+fn the_published_version_never_goes_back() {
+    let (version, rx) = tokio::sync::watch::channel(0u64);
+    monitor::publish(&version, 6);
+    monitor::publish(&version, 5);
+    assert_eq!(*rx.borrow(), 6);
+    monitor::publish(&version, 7);
+    assert_eq!(*rx.borrow(), 7);
+}
+
 #[test]
 fn waiting_gives_up_as_mongos_does() {
     let mut t = healthy();

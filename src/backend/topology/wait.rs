@@ -45,7 +45,7 @@ pub enum WaitStep {
     /// Send the request to this member.
     Ready(HostAddr),
     /// No member serves it yet: request an immediate check, then wait until the topology's
-    /// `version()` differs from `seen_version` or `until` passes, and step again.
+    /// `version()` is greater than `seen_version` or `until` passes, and step again.
     Wait {
         /// The topology version this step looked at.
         seen_version: u64,
