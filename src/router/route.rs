@@ -188,12 +188,6 @@ async fn route_once(
         }
         _ => None,
     };
-    let reads_in_place = matches!(how, Forwarded::Read | Forwarded::Aggregate);
-    let body = match write_options {
-        Some(_) => Document::new(),
-        None if reads_in_place => Document::new(),
-        None => req.options_document(),
-    };
     if let Some(c) = req.collection() {
         // Checked before anything is looked up, cached or recorded.
         crate::limits::check_namespace(&req.db, c)
@@ -206,6 +200,14 @@ async fn route_once(
     if let Some(snap) = &snapshot {
         sharded.know_shards_of(snap).await?;
     }
+    // Reads on a sharded collection; every other read goes to the primary shard, as it came.
+    let reads_in_place =
+        snapshot.is_some() && matches!(how, Forwarded::Read | Forwarded::Aggregate);
+    let body = match write_options {
+        Some(_) => Document::new(),
+        None if reads_in_place => Document::new(),
+        None => req.options_document(),
+    };
     let mut normalized = None;
     let read_body = match reads_in_place {
         true => Some(crate::read::ReadBody::of(req, &mut normalized)?),
@@ -332,11 +334,6 @@ async fn route_once(
             ),
         ));
     }
-    // Past the sharded reads, the readers below take the options as a document.
-    let body = match reads_in_place {
-        true => req.options_document(),
-        false => body,
-    };
     // A cursor the router opened for a read of a view on a sharded collection.
     if matches!(how, Forwarded::GetMore | Forwarded::KillCursors)
         && sharded.cursors.names_own_cursor(&req.name, &body)
