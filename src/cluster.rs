@@ -33,7 +33,7 @@ pub struct SlotRequest<'a> {
 pub struct Cluster {
     /// Cached routing snapshots.
     pub routing: RoutingTable,
-    /// Open transactions and the one shard each runs on.
+    /// Open transactions and the shards each runs on.
     pub transactions: TransactionTable,
     /// The shards with their pools and queues: set once, at start-up, or (`--configdb`) when
     /// the config server first answers with its shard list.
@@ -277,36 +277,81 @@ pub const MAX_TRANSACTIONS: usize = 10_000;
 /// `transactionLifetimeLimitSeconds`, 60): its shard aborts it by then too.
 pub const TRANSACTION_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// The router's open transactions: session id → its current `txnNumber` and the shard it runs
-/// on. One entry per session (a newer `txnNumber` replaces the older), keyed by the 16-byte
-/// session UUID, bounded by [`MAX_TRANSACTIONS`] and reaped after
+/// The router's open transactions: session id → its current `txnNumber`, the shards it has
+/// run on (its participants, in the order they joined, and whether each was sent a write),
+/// the first statement's `readConcern` (every later participant starts with it) and the
+/// cursors its statements opened. One entry per session (a newer `txnNumber` replaces the
+/// older), keyed by the 16-byte session UUID, bounded by [`MAX_TRANSACTIONS`] and reaped after
 /// [`TRANSACTION_IDLE_TIMEOUT`].
 #[derive(Debug, Default)]
 pub struct TransactionTable {
     entries: std::sync::Mutex<std::collections::HashMap<[u8; 16], TransactionEntry>>,
 }
 
+/// One shard a transaction has run on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Participant {
+    /// The shard's id.
+    pub shard: String,
+    /// Whether a statement that may write was sent to it.
+    pub wrote: bool,
+}
+
+/// How a statement joins its transaction on a shard.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Joined {
+    /// The statement is the transaction's first on this router.
+    pub first: bool,
+    /// The statement is the first on this shard, which is not the transaction's first shard:
+    /// it must start the transaction there (`startTransaction`, the first `readConcern`).
+    pub new_participant: bool,
+    /// The first statement's `readConcern`.
+    pub read_concern: Option<bson::Document>,
+}
+
 #[derive(Debug)]
 struct TransactionEntry {
     txn_number: i64,
-    shard: String,
+    participants: Vec<Participant>,
+    read_concern: Option<bson::Document>,
+    cursors: Vec<(i64, String)>,
     last_used: std::time::Instant,
 }
 
 impl TransactionTable {
-    /// The shard of transaction `txn` of `session`: the one already recorded, or `shard`,
-    /// recorded now (`true` when this statement started it).
+    /// Records that a statement of transaction `txn` of `session` goes to `shard` (`wrote`:
+    /// it may write). `read_concern` is the statement's own, kept when it starts the
+    /// transaction.
     pub fn begin(
         &self,
         session: [u8; 16],
         txn: i64,
         shard: &str,
-    ) -> Result<(String, bool), crate::command::CommandError> {
+        wrote: bool,
+        read_concern: Option<&bson::Document>,
+    ) -> Result<Joined, crate::command::CommandError> {
         let mut entries = crate::sync::lock(&self.entries);
         if let Some(e) = entries.get_mut(&session) {
             if e.txn_number == txn {
                 e.last_used = std::time::Instant::now();
-                return Ok((e.shard.clone(), false));
+                let new_participant = match e.participants.iter_mut().find(|p| p.shard == shard) {
+                    Some(p) => {
+                        p.wrote |= wrote;
+                        false
+                    }
+                    None => {
+                        e.participants.push(Participant {
+                            shard: shard.to_string(),
+                            wrote,
+                        });
+                        true
+                    }
+                };
+                return Ok(Joined {
+                    first: false,
+                    new_participant,
+                    read_concern: e.read_concern.clone(),
+                });
             }
         } else if entries.len() >= MAX_TRANSACTIONS {
             entries.retain(|_, e| e.last_used.elapsed() < TRANSACTION_IDLE_TIMEOUT);
@@ -321,31 +366,82 @@ impl TransactionTable {
             session,
             TransactionEntry {
                 txn_number: txn,
-                shard: shard.to_string(),
+                participants: vec![Participant {
+                    shard: shard.to_string(),
+                    wrote,
+                }],
+                read_concern: read_concern.cloned(),
+                cursors: Vec::new(),
                 last_used: std::time::Instant::now(),
             },
         );
-        Ok((shard.to_string(), true))
+        Ok(Joined {
+            first: true,
+            new_participant: false,
+            read_concern: read_concern.cloned(),
+        })
     }
 
-    /// The shard of transaction `txn` of `session`, if recorded. The entry stays (a commit
-    /// may be retried) until a newer transaction of the session replaces it or it is reaped.
-    pub fn shard_of(&self, session: &[u8; 16], txn: i64) -> Option<String> {
+    /// The participants of transaction `txn` of `session`, if recorded. The entry stays (a
+    /// commit may be retried) until a newer transaction of the session replaces it or it is
+    /// reaped.
+    pub fn participants(&self, session: &[u8; 16], txn: i64) -> Option<Vec<Participant>> {
         let mut entries = crate::sync::lock(&self.entries);
         match entries.get_mut(session) {
             Some(e) if e.txn_number == txn => {
                 e.last_used = std::time::Instant::now();
-                Some(e.shard.clone())
+                Some(e.participants.clone())
             }
             _ => None,
         }
     }
 
-    /// Forgets transaction `txn` of `session`; returns its shard if it was recorded.
-    pub fn end(&self, session: &[u8; 16], txn: i64) -> Option<String> {
+    /// The first shard of transaction `txn` of `session`, if recorded.
+    pub fn shard_of(&self, session: &[u8; 16], txn: i64) -> Option<String> {
+        self.participants(session, txn)
+            .and_then(|p| p.into_iter().next().map(|p| p.shard))
+    }
+
+    /// Takes `shard` out of the participants of transaction `txn` of `session` (its first
+    /// statement there failed: the transaction does not exist there).
+    pub fn leave(&self, session: &[u8; 16], txn: i64, shard: &str) {
+        let mut entries = crate::sync::lock(&self.entries);
+        if let Some(e) = entries.get_mut(session) {
+            if e.txn_number == txn {
+                e.participants.retain(|p| p.shard != shard);
+            }
+        }
+    }
+
+    /// Records that cursor `id` of transaction `txn` of `session` lives on `shard`.
+    pub fn add_cursor(&self, session: &[u8; 16], txn: i64, id: i64, shard: &str) {
+        let mut entries = crate::sync::lock(&self.entries);
+        if let Some(e) = entries.get_mut(session) {
+            if e.txn_number == txn {
+                e.cursors.retain(|(c, _)| *c != id);
+                e.cursors.push((id, shard.to_string()));
+            }
+        }
+    }
+
+    /// The shard cursor `id` of transaction `txn` of `session` lives on.
+    pub fn cursor_shard(&self, session: &[u8; 16], txn: i64, id: i64) -> Option<String> {
+        let entries = crate::sync::lock(&self.entries);
+        match entries.get(session) {
+            Some(e) if e.txn_number == txn => e
+                .cursors
+                .iter()
+                .find(|(c, _)| *c == id)
+                .map(|(_, s)| s.clone()),
+            _ => None,
+        }
+    }
+
+    /// Forgets transaction `txn` of `session`; returns its participants if it was recorded.
+    pub fn end(&self, session: &[u8; 16], txn: i64) -> Option<Vec<Participant>> {
         let mut entries = crate::sync::lock(&self.entries);
         match entries.get(session) {
-            Some(e) if e.txn_number == txn => entries.remove(session).map(|e| e.shard),
+            Some(e) if e.txn_number == txn => entries.remove(session).map(|e| e.participants),
             _ => None,
         }
     }
@@ -358,5 +454,51 @@ impl TransactionTable {
     /// Whether none is tracked.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transaction_gathers_its_participants_and_what_each_wrote() {
+        let t = TransactionTable::default();
+        let s = [1u8; 16];
+        let rc = bson::doc! {"level": "snapshot"};
+        let first = t.begin(s, 1, "a", false, Some(&rc)).unwrap();
+        assert!(first.first && !first.new_participant);
+        // The first shard again: not new; its write is remembered.
+        let again = t.begin(s, 1, "a", true, None).unwrap();
+        assert!(!again.first && !again.new_participant);
+        // A second shard joins with the first statement's readConcern.
+        let b = t.begin(s, 1, "b", false, None).unwrap();
+        assert!(b.new_participant);
+        assert_eq!(b.read_concern, Some(rc));
+        assert_eq!(
+            t.participants(&s, 1).unwrap(),
+            vec![
+                Participant {
+                    shard: "a".into(),
+                    wrote: true
+                },
+                Participant {
+                    shard: "b".into(),
+                    wrote: false
+                },
+            ]
+        );
+        assert_eq!(t.shard_of(&s, 1).as_deref(), Some("a"));
+        t.add_cursor(&s, 1, 77, "b");
+        assert_eq!(t.cursor_shard(&s, 1, 77).as_deref(), Some("b"));
+        assert_eq!(t.cursor_shard(&s, 1, 78), None);
+        t.leave(&s, 1, "b");
+        assert_eq!(t.participants(&s, 1).unwrap().len(), 1);
+        // A newer number replaces the entry; the older one is unknown.
+        let next = t.begin(s, 2, "b", true, None).unwrap();
+        assert!(next.first);
+        assert_eq!(t.participants(&s, 1), None);
+        assert_eq!(t.end(&s, 2).map(|p| p.len()), Some(1));
+        assert!(t.is_empty());
     }
 }

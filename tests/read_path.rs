@@ -250,7 +250,7 @@ async fn a_lost_shard_fails_cleanly_or_is_skipped_with_allow_partial_results() {
 }
 
 #[tokio::test]
-async fn transactions_run_on_one_shard_only() {
+async fn each_transaction_statement_targets_one_shard() {
     let (c, cl) = setup().await;
     let db = cl.database("shop");
     let lsid = doc! {"id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![3; 16] })};
@@ -258,21 +258,24 @@ async fn transactions_run_on_one_shard_only() {
     db.run_command(doc! {"find": "items", "filter": {"_id": 5}, "lsid": lsid.clone(), "txnNumber": 1i64, "startTransaction": true, "autocommit": false})
         .await
         .unwrap();
-    // A statement that needs several shards is refused by the router.
+    // A statement that needs several shards at once is refused by the router (a transaction
+    // may span shards, one statement at a time).
     let r = db
         .run_command(doc! {"find": "items", "filter": {"g": 1}, "lsid": lsid.clone(), "txnNumber": 2i64, "startTransaction": true, "autocommit": false})
         .await
         .unwrap_err();
     assert_eq!(error_code(&r), 263);
-    // Each kind of statement is targeted by what it reads the shard key from: an insert by its
-    // documents, an update or delete by each statement's `q`, a count or distinct by its
-    // `query`, a findAndModify by its `query`. One shard passes through (and runs); several
-    // are refused by the router (263).
-    let one_and_many: [(Document, Document); 5] = [
-        (
-            doc! {"insert": "items", "documents": [{"_id": 1000}]},
-            doc! {"insert": "items", "documents": [{"_id": 1000}, {"_id": 1001}, {"_id": 1002}, {"_id": 1003}]},
-        ),
+    // An insert whose documents live on several shards is split, one child per shard (its
+    // shards join the transaction).
+    let r = db
+        .run_command(doc! {"insert": "items", "documents": [{"_id": 1000}, {"_id": 1001}, {"_id": 1002}, {"_id": 1003}], "lsid": lsid.clone(), "txnNumber": 3i64, "startTransaction": true, "autocommit": false})
+        .await
+        .unwrap();
+    assert_eq!(r.get_i32("n").unwrap(), 4, "{r}");
+    // Each kind of statement is targeted by what it reads the shard key from: an update or
+    // delete by each statement's `q`, a count or distinct by its `query`, a findAndModify by
+    // its `query`. One shard passes through (and runs); several are refused by the router (263).
+    let one_and_many: [(Document, Document); 4] = [
         (
             doc! {"update": "items", "updates": [{"q": {"_id": 5}, "u": {"$set": {"t": 1}}}]},
             doc! {"update": "items", "updates": [{"q": {"g": 1}, "u": {"$set": {"t": 1}}}]},

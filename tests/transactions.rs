@@ -414,7 +414,7 @@ async fn a_fail_point_error_inside_a_transaction_is_labelled() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_router_runs_one_shard_transactions_and_refuses_more() {
+async fn the_router_passes_statements_through_to_their_shard() {
     let c = TestCluster::start(2, &[("txn.sharded", doc! {"_id": "hashed"})]).await;
     let cl = common::driver(c.addr(), "").await;
     let sharded = coll(&cl, "sharded");
@@ -458,15 +458,21 @@ async fn the_router_runs_one_shard_transactions_and_refuses_more() {
     assert_eq!(seen, 2);
     s.commit_transaction().await.unwrap();
 
-    // A statement bound for a second shard: refused, and the transaction commits nothing.
+    // A statement bound for a second shard brings it in; one that targets both at once is
+    // refused, and the aborted transaction commits nothing on either.
     s.start_transaction().await.unwrap();
     sharded
         .update_one(doc! {"_id": a}, doc! {"$set": {"t": 1}})
         .session(&mut s)
         .await
         .unwrap();
-    let e = sharded
+    sharded
         .insert_one(doc! {"_id": b})
+        .session(&mut s)
+        .await
+        .unwrap();
+    let e = sharded
+        .update_many(doc! {}, doc! {"$set": {"u": 1}})
         .session(&mut s)
         .await
         .unwrap_err();
@@ -474,6 +480,7 @@ async fn the_router_runs_one_shard_transactions_and_refuses_more() {
     s.abort_transaction().await.unwrap();
     let d = sharded.find_one(doc! {"_id": a}).await.unwrap().unwrap();
     assert!(!d.contains_key("t"), "{d}");
+    assert_eq!(sharded.count_documents(doc! {"_id": b}).await.unwrap(), 0);
 
     // A lost shard connection inside a transaction comes back labelled transient.
     let shard_of_a = c
@@ -591,4 +598,471 @@ async fn snapshot_reads_see_one_instant_across_shards() {
         }
         target.stop().await;
     }
+}
+
+/// A router over two shards with `txn.sharded` hashed on `_id`, and two `_id`s owned by
+/// different shards (with the index of each one's shard).
+async fn two_shards() -> (TestCluster, Client, i32, i32, usize, usize) {
+    let c = TestCluster::start(2, &[("txn.sharded", doc! {"_id": "hashed"})]).await;
+    let cl = common::driver(c.addr(), "").await;
+    let owner = |id: i32| c.owner("txn.sharded", &doc! {"_id": id});
+    let a = 1;
+    let b = (2..100).find(|i| owner(*i) != owner(a)).unwrap();
+    let index = |id: i32| {
+        c.shards
+            .iter()
+            .position(|sh| sh.service().name() == owner(id))
+            .unwrap()
+    };
+    let (ia, ib) = (index(a), index(b));
+    (c, cl, a, b, ia, ib)
+}
+
+fn open_on(c: &TestCluster) -> (usize, usize) {
+    c.shards.iter().fold((0, 0), |(o, p), sh| {
+        (
+            o + sh.service().open_transactions(),
+            p + sh.service().prepared_transactions(),
+        )
+    })
+}
+
+/// Writes on two shards in one transaction: each statement's shard joins it, the transaction
+/// reads its own writes on both, nobody outside sees any of them before the commit, and the
+/// commit (a two-phase commit: one `prepareTransaction` per shard) applies all of them. An
+/// abort applies none. A second shard that was only read commits without a prepare.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_across_two_shards_commits_atomically() {
+    let (c, cl, a, b, _, _) = two_shards().await;
+    let sharded = coll(&cl, "sharded");
+    let mut s = cl.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    sharded
+        .insert_one(doc! {"_id": a, "v": 1})
+        .session(&mut s)
+        .await
+        .unwrap();
+    sharded
+        .insert_one(doc! {"_id": b, "v": 1})
+        .session(&mut s)
+        .await
+        .unwrap();
+    // Read-your-writes on both shards.
+    for id in [a, b] {
+        let d = sharded
+            .find_one(doc! {"_id": id})
+            .session(&mut s)
+            .await
+            .unwrap();
+        assert_eq!(d, Some(doc! {"_id": id, "v": 1}));
+    }
+    // Outside: none of them.
+    assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 0);
+    assert_eq!(open_on(&c), (2, 0));
+    s.commit_transaction().await.unwrap();
+    assert_eq!(c.shard_command_total("prepareTransaction"), 2);
+    assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 2);
+    assert_eq!(open_on(&c), (0, 0));
+    // A retried commit answers ok and applies nothing twice (it asks both shards again).
+    s.commit_transaction().await.unwrap();
+    assert_eq!(c.count_on_shards("txn", "sharded"), 2);
+    let prepares = c.shard_command_total("prepareTransaction");
+
+    // Abort: nothing of either shard's writes.
+    s.start_transaction().await.unwrap();
+    for id in [a, b] {
+        sharded
+            .update_one(doc! {"_id": id}, doc! {"$set": {"v": 2}})
+            .session(&mut s)
+            .await
+            .unwrap();
+    }
+    s.abort_transaction().await.unwrap();
+    assert_eq!(sharded.count_documents(doc! {"v": 1}).await.unwrap(), 2);
+    assert_eq!(open_on(&c), (0, 0));
+
+    // One shard written, the other only read: plain commits, no prepare.
+    s.start_transaction().await.unwrap();
+    sharded
+        .update_one(doc! {"_id": a}, doc! {"$set": {"v": 3}})
+        .session(&mut s)
+        .await
+        .unwrap();
+    let other = sharded
+        .find_one(doc! {"_id": b})
+        .session(&mut s)
+        .await
+        .unwrap();
+    assert_eq!(other, Some(doc! {"_id": b, "v": 1}));
+    s.commit_transaction().await.unwrap();
+    assert_eq!(c.shard_command_total("prepareTransaction"), prepares);
+    assert_eq!(sharded.count_documents(doc! {"v": 3}).await.unwrap(), 1);
+    assert_eq!(open_on(&c), (0, 0));
+    c.stop().await;
+}
+
+/// A write conflict on the second shard: a statement that meets another transaction's
+/// document fails with WriteConflict labelled transient; a document changed outside after the
+/// transaction wrote it fails the prepare, so the commit aborts on both shards and comes back
+/// NoSuchTransaction labelled transient, and `with_transaction` runs the whole again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_conflict_on_the_second_shard_aborts_the_whole() {
+    let (c, cl, a, b, _, _) = two_shards().await;
+    let sharded = coll(&cl, "sharded");
+    sharded
+        .insert_many([doc! {"_id": a, "n": 0}, doc! {"_id": b, "n": 0}])
+        .await
+        .unwrap();
+
+    // Statement-level conflict on the second shard.
+    let mut s1 = cl.start_session().await.unwrap();
+    let mut s2 = cl.start_session().await.unwrap();
+    s1.start_transaction().await.unwrap();
+    sharded
+        .update_one(doc! {"_id": a}, doc! {"$inc": {"n": 1}})
+        .session(&mut s1)
+        .await
+        .unwrap();
+    s2.start_transaction().await.unwrap();
+    sharded
+        .update_one(doc! {"_id": b}, doc! {"$inc": {"n": 10}})
+        .session(&mut s2)
+        .await
+        .unwrap();
+    let e = sharded
+        .update_one(doc! {"_id": b}, doc! {"$inc": {"n": 1}})
+        .session(&mut s1)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&e), 112, "{e}");
+    assert!(e.contains_label(LABEL), "{e}");
+    let _ = s1.abort_transaction().await;
+    s2.abort_transaction().await.unwrap();
+    assert_eq!(sharded.count_documents(doc! {"n": 0}).await.unwrap(), 2);
+    assert_eq!(open_on(&c), (0, 0));
+
+    // Commit-time conflict: the first attempt's prepare fails on b's shard, the retry commits.
+    let attempts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (inner, counter) = (sharded.clone(), attempts.clone());
+    s1.start_transaction()
+        .and_run2(async move |session| {
+            let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            for id in [a, b] {
+                inner
+                    .update_one(doc! {"_id": id}, doc! {"$inc": {"n": 1}})
+                    .session(&mut *session)
+                    .await?;
+            }
+            if n == 0 {
+                inner
+                    .update_one(doc! {"_id": b}, doc! {"$inc": {"outside": 1}})
+                    .await?;
+            }
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(attempts.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let da = sharded.find_one(doc! {"_id": a}).await.unwrap().unwrap();
+    let db = sharded.find_one(doc! {"_id": b}).await.unwrap().unwrap();
+    assert_eq!(da.get_i32("n").unwrap(), 1, "{da}");
+    assert_eq!(db.get_i32("n").unwrap(), 1, "{db}");
+    assert_eq!(db.get_i32("outside").unwrap(), 1, "{db}");
+    assert_eq!(open_on(&c), (0, 0));
+    c.stop().await;
+}
+
+/// A failure injected at `prepareTransaction` on one shard: the router aborts on every shard,
+/// the commit fails with NoSuchTransaction labelled transient, and nothing is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_prepare_aborts_everywhere() {
+    let (c, cl, a, b, _, ib) = two_shards().await;
+    let sharded = coll(&cl, "sharded");
+    c.direct(ib)
+        .await
+        .database("admin")
+        .run_command(doc! {"configureFailPoint": "failCommand", "mode": {"times": 1}, "data": {"failCommands": ["prepareTransaction"], "errorCode": 8}})
+        .await
+        .unwrap();
+    let mut s = cl.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    for id in [a, b] {
+        sharded
+            .insert_one(doc! {"_id": id})
+            .session(&mut s)
+            .await
+            .unwrap();
+    }
+    let e = s.commit_transaction().await.unwrap_err();
+    assert_eq!(code(&e), 251, "{e}");
+    assert!(e.contains_label(LABEL), "{e}");
+    assert_eq!(c.count_on_shards("txn", "sharded"), 0);
+    assert_eq!(open_on(&c), (0, 0));
+    c.stop().await;
+}
+
+/// `prepareTransaction` on one shard, as a coordinator sends it: a prepare timestamp; the
+/// errors mongod gives for misuse; a prepared transaction's documents make a write outside it
+/// wait until the commit, and a write of another transaction conflict; abort of a prepared
+/// transaction applies nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_transaction_holds_its_documents_until_commit() {
+    let s = shard().await;
+    let mut raw = Raw::connect(s.local_addr()).await;
+    let lsid = doc! {"id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![7; 16] })};
+    let other = doc! {"id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![8; 16] })};
+    let prepare = doc! {"prepareTransaction": 1, "$db": "admin"};
+    let commit = doc! {"commitTransaction": 1, "$db": "admin"};
+    let abort = doc! {"abortTransaction": 1, "$db": "admin"};
+    let insert = |id: i32| doc! {"insert": "c", "documents": [{"_id": id}], "$db": "d"};
+
+    // Unknown, then aborted: NoSuchTransaction.
+    let r = raw
+        .command(&txn_cmd(prepare.clone(), &lsid, 1, false))
+        .await;
+    assert_eq!(r.get_i32("code").unwrap(), 251, "{r}");
+    let r = raw.command(&txn_cmd(insert(1), &lsid, 1, true)).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    let mut early = txn_cmd(commit.clone(), &lsid, 1, false);
+    early.insert(
+        "commitTimestamp",
+        bson::Timestamp {
+            time: 1,
+            increment: 1,
+        },
+    );
+    let r = raw.command(&early).await;
+    assert_eq!(r.get_i32("code").unwrap(), 72, "{r}");
+    let r = raw.command(&txn_cmd(abort.clone(), &lsid, 1, false)).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    let r = raw
+        .command(&txn_cmd(prepare.clone(), &lsid, 1, false))
+        .await;
+    assert_eq!(r.get_i32("code").unwrap(), 251, "{r}");
+
+    // Prepared: statements, a commit without (or before) the prepare time are refused.
+    let r = raw.command(&txn_cmd(insert(1), &lsid, 2, true)).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    let r = raw
+        .command(&txn_cmd(prepare.clone(), &lsid, 2, false))
+        .await;
+    let at = r.get_timestamp("prepareTimestamp").unwrap();
+    let r = raw
+        .command(&txn_cmd(prepare.clone(), &lsid, 2, false))
+        .await;
+    assert_eq!(r.get_timestamp("prepareTimestamp").unwrap(), at, "{r}");
+    assert_eq!(s.service().prepared_transactions(), 1);
+    let r = raw.command(&txn_cmd(commit.clone(), &lsid, 2, false)).await;
+    assert_eq!(r.get_i32("code").unwrap(), 72, "{r}");
+    let r = raw.command(&txn_cmd(insert(2), &lsid, 2, false)).await;
+    assert_eq!(r.get_i32("code").unwrap(), 267, "{r}");
+    let mut before = txn_cmd(commit.clone(), &lsid, 2, false);
+    before.insert(
+        "commitTimestamp",
+        bson::Timestamp {
+            time: at.time - 1,
+            increment: 0,
+        },
+    );
+    let r = raw.command(&before).await;
+    assert_eq!(r.get_i32("code").unwrap(), 72, "{r}");
+    // Another transaction writing the prepared document: WriteConflict.
+    let r = raw.command(&txn_cmd(insert(1), &other, 1, true)).await;
+    assert_eq!(r.get_i32("code").unwrap(), 112, "{r}");
+
+    // A write outside waits for the commit, then sees its document.
+    let direct = common::direct(s.local_addr()).await;
+    let c: Collection<Document> = direct.database("d").collection("c");
+    let outside = tokio::spawn(async move {
+        c.update_one(doc! {"_id": 1}, doc! {"$set": {"after": true}})
+            .await
+            .map(|r| r.matched_count)
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!outside.is_finished(), "the outside write did not wait");
+    assert_eq!(s.service().count_documents("d", "c"), 0);
+    let mut at_commit = txn_cmd(commit.clone(), &lsid, 2, false);
+    at_commit.insert("commitTimestamp", at);
+    let r = raw.command(&at_commit).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    assert_eq!(outside.await.unwrap().unwrap(), 1);
+    assert_eq!(
+        s.service().documents("d", "c"),
+        vec![doc! {"_id": 1, "after": true}]
+    );
+    let r = raw
+        .command(&txn_cmd(prepare.clone(), &lsid, 2, false))
+        .await;
+    assert_eq!(r.get_i32("code").unwrap(), 256, "{r}");
+
+    // Abort of a prepared transaction: nothing applied, the documents released.
+    let r = raw.command(&txn_cmd(insert(3), &lsid, 3, true)).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    let r = raw
+        .command(&txn_cmd(prepare.clone(), &lsid, 3, false))
+        .await;
+    assert!(r.get_timestamp("prepareTimestamp").is_ok(), "{r}");
+    let r = raw.command(&txn_cmd(abort.clone(), &lsid, 3, false)).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    assert_eq!(s.service().count_documents("d", "c"), 1);
+    assert_eq!(s.service().open_transactions(), 0);
+    s.shutdown().await;
+}
+
+/// Through the router: a document a prepared transaction holds on one shard makes an outside
+/// write wait until the router's commit reaches that shard (the prepare is held open by a
+/// fail point that delays the other shard's commit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outside_write_waits_for_a_prepared_transaction_through_the_router() {
+    let (c, cl, a, b, ia, _) = two_shards().await;
+    let sharded = coll(&cl, "sharded");
+    sharded
+        .insert_many([doc! {"_id": a, "n": 0}, doc! {"_id": b, "n": 0}])
+        .await
+        .unwrap();
+    // a's shard answers its commit 600 ms late: until then, a is prepared there.
+    c.direct(ia)
+        .await
+        .database("admin")
+        .run_command(doc! {"configureFailPoint": "failCommand", "mode": {"times": 1}, "data": {"failCommands": ["commitTransaction"], "blockConnection": true, "blockTimeMS": 600}})
+        .await
+        .unwrap();
+    let mut s = cl.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    for id in [a, b] {
+        sharded
+            .update_one(doc! {"_id": id}, doc! {"$inc": {"n": 1}})
+            .session(&mut s)
+            .await
+            .unwrap();
+    }
+    let committing = tokio::spawn(async move { s.commit_transaction().await.map(|_| s) });
+    // Wait until a's shard is prepared, then write a outside.
+    for _ in 0..200 {
+        if c.shards[ia].service().prepared_transactions() == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(c.shards[ia].service().prepared_transactions(), 1);
+    let seen = sharded
+        .find_one_and_update(doc! {"_id": a}, doc! {"$inc": {"n": 10}})
+        .await
+        .unwrap()
+        .unwrap();
+    // The outside write ran after the commit: it saw the transaction's increment.
+    assert_eq!(seen.get_i32("n").unwrap(), 1, "{seen}");
+    committing.await.unwrap().unwrap();
+    let d = sharded.find_one(doc! {"_id": a}).await.unwrap().unwrap();
+    assert_eq!(d.get_i32("n").unwrap(), 11, "{d}");
+    c.stop().await;
+}
+
+/// A commit whose second phase loses its connection to one shard: the client gets
+/// `UnknownTransactionCommitResult` (not the transient label: the transaction must not run
+/// again), and the retried commit finishes it on that shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_commit_outcome_is_labelled_and_a_retry_finishes_it() {
+    let (c, cl, a, b, _, ib) = two_shards().await;
+    let sharded = coll(&cl, "sharded");
+    c.direct(ib)
+        .await
+        .database("admin")
+        .run_command(doc! {"configureFailPoint": "failCommand", "mode": {"times": 1}, "data": {"failCommands": ["commitTransaction"], "closeConnection": true}})
+        .await
+        .unwrap();
+    let mut s = cl.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    for id in [a, b] {
+        sharded
+            .insert_one(doc! {"_id": id})
+            .session(&mut s)
+            .await
+            .unwrap();
+    }
+    let e = s.commit_transaction().await.unwrap_err();
+    assert!(e.contains_label("UnknownTransactionCommitResult"), "{e}");
+    assert!(!e.contains_label(LABEL), "{e}");
+    assert_eq!(c.shards[ib].service().prepared_transactions(), 1);
+    s.commit_transaction().await.unwrap();
+    assert_eq!(c.count_on_shards("txn", "sharded"), 2);
+    assert_eq!(open_on(&c), (0, 0));
+    c.stop().await;
+}
+
+/// A commit sent to another router with the `recoveryToken` of the last reply: a one-shard
+/// transaction commits on the shard the token names; a transaction across two shards commits
+/// on both (the token names them, and the other router runs the two phases).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_through_another_router_uses_the_recovery_token() {
+    let (c, _cl, a, b, _, _) = two_shards().await;
+    // The other router only ends transactions here: it needs the shards, not the collection's
+    // metadata (a second static router would give the shards a different version of it).
+    let other = c.another_router(&[]).await;
+    let mut first = Raw::connect(c.addr()).await;
+    let mut second = Raw::connect(other.local_addr()).await;
+    let lsid = doc! {"id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![9; 16] })};
+    let insert = |id: i32| doc! {"insert": "sharded", "documents": [{"_id": id}], "$db": "txn"};
+    let commit = doc! {"commitTransaction": 1, "$db": "admin"};
+
+    let owner = |id: i32| c.owner("txn.sharded", &doc! {"_id": id});
+    let a2 = (2..100).find(|i| owner(*i) == owner(a)).unwrap();
+    for (txn, ids) in [(1, vec![a]), (2, vec![a2, b])] {
+        let mut token = Document::new();
+        for (k, id) in ids.iter().enumerate() {
+            let r = first
+                .command(&txn_cmd(insert(*id), &lsid, txn, k == 0))
+                .await;
+            assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+            token = r.get_document("recoveryToken").unwrap().clone();
+        }
+        let mut cmd = txn_cmd(commit.clone(), &lsid, txn, false);
+        cmd.insert("recoveryToken", token);
+        let r = second.command(&cmd).await;
+        assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+        assert_eq!(open_on(&c), (0, 0), "transaction {txn}");
+    }
+    assert_eq!(c.count_on_shards("txn", "sharded"), 3);
+    other.shutdown().await;
+    c.stop().await;
+}
+
+/// An `insert` inside a transaction whose documents live on two shards is split into one
+/// child per shard: all of it commits together; a duplicate key on the second shard comes back
+/// as a write error at the document's index in the client's command, and nothing is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_across_shards_in_a_transaction_is_split() {
+    let (c, cl, a, b, ia, ib) = two_shards().await;
+    let sharded = coll(&cl, "sharded");
+    let mut s = cl.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    let docs: Vec<Document> = (100..110).map(|i| doc! {"_id": i}).collect();
+    let r = sharded.insert_many(docs).session(&mut s).await.unwrap();
+    assert_eq!(r.inserted_ids.len(), 10);
+    assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 0);
+    s.commit_transaction().await.unwrap();
+    assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 10);
+    for i in [ia, ib] {
+        assert!(c.shards[i].service().count_documents("txn", "sharded") > 0);
+    }
+
+    sharded.insert_one(doc! {"_id": b}).await.unwrap();
+    s.start_transaction().await.unwrap();
+    let e = sharded
+        .insert_many([doc! {"_id": a}, doc! {"_id": b}])
+        .session(&mut s)
+        .await
+        .unwrap_err();
+    match *e.kind {
+        mongodb::error::ErrorKind::InsertMany(ref f) => {
+            let we = f.write_errors.as_ref().unwrap();
+            assert_eq!(we.len(), 1, "{e}");
+            assert_eq!((we[0].index, we[0].code), (1, 11000), "{e}");
+        }
+        _ => panic!("{e}"),
+    }
+    let _ = s.abort_transaction().await;
+    assert_eq!(sharded.count_documents(doc! {"_id": a}).await.unwrap(), 0);
+    assert_eq!(open_on(&c), (0, 0));
+    c.stop().await;
 }

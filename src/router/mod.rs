@@ -14,6 +14,7 @@ pub mod merge_output;
 pub mod route;
 pub mod sharding;
 pub mod state;
+pub mod transactions;
 pub mod uptime;
 pub mod views;
 

@@ -764,9 +764,11 @@ fn in_transaction(body: &Document) -> bool {
         || matches!(body.get("autocommit"), Some(Bson::Boolean(false)))
 }
 
-/// A statement of a transaction, or its commit/abort. Transactions whose statements all target
-/// one shard pass through to it unchanged; a statement bound for another shard is refused with
-/// OperationNotSupportedInTransaction (263): distributed transactions are not implemented.
+/// A statement of a transaction, or its commit/abort. Each statement goes to the one shard it
+/// targets, which joins the transaction if it is new to it (`startTransaction` and the first
+/// statement's `readConcern` are added, as mongos adds them); a statement that targets several
+/// shards at once is refused with OperationNotSupportedInTransaction (263). The commit and
+/// abort are [`super::transactions::end_transaction`]'s.
 async fn transaction(
     cluster: &Arc<Cluster>,
     store: &StaticStore,
@@ -784,31 +786,23 @@ async fn transaction(
     let session = crate::command::session_id(lsid)?;
     let txn = crate::value::field::number_field(body, "txnNumber").unwrap_or(0);
     if how == Forwarded::EndTransaction {
-        // The shard the transaction ran on, as this router recorded it or as the client's
-        // `recoveryToken` (from an earlier reply, maybe of another router) names it.
-        let shard = cluster.transactions.shard_of(&session, txn).or_else(|| {
-            body.get_document("recoveryToken")
-                .ok()
-                .and_then(|t| t.get_str("recoveryShardId").ok())
-                .filter(|s| cluster.pool(s).is_some())
-                .map(str::to_string)
-        });
-        let Some(shard) = shard else {
-            // Labelled as mongod and mongos label it: nothing of it can be committed, so the
-            // whole transaction may be retried.
-            let mut e = CommandError::new(
-                ErrorCode::NoSuchTransaction,
-                format!("Transaction with txnNumber {txn} has not been started on this router"),
-            );
-            e.labels.push("TransientTransactionError".to_string());
-            return Err(e);
-        };
-        return forward(cluster, &shard, req, None).await;
+        return super::transactions::end_transaction(cluster, req, body, session, txn).await;
     }
-    // A cursor of the transaction lives on the transaction's shard.
-    let recorded = matches!(how, Forwarded::GetMore | Forwarded::KillCursors)
-        .then(|| cluster.transactions.shard_of(&session, txn))
-        .flatten();
+    // A cursor of the transaction lives on the shard that opened it.
+    let cursor = match how {
+        Forwarded::GetMore => body.get_i64("getMore").ok(),
+        Forwarded::KillCursors => body
+            .get_array("cursors")
+            .ok()
+            .and_then(|a| a.iter().find_map(Bson::as_i64)),
+        _ => None,
+    };
+    let recorded = cursor.and_then(|id| {
+        cluster
+            .transactions
+            .cursor_shard(&session, txn, id)
+            .or_else(|| cluster.transactions.shard_of(&session, txn))
+    });
     let shard = match snapshot {
         _ if recorded.is_some() => recorded.unwrap_or_default(),
         None => primary_shard(cluster, store, &req.db, true)?,
@@ -816,15 +810,22 @@ async fn transaction(
             let shards = transaction_targets(snap, how, req, body);
             match shards.as_slice() {
                 [one] => one.clone(),
+                [_, _, ..] if how == Forwarded::Write(WriteKind::Insert) => {
+                    return insert_across_shards(cluster, snap, req, body, session, txn).await;
+                }
                 _ => {
                     return Err(CommandError::new(
                         ErrorCode::OperationNotSupportedInTransaction,
-                        format!("'{}' on {} targets {} shards inside a transaction; Sluice runs transactions on a single shard only", req.name, snap.ns, shards.len()),
+                        format!("'{}' on {} targets {} shards at once inside a transaction; Sluice sends each statement of a transaction to one shard", req.name, snap.ns, shards.len()),
                     ))
                 }
             }
         }
     };
+    let wrote = !matches!(
+        how,
+        Forwarded::Read | Forwarded::Aggregate | Forwarded::GetMore | Forwarded::KillCursors
+    );
     statement_on(
         cluster,
         session,
@@ -832,8 +833,87 @@ async fn transaction(
         &shard,
         req,
         version_of(cluster, snapshot, &shard),
+        wrote,
     )
     .await
+}
+
+/// An `insert` of a transaction whose documents live on several shards: one child `insert`
+/// per shard (each shard joining the transaction if new to it), in the order the shards first
+/// appear among the documents. The reply counts every shard's documents; the first child that
+/// fails ends the insert with its error (or its write errors, their `index` the document's
+/// index in the client's command): the transaction is aborted on that shard, so what the other
+/// children wrote is never committed.
+async fn insert_across_shards(
+    cluster: &Arc<Cluster>,
+    snap: &crate::routing::RoutingSnapshot,
+    req: &CommandRequest,
+    body: &Document,
+    session: [u8; 16],
+    txn: i64,
+) -> Result<Document, CommandError> {
+    let mut groups: Vec<(String, Vec<usize>, Vec<Bson>)> = Vec::new();
+    for (i, raw) in req.statement_bytes("documents")?.iter().enumerate() {
+        let doc = bson::RawDocument::from_bytes(raw)
+            .map_err(|e| CommandError::new(ErrorCode::BadValue, e.to_string()))?;
+        let shard = snap
+            .pattern
+            .extract_from_document(doc)
+            .ok()
+            .and_then(|k| snap.shard_for(&k).map(str::to_string));
+        let Some(shard) = shard else {
+            return Err(CommandError::new(
+                ErrorCode::OperationNotSupportedInTransaction,
+                format!("a document of this insert into {} has no shard key value inside a transaction; Sluice sends each statement of a transaction to one shard", snap.ns),
+            ));
+        };
+        let doc = Document::try_from(doc)
+            .map_err(|e| CommandError::new(ErrorCode::BadValue, e.to_string()))?;
+        match groups.iter_mut().find(|(s, _, _)| *s == shard) {
+            Some((_, indexes, docs)) => {
+                indexes.push(i);
+                docs.push(Bson::Document(doc));
+            }
+            None => groups.push((shard, vec![i], vec![Bson::Document(doc)])),
+        }
+    }
+    let mut n = 0i64;
+    let mut last = Document::new();
+    for (shard, indexes, docs) in groups {
+        let mut child = body.clone();
+        child.insert("documents", docs);
+        let child_req = CommandRequest::from_document(&req.db, &child)?;
+        let version = version_of(cluster, Some(snap), &shard);
+        let mut reply =
+            statement_on(cluster, session, txn, &shard, &child_req, version, true).await?;
+        if reply.get_f64("ok").ok() != Some(1.0) {
+            return Ok(reply);
+        }
+        n += crate::value::field::number_field(&reply, "n").unwrap_or(0);
+        if let Ok(errors) = reply.get_array("writeErrors") {
+            let remapped: Vec<Bson> = errors
+                .iter()
+                .filter_map(Bson::as_document)
+                .map(|e| {
+                    let mut e = e.clone();
+                    let local = crate::value::field::number_field(&e, "index").unwrap_or(0);
+                    let index = usize::try_from(local)
+                        .ok()
+                        .and_then(|l| indexes.get(l))
+                        .copied()
+                        .unwrap_or(0);
+                    e.insert("index", index as i32);
+                    Bson::Document(e)
+                })
+                .collect();
+            reply.insert("writeErrors", remapped);
+            reply.insert("n", n as i32);
+            return Ok(reply);
+        }
+        last = reply;
+    }
+    last.insert("n", n as i32);
+    Ok(last)
 }
 
 /// The `shardVersion` a statement bound for `shard` carries, when the shard checks one.
@@ -848,9 +928,9 @@ fn version_of(
 }
 
 /// A client `bulkWrite` inside a transaction: passed through when every namespace it names
-/// lives on one shard (unsharded on that primary, or sharded with every chunk there), refused
-/// with OperationNotSupportedInTransaction otherwise (no statement-by-statement targeting, no
-/// ordered rewrite inside a transaction).
+/// lives on one shard (unsharded on that primary, or sharded with every chunk there; that shard
+/// joins the transaction if it is new to it), refused with OperationNotSupportedInTransaction
+/// otherwise (no statement-by-statement targeting, no ordered rewrite inside a transaction).
 async fn bulk_write_in_transaction(
     cluster: &Arc<Cluster>,
     req: &CommandRequest,
@@ -879,15 +959,15 @@ async fn bulk_write_in_transaction(
         n => {
             return Err(CommandError::new(
                 ErrorCode::OperationNotSupportedInTransaction,
-                format!("bulkWrite inside a transaction spans {n} shards; Sluice runs transactions on a single shard only"),
+                format!("bulkWrite inside a transaction spans {n} shards at once; Sluice sends each statement of a transaction to one shard"),
             ))
         }
     };
-    statement_on(cluster, session, txn, &shard, req, None).await
+    statement_on(cluster, session, txn, &shard, req, None, true).await
 }
 
-/// Sends one statement of transaction `txn` of `session` to `shard`, the shard the
-/// transaction runs on (recorded by its first statement).
+/// Sends one statement of transaction `txn` of `session` to `shard` (`wrote`: it may write),
+/// which joins the transaction's participants if it is new to it.
 async fn statement_on(
     cluster: &Arc<Cluster>,
     session: [u8; 16],
@@ -895,33 +975,63 @@ async fn statement_on(
     shard: &str,
     req: &CommandRequest,
     version: Option<Document>,
+    wrote: bool,
 ) -> Result<Document, CommandError> {
     let shard = shard.to_string();
-    let (recorded, started) = cluster.transactions.begin(session, txn, &shard)?;
-    if recorded != shard {
-        return Err(CommandError::new(
-            ErrorCode::OperationNotSupportedInTransaction,
-            format!("this statement targets shard {shard} but the transaction runs on shard {recorded}; Sluice runs transactions on a single shard only"),
-        ));
+    let read_concern = req
+        .body
+        .raw()
+        .get_document("readConcern")
+        .ok()
+        .and_then(|d| Document::try_from(d).ok());
+    let joined = cluster
+        .transactions
+        .begin(session, txn, &shard, wrote, read_concern.as_ref())?;
+    let mut extra = Document::new();
+    if let Some(v) = version {
+        extra.insert("shardVersion", v);
     }
-    let reply = forward(cluster, &shard, req, version)
+    if joined.new_participant {
+        // The transaction starts on this shard now, with the snapshot the client asked for.
+        extra.insert("startTransaction", true);
+        if let Some(rc) = &joined.read_concern {
+            extra.insert("readConcern", rc.clone());
+        }
+    }
+    let reply = forward_with(cluster, &shard, req, (!extra.is_empty()).then_some(extra))
         .await
         .map_err(transient_statement_error);
-    // A transaction whose first statement failed does not exist on its shard: its entry
-    // goes, so failed attempts leave nothing behind.
+    // A transaction whose first statement on a shard failed does not exist there: the shard
+    // leaves the participants (and an entry with none goes), so failed attempts leave
+    // nothing behind.
     let failed = reply
         .as_ref()
         .map_or(true, |r| r.get_f64("ok").ok() != Some(1.0));
-    if started && failed {
+    if failed && joined.first {
         cluster.transactions.end(&session, txn);
+    } else if failed && joined.new_participant {
+        cluster.transactions.leave(&session, txn, &shard);
+    }
+    let mut d = reply?;
+    if d.get_f64("ok").ok() != Some(1.0) {
+        return Ok(d);
+    }
+    if let Some(id) = d
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| c.get_i64("id").ok())
+        .filter(|id| *id != 0)
+    {
+        cluster.transactions.add_cursor(&session, txn, id, &shard);
     }
     // What a client sends with a commit or abort to any router, as mongos hands it out.
-    reply.map(|mut d| {
-        if d.get_f64("ok").ok() == Some(1.0) {
-            d.insert("recoveryToken", bson::doc! {"recoveryShardId": &shard});
-        }
-        d
-    })
+    if let Some(participants) = cluster.transactions.participants(&session, txn) {
+        d.insert(
+            "recoveryToken",
+            super::transactions::recovery_token(&participants),
+        );
+    }
+    Ok(d)
 }
 
 /// A transaction statement the router could not get an answer to from its shard (the

@@ -293,43 +293,7 @@ impl TestCluster {
         )
         .await
         .expect("shards start");
-        let infos: Vec<sluice::routing::ShardInfo> = shards
-            .iter()
-            .map(|s| sluice::routing::ShardInfo {
-                id: s.service().name().to_string(),
-                addr: s.local_addr().to_string(),
-                shard_server: true,
-            })
-            .collect();
-        let colls: Vec<sluice::config::CollectionConfig> = collections
-            .iter()
-            .map(|(ns, key)| sluice::config::CollectionConfig {
-                ns: ns.to_string(),
-                key: serde_json::to_string(
-                    &bson::Bson::Document(key.clone()).into_relaxed_extjson(),
-                )
-                .unwrap(),
-                unique: false,
-                num_initial_chunks: None,
-            })
-            .collect();
-        let sharded = sluice::router::bootstrap(
-            None,
-            &infos,
-            &colls,
-            config.pool_options().expect("pool options"),
-            &config.batching,
-        )
-        .await
-        .expect("cluster");
-        let config = Config {
-            listen: "127.0.0.1:0".into(),
-            ..config
-        };
-        let router =
-            sluice::router::start_router(config, vec!["sluice".into()], Some(sharded.clone()))
-                .await
-                .expect("router");
+        let (router, sharded) = router_over(&shards, collections, config).await;
         TestCluster {
             router,
             shards,
@@ -338,6 +302,59 @@ impl TestCluster {
         }
     }
 
+    /// A second router over the same shards, with its own cluster view and transaction table
+    /// (the other routers of a deployment).
+    pub async fn another_router(&self, collections: &[(&str, bson::Document)]) -> RouterHandle {
+        router_over(&self.shards, collections, Config::default())
+            .await
+            .0
+    }
+}
+
+/// A router in front of `shards`, with `collections` sharded.
+async fn router_over(
+    shards: &[sluice::embedded::EmbeddedShard],
+    collections: &[(&str, bson::Document)],
+    config: Config,
+) -> (RouterHandle, std::sync::Arc<sluice::router::ShardedCluster>) {
+    let infos: Vec<sluice::routing::ShardInfo> = shards
+        .iter()
+        .map(|s| sluice::routing::ShardInfo {
+            id: s.service().name().to_string(),
+            addr: s.local_addr().to_string(),
+            shard_server: true,
+        })
+        .collect();
+    let colls: Vec<sluice::config::CollectionConfig> = collections
+        .iter()
+        .map(|(ns, key)| sluice::config::CollectionConfig {
+            ns: ns.to_string(),
+            key: serde_json::to_string(&bson::Bson::Document(key.clone()).into_relaxed_extjson())
+                .unwrap(),
+            unique: false,
+            num_initial_chunks: None,
+        })
+        .collect();
+    let sharded = sluice::router::bootstrap(
+        None,
+        &infos,
+        &colls,
+        config.pool_options().expect("pool options"),
+        &config.batching,
+    )
+    .await
+    .expect("cluster");
+    let config = Config {
+        listen: "127.0.0.1:0".into(),
+        ..config
+    };
+    let router = sluice::router::start_router(config, vec!["sluice".into()], Some(sharded.clone()))
+        .await
+        .expect("router");
+    (router, sharded)
+}
+
+impl TestCluster {
     pub fn addr(&self) -> SocketAddr {
         self.router.local_addr()
     }

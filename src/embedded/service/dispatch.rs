@@ -188,10 +188,16 @@ impl ShardService {
 
         let _slot = self.admit(req).await;
 
-        if let Some(txn) = super::txn::transaction_request(name, &body)? {
+        let txn = super::txn::transaction_request(name, &body)?;
+        // Held until the command is done: see `prepare_gate`.
+        let _prepare = self.prepare_gate(req, txn.as_ref()).await?;
+        if let Some(txn) = txn {
             let mut reply = self.run_transaction(req, &body, txn)?;
             if let Some(member) = &self.member {
-                if matches!(name, "commitTransaction" | "abortTransaction") {
+                if matches!(
+                    name,
+                    "commitTransaction" | "abortTransaction" | "prepareTransaction"
+                ) {
                     if let Some(wce) = member.wait_for_write_concern(&body).await {
                         reply.insert("writeConcernError", wce);
                     }

@@ -47,6 +47,7 @@ pub struct DataSet {
     sessions: Arc<Mutex<HashMap<String, SessionRecord>>>,
     versions: Arc<Mutex<HashMap<String, Document>>>,
     transactions: Arc<Mutex<Transactions>>,
+    prepare_gate: Arc<tokio::sync::RwLock<()>>,
     snapshots: Arc<Mutex<snapshot::SnapshotHistory>>,
     routing_changes: Arc<super::filtering::RoutingChanges>,
 }
@@ -80,6 +81,7 @@ pub struct ShardService {
     pub(in crate::embedded) txn_write_failpoint: TxnWriteFailPoint,
     pub(super) versions: Arc<Mutex<HashMap<String, Document>>>,
     transactions: Arc<Mutex<Transactions>>,
+    prepare_gate: Arc<tokio::sync::RwLock<()>>,
     snapshots: Arc<Mutex<snapshot::SnapshotHistory>>,
     member: Option<super::replset::MemberLink>,
     counts: Mutex<BTreeMap<String, CommandCount>>,
@@ -133,6 +135,7 @@ impl ShardService {
             txn_write_failpoint: TxnWriteFailPoint::default(),
             versions: data.versions,
             transactions: data.transactions,
+            prepare_gate: data.prepare_gate,
             snapshots: data.snapshots,
             member,
             counts: Mutex::new(BTreeMap::new()),

@@ -12,11 +12,17 @@
 //! document once more and copies them into the shared catalog, all of them or none;
 //! `abortTransaction` drops the copy.
 //!
+//! `prepareTransaction`, the first phase of a commit across shards, runs the commit's checks
+//! without applying anything; the prepared transaction keeps its documents, commands outside it
+//! on the namespaces it wrote wait until it ends ([`ShardService::prepare_gate`]), and
+//! `commitTransaction` with a `commitTimestamp` applies it.
+//!
 //! The states, codes and labels are mongod's: NoSuchTransaction (251) for a number that was
 //! aborted or never started, TransactionCommitted (256) to continue or abort a committed one,
 //! a repeated `commitTransaction` answered ok, ConflictingOperationInProgress (117) to restart a
-//! number, TransactionTooOld (225) for a number older than the session's newest, and
-//! OperationNotSupportedInTransaction (263) for a command transactions do not run.
+//! number, TransactionTooOld (225) for a number older than the session's newest,
+//! OperationNotSupportedInTransaction (263) for a command transactions do not run, and
+//! PreparedTransactionInProgress (267) to continue or restart a prepared one.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -54,6 +60,7 @@ const ALLOWED: &[&str] = &[
     "bulkWrite",
     "commitTransaction",
     "abortTransaction",
+    "prepareTransaction",
 ];
 
 pub use crate::backend::topology::retry::TRANSIENT_TRANSACTION_ERROR;
@@ -102,8 +109,22 @@ struct Open {
 #[derive(Debug)]
 enum State {
     InProgress(Box<Open>),
+    /// Prepared at this timestamp (`prepareTransaction`, the first phase of a commit across
+    /// shards): its writes are checked and it keeps holding its documents until
+    /// `commitTransaction` with a `commitTimestamp` or `abortTransaction` ends it. Statements
+    /// outside it that touch a namespace it wrote wait until then ([`ShardService::prepare_gate`]).
+    Prepared(Box<Open>, bson::Timestamp),
     Committed,
     Aborted,
+}
+
+impl State {
+    fn open(&self) -> Option<&Open> {
+        match self {
+            State::InProgress(o) | State::Prepared(o, _) => Some(o),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -127,10 +148,37 @@ impl Transactions {
         let Some(s) = self.sessions.get_mut(session) else {
             return;
         };
-        if let State::InProgress(open) = std::mem::replace(&mut s.state, to) {
+        if let State::InProgress(open) | State::Prepared(open, _) =
+            std::mem::replace(&mut s.state, to)
+        {
             for key in &open.held {
                 self.holders.remove(key);
             }
+        }
+    }
+
+    /// The namespaces prepared transactions of sessions other than `except` hold documents in.
+    fn prepared_namespaces(&self, except: &str) -> HashSet<String> {
+        self.sessions
+            .iter()
+            .filter(|(k, _)| k.as_str() != except)
+            .filter_map(|(_, s)| match &s.state {
+                State::Prepared(o, _) => Some(o.held.iter().map(|(ns, _)| ns.clone())),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    /// The namespaces the open (unprepared) transaction `txn` of `session` has written.
+    fn written_namespaces(&self, session: &str, txn: i64) -> HashSet<String> {
+        match self.sessions.get(session) {
+            Some(Session {
+                txn_number,
+                state: State::InProgress(o),
+                ..
+            }) if *txn_number == txn => o.held.iter().map(|(ns, _)| ns.clone()).collect(),
+            _ => HashSet::new(),
         }
     }
 
@@ -138,8 +186,7 @@ impl Transactions {
     /// sessions unused for [`super::SESSION_IDLE_TIMEOUT`].
     fn reap(&mut self) {
         self.sessions.retain(|_, s| {
-            matches!(s.state, State::InProgress(_))
-                || s.last_used.elapsed() < super::SESSION_IDLE_TIMEOUT
+            s.state.open().is_some() || s.last_used.elapsed() < super::SESSION_IDLE_TIMEOUT
         });
         let expired: Vec<String> = self
             .sessions
@@ -155,7 +202,8 @@ impl Transactions {
     }
 
     /// Aborts the open transactions of the sessions `lsids` names (`None`: of every session),
-    /// as killing or ending a session does.
+    /// as killing or ending a session does. A prepared transaction survives, as in mongod:
+    /// only its coordinator's decision ends it.
     fn kill(&mut self, lsids: Option<&[Bson]>) {
         let keys: Vec<String> = match lsids {
             None => self.sessions.keys().cloned().collect(),
@@ -166,15 +214,25 @@ impl Transactions {
                 .collect(),
         };
         for k in keys {
-            self.finish(&k, State::Aborted);
+            if matches!(self.sessions.get(&k), Some(s) if matches!(s.state, State::InProgress(_))) {
+                self.finish(&k, State::Aborted);
+            }
         }
     }
 
-    /// Transactions open now.
+    /// Transactions open now (prepared ones included).
     pub fn open(&self) -> usize {
         self.sessions
             .values()
-            .filter(|s| matches!(s.state, State::InProgress(_)))
+            .filter(|s| s.state.open().is_some())
+            .count()
+    }
+
+    /// Transactions prepared now.
+    pub fn prepared(&self) -> usize {
+        self.sessions
+            .values()
+            .filter(|s| matches!(s.state, State::Prepared(..)))
             .count()
     }
 }
@@ -200,7 +258,10 @@ pub(super) fn transaction_request(
 ) -> Result<Option<TxnRequest>, EngineError> {
     let autocommit = body.get("autocommit");
     let start = body.get("startTransaction");
-    let end = matches!(name, "commitTransaction" | "abortTransaction");
+    let end = matches!(
+        name,
+        "commitTransaction" | "abortTransaction" | "prepareTransaction"
+    );
     if autocommit.is_none() && start.is_none() && !end {
         return Ok(None);
     }
@@ -267,7 +328,10 @@ pub(super) fn transaction_request(
 /// The `errorLabels` mongod gives an error of a transaction's command: TransientTransactionError
 /// when retrying the whole transaction is safe.
 pub(super) fn label_transaction_error(e: &mut EngineError, name: &str, has_wce: bool) {
-    let end = matches!(name, "commitTransaction" | "abortTransaction");
+    let end = matches!(
+        name,
+        "commitTransaction" | "abortTransaction" | "prepareTransaction"
+    );
     if !crate::backend::topology::retry::is_transient_transaction_error(e.code.0, has_wce, end) {
         return;
     }
@@ -352,9 +416,14 @@ impl ShardService {
                 ));
             }
         }
+        let prepared = matches!(
+            txns.sessions.get(&txn.session),
+            Some(s) if matches!(s.state, State::Prepared(..))
+        );
         if !ALLOWED.contains(&name) {
-            // The transaction does not survive a refused command.
-            if current == Some(txn.txn_number) {
+            // The transaction does not survive a refused command (a prepared one does: only
+            // its commit or abort ends it).
+            if current == Some(txn.txn_number) && !prepared {
                 txns.finish(&txn.session, State::Aborted);
             }
             return Err(err(
@@ -369,10 +438,19 @@ impl ShardService {
                     format!("Cannot start a transaction at given transaction number {} on session {} because a transaction with the same number is in progress or has already ended.", txn.txn_number, txn.session),
                 ));
             }
-            if matches!(name, "commitTransaction" | "abortTransaction") {
+            if matches!(
+                name,
+                "commitTransaction" | "abortTransaction" | "prepareTransaction"
+            ) {
                 return Err(err(
                     ErrorCode::NoSuchTransaction,
                     format!("Transaction {} has not been started.", txn.txn_number),
+                ));
+            }
+            if prepared {
+                return Err(err(
+                    ErrorCode::PreparedTransactionInProgress,
+                    format!("Cannot start transaction {} on session {} because the session's transaction is prepared", txn.txn_number, txn.session),
                 ));
             }
             check_read_concern(body)?;
@@ -409,7 +487,26 @@ impl ShardService {
                 }
             };
             match (state, name) {
+                (State::InProgress(_), "commitTransaction")
+                    if body.contains_key("commitTimestamp") =>
+                {
+                    return Err(err(
+                        ErrorCode::InvalidOptions,
+                        "cannot provide commitTimestamp to unprepared transaction.",
+                    ))
+                }
                 (State::InProgress(_), _) => {}
+                (State::Prepared(_, at), "prepareTransaction") => {
+                    // A retried prepare: the same answer.
+                    return Ok(bson::doc! {"prepareTimestamp": *at});
+                }
+                (State::Prepared(..), "commitTransaction" | "abortTransaction") => {}
+                (State::Prepared(..), _) => {
+                    return Err(err(
+                        ErrorCode::PreparedTransactionInProgress,
+                        "Cannot call continue on a prepared transaction",
+                    ))
+                }
                 (State::Committed, "commitTransaction") => return Ok(Document::new()),
                 (State::Committed, _) => {
                     return Err(err(
@@ -426,7 +523,9 @@ impl ShardService {
             }
         }
         match name {
+            "commitTransaction" if prepared => self.commit_prepared(&mut txns, &txn.session, body),
             "commitTransaction" => self.commit(&mut txns, &txn.session),
+            "prepareTransaction" => self.prepare(&mut txns, &txn.session),
             "abortTransaction" => {
                 txns.finish(&txn.session, State::Aborted);
                 Ok(Document::new())
@@ -558,57 +657,14 @@ impl ShardService {
             return Ok(Document::new());
         };
         let mut shared = lock(&self.catalog);
-        let view = lock(&open.view);
-        let mut replaced: Vec<(String, String, Collection)> = Vec::new();
-        let mut outcome = Ok(());
-        'colls: for (db, colls) in &view.dbs {
-            for (coll, c) in colls {
-                let created = !open.snapshot.contains(&c.uuid);
-                if c.journal().next().is_none() && !created {
-                    continue;
-                }
-                let ns = format!("{db}.{coll}");
-                for (id, base) in c.journal() {
-                    if changed_since(&shared, &open.snapshot, db, coll, c, &id.0, base) {
-                        outcome = Err(write_conflict());
-                        break 'colls;
-                    }
-                }
-                let current = match shared.collection(db, coll) {
-                    // Created by the transaction: published whole, with its indexes.
-                    None if created => {
-                        replaced.push((db.clone(), coll.clone(), c.clone().without_journal()));
-                        continue;
-                    }
-                    // Created outside meanwhile too (or dropped since the snapshot).
-                    _ if created => {
-                        outcome = Err(write_conflict());
-                        break 'colls;
-                    }
-                    None => {
-                        outcome = Err(write_conflict());
-                        break 'colls;
-                    }
-                    Some(current) => current,
-                };
-                match apply_writes(current.clone(), c, &ns) {
-                    Ok(next) => replaced.push((db.clone(), coll.clone(), next)),
-                    Err(e) => {
-                        outcome = Err(e);
-                        break 'colls;
-                    }
-                }
-            }
-        }
-        drop(view);
-        if outcome.is_ok() {
+        let outcome = committed_collections(&shared, open).map(|replaced| {
             for (db, coll, c) in replaced {
                 shared.dbs.entry(db).or_default().insert(coll, c);
             }
-        }
+        });
         drop(shared);
         match outcome {
-            Ok(()) => {
+            Ok(_) => {
                 txns.finish(session, State::Committed);
                 Ok(Document::new())
             }
@@ -618,6 +674,139 @@ impl ShardService {
             }
         }
     }
+
+    /// `prepareTransaction`: the checks of a commit (every written document unchanged since
+    /// the snapshot, the writes apply without a unique-index violation) without applying
+    /// anything. A transaction that passes is prepared: it keeps its documents, and nothing
+    /// outside it may write the namespaces it wrote until it ends, so its commit cannot fail.
+    /// One that fails is aborted.
+    fn prepare(&self, txns: &mut Transactions, session: &str) -> Result<Document, EngineError> {
+        let checked = match txns.sessions.get(session) {
+            Some(Session {
+                state: State::InProgress(open),
+                ..
+            }) => committed_collections(&lock(&self.catalog), open).map(|_| ()),
+            _ => Err(err(ErrorCode::NoSuchTransaction, "no transaction")),
+        };
+        if let Err(e) = checked {
+            txns.finish(session, State::Aborted);
+            return Err(e);
+        }
+        let at = self.state.clock.tick();
+        if let Some(s) = txns.sessions.get_mut(session) {
+            if let State::InProgress(open) = std::mem::replace(&mut s.state, State::Aborted) {
+                s.state = State::Prepared(open, at);
+            }
+        }
+        Ok(bson::doc! {"prepareTimestamp": at})
+    }
+
+    /// `commitTransaction` of a prepared transaction: `commitTimestamp` is required, and may
+    /// not be before the `prepareTimestamp`. The writes were checked at prepare and nothing
+    /// has written their namespaces since, so they apply.
+    fn commit_prepared(
+        &self,
+        txns: &mut Transactions,
+        session: &str,
+        body: &Document,
+    ) -> Result<Document, EngineError> {
+        let at = match body.get("commitTimestamp") {
+            None => {
+                return Err(err(
+                    ErrorCode::InvalidOptions,
+                    "commitTransaction must provide commitTimestamp to prepared transaction.",
+                ))
+            }
+            Some(Bson::Timestamp(t)) => *t,
+            Some(_) => {
+                return Err(err(
+                    ErrorCode::TypeMismatch,
+                    "BSON field 'commitTransaction.commitTimestamp' is the wrong type, expected type 'timestamp'",
+                ))
+            }
+        };
+        let Some(Session {
+            state: State::Prepared(open, prepared_at),
+            ..
+        }) = txns.sessions.get_mut(session)
+        else {
+            return Err(err(ErrorCode::NoSuchTransaction, "no prepared transaction"));
+        };
+        if at.time == 0 && at.increment == 0 {
+            return Err(err(
+                ErrorCode::InvalidOptions,
+                "'commitTimestamp' cannot be null",
+            ));
+        }
+        if (at.time, at.increment) < (prepared_at.time, prepared_at.increment) {
+            return Err(err(
+                ErrorCode::InvalidOptions,
+                format!("'commitTimestamp' must be greater than or equal to 'prepareTimestamp'. commitTimestamp: {at:?}, prepareTimestamp: {prepared_at:?}"),
+            ));
+        }
+        let mut shared = lock(&self.catalog);
+        match committed_collections(&shared, open) {
+            Ok(replaced) => {
+                for (db, coll, c) in replaced {
+                    shared.dbs.entry(db).or_default().insert(coll, c);
+                }
+                drop(shared);
+                self.state.clock.advance_to(at);
+                txns.finish(session, State::Committed);
+                Ok(Document::new())
+            }
+            Err(e) => {
+                // Cannot happen while the namespaces are held; kept prepared so the
+                // coordinator's retry or abort still finds it.
+                tracing::error!(error = %e.message, "a prepared transaction failed to commit");
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The collections `open` (a transaction of the shard whose catalog is `shared`) would leave
+/// behind on commit: a copy of each collection it wrote with its writes applied, and each
+/// collection it created, whole. WriteConflict when a written document changed in `shared`
+/// since the snapshot, a collection was dropped or created meanwhile; a unique-index
+/// violation as the insert or replace reports it.
+fn committed_collections(
+    shared: &Catalog,
+    open: &Open,
+) -> Result<Vec<(String, String, Collection)>, EngineError> {
+    let view = lock(&open.view);
+    let mut replaced: Vec<(String, String, Collection)> = Vec::new();
+    for (db, colls) in &view.dbs {
+        for (coll, c) in colls {
+            let created = !open.snapshot.contains(&c.uuid);
+            if c.journal().next().is_none() && !created {
+                continue;
+            }
+            let ns = format!("{db}.{coll}");
+            for (id, base) in c.journal() {
+                if changed_since(shared, &open.snapshot, db, coll, c, &id.0, base) {
+                    return Err(write_conflict());
+                }
+            }
+            let current = match shared.collection(db, coll) {
+                // Created by the transaction: published whole, with its indexes.
+                None if created => {
+                    replaced.push((db.clone(), coll.clone(), c.clone().without_journal()));
+                    continue;
+                }
+                // Created outside meanwhile too (or dropped since the snapshot).
+                _ if created => return Err(write_conflict()),
+                None => return Err(write_conflict()),
+                Some(current) => current,
+            };
+            replaced.push((
+                db.clone(),
+                coll.clone(),
+                apply_writes(current.clone(), c, &ns)?,
+            ));
+        }
+    }
+    Ok(replaced)
 }
 
 /// `current` (a copy of a shared collection) with the documents the transaction's collection
@@ -678,4 +867,114 @@ fn check_read_concern(body: &Document) -> Result<(), EngineError> {
         ));
     }
     Ok(())
+}
+
+/// How long a prepare waits for another prepared transaction to release the namespaces it
+/// wrote before it fails with WriteConflict: two transactions prepared in opposite orders on
+/// two shards would otherwise wait for each other forever.
+const PREPARE_WAIT: Duration = Duration::from_millis(500);
+
+/// What a command holds while it runs, against prepares: a command outside transactions holds
+/// the gate shared (no transaction can become prepared while it reads or writes), a
+/// `prepareTransaction` holds it alone (no such command is half-way through).
+#[derive(Debug)]
+pub(super) enum PrepareGuard {
+    Shared(#[allow(dead_code)] tokio::sync::OwnedRwLockReadGuard<()>),
+    Exclusive(#[allow(dead_code)] tokio::sync::OwnedRwLockWriteGuard<()>),
+}
+
+/// The namespaces a command outside transactions reads or writes, `db.coll`.
+fn command_namespaces(req: &CommandRequest) -> Vec<String> {
+    if req.name == "bulkWrite" {
+        return req
+            .statement_bytes("nsInfo")
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|b| Document::from_reader(&b[..]).ok())
+            .filter_map(|n| n.get_str("ns").ok().map(str::to_string))
+            .collect();
+    }
+    req.namespace.iter().cloned().collect()
+}
+
+impl ShardService {
+    /// Waits, as mongod's prepare conflicts make an operation wait, until no transaction of
+    /// another session that is prepared holds documents in a namespace the command touches:
+    /// a command outside transactions (its namespace), the commit of an unprepared
+    /// transaction or a `prepareTransaction` (the namespaces the transaction wrote). The wait
+    /// is per namespace, where mongod's is per document. Returns what the command holds while
+    /// it runs. A command outside transactions waits up to its `maxTimeMS` (then
+    /// MaxTimeMSExpired) or [`TRANSACTION_LIFETIME`] (then LockTimeout); a prepare up to
+    /// [`PREPARE_WAIT`] (then WriteConflict: the coordinator aborts and the client retries).
+    pub(super) async fn prepare_gate(
+        &self,
+        req: &CommandRequest,
+        txn: Option<&TxnRequest>,
+    ) -> Result<Option<PrepareGuard>, EngineError> {
+        let name = req.name.as_str();
+        let (namespaces, own): (HashSet<String>, &str) = match txn {
+            None => (command_namespaces(req).into_iter().collect(), ""),
+            Some(t) if matches!(name, "commitTransaction" | "prepareTransaction") => (
+                lock(&self.transactions).written_namespaces(&t.session, t.txn_number),
+                t.session.as_str(),
+            ),
+            Some(_) => return Ok(None),
+        };
+        let exclusive = txn.is_some() && name == "prepareTransaction";
+        if namespaces.is_empty() && !exclusive {
+            return Ok(None);
+        }
+        let limit = if exclusive {
+            PREPARE_WAIT
+        } else {
+            crate::command::max_time(req.body.raw())
+                .ok()
+                .flatten()
+                .unwrap_or(TRANSACTION_LIFETIME)
+        };
+        let deadline = Instant::now() + limit;
+        loop {
+            let guard = if exclusive {
+                // Commands outside transactions that are running (a long `getMore` with
+                // `maxAwaitTimeMS`, say) are waited for no longer than the prepare waits.
+                let left = deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, self.prepare_gate.clone().write_owned()).await {
+                    Ok(g) => PrepareGuard::Exclusive(g),
+                    Err(_) => return Err(write_conflict()),
+                }
+            } else {
+                PrepareGuard::Shared(self.prepare_gate.clone().read_owned().await)
+            };
+            let busy = {
+                let txns = lock(&self.transactions);
+                let prepared = txns.prepared_namespaces(own);
+                namespaces.iter().any(|ns| prepared.contains(ns))
+            };
+            if !busy {
+                return Ok(match txn {
+                    Some(_) if !exclusive => None,
+                    _ => Some(guard),
+                });
+            }
+            drop(guard);
+            if Instant::now() >= deadline {
+                return Err(if exclusive {
+                    write_conflict()
+                } else if limit == TRANSACTION_LIFETIME {
+                    err(
+                        ErrorCode::LockTimeout,
+                        format!("{name} waited too long for a prepared transaction to end"),
+                    )
+                } else {
+                    err(ErrorCode::MaxTimeMSExpired, "operation exceeded time limit")
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Transactions prepared on this shard now.
+    pub fn prepared_transactions(&self) -> usize {
+        lock(&self.transactions).prepared()
+    }
 }
