@@ -107,13 +107,20 @@ pub async fn fetch(
     let cmd = doc! {"aggregate": coll, "pipeline": [], "cursor": {"batchSize": 10_000}};
     let streams = match cluster.routing.lookup(&ns).await? {
         Some(snap) => {
+            let encoded = bson::RawDocumentBuf::try_from(&cmd).map_err(|e| {
+                CommandError::new(
+                    ErrorCode::InternalError,
+                    format!("cannot encode command: {e}"),
+                )
+            })?;
             open_streams(
                 cluster,
                 &snap,
                 snap.chunks.shards().into_iter().collect(),
                 db,
                 coll,
-                &cmd,
+                &encoded,
+                None,
                 false,
             )
             .await?

@@ -23,6 +23,7 @@
 //! registry, `getMore`, `killCursors`, cursor replies), [`merge`] (the pure merges of
 //! aggregations); this file serves the commands.
 
+mod body;
 pub mod cursors;
 pub mod foreign;
 pub mod in_txn;
@@ -30,7 +31,7 @@ pub mod merge;
 mod shard_io;
 mod stream_merge;
 
-use bson::{doc, Bson, Document};
+use bson::{doc, Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 
 use crate::cluster::Cluster;
 use crate::command::{CommandError, CommandRequest};
@@ -39,8 +40,9 @@ use crate::engine::query::{Projection, SortSpec};
 use crate::routing::{FilterKeys, RoutingSnapshot};
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{number_field, truthy};
-use crate::wire::Reply;
+use crate::wire::{BsonDoc, Reply};
 
+pub use body::ReadBody;
 use cursors::{FirstBatch, Source};
 pub use cursors::{RouterCursors, MAX_BUFFERED_CURSOR_BYTES, MAX_ROUTER_CURSORS};
 use shard_io::{drain, on_each, open_streams};
@@ -91,19 +93,26 @@ fn collated_targets(
 }
 
 /// What every shard command of a read carries from the client's request, as mongos attaches
-/// it: `$readPreference` (each shard picks its member by it), `readConcern` and `collation`.
-fn read_envelope(cmd: &mut Document, body: &Document) {
+/// it: `$readPreference` (each shard picks its member by it), `readConcern` and `collation`,
+/// each element copied as the client encoded it.
+fn read_envelope(cmd: &mut RawDocumentBuf, body: &ReadBody<'_>) {
     for k in ["$readPreference", "readConcern", "collation"] {
-        if let Some(v) = body.get(k) {
-            cmd.insert(k, v.clone());
+        if let Some((name, v)) = body.element(k) {
+            cmd.append(name, v);
         }
     }
 }
 
-fn doc_field(body: &Document, field: &str, cmd: &str) -> Result<Document, CommandError> {
+/// The document field `field` of a `cmd` request, read in place: `{}` when absent or null,
+/// mongod's TypeMismatch for any other type.
+fn doc_field<'a>(
+    body: &ReadBody<'a>,
+    field: &str,
+    cmd: &str,
+) -> Result<&'a RawDocument, CommandError> {
     match body.get(field) {
-        None | Some(Bson::Null) => Ok(Document::new()),
-        Some(Bson::Document(d)) => Ok(d.clone()),
+        None | Some(RawBsonRef::Null) => Ok(crate::wire::empty_document()),
+        Some(RawBsonRef::Document(d)) => Ok(d),
         Some(_) => Err(CommandError::new(
             ErrorCode::TypeMismatch,
             format!("BSON field '{cmd}.{field}' is the wrong type, expected type 'object'"),
@@ -111,7 +120,131 @@ fn doc_field(body: &Document, field: &str, cmd: &str) -> Result<Document, Comman
     }
 }
 
-/// Serves a read on a sharded collection (`body`: the request's body as a document); `None`
+/// A document read in place, owned (for the readers that take a `Document`: targeting, sort
+/// and projection parsing).
+fn owned(d: &RawDocument) -> Result<Document, CommandError> {
+    Document::try_from(d).map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))
+}
+
+/// An error encoding a command the router builds.
+fn encode_error(e: impl std::fmt::Display) -> CommandError {
+    CommandError::new(
+        ErrorCode::InternalError,
+        format!("cannot encode command: {e}"),
+    )
+}
+
+/// What a `find` on a sharded collection sends each shard and how the router merges the
+/// shards' replies, read from the request's body.
+struct FindPlan {
+    /// The filter, owned, for targeting.
+    filter: Document,
+    /// The shard's `find` (without `$db` and `shardVersion`), written from the client's
+    /// elements: `find`, `filter`, `batchSize`, then `sort`, `limit`, `projection` when they
+    /// apply, then each of `collation`, `hint`, `maxTimeMS`, `comment`, `readConcern`,
+    /// `$readPreference` and `let` the client sent.
+    command: RawDocumentBuf,
+    sort: SortSpec,
+    sort_doc: Document,
+    skip: usize,
+    limit: Option<usize>,
+    /// The projection the router applies (`None` when the shards apply it).
+    projection: Option<Projection>,
+    /// The size of the router's first batch.
+    first: usize,
+    single: bool,
+    partial: bool,
+}
+
+/// [`FindPlan`] of a `find` on `coll`.
+fn find_plan(
+    body: &ReadBody<'_>,
+    coll: &str,
+    collation: Option<std::sync::Arc<Collation>>,
+) -> Result<FindPlan, CommandError> {
+    let filter_raw = doc_field(body, "filter", "find")?;
+    let filter = owned(filter_raw)?;
+    let sort_raw = doc_field(body, "sort", "find")?;
+    let sort_doc = owned(sort_raw)?;
+    let sort = SortSpec::parse(&sort_doc)
+        .map_err(CommandError::from)?
+        .with_collation(collation);
+    let projection_raw = doc_field(body, "projection", "find")?;
+    let projection_doc = owned(projection_raw)?;
+    let projection = Projection::parse(&projection_doc).map_err(CommandError::from)?;
+    let skip = body.number("skip").unwrap_or(0).max(0) as usize;
+    let mut single = body.truthy("singleBatch");
+    let limit = match body.number("limit") {
+        Some(l) if l < 0 => {
+            single = true;
+            Some(l.unsigned_abs() as usize)
+        }
+        Some(0) | None => None,
+        Some(l) => Some(l as usize),
+    };
+    let partial = body.truthy("allowPartialResults");
+    // The projection goes to the shards when the router does not need the fields it drops to
+    // sort.
+    let push_projection = projection.as_ref().is_some_and(|p| {
+        sort_doc
+            .keys()
+            .all(|k| p.apply(&doc! {k.clone(): 1}).contains_key(k.as_str()))
+    });
+    let batch = body
+        .number("batchSize")
+        .map(|b| b.max(0) as usize)
+        .unwrap_or(DEFAULT_BATCH);
+    let first = if single {
+        limit.unwrap_or(usize::MAX)
+    } else {
+        batch
+    };
+    // Each shard's first batch covers what the router's first batch may need.
+    let shard_batch = first.min(100_000).saturating_add(skip).clamp(1, 100_000) as i64;
+    let mut command = RawDocumentBuf::new();
+    command.append(bson::raw::cstr!("find"), coll);
+    command.append(bson::raw::cstr!("filter"), filter_raw);
+    command.append(bson::raw::cstr!("batchSize"), shard_batch);
+    if !sort_doc.is_empty() {
+        command.append(bson::raw::cstr!("sort"), sort_raw);
+    }
+    if let Some(l) = limit {
+        command.append(
+            bson::raw::cstr!("limit"),
+            i64::try_from(l.saturating_add(skip)).unwrap_or(i64::MAX),
+        );
+    }
+    if push_projection {
+        command.append(bson::raw::cstr!("projection"), projection_raw);
+    }
+    for k in [
+        "collation",
+        "hint",
+        "maxTimeMS",
+        "comment",
+        "readConcern",
+        "$readPreference",
+        "let",
+    ] {
+        if let Some((name, v)) = body.element(k) {
+            command.append(name, v);
+        }
+    }
+    Ok(FindPlan {
+        filter,
+        command,
+        sort,
+        sort_doc,
+        skip,
+        limit,
+        projection: if push_projection { None } else { projection },
+        first,
+        single,
+        partial,
+    })
+}
+
+/// Serves a read on a sharded collection (`body`: the request's body, read in place); `None`
 /// if the command is not a read the router handles.
 ///
 /// A snapshot read outside a transaction that names no `atClusterTime` is given one, as mongos
@@ -126,7 +259,7 @@ pub async fn read(
     primaries: &dyn foreign::Primaries,
     snap: &RoutingSnapshot,
     req: &CommandRequest,
-    body: &Document,
+    body: &ReadBody<'_>,
     owner: i64,
 ) -> Option<Result<Reply, CommandError>> {
     if !needs_snapshot_time(&req.name, body) {
@@ -136,24 +269,94 @@ pub async fn read(
         Ok(t) => t,
         Err(e) => return Some(Err(e)),
     };
-    let mut body = body.clone();
-    let mut rc = body
+    // The options with the time, read from their encoding (a rare path: an owned copy).
+    let mut stamped = body.to_document();
+    let mut rc = stamped
         .get_document("readConcern")
         .cloned()
         .unwrap_or_default();
     rc.insert("atClusterTime", at);
-    body.insert("readConcern", rc);
-    let reply = read_at(cluster, cursors, primaries, snap, req, &body, owner).await?;
+    stamped.insert("readConcern", rc);
+    let stamped = match stamped.to_vec() {
+        Ok(bytes) => CommandRequest::new(
+            req.db.clone(),
+            BsonDoc::from_encoded(bytes),
+            Vec::new(),
+            req.legacy,
+        ),
+        Err(e) => return Some(Err(encode_error(e))),
+    };
+    let mut normalized = None;
+    let stamped_body = match ReadBody::of(&stamped, &mut normalized) {
+        Ok(b) => b,
+        Err(e) => return Some(Err(e)),
+    };
+    let reply = read_at(cluster, cursors, primaries, snap, req, &stamped_body, owner).await?;
     Some(reply.map(|r| stamp_snapshot_time(r, at)))
+}
+
+/// The `aggregate` each shard is sent: `aggregate`, the shard part of the pipeline and a
+/// 10,000-document first batch, then the client's `let` and [`read_envelope`].
+fn aggregate_command(
+    body: &ReadBody<'_>,
+    coll: &str,
+    shard_part: &[Bson],
+) -> Result<RawDocumentBuf, CommandError> {
+    let cmd = doc! {"aggregate": coll, "pipeline": shard_part, "cursor": {"batchSize": 10_000}};
+    let mut cmd = RawDocumentBuf::try_from(&cmd).map_err(encode_error)?;
+    if let Some((name, l)) = body.element("let") {
+        cmd.append(name, l);
+    }
+    read_envelope(&mut cmd, body);
+    Ok(cmd)
+}
+
+/// The `count` each shard is sent: `count`, the client's `query`, `limit` (the client's limit
+/// plus its skip) when there is one, then [`read_envelope`].
+fn count_command(
+    body: &ReadBody<'_>,
+    coll: &str,
+    query: &RawDocument,
+    limit: Option<i64>,
+) -> RawDocumentBuf {
+    let mut cmd = RawDocumentBuf::new();
+    cmd.append(bson::raw::cstr!("count"), coll);
+    cmd.append(bson::raw::cstr!("query"), query);
+    if let Some(l) = limit {
+        cmd.append(bson::raw::cstr!("limit"), l);
+    }
+    read_envelope(&mut cmd, body);
+    cmd
+}
+
+/// The `distinct` each shard is sent: `distinct`, `key`, the client's `query`, then
+/// [`read_envelope`].
+fn distinct_command(
+    body: &ReadBody<'_>,
+    coll: &str,
+    key: &str,
+    query: &RawDocument,
+) -> RawDocumentBuf {
+    let mut cmd = RawDocumentBuf::new();
+    cmd.append(bson::raw::cstr!("distinct"), coll);
+    cmd.append(bson::raw::cstr!("key"), key);
+    cmd.append(bson::raw::cstr!("query"), query);
+    read_envelope(&mut cmd, body);
+    cmd
 }
 
 /// A `find`, `aggregate` or `distinct` outside a transaction with snapshot read concern and
 /// no `atClusterTime`.
-fn needs_snapshot_time(name: &str, body: &Document) -> bool {
+fn needs_snapshot_time(name: &str, body: &ReadBody<'_>) -> bool {
+    // `failpoint::in_transaction` on the body's fields.
+    let in_transaction = body.get("txnNumber").is_some()
+        && (body.get("autocommit").is_some()
+            || matches!(name, "commitTransaction" | "abortTransaction"));
     matches!(name, "find" | "aggregate" | "distinct")
-        && !crate::command::failpoint::in_transaction(name, body)
-        && body.get_document("readConcern").is_ok_and(|rc| {
-            rc.get_str("level").is_ok_and(|l| l == "snapshot") && !rc.contains_key("atClusterTime")
+        && !in_transaction
+        && body.document("readConcern").is_some_and(|rc| {
+            matches!(rc.get("level"), Ok(Some(RawBsonRef::String("snapshot"))))
+                && !matches!(rc.get("atClusterTime"), Ok(Some(_)))
         })
 }
 
@@ -201,85 +404,55 @@ async fn read_at(
     primaries: &dyn foreign::Primaries,
     snap: &RoutingSnapshot,
     req: &CommandRequest,
-    body: &Document,
+    body: &ReadBody<'_>,
     owner: i64,
 ) -> Option<Result<Reply, CommandError>> {
-    let coll = body.get_str(&req.name).unwrap_or("").to_string();
+    let coll = body.str(&req.name).unwrap_or("").to_string();
     let db = req.db.clone();
     let ns = format!("{db}.{coll}");
+    let mut need = None;
     if matches!(
         req.name.as_str(),
         "find" | "aggregate" | "count" | "distinct"
     ) {
-        if let Err(e) = crate::backend::shard::need_of(req.body.raw()) {
-            return Some(Err(CommandError::new(e.code, e.message)));
+        match crate::backend::shard::need_of(req.body.raw()) {
+            Ok(n) => need = Some(n),
+            Err(e) => return Some(Err(CommandError::new(e.code, e.message))),
         }
     }
+    // The shard commands carry the client's `$readPreference` element as it is when the body
+    // is read in place: what the shards' members are chosen by is what was just read.
+    let need = need.filter(|_| std::ptr::eq(body.raw(), req.body.raw()));
+    let need = need.as_ref();
     cursors.reap(cluster).await;
-    let collation = match Collation::from_option(body.get("collation")) {
+    let collation = match Collation::from_option(body.owned("collation").as_ref()) {
         Ok(c) => c,
         Err(e) => return Some(Err(CommandError::from(e))),
     };
     Some(match req.name.as_str() {
         "find" => async {
-            let filter = doc_field(body, "filter", "find")?;
-            let sort_doc = doc_field(body, "sort", "find")?;
-            let sort = SortSpec::parse(&sort_doc).map_err(CommandError::from)?.with_collation(collation.clone());
-            let projection_doc = doc_field(body, "projection", "find")?;
-            let projection = Projection::parse(&projection_doc).map_err(CommandError::from)?;
-            let skip = number_field(body, "skip").unwrap_or(0).max(0) as usize;
-            let mut single = body.get("singleBatch").is_some_and(truthy);
-            let limit = match number_field(body, "limit") {
-                Some(l) if l < 0 => {
-                    single = true;
-                    Some(l.unsigned_abs() as usize)
-                }
-                Some(0) | None => None,
-                Some(l) => Some(l as usize),
-            };
-            let partial = body.get("allowPartialResults").is_some_and(truthy);
-            // The projection goes to the shards when the router does not need the fields it
-            // drops to sort.
-            let push_projection = projection.is_some()
-                && sort_doc.keys().all(|k| {
-                    let p = Projection::parse(&projection_doc).ok().flatten();
-                    p.is_some_and(|p| p.apply(&doc! {k.clone(): 1}).contains_key(k.as_str()))
-                });
-            let batch = number_field(body, "batchSize").map(|b| b.max(0) as usize).unwrap_or(DEFAULT_BATCH);
-            let first = if single { limit.unwrap_or(usize::MAX) } else { batch };
-            // Each shard's first batch covers what the router's first batch may need.
-            let shard_batch = first.min(100_000).saturating_add(skip).clamp(1, 100_000) as i64;
-            let mut shard_cmd = doc! {"find": &coll, "filter": filter.clone(), "batchSize": shard_batch};
-            if !sort_doc.is_empty() {
-                shard_cmd.insert("sort", sort_doc.clone());
-            }
-            if let Some(l) = limit {
-                shard_cmd.insert("limit", i64::try_from(l.saturating_add(skip)).unwrap_or(i64::MAX));
-            }
-            if push_projection {
-                shard_cmd.insert("projection", projection_doc.clone());
-            }
-            for k in ["collation", "hint", "maxTimeMS", "comment", "readConcern", "$readPreference", "let"] {
-                if let Some(v) = body.get(k) {
-                    shard_cmd.insert(k, v.clone());
-                }
-            }
-            let (streams, skipped) = open_streams(cluster, snap, collated_targets(snap, &filter, collation.as_deref()), &db, &coll, &shard_cmd, partial).await?;
+            let plan = find_plan(body, &coll, collation.clone())?;
+            let targets = collated_targets(snap, &plan.filter, collation.as_deref());
+            let (streams, skipped) = open_streams(cluster, snap, targets, &db, &coll, &plan.command, need, plan.partial).await?;
             let merge = Merge::new(
                 db.clone(),
                 coll.clone(),
                 streams,
-                SortKeys::new(sort, &sort_doc),
-                skip,
-                limit,
-                if push_projection { None } else { projection },
+                SortKeys::new(plan.sort, &plan.sort_doc),
+                plan.skip,
+                plan.limit,
+                plan.projection,
             );
             cursors
-                .open(cluster, ns.clone(), Source::Streams(Box::new(merge)), FirstBatch { size: first, single, partial: skipped }, owner)
+                .open(cluster, ns.clone(), Source::Streams(Box::new(merge)), FirstBatch { size: plan.first, single: plan.single, partial: skipped }, owner)
                 .await
         }
         .await,
         "aggregate" => async {
+            // The aggregation stages read an owned document; the shard command copies elements.
+            let read_body = body;
+            let owned_body = read_body.to_document();
+            let body = &owned_body;
             let pipeline = body.get_array("pipeline").cloned().map_err(|_| {
                 CommandError::new(ErrorCode::TypeMismatch, "'pipeline' option must be specified as an array")
             })?;
@@ -292,12 +465,8 @@ async fn read_at(
             }
             let split = merge::split_pipeline(stages);
             let filter = leading_match(stages);
-            let mut shard_cmd = doc! {"aggregate": &coll, "pipeline": split.shard_part.clone(), "cursor": {"batchSize": 10_000}};
-            if let Some(l) = body.get("let") {
-                shard_cmd.insert("let", l.clone());
-            }
-            read_envelope(&mut shard_cmd, body);
-            let (streams, _) = open_streams(cluster, snap, collated_targets(snap, &filter, collation.as_deref()), &db, &coll, &shard_cmd, false).await?;
+            let shard_cmd = aggregate_command(read_body, &coll, &split.shard_part)?;
+            let (streams, _) = open_streams(cluster, snap, collated_targets(snap, &filter, collation.as_deref()), &db, &coll, &shard_cmd, need, false).await?;
             let stage_memory = cluster.stage_memory();
             let streams = drain(cluster, &db, &coll, streams, stage_memory).await?;
             let merged = match &split.merge_sort {
@@ -343,17 +512,14 @@ async fn read_at(
         }
         .await,
         "count" => async {
-            let query = doc_field(body, "query", "count")?;
-            let skip = number_field(body, "skip").unwrap_or(0).max(0);
-            let limit = number_field(body, "limit")
+            let query_raw = doc_field(body, "query", "count")?;
+            let query = owned(query_raw)?;
+            let skip = body.number("skip").unwrap_or(0).max(0);
+            let limit = body.number("limit")
                 .filter(|l| *l != 0)
                 .map(|l| l.checked_abs().unwrap_or(i64::MAX));
-            let mut cmd = doc! {"count": &coll, "query": query.clone()};
-            if let Some(l) = limit {
-                cmd.insert("limit", l.saturating_add(skip));
-            }
-            read_envelope(&mut cmd, body);
-            let replies = on_each(cluster, snap, collated_targets(snap, &query, collation.as_deref()), &db, &cmd).await?;
+            let cmd = count_command(body, &coll, query_raw, limit.map(|l| l.saturating_add(skip)));
+            let replies = on_each(cluster, snap, collated_targets(snap, &query, collation.as_deref()), &db, &cmd, need).await?;
             let total: i64 = replies
                 .iter()
                 .map(|r| number_field(r, "n").unwrap_or(0))
@@ -367,13 +533,12 @@ async fn read_at(
         .await,
         "distinct" => async {
             let key = body
-                .get_str("key")
-                .map_err(|_| CommandError::new(ErrorCode(40414), "BSON field 'distinct.key' is missing but a required field"))?
-                .to_string();
-            let query = doc_field(body, "query", "distinct")?;
-            let mut cmd = doc! {"distinct": &coll, "key": &key, "query": query.clone()};
-            read_envelope(&mut cmd, body);
-            let replies = on_each(cluster, snap, collated_targets(snap, &query, collation.as_deref()), &db, &cmd).await?;
+                .str("key")
+                .ok_or_else(|| CommandError::new(ErrorCode(40414), "BSON field 'distinct.key' is missing but a required field"))?;
+            let query_raw = doc_field(body, "query", "distinct")?;
+            let query = owned(query_raw)?;
+            let cmd = distinct_command(body, &coll, key, query_raw);
+            let replies = on_each(cluster, snap, collated_targets(snap, &query, collation.as_deref()), &db, &cmd, need).await?;
             let values = crate::engine::reads::distinct_values(
                 replies.iter().flat_map(|r| r.get_array("values").into_iter().flatten().cloned()),
                 collation.as_deref(),
@@ -383,4 +548,315 @@ async fn read_at(
         .await,
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::raw::cstr;
+    use bson::spec::BinarySubtype;
+    use bson::{Binary, Regex, Timestamp};
+
+    /// The request a body makes, as the frontend builds it.
+    fn request(body: &RawDocument) -> CommandRequest {
+        CommandRequest::new(
+            "db".into(),
+            BsonDoc::from_encoded(body.as_bytes().to_vec()),
+            Vec::new(),
+            false,
+        )
+    }
+
+    fn raw(d: Document) -> RawDocumentBuf {
+        RawDocumentBuf::try_from(&d).expect("encodes")
+    }
+
+    type Verdict<T> = Result<T, (ErrorCode, String)>;
+
+    fn verdict<T>(r: Result<T, CommandError>) -> Verdict<T> {
+        r.map_err(|e| (e.code, e.message))
+    }
+
+    /// `doc_field` as the read path had it, on the owned options document.
+    fn owned_doc_field(body: &Document, field: &str, cmd: &str) -> Result<Document, CommandError> {
+        match body.get(field) {
+            None | Some(Bson::Null) => Ok(Document::new()),
+            Some(Bson::Document(d)) => Ok(d.clone()),
+            Some(_) => Err(CommandError::new(
+                ErrorCode::TypeMismatch,
+                format!("BSON field '{cmd}.{field}' is the wrong type, expected type 'object'"),
+            )),
+        }
+    }
+
+    /// What a `find` was sent to the shards as, and merged with, when the read path read the
+    /// owned options document: its code, unchanged. The shard command, then (the filter,
+    /// skip, limit, the first batch, single batch, partial results, whether the router
+    /// projects).
+    #[allow(clippy::type_complexity)]
+    fn owned_find(
+        body: &Document,
+        coll: &str,
+    ) -> Result<
+        (
+            Document,
+            Document,
+            usize,
+            Option<usize>,
+            usize,
+            bool,
+            bool,
+            bool,
+        ),
+        CommandError,
+    > {
+        let filter = owned_doc_field(body, "filter", "find")?;
+        let sort_doc = owned_doc_field(body, "sort", "find")?;
+        SortSpec::parse(&sort_doc).map_err(CommandError::from)?;
+        let projection_doc = owned_doc_field(body, "projection", "find")?;
+        let projection = Projection::parse(&projection_doc).map_err(CommandError::from)?;
+        let skip = number_field(body, "skip").unwrap_or(0).max(0) as usize;
+        let mut single = body.get("singleBatch").is_some_and(truthy);
+        let limit = match number_field(body, "limit") {
+            Some(l) if l < 0 => {
+                single = true;
+                Some(l.unsigned_abs() as usize)
+            }
+            Some(0) | None => None,
+            Some(l) => Some(l as usize),
+        };
+        let partial = body.get("allowPartialResults").is_some_and(truthy);
+        let push_projection = projection.is_some()
+            && sort_doc.keys().all(|k| {
+                let p = Projection::parse(&projection_doc).ok().flatten();
+                p.is_some_and(|p| p.apply(&doc! {k.clone(): 1}).contains_key(k.as_str()))
+            });
+        let batch = number_field(body, "batchSize")
+            .map(|b| b.max(0) as usize)
+            .unwrap_or(DEFAULT_BATCH);
+        let first = if single {
+            limit.unwrap_or(usize::MAX)
+        } else {
+            batch
+        };
+        let shard_batch = first.min(100_000).saturating_add(skip).clamp(1, 100_000) as i64;
+        let mut shard_cmd = doc! {"find": coll, "filter": filter.clone(), "batchSize": shard_batch};
+        if !sort_doc.is_empty() {
+            shard_cmd.insert("sort", sort_doc.clone());
+        }
+        if let Some(l) = limit {
+            shard_cmd.insert(
+                "limit",
+                i64::try_from(l.saturating_add(skip)).unwrap_or(i64::MAX),
+            );
+        }
+        if push_projection {
+            shard_cmd.insert("projection", projection_doc.clone());
+        }
+        for k in [
+            "collation",
+            "hint",
+            "maxTimeMS",
+            "comment",
+            "readConcern",
+            "$readPreference",
+            "let",
+        ] {
+            if let Some(v) = body.get(k) {
+                shard_cmd.insert(k, v.clone());
+            }
+        }
+        let router_projects = projection.is_some() && !push_projection;
+        Ok((
+            shard_cmd,
+            filter,
+            skip,
+            limit,
+            first,
+            single,
+            partial,
+            router_projects,
+        ))
+    }
+
+    /// `read_envelope` as it was, on owned documents.
+    fn owned_envelope(cmd: &mut Document, body: &Document) {
+        for k in ["$readPreference", "readConcern", "collation"] {
+            if let Some(v) = body.get(k) {
+                cmd.insert(k, v.clone());
+            }
+        }
+    }
+
+    /// A body with `fields` in order, names repeating as given.
+    fn with_fields(fields: &[(&'static str, Bson)]) -> RawDocumentBuf {
+        let mut d = RawDocumentBuf::new();
+        for (k, v) in fields {
+            let k = <&bson::raw::CStr>::try_from(*k).expect("a key");
+            d.append(k, bson::RawBson::try_from(v.clone()).expect("converts"));
+        }
+        d
+    }
+
+    fn find_bodies() -> Vec<RawDocumentBuf> {
+        let uuid = Binary {
+            subtype: BinarySubtype::Uuid,
+            bytes: vec![7; 16],
+        };
+        let cluster_time = doc! {"clusterTime": Timestamp { time: 9, increment: 2 }, "signature": {"hash": Binary { subtype: BinarySubtype::Generic, bytes: vec![0; 20] }, "keyId": 0_i64}};
+        let unsorted = Bson::RegularExpression(Regex {
+            pattern: bson::raw::CString::try_from("^a").expect("a pattern"),
+            options: bson::raw::CString::try_from("mi").expect("options"),
+        });
+        let mut bodies = vec![
+            // A driver's `find_one({_id})`.
+            raw(
+                doc! {"find": "c", "filter": {"_id": 5}, "limit": 1_i64, "singleBatch": true, "lsid": {"id": uuid.clone()}, "$clusterTime": cluster_time.clone(), "$db": "db"},
+            ),
+            raw(doc! {"find": "c"}),
+            raw(doc! {"find": "c", "filter": null, "sort": null, "projection": null, "$db": "db"}),
+            raw(doc! {"find": "c", "filter": {}, "sort": {}, "projection": {}}),
+            raw(
+                doc! {"find": "c", "filter": {"a": {"$gt": 1}, "b": [1, "x", {"c": null}]}, "sort": {"a": 1, "b": -1}, "projection": {"a": 1, "b": 1}, "skip": 3, "limit": 10, "batchSize": 2},
+            ),
+            // A projection that drops a sort field stays at the router.
+            raw(doc! {"find": "c", "sort": {"a": 1}, "projection": {"b": 1}}),
+            raw(doc! {"find": "c", "sort": {"b": 1}, "projection": {"a": 0}}),
+            raw(doc! {"find": "c", "projection": {"a": 1, "_id": 0}}),
+            raw(doc! {"find": "c", "limit": -3, "batchSize": 0, "allowPartialResults": true}),
+            raw(doc! {"find": "c", "limit": 0, "singleBatch": false, "skip": -4}),
+            raw(doc! {"find": "c", "limit": 2.0, "skip": 5_i64, "batchSize": 7.9}),
+            raw(doc! {"find": "c", "singleBatch": 1, "batchSize": 200_000, "skip": 10}),
+            raw(
+                doc! {"find": "c", "filter": {"s": "x"}, "hint": {"a": 1}, "collation": {"locale": "fr", "strength": 2}, "let": {"x": 1, "y": {"z": "w"}}, "readConcern": {"level": "majority"}, "$readPreference": {"mode": "secondaryPreferred", "maxStalenessSeconds": 120}, "maxTimeMS": 500, "comment": "why", "lsid": {"id": uuid.clone()}, "txnNumber": 3_i64, "$db": "db"},
+            ),
+            raw(doc! {"find": "c", "hint": "a_1", "comment": {"tag": 1}, "maxTimeMS": 0}),
+            raw(
+                doc! {"find": "c", "readConcern": {"level": "snapshot", "atClusterTime": Timestamp { time: 5, increment: 1 }}},
+            ),
+            raw(doc! {"find": "c", "filter": {"_id": {"$in": [1, 2, 3]}}, "limit": 1}),
+            raw(
+                doc! {"find": "c", "filter": {"d": bson::DateTime::from_millis(7), "o": bson::oid::ObjectId::from_bytes([1; 12]), "n": bson::Decimal128::from_bytes([2; 16]), "m": Bson::MinKey}},
+            ),
+            // Errors: the same code and message either way.
+            raw(doc! {"find": "c", "filter": 5}),
+            raw(doc! {"find": "c", "sort": "x"}),
+            raw(doc! {"find": "c", "sort": {"a": "up"}}),
+            raw(doc! {"find": "c", "projection": 3}),
+            raw(doc! {"find": "c", "projection": {"a": 1, "b": 0}}),
+        ];
+        // A field named twice: the owned document kept the last value at the first place.
+        bodies.push(with_fields(&[
+            ("find", "c".into()),
+            ("filter", Bson::Document(doc! {"_id": 1})),
+            ("limit", 1.into()),
+            ("filter", Bson::Document(doc! {"_id": 2})),
+            ("limit", 4.into()),
+        ]));
+        bodies.push(with_fields(&[
+            ("find", "c".into()),
+            ("$clusterTime", Bson::Document(cluster_time.clone())),
+            ("$clusterTime", Bson::Document(cluster_time)),
+        ]));
+        // A regular expression whose options an owned copy sorts, in the filter and in `let`.
+        bodies.push(with_fields(&[
+            ("find", "c".into()),
+            ("filter", Bson::Document(doc! {"a": unsorted.clone()})),
+        ]));
+        bodies.push(with_fields(&[
+            ("find", "c".into()),
+            ("let", Bson::Document(doc! {"r": unsorted})),
+        ]));
+        // A field named twice inside the filter.
+        let mut filter = RawDocumentBuf::new();
+        filter.append(cstr!("a"), 1);
+        filter.append(cstr!("a"), 2);
+        let mut body = RawDocumentBuf::new();
+        body.append(cstr!("find"), "c");
+        body.append(cstr!("filter"), filter);
+        bodies.push(body);
+        bodies
+    }
+
+    /// The shard command and the merge of every `find` shape are what reading the owned options
+    /// document gave: the same bytes to the shards, the same filter to target with, the same
+    /// batches, and the same error for a bad option.
+    #[test]
+    fn find_commands_are_the_owned_paths_bytes() {
+        for body in find_bodies() {
+            let req = request(&body);
+            let old = verdict(owned_find(&req.options_document(), "c")).map(
+                |(cmd, filter, skip, limit, first, single, partial, projects)| {
+                    let bytes = cmd.to_vec().expect("encodes");
+                    (bytes, filter, skip, limit, first, single, partial, projects)
+                },
+            );
+            let mut normalized = None;
+            let read_body = ReadBody::of(&req, &mut normalized).expect("reads");
+            let new = verdict(find_plan(&read_body, "c", None)).map(|p| {
+                (
+                    p.command.into_bytes(),
+                    p.filter,
+                    p.skip,
+                    p.limit,
+                    p.first,
+                    p.single,
+                    p.partial,
+                    p.projection.is_some(),
+                )
+            });
+            let shown = Document::try_from(body.as_ref()).map(|d| d.to_string());
+            assert_eq!(new, old, "{shown:?}");
+        }
+    }
+
+    /// `count`, `distinct` and `aggregate` (a view's reads among them: an aggregation the router
+    /// builds from the view's pipeline and the client's options) send the shards the bytes
+    /// their owned commands had.
+    #[test]
+    fn count_distinct_and_aggregate_commands_are_the_owned_paths_bytes() {
+        let envelope = doc! {"collation": {"locale": "en"}, "readConcern": {"level": "local"}, "$readPreference": {"mode": "nearest"}, "let": {"v": 2}};
+        for options in [Document::new(), envelope] {
+            let mut count = doc! {"count": "c", "query": {"a": 1}, "limit": -2, "skip": 1};
+            let mut distinct = doc! {"distinct": "c", "key": "k", "query": {"b": {"$ne": null}}};
+            // What `read_resolved_view` asks the read path for a `find` on a view.
+            let mut view = doc! {"aggregate": "c", "pipeline": [{"$match": {"x": 1}}, {"$project": {"x": 1}}, {"$match": {"a": 1}}], "cursor": {"batchSize": 3}, "$db": "db"};
+            for d in [&mut count, &mut distinct, &mut view] {
+                d.extend(options.clone());
+            }
+            let req = request(&raw(count));
+            let body = req.options_document();
+            let mut old = doc! {"count": "c", "query": {"a": 1}, "limit": 3_i64};
+            owned_envelope(&mut old, &body);
+            let mut normalized = None;
+            let read_body = ReadBody::of(&req, &mut normalized).expect("reads");
+            let query = doc_field(&read_body, "query", "count").expect("a document");
+            let new = count_command(&read_body, "c", query, Some(3));
+            assert_eq!(new.as_bytes(), old.to_vec().expect("encodes"));
+
+            let req = request(&raw(distinct));
+            let body = req.options_document();
+            let mut old = doc! {"distinct": "c", "key": "k", "query": {"b": {"$ne": null}}};
+            owned_envelope(&mut old, &body);
+            let mut normalized = None;
+            let read_body = ReadBody::of(&req, &mut normalized).expect("reads");
+            let query = doc_field(&read_body, "query", "distinct").expect("a document");
+            let new = distinct_command(&read_body, "c", "k", query);
+            assert_eq!(new.as_bytes(), old.to_vec().expect("encodes"));
+
+            let req = request(&raw(view));
+            let body = req.options_document();
+            let pipeline = body.get_array("pipeline").expect("a pipeline").clone();
+            let split = merge::split_pipeline(&pipeline);
+            let mut old = doc! {"aggregate": "c", "pipeline": split.shard_part.clone(), "cursor": {"batchSize": 10_000}};
+            if let Some(l) = body.get("let") {
+                old.insert("let", l.clone());
+            }
+            owned_envelope(&mut old, &body);
+            let mut normalized = None;
+            let read_body = ReadBody::of(&req, &mut normalized).expect("reads");
+            let new = aggregate_command(&read_body, "c", &split.shard_part).expect("encodes");
+            assert_eq!(new.as_bytes(), old.to_vec().expect("encodes"));
+        }
+    }
 }

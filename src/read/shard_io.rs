@@ -14,6 +14,7 @@ use bytes::Bytes;
 
 use crate::backend::limiter::{OpKind, Outcome};
 use crate::backend::shard::{need_of, Resend};
+use crate::backend::topology::Need;
 use crate::backend::{BackendError, PooledConnection};
 use crate::cluster::{Cluster, SlotRequest};
 use crate::command::CommandError;
@@ -53,7 +54,24 @@ async fn exchange(
         .to_vec()
         .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))?;
     let max_time = crate::value::field::number_field(cmd, "maxTimeMS");
-    exchange_raw(cluster, shard, &bytes, max_time, at).await
+    exchange_raw(cluster, shard, &bytes, max_time, Member::of(at)).await
+}
+
+/// Which member of a shard a read goes to.
+#[derive(Debug, Clone, Copy)]
+enum Member<'a> {
+    /// This one: it holds the cursor the read continues.
+    At(&'a str),
+    /// One chosen by the command's `$readPreference`: what it needs, when the caller already
+    /// read it from the same element; else it is read from the command's bytes.
+    Chosen(Option<&'a Need>),
+}
+
+impl<'a> Member<'a> {
+    /// `at` when given, else one chosen by the command.
+    fn of(at: Option<&'a str>) -> Self {
+        at.map_or(Member::Chosen(None), Member::At)
+    }
 }
 
 /// [`exchange`] of a command already encoded (`max_time`: its `maxTimeMS`, read by the caller).
@@ -62,21 +80,33 @@ async fn exchange_raw(
     shard: &str,
     bytes: &[u8],
     max_time: Option<i64>,
-    at: Option<&str>,
+    member: Member<'_>,
 ) -> Result<(BsonDoc, String), BackendError> {
     let Some(pool) = cluster.pool(shard) else {
         return Err(BackendError::Unreachable(format!("unknown shard {shard}")));
     };
     let id = PooledConnection::next_request_id();
     let frame = OpMsgBuilder::new(0, bytes).finish(id, 0);
-    if let Some(member) = at {
-        let mut conn = pool.checkout_at(member).await?;
-        let addr = conn.addr().to_string();
-        return conn.request(&frame, id).await.map(|r| (r, addr));
-    }
-    let need = RawDocument::from_bytes(bytes)
-        .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))
-        .and_then(|raw| need_of(raw).map_err(|e| BackendError::NoMember(e.code, e.message)))?;
+    let known = match member {
+        Member::At(member) => {
+            let mut conn = pool.checkout_at(member).await?;
+            let addr = conn.addr().to_string();
+            return conn.request(&frame, id).await.map(|r| (r, addr));
+        }
+        Member::Chosen(known) => known,
+    };
+    let read;
+    let need = match known {
+        Some(need) => need,
+        None => {
+            read = RawDocument::from_bytes(bytes)
+                .map_err(|e| BackendError::Protocol(format!("cannot encode command: {e}")))
+                .and_then(|raw| {
+                    need_of(raw).map_err(|e| BackendError::NoMember(e.code, e.message))
+                })?;
+            &read
+        }
+    };
     let deadline = max_time
         .filter(|m| *m > 0)
         .map(|m| std::time::Instant::now() + std::time::Duration::from_millis(m as u64));
@@ -86,7 +116,7 @@ async fn exchange_raw(
     } else {
         Resend::Read
     };
-    pool.send(&frame, id, &need, deadline, resend).await
+    pool.send(&frame, id, need, deadline, resend).await
 }
 
 /// Runs one read command on a shard (`ns` names the collection it reads) once the shard's
@@ -117,7 +147,7 @@ pub(super) async fn read_at(
         )
     })?;
     let max_time = crate::value::field::number_field(cmd, "maxTimeMS");
-    read_at_raw(cluster, shard, at, ns, name, &bytes, max_time).await
+    read_at_raw(cluster, shard, Member::of(at), ns, name, &bytes, max_time).await
 }
 
 /// [`read_at`] of a command already encoded (`bytes`), named `name`, with `max_time` its
@@ -125,7 +155,7 @@ pub(super) async fn read_at(
 async fn read_at_raw(
     cluster: &Cluster,
     shard: &str,
-    at: Option<&str>,
+    member: Member<'_>,
     ns: &str,
     name: &str,
     bytes: &[u8],
@@ -151,7 +181,7 @@ async fn read_at_raw(
         None => (None, None),
     };
     let bytes = statement.as_deref().unwrap_or(bytes);
-    let result = exchange_raw(cluster, shard, bytes, max_time, at).await;
+    let result = exchange_raw(cluster, shard, bytes, max_time, member).await;
     if let Some(j) = &joined {
         let ok = matches!(&result, Ok((r, _)) if matches!(r.raw().get("ok"), Ok(Some(RawBsonRef::Double(ok))) if ok == 1.0));
         super::in_txn::settle(cluster, shard, j, ok);
@@ -178,18 +208,6 @@ async fn read_at_raw(
         return Err(ReadFailure::Refused(e));
     }
     Ok((reply, member))
-}
-
-/// [`read_on`], the reply as a document (replies the router reads field by field).
-pub(super) async fn read_document(
-    cluster: &Cluster,
-    shard: &str,
-    ns: &str,
-    cmd: &Document,
-) -> Result<Document, ReadFailure> {
-    read_on(cluster, shard, ns, cmd)
-        .await
-        .map(|r| r.to_document())
 }
 
 /// Runs one read command on a shard through its queue, as every shard read does, for readers
@@ -260,42 +278,42 @@ pub(super) fn decode(doc: &Bytes) -> Document {
     Document::try_from(raw(doc)).unwrap_or_default()
 }
 
-/// Sends a cursor-returning command to each of `shards` at once and keeps each shard's first
-/// batch and cursor. With `partial`, a shard that cannot be reached is skipped (and reported).
+/// Sends a cursor-returning command (`command`, encoded) to each of `shards` at once and keeps
+/// each shard's first batch and cursor. With `partial`, a shard that cannot be reached is
+/// skipped (and reported). `need` is the member the command's `$readPreference` asks for, when
+/// the caller read it from the element the command carries; else it is read from `command`.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn open_streams(
     cluster: &Cluster,
     snap: &RoutingSnapshot,
     shards: Vec<String>,
     db: &str,
     coll: &str,
-    command: &Document,
+    command: &RawDocument,
+    need: Option<&Need>,
     partial: bool,
 ) -> Result<(Vec<ShardStream>, bool), CommandError> {
     let ns = format!("{db}.{coll}");
-    // The command is encoded once; each shard's copy is those bytes with `$db` and its
-    // `shardVersion` appended, as inserting them into a copy of the document placed them.
-    let base = command.to_vec().map_err(|e| {
-        CommandError::new(
-            ErrorCode::InternalError,
-            format!("cannot encode command: {e}"),
-        )
-    })?;
-    let name = command
-        .keys()
-        .next()
-        .map(String::as_str)
-        .unwrap_or_default();
-    let max_time = crate::value::field::number_field(command, "maxTimeMS");
+    let name = first_key(command);
+    let max_time = max_time_of(command);
     let mut futures = Vec::new();
     for shard in shards {
         let version = cluster
             .is_shard_server(&shard)
-            .then(|| snap.shard_version(&shard));
-        let cmd = child_command(command, &base, db, version)?;
+            .then(|| snap.shard_version_bytes(&shard));
+        let cmd = child_command(command, db, version.as_deref())?;
         let ns = &ns;
         futures.push(async move {
-            let (reply, member) =
-                read_at_raw(cluster, &shard, None, ns, name, &cmd, max_time).await?;
+            let (reply, member) = read_at_raw(
+                cluster,
+                &shard,
+                Member::Chosen(need),
+                ns,
+                name,
+                &cmd,
+                max_time,
+            )
+            .await?;
             let (buffer, cursor_id) = batch_of(&reply, "firstBatch");
             Ok(ShardStream {
                 buffer,
@@ -322,15 +340,32 @@ pub(super) async fn open_streams(
     Ok((streams, skipped))
 }
 
-/// The bytes of the command one shard is sent: `command` (encoded as `base`) with `$db` and,
-/// for a shard server, its `shardVersion` set. Both are appended to `base` as encoded elements
-/// when `command` holds neither, which is where inserting them into the document put them;
-/// otherwise the document is copied and changed.
+/// The name of a command: its first field's.
+fn first_key(command: &RawDocument) -> &str {
+    command
+        .iter()
+        .next()
+        .and_then(Result::ok)
+        .map(|(k, _)| k.as_str())
+        .unwrap_or_default()
+}
+
+/// A command's `maxTimeMS`, as [`crate::value::field::number_field`] reads it.
+fn max_time_of(command: &RawDocument) -> Option<i64> {
+    crate::wire::get_field(command, "maxTimeMS")
+        .ok()
+        .flatten()
+        .and_then(crate::value::field::number_raw)
+}
+
+/// The bytes of the command one shard is sent: `command` with `$db` and, for a shard server,
+/// its `shardVersion` (encoded, [`RoutingSnapshot::shard_version_bytes`]) set. Both are
+/// appended to the command's bytes when it holds neither, which is where inserting them into
+/// an owned copy put them; otherwise an owned copy is changed and encoded.
 fn child_command(
-    command: &Document,
-    base: &[u8],
+    command: &RawDocument,
     db: &str,
-    version: Option<Document>,
+    version: Option<&RawDocument>,
 ) -> Result<Vec<u8>, CommandError> {
     let encode_error = |e: bson::error::Error| {
         CommandError::new(
@@ -338,18 +373,18 @@ fn child_command(
             format!("cannot encode command: {e}"),
         )
     };
-    if command.contains_key("$db") || command.contains_key("shardVersion") || base.len() < 5 {
-        let mut cmd = command.clone();
+    let holds = |k: &str| matches!(crate::wire::get_field(command, k), Ok(Some(_)));
+    if holds("$db") || holds("shardVersion") {
+        let mut cmd = Document::try_from(command).map_err(encode_error)?;
         cmd.insert("$db", db);
         if let Some(v) = version {
-            cmd.insert("shardVersion", v);
+            cmd.insert("shardVersion", Document::try_from(v).map_err(encode_error)?);
         }
         return cmd.to_vec().map_err(encode_error);
     }
-    let mut out = bson::RawDocumentBuf::from_bytes(base.to_vec()).map_err(encode_error)?;
+    let mut out = command.to_owned();
     out.append(cstr!("$db"), db);
     if let Some(v) = version {
-        let v = bson::RawDocumentBuf::try_from(&v).map_err(encode_error)?;
         out.append(cstr!("shardVersion"), v);
     }
     Ok(out.into_bytes())
@@ -442,38 +477,46 @@ pub(super) async fn drain(
         .collect()
 }
 
-/// Runs a plain command (`count`, `distinct`) on each targeted shard.
+/// Runs a plain command (`count`, `distinct`; `command`, encoded) on each targeted shard
+/// (`need`: as for [`open_streams`]).
 pub(super) async fn on_each(
     cluster: &Cluster,
     snap: &RoutingSnapshot,
     shards: Vec<String>,
     db: &str,
-    command: &Document,
+    command: &RawDocument,
+    need: Option<&Need>,
 ) -> Result<Vec<Document>, CommandError> {
+    let name = first_key(command);
+    let max_time = max_time_of(command);
+    let coll = match command.iter().next() {
+        Some(Ok((_, RawBsonRef::String(c)))) => c,
+        _ => "",
+    };
+    let ns = format!("{db}.{coll}");
+    let mut futures = Vec::new();
+    for shard in shards {
+        let version = cluster
+            .is_shard_server(&shard)
+            .then(|| snap.shard_version_bytes(&shard));
+        let cmd = child_command(command, db, version.as_deref())?;
+        let ns = &ns;
+        futures.push(async move {
+            read_at_raw(
+                cluster,
+                &shard,
+                Member::Chosen(need),
+                ns,
+                name,
+                &cmd,
+                max_time,
+            )
+            .await
+            .map(|(r, _)| r.to_document())
+            .map_err(ReadFailure::into_error)
+        });
+    }
     let mut out = Vec::new();
-    let futures: Vec<_> = shards
-        .into_iter()
-        .map(|shard| {
-            let mut cmd = command.clone();
-            cmd.insert("$db", db);
-            if cluster.is_shard_server(&shard) {
-                cmd.insert("shardVersion", snap.shard_version(&shard));
-            }
-            let ns = format!(
-                "{db}.{}",
-                command
-                    .values()
-                    .next()
-                    .and_then(bson::Bson::as_str)
-                    .unwrap_or_default()
-            );
-            async move {
-                read_document(cluster, &shard, &ns, &cmd)
-                    .await
-                    .map_err(ReadFailure::into_error)
-            }
-        })
-        .collect();
     for r in crate::backend::join_all(futures).await {
         out.push(r?);
     }
@@ -508,9 +551,12 @@ mod tests {
             doc! {"find": "c", "shardVersion": {"v": 1}, "filter": {}},
         ];
         for command in &commands {
-            let base = command.to_vec().expect("encodes");
+            let base = bson::RawDocumentBuf::try_from(command).expect("encodes");
             for version in [None, Some(version.clone())] {
-                let new = child_command(command, &base, "db1", version.clone()).expect("encodes");
+                let raw_version = version
+                    .as_ref()
+                    .map(|v| bson::RawDocumentBuf::try_from(v).expect("encodes"));
+                let new = child_command(&base, "db1", raw_version.as_deref()).expect("encodes");
                 assert_eq!(new, owned_child(command, "db1", version), "{command}");
                 let fields = Document::try_from(RawDocument::from_bytes(&new).expect("valid"))
                     .expect("decodes");

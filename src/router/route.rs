@@ -178,18 +178,15 @@ async fn route_once(
             "compact not allowed through mongos",
         ));
     }
-    // A write is read in place ([`crate::write::WriteOptions::from_raw`]): no owned options
-    // document is built for it, and `body` stays empty on that path, where only the
-    // transaction branch below reads options (and builds them itself).
+    // A write is read in place ([`crate::write::WriteOptions::from_raw`]), and so is a read
+    // (`find`, `count`, `distinct`, `aggregate`: [`crate::read::ReadBody`]): no owned options
+    // document is built for either, and `body` stays empty on those paths until a branch below
+    // that reads options needs it (and builds it itself).
     let write_options = match how {
         Forwarded::Write(kind) => {
             crate::write::WriteOptions::from_raw(req.body.raw(), kind.statements_field())
         }
         _ => None,
-    };
-    let body = match write_options {
-        Some(_) => Document::new(),
-        None => req.options_document(),
     };
     if let Some(c) = req.collection() {
         // Checked before anything is looked up, cached or recorded.
@@ -203,14 +200,28 @@ async fn route_once(
     if let Some(snap) = &snapshot {
         sharded.know_shards_of(snap).await?;
     }
-    let transactional = match &write_options {
-        Some(o) => o.in_transaction,
-        None => in_transaction(&body),
+    // Reads on a sharded collection; every other read goes to the primary shard, as it came.
+    let reads_in_place =
+        snapshot.is_some() && matches!(how, Forwarded::Read | Forwarded::Aggregate);
+    let body = match write_options {
+        Some(_) => Document::new(),
+        None if reads_in_place => Document::new(),
+        None => req.options_document(),
+    };
+    let mut normalized = None;
+    let read_body = match reads_in_place {
+        true => Some(crate::read::ReadBody::of(req, &mut normalized)?),
+        false => None,
+    };
+    let transactional = match (&write_options, &read_body) {
+        (Some(o), _) => o.in_transaction,
+        (None, Some(b)) => b.in_transaction(),
+        (None, None) => in_transaction(&body),
     };
     if transactional || how == Forwarded::EndTransaction {
-        let body = match write_options {
-            Some(_) => req.options_document(),
-            None => body,
+        let body = match write_options.is_some() || reads_in_place {
+            true => req.options_document(),
+            false => body,
         };
         return transaction(sharded, how, req, &body, snapshot.as_deref(), client_id)
             .await
@@ -293,13 +304,22 @@ async fn route_once(
             }
             _ => {}
         }
+        let mut other_normalized = None;
+        let other_body;
+        let read_body = match &read_body {
+            Some(b) => b,
+            None => {
+                other_body = crate::read::ReadBody::of(req, &mut other_normalized)?;
+                &other_body
+            }
+        };
         if let Some(result) = crate::read::read(
             cluster,
             &sharded.cursors,
             &super::maintenance::StorePrimaries { cluster, store },
             &snap,
             req,
-            &body,
+            read_body,
             client_id,
         )
         .await
@@ -829,8 +849,17 @@ async fn transaction(
                         && !writes_output(body) =>
                 {
                     let primaries = super::maintenance::StorePrimaries { cluster, store };
-                    let read =
-                        crate::read::read(cluster, &sharded.cursors, &primaries, snap, req, body, client_id);
+                    let mut normalized = None;
+                    let read_body = crate::read::ReadBody::of(req, &mut normalized)?;
+                    let read = crate::read::read(
+                        cluster,
+                        &sharded.cursors,
+                        &primaries,
+                        snap,
+                        req,
+                        &read_body,
+                        client_id,
+                    );
                     if let Some(reply) = crate::read::in_txn::scope(statement(), read).await {
                         return read_reply(cluster, session, txn, reply);
                     }

@@ -159,7 +159,8 @@ pub(super) async fn read_resolved_view(
         }
     }
     let agg_req = CommandRequest::from_document(db, &agg)?;
-    let options = agg_req.options_document();
+    let mut normalized = None;
+    let options = crate::read::ReadBody::of(&agg_req, &mut normalized)?;
     let reply = crate::read::read(
         &sharded.cluster,
         &sharded.cursors,

@@ -186,6 +186,33 @@ fn walk_fields<'a, const N: usize>(
     }
 }
 
+/// Whether converting `value` to an owned value and encoding it again would give other bytes:
+/// a field name that repeats within a document (an owned document keeps the last), or a
+/// regular expression whose options are not in order (an owned one sorts them).
+pub fn changes_when_owned(value: RawBsonRef<'_>) -> bool {
+    let doc = match value {
+        RawBsonRef::Document(d) => d,
+        RawBsonRef::Array(a) => {
+            return a.into_iter().any(|v| v.map_or(true, changes_when_owned));
+        }
+        RawBsonRef::JavaScriptCodeWithScope(c) => c.scope,
+        RawBsonRef::RegularExpression(re) => {
+            let o = re.options.as_str().as_bytes();
+            return o.windows(2).any(|w| w[0] > w[1]);
+        }
+        _ => return false,
+    };
+    let mut names: Vec<&str> = Vec::new();
+    for item in doc.iter() {
+        let Ok((k, v)) = item else { return true };
+        if names.contains(&k.as_str()) || changes_when_owned(v) {
+            return true;
+        }
+        names.push(k.as_str());
+    }
+    false
+}
+
 /// The element at `at` of a document whose terminator is at `end`: its type, its key and where
 /// its value starts; `None` when the key is not terminated before `end` or is not UTF-8.
 fn element_head(bytes: &[u8], at: usize, end: usize) -> Option<(u8, &[u8], usize)> {

@@ -17,7 +17,9 @@ mod op_msg;
 mod op_query;
 mod reply;
 
-pub use bson_doc::{empty_document, get_field, get_fields, validate_document, BsonDoc};
+pub use bson_doc::{
+    changes_when_owned, empty_document, get_field, get_fields, validate_document, BsonDoc,
+};
 pub use compression::Compressor;
 pub use error::WireError;
 pub use header::{Header, OpCode, HEADER_LEN};

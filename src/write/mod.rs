@@ -30,7 +30,7 @@ use crate::command::{CommandError, CommandRequest};
 use crate::routing::RoutingSnapshot;
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{number_field, truthy};
-use crate::wire::OpMsgBuilder;
+use crate::wire::{changes_when_owned, OpMsgBuilder};
 use merge::{ChildOutcome, ChildResult, Merger};
 use plan::{Plan, PlanKind, Policy, Round};
 use target::{Targeted, WriteKind};
@@ -222,7 +222,7 @@ impl WriteOptions {
     /// The same, read from the request body in place (`statements`: the field that holds the
     /// statements), with no owned document built: the template is the body's own elements
     /// copied. `None` when a field name repeats in the body, or a value the template carries
-    /// would change by being owned ([`changes_when_owned`]): such a body goes through
+    /// would change by being owned ([`crate::wire::changes_when_owned`]): such a body goes through
     /// [`WriteOptions::from_document`], to be read exactly as before.
     pub fn from_raw(body: &RawDocument, statements: &str) -> Option<Self> {
         let mut names: Vec<&str> = Vec::with_capacity(16);
@@ -321,33 +321,6 @@ impl WriteOptions {
             template,
         })
     }
-}
-
-/// Whether converting `value` to an owned value and encoding it again would give other bytes:
-/// a field name that repeats within a document (an owned document keeps the last), or a
-/// regular expression whose options are not in order (an owned one sorts them).
-fn changes_when_owned(value: RawBsonRef<'_>) -> bool {
-    let doc = match value {
-        RawBsonRef::Document(d) => d,
-        RawBsonRef::Array(a) => {
-            return a.into_iter().any(|v| v.map_or(true, changes_when_owned));
-        }
-        RawBsonRef::JavaScriptCodeWithScope(c) => c.scope,
-        RawBsonRef::RegularExpression(re) => {
-            let o = re.options.as_str().as_bytes();
-            return o.windows(2).any(|w| w[0] > w[1]);
-        }
-        _ => return false,
-    };
-    let mut names: Vec<&str> = Vec::new();
-    for item in doc.iter() {
-        let Ok((k, v)) = item else { return true };
-        if names.contains(&k.as_str()) || changes_when_owned(v) {
-            return true;
-        }
-        names.push(k.as_str());
-    }
-    false
 }
 
 /// Builds one child batch's frame: the template plus `ordered`, `stmtIds` (for retryable
