@@ -100,7 +100,8 @@ fn make_statement(
 }
 
 /// After a shard answered (`ok`) or failed a statement that joined it as `joined`: a shard
-/// whose first statement failed does not have the transaction and leaves the participants.
+/// whose first statement failed does not have the transaction and leaves the participants
+/// (the transaction's entry goes with its last participant).
 pub(super) fn settle(cluster: &Cluster, shard: &str, joined: &Joined, ok: bool) {
     let Ok(stmt) = TXN.try_with(Clone::clone) else {
         return;
@@ -108,10 +109,17 @@ pub(super) fn settle(cluster: &Cluster, shard: &str, joined: &Joined, ok: bool) 
     if ok {
         return;
     }
-    if joined.first {
-        cluster.transactions.end(&stmt.session, stmt.txn);
-    } else if joined.new_participant {
-        cluster.transactions.leave(&stmt.session, stmt.txn, shard);
+    // The other shards of the same read may have joined: only this one leaves, and the entry
+    // goes when none is left.
+    if joined.first || joined.new_participant {
+        let transactions = &cluster.transactions;
+        transactions.leave(&stmt.session, stmt.txn, shard);
+        if transactions
+            .participants(&stmt.session, stmt.txn)
+            .is_some_and(|p| p.is_empty())
+        {
+            transactions.end(&stmt.session, stmt.txn);
+        }
     }
 }
 
