@@ -278,7 +278,9 @@ async fn transaction_statements_reach_the_shards_they_target() {
     // Each kind of statement is targeted by what it reads the shard key from: an update or
     // delete by each statement's `q`, a count or distinct by its `query`, a findAndModify by
     // its `query`. One shard passes through (and runs); several run on each shard for a read
-    // (`distinct`) and are refused by the router (263) for a write.
+    // (`distinct`) or a write whose every statement may touch many documents (a delete with
+    // `limit: 0`), and are refused by the router (263) for an update of one document or a
+    // findAndModify.
     let one_and_many: [(Document, Document); 4] = [
         (
             doc! {"update": "items", "updates": [{"q": {"_id": 5}, "u": {"$set": {"t": 1}}}]},
@@ -299,7 +301,8 @@ async fn transaction_statements_reach_the_shards_they_target() {
     ];
     let mut txn = 10i64;
     for (one, many) in one_and_many {
-        let refused = (!many.contains_key("distinct")).then_some(263);
+        let runs = many.contains_key("distinct") || many.contains_key("delete");
+        let refused = (!runs).then_some(263);
         for (mut cmd, code) in [(one, None), (many, refused)] {
             txn += 1;
             cmd.insert("lsid", lsid.clone());

@@ -458,8 +458,8 @@ async fn the_router_passes_statements_through_to_their_shard() {
     assert_eq!(seen, 2);
     s.commit_transaction().await.unwrap();
 
-    // A statement bound for a second shard brings it in; one that targets both at once is
-    // refused, and the aborted transaction commits nothing on either.
+    // A statement bound for a second shard brings it in; an update of one document that
+    // targets both at once is refused, and the aborted transaction commits nothing on either.
     s.start_transaction().await.unwrap();
     sharded
         .update_one(doc! {"_id": a}, doc! {"$set": {"t": 1}})
@@ -472,7 +472,7 @@ async fn the_router_passes_statements_through_to_their_shard() {
         .await
         .unwrap();
     let e = sharded
-        .update_many(doc! {}, doc! {"$set": {"u": 1}})
+        .update_one(doc! {}, doc! {"$set": {"u": 1}})
         .session(&mut s)
         .await
         .unwrap_err();
@@ -1094,11 +1094,12 @@ async fn ids_in(c: &Collection<Document>, s: &mut mongodb::ClientSession, batch:
 /// Reads that need both shards at once run inside a transaction: a scatter `find` (with
 /// getMores), `countDocuments`' aggregate and `distinct` each reach both shards as
 /// statements of the transaction, see its own uncommitted writes on both and not another
-/// session's, and the commit (two-phase: both shards wrote) applies the writes; a transaction
+/// session's; an `update_many` and a `delete_many` without the shard key change documents on
+/// both shards; and the commit (two-phase: both shards wrote) applies the writes; a transaction
 /// whose first statement is a scatter read, aborted, leaves nothing; one shard's error comes
 /// back with its labels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reads_across_shards_run_inside_a_transaction() {
+async fn scatter_statements_run_inside_a_transaction() {
     let (c, cl, _, _, ia, ib) = two_shards().await;
     let sharded = coll(&cl, "sharded");
     // Another session's transaction writes on both shards and stays open.
@@ -1142,12 +1143,20 @@ async fn reads_across_shards_run_inside_a_transaction() {
         .unwrap();
     values.sort_by_key(|v| v.as_i32());
     assert_eq!(values, expected);
+    // An update of many documents without the shard key changes them on both shards.
+    let r = sharded
+        .update_many(doc! {}, doc! {"$set": {"w": 1}})
+        .session(&mut s)
+        .await
+        .unwrap();
+    assert_eq!((r.matched_count, r.modified_count), (10, 10));
     // Nobody outside sees either transaction's writes.
     assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 0);
     let prepares = c.shard_command_total("prepareTransaction");
     s.commit_transaction().await.unwrap();
     assert_eq!(c.shard_command_total("prepareTransaction"), prepares + 2);
     assert_eq!(ids(&sharded).await, expected);
+    assert_eq!(sharded.count_documents(doc! {"w": 1}).await.unwrap(), 10);
     other.abort_transaction().await.unwrap();
     assert_eq!(sharded.count_documents(doc! {}).await.unwrap(), 10);
 
@@ -1159,18 +1168,19 @@ async fn reads_across_shards_run_inside_a_transaction() {
         .session(&mut s)
         .await
         .unwrap();
-    sharded
-        .delete_one(doc! {"_id": 300})
+    let r = sharded
+        .delete_many(doc! {"_id": {"$lt": 302}})
         .session(&mut s)
         .await
         .unwrap();
+    assert_eq!(r.deleted_count, 2);
     assert_eq!(
         sharded
             .count_documents(doc! {})
             .session(&mut s)
             .await
             .unwrap(),
-        13
+        12
     );
     s.abort_transaction().await.unwrap();
     assert_eq!(ids(&sharded).await, expected);

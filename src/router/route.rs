@@ -768,8 +768,9 @@ fn in_transaction(body: &Document) -> bool {
 /// targets, which joins the transaction if it is new to it (`startTransaction` and the first
 /// statement's `readConcern` are added, as mongos adds them). A `find`, `aggregate` or
 /// `distinct` that needs several shards runs through the read path with each shard command a
-/// statement of the transaction ([`crate::read::in_txn`]), an `insert` is split per shard, and
-/// any other statement that targets several shards at once is refused with
+/// statement of the transaction ([`crate::read::in_txn`]), an `insert` is split per shard, an
+/// `update` or `delete` of many documents goes to each shard ([`write_on_each`]), and any other
+/// statement that targets several shards at once is refused with
 /// OperationNotSupportedInTransaction (263). The commit and abort are [`super::transactions::end_transaction`]'s.
 async fn transaction(
     sharded: &ShardedCluster,
@@ -844,6 +845,9 @@ async fn transaction(
                 [_, _, ..] if how == Forwarded::Write(WriteKind::Insert) => {
                     return insert_across_shards(cluster, snap, req, body, session, txn).await;
                 }
+                [_, _, ..] if every_statement_multi(req, how) => {
+                    return write_on_each(cluster, snap, req, session, txn, shards).await;
+                }
                 [_, _, ..]
                     if matches!(how, Forwarded::Read | Forwarded::Aggregate)
                         && !writes_output(body) =>
@@ -911,6 +915,65 @@ fn read_reply(
         );
     }
     Ok(d)
+}
+
+/// An `update` or `delete` every statement of which may touch any number of documents
+/// (`multi: true` without `upsert`, `limit: 0`): sent whole to each shard, where each statement
+/// changes what it matches there.
+fn every_statement_multi(req: &CommandRequest, how: Forwarded) -> bool {
+    let Forwarded::Write(kind) = how else {
+        return false;
+    };
+    let statements = req
+        .statement_bytes(kind.statements_field())
+        .unwrap_or_default();
+    !statements.is_empty()
+        && statements.iter().all(|raw| {
+            let Ok(stmt) = Document::from_reader(&raw[..]) else {
+                return false;
+            };
+            match kind {
+                WriteKind::Update => {
+                    stmt.get("multi").is_some_and(crate::value::field::truthy)
+                        && !stmt.get("upsert").is_some_and(crate::value::field::truthy)
+                }
+                WriteKind::Delete => crate::value::field::number_field(&stmt, "limit") == Some(0),
+                WriteKind::Insert => false,
+            }
+        })
+}
+
+/// An `update` or `delete` of a transaction whose statements all may touch many documents
+/// ([`every_statement_multi`]) on several shards: the whole command goes to each shard (each
+/// joining the transaction if new to it), one after the other; the reply counts every shard's
+/// `n` (and `nModified`). The first shard that fails ends the command with its error or its
+/// write errors (their `index` the client's, the statements being the same): the transaction
+/// is aborted on that shard, so what the others changed is never committed.
+async fn write_on_each(
+    cluster: &Arc<Cluster>,
+    snap: &crate::routing::RoutingSnapshot,
+    req: &CommandRequest,
+    session: [u8; 16],
+    txn: i64,
+    shards: Vec<String>,
+) -> Result<Document, CommandError> {
+    let (mut n, mut modified) = (0i64, 0i64);
+    let mut last = Document::new();
+    for shard in shards {
+        let version = version_of(cluster, Some(snap), &shard);
+        let reply = statement_on(cluster, session, txn, &shard, req, version, true).await?;
+        if reply.get_f64("ok").ok() != Some(1.0) || reply.get_array("writeErrors").is_ok() {
+            return Ok(reply);
+        }
+        n += crate::value::field::number_field(&reply, "n").unwrap_or(0);
+        modified += crate::value::field::number_field(&reply, "nModified").unwrap_or(0);
+        last = reply;
+    }
+    last.insert("n", n as i32);
+    if last.contains_key("nModified") {
+        last.insert("nModified", modified as i32);
+    }
+    Ok(last)
 }
 
 /// An `aggregate` whose last stage writes its output (`$out`, `$merge`), which a transaction
