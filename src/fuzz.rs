@@ -682,6 +682,29 @@ pub fn command_envelope(data: &[u8]) {
         // Waits maxAwaitTimeMS by design; the wait itself is covered by the frontend tests.
         return;
     }
+    // The read path's in-place reading of a read's options (used for sharded collections,
+    // which the router below has none of).
+    let mut normalized = None;
+    if let Ok(body) = crate::read::ReadBody::of(&req, &mut normalized) {
+        for k in [
+            "filter",
+            "sort",
+            "projection",
+            "limit",
+            "batchSize",
+            "let",
+            "hint",
+        ] {
+            let _ = (
+                body.number(k),
+                body.truthy(k),
+                body.str(k),
+                body.document(k),
+            );
+            let _ = body.owned(k);
+        }
+        let _ = (body.in_transaction(), body.to_document());
+    }
     let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
     block_on(async {
         let stop = Arc::new(tokio::sync::watch::channel(false).0);

@@ -156,6 +156,18 @@ struct FindPlan {
     partial: bool,
 }
 
+/// Options of a client's read that the shard's command carries as the client sent them, in
+/// the order they are appended (a view's aggregation carries them too, `router::views`).
+pub(crate) const CARRIED_OPTIONS: [&str; 7] = [
+    "collation",
+    "hint",
+    "maxTimeMS",
+    "comment",
+    "readConcern",
+    "$readPreference",
+    "let",
+];
+
 /// [`FindPlan`] of a `find` on `coll`.
 fn find_plan(
     body: &ReadBody<'_>,
@@ -217,15 +229,7 @@ fn find_plan(
     if push_projection {
         command.append(bson::raw::cstr!("projection"), projection_raw);
     }
-    for k in [
-        "collation",
-        "hint",
-        "maxTimeMS",
-        "comment",
-        "readConcern",
-        "$readPreference",
-        "let",
-    ] {
+    for k in CARRIED_OPTIONS {
         if let Some((name, v)) = body.element(k) {
             command.append(name, v);
         }

@@ -298,10 +298,7 @@ pub(super) async fn open_streams(
     let max_time = max_time_of(command);
     let mut futures = Vec::new();
     for shard in shards {
-        let version = cluster
-            .is_shard_server(&shard)
-            .then(|| snap.shard_version_bytes(&shard));
-        let cmd = child_command(command, db, version.as_deref())?;
+        let cmd = shard_command(cluster, snap, &shard, command, db)?;
         let ns = &ns;
         futures.push(async move {
             let (reply, member) = read_at_raw(
@@ -356,6 +353,21 @@ fn max_time_of(command: &RawDocument) -> Option<i64> {
         .ok()
         .flatten()
         .and_then(crate::value::field::number_raw)
+}
+
+/// The bytes of `command` for `shard`: with `$db`, and the shard's `shardVersion` when it is a
+/// shard server ([`child_command`]).
+fn shard_command(
+    cluster: &Cluster,
+    snap: &RoutingSnapshot,
+    shard: &str,
+    command: &RawDocument,
+    db: &str,
+) -> Result<Vec<u8>, CommandError> {
+    let version = cluster
+        .is_shard_server(shard)
+        .then(|| snap.shard_version_bytes(shard));
+    child_command(command, db, version.as_deref())
 }
 
 /// The bytes of the command one shard is sent: `command` with `$db` and, for a shard server,
@@ -496,10 +508,7 @@ pub(super) async fn on_each(
     let ns = format!("{db}.{coll}");
     let mut futures = Vec::new();
     for shard in shards {
-        let version = cluster
-            .is_shard_server(&shard)
-            .then(|| snap.shard_version_bytes(&shard));
-        let cmd = child_command(command, db, version.as_deref())?;
+        let cmd = shard_command(cluster, snap, &shard, command, db)?;
         let ns = &ns;
         futures.push(async move {
             read_at_raw(

@@ -32,18 +32,6 @@ pub(super) fn resolved_view<'a>(req: &CommandRequest, reply: &'a Document) -> Op
     reply.get_document("resolvedView").ok()
 }
 
-/// Options of the client's read that the aggregation carries.
-const CARRIED: &[&str] = &[
-    "collation",
-    "hint",
-    "maxTimeMS",
-    "comment",
-    "readConcern",
-    "$readPreference",
-    "let",
-    "allowDiskUse",
-];
-
 /// The aggregation pipeline stages after the view's that do what `req` asks.
 fn read_stages(name: &str, body: &Document) -> Result<Vec<Bson>, CommandError> {
     let doc_arg = |field: &str| -> Result<Option<Document>, CommandError> {
@@ -153,7 +141,8 @@ pub(super) async fn read_resolved_view(
         cursor.insert("batchSize", b);
     }
     let mut agg = doc! {"aggregate": coll, "pipeline": pipeline, "cursor": cursor, "$db": db};
-    for k in CARRIED {
+    // The find's carried options, and `allowDiskUse` for the aggregation.
+    for k in crate::read::CARRIED_OPTIONS.iter().chain(&["allowDiskUse"]) {
         if let Some(v) = body.get(*k) {
             agg.insert(*k, v.clone());
         }
