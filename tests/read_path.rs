@@ -224,6 +224,49 @@ async fn cursors_belong_to_their_connection_and_expire() {
 }
 
 #[tokio::test]
+async fn a_find_the_shards_answer_in_one_batch_registers_no_router_cursor() {
+    let (c, cl) = setup().await;
+    let col = cl.database("shop").collection::<Document>("items");
+    // The stock driver's `find_one({_id})`: one shard, one document, its cursor closed.
+    let one = col.find_one(doc! {"_id": 42}).await.unwrap().unwrap();
+    assert_eq!(one.get_i32("v").unwrap(), 42 * 3 % 50);
+    assert!(
+        c.sharded.cursors.is_empty(),
+        "find_one left a router cursor"
+    );
+    // Every shard's results in its first batch (50 documents over 3 shards): id 0, no cursor.
+    let mut a = common::Raw::connect(c.addr()).await;
+    let r = a
+        .command(&doc! {"find": "items", "filter": {"g": 2}, "$db": "shop"})
+        .await;
+    let cursor = r.get_document("cursor").unwrap();
+    assert_eq!(cursor.get_i64("id").unwrap(), 0);
+    assert_eq!(cursor.get_array("firstBatch").unwrap().len(), 50);
+    assert!(
+        c.sharded.cursors.is_empty(),
+        "an exhausted find left a router cursor"
+    );
+    // A shard that keeps its cursor open (more than a batch of 5 left): the router keeps one.
+    let r = a
+        .command(&doc! {"find": "items", "filter": {"g": 2}, "batchSize": 5, "$db": "shop"})
+        .await;
+    let id = r.get_document("cursor").unwrap().get_i64("id").unwrap();
+    assert_ne!(id, 0);
+    assert_eq!(c.sharded.cursors.len(), 1);
+    let rest = a
+        .command(&doc! {"getMore": id, "collection": "items", "$db": "shop"})
+        .await;
+    let rest = rest.get_document("cursor").unwrap();
+    assert_eq!(rest.get_array("nextBatch").unwrap().len(), 45);
+    assert_eq!(rest.get_i64("id").unwrap(), 0);
+    assert!(
+        c.sharded.cursors.is_empty(),
+        "the exhausted cursor is forgotten"
+    );
+    c.stop().await;
+}
+
+#[tokio::test]
 async fn a_lost_shard_fails_cleanly_or_is_skipped_with_allow_partial_results() {
     let (mut c, cl) = setup().await;
     let db = cl.database("shop");

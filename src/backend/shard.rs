@@ -547,30 +547,36 @@ enum Failure<'a> {
 /// The failure a reply reports, if any: `ok: 0` with its code, or a `writeConcernError`.
 fn reply_failure(reply: &BsonDoc) -> Option<(BatchFailure, i32, Option<TopologyVersion>)> {
     let raw = reply.raw();
-    let ok = match raw.get("ok") {
+    // One walk for what either answer needs: `writeConcernError` is usually absent, so the
+    // walk goes to the end of the reply anyway and finds the others on the way.
+    let [ok, code, wce, tv] =
+        crate::wire::get_fields(raw, ["ok", "code", "writeConcernError", "topologyVersion"]);
+    let ok = match ok {
         Ok(Some(RawBsonRef::Double(d))) => d == 1.0,
         Ok(Some(RawBsonRef::Int32(i))) => i == 1,
         Ok(Some(RawBsonRef::Int64(i))) => i == 1,
         Ok(Some(RawBsonRef::Boolean(b))) => b,
         _ => false,
     };
-    let code_of = |d: &bson::RawDocument| match d.get("code") {
+    let code_of = |code: bson::error::Result<Option<RawBsonRef<'_>>>| match code {
         Ok(Some(RawBsonRef::Int32(c))) => Some(c),
         Ok(Some(RawBsonRef::Int64(c))) => i32::try_from(c).ok(),
         Ok(Some(RawBsonRef::Double(c))) => Some(c as i32),
         _ => None,
     };
-    let tv = || {
-        raw.get_document("topologyVersion")
+    let tv = || match tv {
+        Ok(Some(RawBsonRef::Document(d))) => Document::try_from(d)
             .ok()
-            .and_then(|d| Document::try_from(d).ok())
-            .and_then(|d| TopologyVersion::from_document(&d))
+            .and_then(|d| TopologyVersion::from_document(&d)),
+        _ => None,
     };
     if !ok {
-        let code = code_of(raw)?;
+        let code = code_of(code)?;
         return Some((BatchFailure::Command(code), code, tv()));
     }
-    let wce = raw.get_document("writeConcernError").ok()?;
-    let code = code_of(wce)?;
+    let Ok(Some(RawBsonRef::Document(wce))) = wce else {
+        return None;
+    };
+    let code = code_of(crate::wire::get_field(wce, "code"))?;
     Some((BatchFailure::WriteConcern(code), code, tv()))
 }

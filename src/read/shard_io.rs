@@ -147,11 +147,28 @@ pub(super) async fn read_at(
         )
     })?;
     let max_time = crate::value::field::number_field(cmd, "maxTimeMS");
-    read_at_raw(cluster, shard, Member::of(at), ns, name, &bytes, max_time).await
+    read_at_raw(
+        cluster,
+        shard,
+        Member::of(at),
+        ns,
+        name,
+        &bytes,
+        max_time,
+        None,
+    )
+    .await
+    .map(|(r, m, _)| (r, m))
 }
 
+/// A shard cursor's batch as its reply carries it: the documents (each the slice of the reply
+/// that holds it) and the cursor id.
+pub(super) type Batch = (VecDeque<Bytes>, i64);
+
 /// [`read_at`] of a command already encoded (`bytes`), named `name`, with `max_time` its
-/// `maxTimeMS`.
+/// `maxTimeMS`; with `batch`, also the reply's `cursor.<batch>` ([`batch_of`]), read in the same
+/// walk of the reply as its `ok` (empty without it).
+#[allow(clippy::too_many_arguments)]
 async fn read_at_raw(
     cluster: &Cluster,
     shard: &str,
@@ -160,7 +177,8 @@ async fn read_at_raw(
     name: &str,
     bytes: &[u8],
     max_time: Option<i64>,
-) -> Result<(BsonDoc, String), ReadFailure> {
+    batch: Option<&str>,
+) -> Result<(BsonDoc, String, Batch), ReadFailure> {
     let work = SlotRequest {
         op: OpKind::Read,
         command: name,
@@ -182,8 +200,24 @@ async fn read_at_raw(
     };
     let bytes = statement.as_deref().unwrap_or(bytes);
     let result = exchange_raw(cluster, shard, bytes, max_time, member).await;
+    // The reply's `ok` and cursor in one walk (the cursor comes first in a shard's reply).
+    let (ok, cursor) = match &result {
+        Ok((r, _)) => {
+            let [cursor, ok] = crate::wire::get_fields(r.raw(), ["cursor", "ok"]);
+            let ok = matches!(ok, Ok(Some(RawBsonRef::Double(ok))) if ok == 1.0);
+            let cursor = match cursor {
+                Ok(Some(RawBsonRef::Document(c))) if batch.is_some() => Some(c),
+                _ => None,
+            };
+            (ok, cursor)
+        }
+        Err(_) => (false, None),
+    };
+    let found = match (batch, cursor, &result) {
+        (Some(batch), Some(cursor), Ok((r, _))) if ok => batch_in(r, cursor, batch),
+        _ => (VecDeque::new(), 0),
+    };
     if let Some(j) = &joined {
-        let ok = matches!(&result, Ok((r, _)) if matches!(r.raw().get("ok"), Ok(Some(RawBsonRef::Double(ok))) if ok == 1.0));
         super::in_txn::settle(cluster, shard, j, ok);
     }
     if let Some(p) = permit {
@@ -199,7 +233,7 @@ async fn read_at_raw(
         }
         e => ReadFailure::Unreachable(e.at(shard).into()),
     })?;
-    if !matches!(reply.raw().get("ok"), Ok(Some(RawBsonRef::Double(ok))) if ok == 1.0) {
+    if !ok {
         let reply = reply.to_document();
         let mut e = CommandError::from_shard_reply(shard, &reply);
         if joined.is_some() {
@@ -207,7 +241,7 @@ async fn read_at_raw(
         }
         return Err(ReadFailure::Refused(e));
     }
-    Ok((reply, member))
+    Ok((reply, member, found))
 }
 
 /// Runs one read command on a shard through its queue, as every shard read does, for readers
@@ -249,11 +283,16 @@ pub(super) struct ShardStream {
 
 /// The documents of a cursor reply's `cursor.<batch>` and its cursor id, without decoding
 /// them: each is the slice of `reply` that holds it.
-pub(super) fn batch_of(reply: &BsonDoc, batch: &str) -> (VecDeque<Bytes>, i64) {
-    let Ok(Some(RawBsonRef::Document(cursor))) = reply.raw().get("cursor") else {
-        return (VecDeque::new(), 0);
-    };
-    let id = match cursor.get("id") {
+pub(super) fn batch_of(reply: &BsonDoc, batch: &str) -> Batch {
+    match crate::wire::get_field(reply.raw(), "cursor") {
+        Ok(Some(RawBsonRef::Document(cursor))) => batch_in(reply, cursor, batch),
+        _ => (VecDeque::new(), 0),
+    }
+}
+
+/// [`batch_of`] of the reply's `cursor` document, already found.
+fn batch_in(reply: &BsonDoc, cursor: &RawDocument, batch: &str) -> Batch {
+    let id = match crate::wire::get_field(cursor, "id") {
         Ok(Some(RawBsonRef::Int64(id))) => id,
         _ => 0,
     };
@@ -301,7 +340,7 @@ pub(super) async fn open_streams(
         let cmd = shard_command(cluster, snap, &shard, command, db)?;
         let ns = &ns;
         futures.push(async move {
-            let (reply, member) = read_at_raw(
+            let (_, member, (buffer, cursor_id)) = read_at_raw(
                 cluster,
                 &shard,
                 Member::Chosen(need),
@@ -309,9 +348,9 @@ pub(super) async fn open_streams(
                 name,
                 &cmd,
                 max_time,
+                Some("firstBatch"),
             )
             .await?;
-            let (buffer, cursor_id) = batch_of(&reply, "firstBatch");
             Ok(ShardStream {
                 buffer,
                 cursor_id,
@@ -519,9 +558,10 @@ pub(super) async fn on_each(
                 name,
                 &cmd,
                 max_time,
+                None,
             )
             .await
-            .map(|(r, _)| r.to_document())
+            .map(|(r, _, _)| r.to_document())
             .map_err(ReadFailure::into_error)
         });
     }
