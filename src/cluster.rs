@@ -402,13 +402,21 @@ impl TransactionTable {
             .and_then(|p| p.into_iter().next().map(|p| p.shard))
     }
 
-    /// Takes `shard` out of the participants of transaction `txn` of `session` (its first
-    /// statement there failed: the transaction does not exist there).
-    pub fn leave(&self, session: &[u8; 16], txn: i64, shard: &str) {
+    /// After a statement that joined `shard` to transaction `txn` of `session` as `joined`
+    /// failed there: a transaction whose first statement on a shard failed does not exist
+    /// there, so the shard leaves the participants, and the entry goes with its last
+    /// participant (other shards that joined meanwhile, as in one scatter read, stay).
+    pub fn join_failed(&self, session: &[u8; 16], txn: i64, shard: &str, joined: &Joined) {
+        if !(joined.first || joined.new_participant) {
+            return;
+        }
         let mut entries = crate::sync::lock(&self.entries);
         if let Some(e) = entries.get_mut(session) {
             if e.txn_number == txn {
                 e.participants.retain(|p| p.shard != shard);
+                if e.participants.is_empty() {
+                    entries.remove(session);
+                }
             }
         }
     }
@@ -492,7 +500,8 @@ mod tests {
         t.add_cursor(&s, 1, 77, "b");
         assert_eq!(t.cursor_shard(&s, 1, 77).as_deref(), Some("b"));
         assert_eq!(t.cursor_shard(&s, 1, 78), None);
-        t.leave(&s, 1, "b");
+        // b's first statement failed: it leaves, a stays.
+        t.join_failed(&s, 1, "b", &b);
         assert_eq!(t.participants(&s, 1).unwrap().len(), 1);
         // A newer number replaces the entry; the older one is unknown.
         let next = t.begin(s, 2, "b", true, None).unwrap();

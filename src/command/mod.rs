@@ -600,6 +600,20 @@ pub const GENERIC_ARGUMENTS: &[&str] = &[
     "backpressure",
 ];
 
+/// The `errorLabels` of a shard's reply (`TransientTransactionError` and the like), which
+/// reach the client with the shard's error.
+pub fn reply_labels(reply: &Document) -> Vec<String> {
+    reply
+        .get_array("errorLabels")
+        .map(|a| {
+            a.iter()
+                .filter_map(bson::Bson::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// `maxTimeMS` of a request: `None` when absent or 0 (no limit); mongod's errors for a value
 /// that is not a non-negative 32-bit integer.
 pub fn max_time(body: &bson::RawDocument) -> Result<Option<std::time::Duration>, CommandError> {

@@ -6,7 +6,7 @@
 //! `readConcern`), as one-shard statements join in the router; a shard's first statement that
 //! fails takes it out of the participants again. Nothing is resent to another member.
 
-use bson::{Bson, Document, RawDocumentBuf};
+use bson::{Document, RawDocumentBuf};
 
 use crate::cluster::{Cluster, Joined};
 use crate::command::CommandError;
@@ -106,33 +106,9 @@ pub(super) fn settle(cluster: &Cluster, shard: &str, joined: &Joined, ok: bool) 
     let Ok(stmt) = TXN.try_with(Clone::clone) else {
         return;
     };
-    if ok {
-        return;
+    if !ok {
+        cluster
+            .transactions
+            .join_failed(&stmt.session, stmt.txn, shard, joined);
     }
-    // The other shards of the same read may have joined: only this one leaves, and the entry
-    // goes when none is left.
-    if joined.first || joined.new_participant {
-        let transactions = &cluster.transactions;
-        transactions.leave(&stmt.session, stmt.txn, shard);
-        if transactions
-            .participants(&stmt.session, stmt.txn)
-            .is_some_and(|p| p.is_empty())
-        {
-            transactions.end(&stmt.session, stmt.txn);
-        }
-    }
-}
-
-/// The shard's error labels (`TransientTransactionError` and the like), which reach the
-/// client with the shard's error inside a transaction.
-pub(super) fn labels(reply: &Document) -> Vec<String> {
-    reply
-        .get_array("errorLabels")
-        .map(|a| {
-            a.iter()
-                .filter_map(Bson::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
 }

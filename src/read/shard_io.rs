@@ -237,7 +237,7 @@ async fn read_at_raw(
         let reply = reply.to_document();
         let mut e = CommandError::from_shard_reply(shard, &reply);
         if joined.is_some() {
-            e.labels = super::in_txn::labels(&reply);
+            e.labels = crate::command::reply_labels(&reply);
         }
         return Err(ReadFailure::Refused(e));
     }

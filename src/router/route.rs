@@ -1155,10 +1155,10 @@ async fn statement_on(
     let failed = reply
         .as_ref()
         .map_or(true, |r| r.get_f64("ok").ok() != Some(1.0));
-    if failed && joined.first {
-        cluster.transactions.end(&session, txn);
-    } else if failed && joined.new_participant {
-        cluster.transactions.leave(&session, txn, &shard);
+    if failed {
+        cluster
+            .transactions
+            .join_failed(&session, txn, &shard, &joined);
     }
     let mut d = reply?;
     if d.get_f64("ok").ok() != Some(1.0) {

@@ -160,12 +160,7 @@ impl Ends<'_> {
                     ErrorCode(code),
                     format!("{} at {shard}", reply.get_str("errmsg").unwrap_or_default()),
                 );
-                if let Ok(labels) = reply.get_array("errorLabels") {
-                    e.labels = labels
-                        .iter()
-                        .filter_map(|l| l.as_str().map(str::to_string))
-                        .collect();
-                }
+                e.labels = crate::command::reply_labels(&reply);
                 Answer::Refused(e)
             }
             Err(e) => Answer::Unanswered(CommandError::from(e.at(shard))),
