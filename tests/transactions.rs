@@ -990,11 +990,35 @@ async fn an_unknown_commit_outcome_is_labelled_and_a_retry_finishes_it() {
     c.stop().await;
 }
 
-/// A commit sent to another router with the `recoveryToken` of the last reply: a one-shard
-/// transaction commits on the shard the token names; a transaction across two shards commits
-/// on both (the token names them, and the other router runs the two phases).
+/// Runs one insert per `_id` in transaction `txn` through `router`; returns the commit the
+/// client would send, with the `recoveryToken` of the last reply.
+async fn statements(router: &mut Raw, lsid: &Document, txn: i64, ids: &[i32]) -> Document {
+    let mut token = Document::new();
+    for (k, id) in ids.iter().enumerate() {
+        let insert = doc! {"insert": "sharded", "documents": [{"_id": id}], "$db": "txn"};
+        let r = router.command(&txn_cmd(insert, lsid, txn, k == 0)).await;
+        assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+        token = r.get_document("recoveryToken").unwrap().clone();
+    }
+    let mut cmd = txn_cmd(
+        doc! {"commitTransaction": 1, "$db": "admin"},
+        lsid,
+        txn,
+        false,
+    );
+    cmd.insert("recoveryToken", token);
+    cmd
+}
+
+/// A commit sent to another router with the `recoveryToken` of the last reply recovers the
+/// decision, as mongos does, and never makes one:
+/// - a transaction no router committed (one shard, or two) is aborted everywhere and the
+///   client gets NoSuchTransaction labelled `TransientTransactionError`, nothing applied;
+/// - a transaction the first router committed is answered ok, applied once;
+/// - a transaction prepared on every participant whose router went away before the second
+///   phase (commit was the only decision left) is committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_through_another_router_uses_the_recovery_token() {
+async fn a_commit_through_another_router_recovers_the_decision() {
     let (c, _cl, a, b, _, _) = two_shards().await;
     // The other router only ends transactions here: it needs the shards, not the collection's
     // metadata (a second static router would give the shards a different version of it).
@@ -1002,27 +1026,65 @@ async fn a_commit_through_another_router_uses_the_recovery_token() {
     let mut first = Raw::connect(c.addr()).await;
     let mut second = Raw::connect(other.local_addr()).await;
     let lsid = doc! {"id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![9; 16] })};
-    let insert = |id: i32| doc! {"insert": "sharded", "documents": [{"_id": id}], "$db": "txn"};
-    let commit = doc! {"commitTransaction": 1, "$db": "admin"};
-
+    let commit = |txn: i64| {
+        txn_cmd(
+            doc! {"commitTransaction": 1, "$db": "admin"},
+            &lsid,
+            txn,
+            false,
+        )
+    };
     let owner = |id: i32| c.owner("txn.sharded", &doc! {"_id": id});
-    let a2 = (2..100).find(|i| owner(*i) == owner(a)).unwrap();
-    for (txn, ids) in [(1, vec![a]), (2, vec![a2, b])] {
-        let mut token = Document::new();
-        for (k, id) in ids.iter().enumerate() {
-            let r = first
-                .command(&txn_cmd(insert(*id), &lsid, txn, k == 0))
-                .await;
-            assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
-            token = r.get_document("recoveryToken").unwrap().clone();
-        }
-        let mut cmd = txn_cmd(commit.clone(), &lsid, txn, false);
-        cmd.insert("recoveryToken", token);
+    // From `from` on, the first `_id` on `a`'s shard and the first on `b`'s.
+    let ids = |from: i32| {
+        let on = |of: i32| (from..).find(|i| owner(*i) == owner(of)).unwrap();
+        vec![on(a), on(b)]
+    };
+
+    // Never committed: one shard, then two.
+    for (txn, ids) in [(1, vec![a]), (2, ids(100))] {
+        let cmd = statements(&mut first, &lsid, txn, &ids).await;
         let r = second.command(&cmd).await;
-        assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+        assert_eq!(r.get_i32("code").ok(), Some(251), "transaction {txn}: {r}");
+        assert_eq!(labels(&r), ["TransientTransactionError"], "{r}");
         assert_eq!(open_on(&c), (0, 0), "transaction {txn}");
+        assert_eq!(c.count_on_shards("txn", "sharded"), 0, "transaction {txn}");
+        // The first router's own commit finds nothing to commit either.
+        let r = first.command(&commit(txn)).await;
+        assert_eq!(r.get_i32("code").ok(), Some(251), "transaction {txn}: {r}");
     }
-    assert_eq!(c.count_on_shards("txn", "sharded"), 3);
+
+    // Committed by the first router: the retry through the second is ok, applied once.
+    let cmd = statements(&mut first, &lsid, 3, &ids(200)).await;
+    let r = first.command(&commit(3)).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    let r = second.command(&cmd).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    assert_eq!(c.count_on_shards("txn", "sharded"), 2);
+
+    // Prepared everywhere by a router that went no further: the second router commits it.
+    let cmd = statements(&mut first, &lsid, 4, &ids(300)).await;
+    for shard in &c.shards {
+        let mut direct = Raw::connect(shard.local_addr()).await;
+        let prepare = txn_cmd(
+            doc! {"prepareTransaction": 1, "$db": "admin"},
+            &lsid,
+            4,
+            false,
+        );
+        let r = direct.command(&prepare).await;
+        assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    }
+    assert_eq!(open_on(&c).1, 2);
+    let r = second.command(&cmd).await;
+    assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+    assert_eq!(open_on(&c), (0, 0));
+    assert_eq!(c.count_on_shards("txn", "sharded"), 4);
+
+    // A client may not send the shards' recovery command through a router.
+    let recover = doc! {"coordinateCommitTransaction": 1, "participants": [], "$db": "admin"};
+    let r = second.command(&txn_cmd(recover, &lsid, 4, false)).await;
+    assert_eq!(r.get_i32("code").ok(), Some(59), "{r}");
     other.shutdown().await;
     c.stop().await;
 }

@@ -18,7 +18,8 @@
 //! mongos hands the coordination to a coordinator shard (`coordinateCommitTransaction`), which
 //! writes its decision down; here the router decides and keeps nothing durable. The
 //! `recoveryToken` of every statement's reply names the participants, so a commit retried
-//! through another router runs the same two phases from the participants' states.
+//! through another router recovers the decision from the participants' states (see
+//! `Ends::recover_commit`): it never commits a transaction no router decided to commit.
 
 use std::sync::Arc;
 
@@ -86,11 +87,12 @@ pub(super) async fn end_transaction(
     session: [u8; 16],
     txn: i64,
 ) -> Result<Document, CommandError> {
-    let participants = cluster
+    let known = cluster
         .transactions
         .participants(&session, txn)
-        .filter(|p| !p.is_empty())
-        .or_else(|| from_token(cluster, body));
+        .filter(|p| !p.is_empty());
+    let recovering = known.is_none();
+    let participants = known.or_else(|| from_token(cluster, body));
     let Some(participants) = participants else {
         // Labelled as mongod and mongos label it: nothing of it can be committed, so the
         // whole transaction may be retried.
@@ -101,15 +103,18 @@ pub(super) async fn end_transaction(
         e.labels.push(TRANSIENT.to_string());
         return Err(e);
     };
-    if let [one] = participants.as_slice() {
-        return super::route::forward(cluster, &one.shard, req, None).await;
-    }
     let ends = Ends {
         cluster,
         lsid: body.get_document("lsid").cloned().unwrap_or_default(),
         txn,
         write_concern: body.get_document("writeConcern").ok().cloned(),
     };
+    if recovering && req.name == "commitTransaction" {
+        return ends.recover_commit(&participants).await;
+    }
+    if let [one] = participants.as_slice() {
+        return super::route::forward(cluster, &one.shard, req, None).await;
+    }
     if req.name == "abortTransaction" {
         return ends.abort(&participants).await;
     }
@@ -214,6 +219,54 @@ impl Ends<'_> {
             }
         }
         Ok(reply)
+    }
+
+    /// A commit through a router that did not run the transaction, with the participants its
+    /// `recoveryToken` names: as on mongos, the decision is recovered, never made here. The
+    /// participants that wrote (the recovery shard when none did) are asked with
+    /// `coordinateCommitTransaction`'s recovery form. One that never prepared aborts its part
+    /// and answers NoSuchTransaction: no commit was decided (one is decided only once every
+    /// participant prepared), so the transaction is aborted everywhere and the client gets
+    /// NoSuchTransaction labelled `TransientTransactionError`. When each answers committed or
+    /// prepared, commit was or would have been the decision, and the two phases finish it. A
+    /// participant that does not answer leaves the outcome unknown.
+    async fn recover_commit(&self, participants: &[Participant]) -> Result<Document, CommandError> {
+        let mut asked: Vec<&Participant> = participants.iter().filter(|p| p.wrote).collect();
+        if asked.is_empty() {
+            asked.extend(participants.first());
+        }
+        let command = self.command("coordinateCommitTransaction", doc! {"participants": []});
+        let (mut undecided, mut unknown) = (None, None);
+        for answer in self.send_all(&asked, &command).await {
+            match answer {
+                Answer::Ok(_) => {}
+                Answer::Refused(e) if e.code == ErrorCode::PreparedTransactionInProgress => {}
+                Answer::Refused(e) if e.code == ErrorCode::NoSuchTransaction => {
+                    undecided.get_or_insert(e);
+                }
+                Answer::Refused(e) | Answer::Unanswered(e) => {
+                    unknown.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(cause) = undecided {
+            if let Err(e) = self.abort(participants).await {
+                return Err(unknown_commit(e));
+            }
+            let mut e = CommandError::new(
+                ErrorCode::NoSuchTransaction,
+                format!(
+                    "Transaction {} was aborted: no commit decision was recovered :: caused by :: {}",
+                    self.txn, cause.message
+                ),
+            );
+            e.labels.push(TRANSIENT.to_string());
+            return Err(e);
+        }
+        if let Some(cause) = unknown {
+            return Err(unknown_commit(cause));
+        }
+        self.two_phase_commit(participants).await
     }
 
     /// The two phases: prepare everywhere, then commit everywhere at the latest prepare

@@ -94,18 +94,37 @@ trap stop_server EXIT
 trap 'stop_server; exit 130' INT TERM
 
 free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A free port whose next port is free too: the demo's two routers listen on both, as the
+# drivers' own CI runs two mongoses on consecutive ports (pymongo's test set-up looks for a
+# second one on the next port, and tests with useMultipleMongoses use both).
+free_port_pair() { "$py" -c '
+import socket
+for _ in range(100):
+    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
+    b = socket.socket()
+    try:
+        b.bind(("127.0.0.1", p + 1))
+    except OSError:
+        continue
+    finally:
+        a.close(); b.close()
+    print(p); break
+'; }
 
 # start_server TARGET LOG: starts the target on a free loopback port, sets server_pid and port.
 start_server() {
   local target=$1 log=$2
-  port=$(free_port)
   case "$target" in
-    demo) "$SLUICE_BIN" demo --port "$port" --metrics-listen "" --enable-test-commands >"$log" 2>&1 & ;;
-    shard) "$SLUICE_BIN" shard --port "$port" --set-name shard0 --metrics-listen "" --enable-test-commands >"$log" 2>&1 & ;;
+    demo) port=$(free_port_pair)
+      "$SLUICE_BIN" demo --routers 2 --port "$port" --metrics-listen "" --enable-test-commands >"$log" 2>&1 & ;;
+    shard) port=$(free_port)
+      "$SLUICE_BIN" shard --port "$port" --set-name shard0 --metrics-listen "" --enable-test-commands >"$log" 2>&1 & ;;
   esac
   server_pid=$!
   for _ in $(seq 1 300); do
-    grep -q "listening on 127.0.0.1:$port" "$log" && return 0
+    if grep -q "listening on 127.0.0.1:$port" "$log"; then
+      [ "$target" != demo ] || grep -q "listening on 127.0.0.1:$((port + 1))" "$log" && return 0
+    fi
     kill -0 "$server_pid" 2>/dev/null || { cat "$log" >&2; server_pid=""; return 1; }
     sleep 0.1
   done

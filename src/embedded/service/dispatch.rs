@@ -196,7 +196,10 @@ impl ShardService {
             if let Some(member) = &self.member {
                 if matches!(
                     name,
-                    "commitTransaction" | "abortTransaction" | "prepareTransaction"
+                    "commitTransaction"
+                        | "abortTransaction"
+                        | "prepareTransaction"
+                        | "coordinateCommitTransaction"
                 ) {
                     if let Some(wce) = member.wait_for_write_concern(&body).await {
                         reply.insert("writeConcernError", wce);

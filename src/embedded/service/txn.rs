@@ -61,6 +61,7 @@ const ALLOWED: &[&str] = &[
     "commitTransaction",
     "abortTransaction",
     "prepareTransaction",
+    "coordinateCommitTransaction",
 ];
 
 pub use crate::backend::topology::retry::TRANSIENT_TRANSACTION_ERROR;
@@ -260,7 +261,10 @@ pub(super) fn transaction_request(
     let start = body.get("startTransaction");
     let end = matches!(
         name,
-        "commitTransaction" | "abortTransaction" | "prepareTransaction"
+        "commitTransaction"
+            | "abortTransaction"
+            | "prepareTransaction"
+            | "coordinateCommitTransaction"
     );
     if autocommit.is_none() && start.is_none() && !end {
         return Ok(None);
@@ -330,7 +334,10 @@ pub(super) fn transaction_request(
 pub(super) fn label_transaction_error(e: &mut EngineError, name: &str, has_wce: bool) {
     let end = matches!(
         name,
-        "commitTransaction" | "abortTransaction" | "prepareTransaction"
+        "commitTransaction"
+            | "abortTransaction"
+            | "prepareTransaction"
+            | "coordinateCommitTransaction"
     );
     if !crate::backend::topology::retry::is_transient_transaction_error(e.code.0, has_wce, end) {
         return;
@@ -338,6 +345,27 @@ pub(super) fn label_transaction_error(e: &mut EngineError, name: &str, has_wce: 
     let mut extra = e.extra.take().unwrap_or_default();
     extra.insert("errorLabels", vec![TRANSIENT_TRANSACTION_ERROR]);
     e.extra = Some(extra);
+}
+
+/// `coordinateCommitTransaction`'s participant list: this shard answers only its recovery
+/// form (an empty list: "what was decided?"), which a router that did not run the transaction
+/// sends with a client's `recoveryToken`; coordinating a commit is the router's work here.
+fn check_recovery(body: &Document) -> Result<(), EngineError> {
+    match body.get("participants") {
+        Some(Bson::Array(list)) if list.is_empty() => Ok(()),
+        Some(Bson::Array(_)) => Err(err(
+            ErrorCode::CommandNotSupported,
+            "coordinateCommitTransaction with participants is not supported: only its recovery form (participants: []) is",
+        )),
+        Some(_) => Err(err(
+            ErrorCode::TypeMismatch,
+            "BSON field 'coordinateCommitTransaction.participants' is the wrong type, expected type 'array'",
+        )),
+        None => Err(err(
+            ErrorCode(40414),
+            "BSON field 'coordinateCommitTransaction.participants' is missing but a required field",
+        )),
+    }
 }
 
 fn write_conflict() -> EngineError {
@@ -402,6 +430,9 @@ impl ShardService {
         txn: TxnRequest,
     ) -> Result<Document, EngineError> {
         let name = req.name.as_str();
+        if name == "coordinateCommitTransaction" {
+            check_recovery(body)?;
+        }
         let mut txns = lock(&self.transactions);
         txns.reap();
         let current = txns.sessions.get_mut(&txn.session).map(|s| {
@@ -440,7 +471,10 @@ impl ShardService {
             }
             if matches!(
                 name,
-                "commitTransaction" | "abortTransaction" | "prepareTransaction"
+                "commitTransaction"
+                    | "abortTransaction"
+                    | "prepareTransaction"
+                    | "coordinateCommitTransaction"
             ) {
                 return Err(err(
                     ErrorCode::NoSuchTransaction,
@@ -501,13 +535,25 @@ impl ShardService {
                     return Ok(bson::doc! {"prepareTimestamp": *at});
                 }
                 (State::Prepared(..), "commitTransaction" | "abortTransaction") => {}
+                (State::Prepared(..), "coordinateCommitTransaction") => {
+                    // Its decision is the coordinating router's to make, not this shard's.
+                    return Err(err(
+                        ErrorCode::PreparedTransactionInProgress,
+                        format!(
+                            "Transaction {} is prepared and awaits its coordinator's decision",
+                            txn.txn_number
+                        ),
+                    ));
+                }
                 (State::Prepared(..), _) => {
                     return Err(err(
                         ErrorCode::PreparedTransactionInProgress,
                         "Cannot call continue on a prepared transaction",
                     ))
                 }
-                (State::Committed, "commitTransaction") => return Ok(Document::new()),
+                (State::Committed, "commitTransaction" | "coordinateCommitTransaction") => {
+                    return Ok(Document::new())
+                }
                 (State::Committed, _) => {
                     return Err(err(
                         ErrorCode::TransactionCommitted,
@@ -526,6 +572,18 @@ impl ShardService {
             "commitTransaction" if prepared => self.commit_prepared(&mut txns, &txn.session, body),
             "commitTransaction" => self.commit(&mut txns, &txn.session),
             "prepareTransaction" => self.prepare(&mut txns, &txn.session),
+            "coordinateCommitTransaction" => {
+                // Recovery of a decision never made (mongod's answer when no coordinator
+                // holds one): the transaction is aborted here, so no later commit can apply it.
+                txns.finish(&txn.session, State::Aborted);
+                Err(err(
+                    ErrorCode::NoSuchTransaction,
+                    format!(
+                        "Transaction {} was aborted: no commit decision was made for it",
+                        txn.txn_number
+                    ),
+                ))
+            }
             "abortTransaction" => {
                 txns.finish(&txn.session, State::Aborted);
                 Ok(Document::new())
