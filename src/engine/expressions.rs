@@ -1807,18 +1807,18 @@ pub(super) fn named(
                 },
                 None => on_null.unwrap_or(Bson::Null),
                 Some(v) if nullish(&v) => on_null.unwrap_or(Bson::Null),
-                Some(other) => {
-                    match on_error {
-                        Some(v) => v,
-                        None => return Err(err(
+                Some(other) => match on_error {
+                    Some(v) => v,
+                    None => {
+                        return Err(err(
                             ErrorCode::ConversionFailure.0,
                             format!(
                                 "$dateFromString requires that 'dateString' be a string, found: {}",
                                 type_name(&other)
                             ),
-                        )),
+                        ))
                     }
-                }
+                },
             }
         }
         "$dateAdd" | "$dateSubtract" => {
