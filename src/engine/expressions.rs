@@ -9,6 +9,7 @@ use super::aggregate::{err, eval_in, Budget, Variables};
 use super::time_zone::{time_zone, TimeZone};
 use super::EngineError;
 use crate::value::compare::{compare, values_equal, OrdBson};
+use crate::value::decimal::{Dec, Rounding};
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{is_number, to_f64, truthy, type_name};
 
@@ -977,8 +978,9 @@ fn convert(v: &Bson, to: &str) -> Result<Bson, EngineError> {
                 .parse::<bson::Decimal128>()
                 .map(Bson::Decimal128)
                 .map_err(|_| fail())?,
-            Bson::Boolean(b) => crate::value::field::to_decimal(*b as i64 as f64),
-            v if is_number(v) => crate::value::field::to_decimal(to_f64(v)),
+            // Integers exactly, a double to 15 significant digits, as mongod converts.
+            Bson::Boolean(b) => Dec::from_i64(i64::from(*b)).to_bson(),
+            v if is_number(v) => Dec::coerce(v).map_or(Bson::Null, Dec::to_bson),
             _ => return Err(fail()),
         },
         "bool" => match v {
@@ -1063,6 +1065,17 @@ fn type_alias(v: &Bson) -> Option<&'static str> {
 }
 
 fn round_to(v: &Bson, places: i64, trunc: bool) -> Bson {
+    if let Bson::Decimal128(d) = v {
+        // A decimal is quantized to 10^-places in decimal128, as mongod rounds it.
+        let mode = if trunc {
+            Rounding::TowardZero
+        } else {
+            Rounding::HalfEven
+        };
+        return Dec::from_decimal128(d)
+            .quantize(-(places as i32), mode)
+            .to_bson();
+    }
     let f = to_f64(v);
     let scale = 10f64.powi(places as i32);
     let r = if trunc {
@@ -1083,9 +1096,26 @@ fn round_to(v: &Bson, places: i64, trunc: bool) -> Bson {
         Bson::Int64(i) if places >= 0 => Bson::Int64(*i),
         Bson::Int32(_) => Bson::Int32(r as i32),
         Bson::Int64(_) => Bson::Int64(r as i64),
-        Bson::Decimal128(_) => crate::value::field::to_decimal(r),
         _ => Bson::Double(r),
     }
+}
+
+/// `$avg` of numbers as mongod computes it: null for none; in decimal128 (the exact sum over
+/// the count) when one is a decimal, else the mean of the doubles.
+pub(super) fn average(numbers: &[&Bson]) -> Bson {
+    if numbers.is_empty() {
+        return Bson::Null;
+    }
+    if numbers.iter().any(|v| matches!(v, Bson::Decimal128(_))) {
+        let total = numbers.iter().fold(Bson::Int32(0), |acc, v| {
+            crate::value::field::arithmetic(&acc, v, false)
+        });
+        if let Bson::Decimal128(total) = total {
+            return super::aggregate::decimal_mean(&total, numbers.len() as u64);
+        }
+    }
+    let n: Vec<f64> = numbers.iter().map(|v| to_f64(v)).collect();
+    Bson::Double(n.iter().sum::<f64>() / n.len() as f64)
 }
 
 /// Operators over evaluated arguments `a`. `None` when `op` is not one of them.
@@ -1480,11 +1510,17 @@ pub(super) fn eager(
             match op {
                 "$ceil" | "$floor" => match first {
                     Bson::Int32(_) | Bson::Int64(_) => first.clone(),
-                    Bson::Decimal128(_) => crate::value::field::to_decimal(if op == "$ceil" {
-                        f.ceil()
-                    } else {
-                        f.floor()
-                    }),
+                    // The nearest integral decimal (exponent 0) in the operator's direction.
+                    Bson::Decimal128(d) => Dec::from_decimal128(d)
+                        .quantize(
+                            0,
+                            if op == "$ceil" {
+                                Rounding::Ceiling
+                            } else {
+                                Rounding::Floor
+                            },
+                        )
+                        .to_bson(),
                     _ => Bson::Double(if op == "$ceil" { f.ceil() } else { f.floor() }),
                 },
                 "$sqrt" => {
@@ -1591,12 +1627,8 @@ pub(super) fn eager(
                         crate::value::field::arithmetic(&acc, v, false)
                     }),
                 "$avg" => {
-                    let n: Vec<f64> = items.iter().filter(|v| is_number(v)).map(to_f64).collect();
-                    if n.is_empty() {
-                        Bson::Null
-                    } else {
-                        Bson::Double(n.iter().sum::<f64>() / n.len() as f64)
-                    }
+                    let numbers: Vec<&Bson> = items.iter().filter(|v| is_number(v)).collect();
+                    average(&numbers)
                 }
                 _ => {
                     let mut best: Option<&Bson> = None;
