@@ -19,9 +19,10 @@ function freePort() {
   });
 }
 
-function canConnect(port) {
+// Whether a TCP connection to `port` on `host` (loopback by default) is accepted.
+function canConnect(port, host = '127.0.0.1') {
   return new Promise((resolve) => {
-    const s = net.connect(port, '127.0.0.1');
+    const s = net.connect(port, host);
     s.on('connect', () => { s.destroy(); resolve(true); });
     s.on('error', () => resolve(false));
   });
@@ -52,4 +53,4 @@ async function startSluice(args) {
   throw new Error(`sluice did not listen within 20 s:\n${output}`);
 }
 
-module.exports = { startSluice };
+module.exports = { startSluice, canConnect };

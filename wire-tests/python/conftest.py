@@ -109,13 +109,19 @@ class Demo(Process):
         return total
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    config = tmp_path_factory.mktemp("demo") / "policies.toml"
+def start_demo(directory, overrides, *args):
+    """`sluice demo` on a free port, its `ordered_rewrite_overrides` (namespace -> policy) written
+    to a configuration file in `directory`; `args` are more command-line arguments."""
+    config = directory / "policies.toml"
     config.write_text(
-        '[ordered_rewrite_overrides]\n"demo.p_off" = "off"\n"demo.p_always" = "always"\n'
+        "[ordered_rewrite_overrides]\n" + "".join(f'"{ns}" = "{p}"\n' for ns, p in overrides.items())
     )
     port = free_port()
-    p = Demo(["demo", "--port", str(port), "--config", str(config)], port)
+    return Demo(["demo", "--port", str(port), "--config", str(config), *args], port)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    p = start_demo(tmp_path_factory.mktemp("demo"), {"demo.p_off": "off", "demo.p_always": "always"})
     yield p
     p.stop()
