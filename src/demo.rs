@@ -212,8 +212,9 @@ impl DemoCluster {
 
     /// Stops the routers, then the shards and the config server.
     pub async fn shutdown(self) {
-        for (r, _) in self.routers {
+        for (r, cluster) in self.routers {
             r.shutdown().await;
+            cluster.close().await;
         }
         for s in self.shards {
             s.shutdown().await;

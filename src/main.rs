@@ -573,6 +573,9 @@ async fn run(config: Config, demo_shards: Option<(usize, usize)>) -> anyhow::Res
     }
     tracing::info!("shutting down: no new connections, finishing requests in flight");
     router.shutdown().await;
+    if let Some(cluster) = &cluster {
+        cluster.close().await;
+    }
     for shard in embedded {
         shard.shutdown().await;
     }

@@ -31,6 +31,14 @@ pub struct ShardedCluster {
 }
 
 impl ShardedCluster {
+    /// After the router in front of it has stopped: closes the `--configdb` router's client of
+    /// the config server (nothing to close otherwise).
+    pub async fn close(&self) {
+        if let Some(cs) = &self.config_server {
+            cs.source.shutdown().await;
+        }
+    }
+
     /// The router's state over `cluster`, routed from `metadata`, coalescing inserts as
     /// `batching` says.
     pub fn new(

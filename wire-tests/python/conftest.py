@@ -4,6 +4,7 @@ separate process on a free loopback port, stopped when the tests end."""
 import os
 import socket
 import subprocess
+import tempfile
 import time
 
 import pymongo
@@ -27,16 +28,19 @@ class Process:
         self.uri = f"mongodb://127.0.0.1:{port}/"
         if not os.path.exists(SLUICE_BIN):
             raise RuntimeError(f"{SLUICE_BIN} is missing: build it with `cargo build` first")
+        # The output goes to a file, never to a pipe nobody reads: once a pipe's buffer is
+        # full, every thread that logs blocks on it and the process stops answering. The file
+        # stays for a failed run to be read.
+        self.log = tempfile.NamedTemporaryFile(prefix="sluice-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [SLUICE_BIN, *args],
-            stdout=subprocess.PIPE,
+            stdout=self.log,
             stderr=subprocess.STDOUT,
         )
         deadline = time.time() + 20
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                out = self.proc.stdout.read().decode(errors="replace")
-                raise RuntimeError(f"sluice exited early:\n{out}")
+                raise RuntimeError(f"sluice exited early:\n{self.output()}")
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                     return
@@ -44,6 +48,11 @@ class Process:
                 time.sleep(0.05)
         self.stop()
         raise RuntimeError("sluice did not start listening within 20 s")
+
+    def output(self):
+        """What the process has written so far (its log file: `self.log.name`)."""
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
 
     def client(self, **kwargs):
         kwargs.setdefault("serverSelectionTimeoutMS", 5000)
@@ -57,6 +66,7 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.log.close()
 
 
 @pytest.fixture(scope="module")

@@ -103,6 +103,13 @@ impl ConfigServerSource {
         })
     }
 
+    /// Ends the driver's monitors and connections. A client left to the runtime's end has its
+    /// monitoring tasks cancelled under it, which the driver reports as a panic.
+    /// Bounded: the driver's shutdown waits for its sessions and cursors to be dropped.
+    pub async fn shutdown(&self) {
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.client.clone().shutdown()).await;
+    }
+
     /// Runs an internal command (`_configsvrCreateDatabase`, …) on the config server's
     /// primary, in the `admin` database, as mongos sends them: with a majority write concern.
     /// The reply of a command that failed is returned as the error it carries.
