@@ -10,6 +10,9 @@ COPY configs ./configs
 RUN cargo build --release --locked --bin sluice
 
 FROM debian:bookworm-slim
+# The time zone database: the date operators read Olson zones (Europe/Paris) from it.
+RUN apt-get update && apt-get install -y --no-install-recommends tzdata \
+    && rm -rf /var/lib/apt/lists/*
 RUN useradd --system --uid 10001 sluice
 COPY --from=build /src/target/release/sluice /usr/local/bin/sluice
 USER sluice

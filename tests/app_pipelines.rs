@@ -501,8 +501,8 @@ fn bson_order(a: Option<&Bson>, b: Option<&Bson>) -> std::cmp::Ordering {
     }
 }
 
-/// mongod's errors for the new operators' bad arguments, and the time zones Sluice knows
-/// without a time zone database: UTC and fixed offsets (any other name is 40485).
+/// mongod's errors for the new operators' bad arguments, and 40485 for a time zone name that
+/// is neither a fixed offset nor in the time zone database.
 #[tokio::test]
 async fn newer_operators_refuse_bad_arguments() {
     let (_c, cl) = setup().await;
@@ -1480,4 +1480,62 @@ async fn series_window_functions_match_one_shard_and_the_formulas() {
             "{st}"
         );
     }
+}
+
+/// `$dateToString` in an Olson zone (`Europe/Paris`, read from the system's time zone database)
+/// through the router: in the shards' part of the pipeline and in the router's own stage after
+/// a `$group`, with the summer and winter offsets, the same on a sharded collection as on one
+/// shard.
+#[tokio::test]
+async fn olson_time_zones_through_the_router() {
+    let (_c, cl) = setup().await;
+    let db = cl.database("shop");
+    let when = |s: &str| bson::DateTime::parse_rfc3339_str(s).unwrap();
+    let docs = vec![
+        doc! {"_id": 1000, "when": when("2024-07-01T10:00:00Z")},
+        doc! {"_id": 1001, "when": when("2024-01-15T10:00:00Z")},
+        doc! {"_id": 1002, "when": when("2024-03-31T01:00:00Z")},
+    ];
+    for coll in ["orders", "orders_plain"] {
+        db.collection::<Document>(coll)
+            .insert_many(docs.clone())
+            .await
+            .unwrap();
+    }
+    let paris = |field: &str| {
+        doc! {"$dateToString": {"date": field, "format": "%Y-%m-%d %H:%M %z", "timezone": "Europe/Paris"}}
+    };
+    let per_doc = vec![
+        doc! {"$match": {"_id": {"$gte": 1000}}},
+        doc! {"$project": {"local": paris("$when")}},
+        doc! {"$sort": {"_id": 1}},
+    ];
+    let want = vec![
+        doc! {"_id": 1000, "local": "2024-07-01 12:00 +0200"},
+        doc! {"_id": 1001, "local": "2024-01-15 11:00 +0100"},
+        doc! {"_id": 1002, "local": "2024-03-31 03:00 +0200"},
+    ];
+    for coll in ["orders", "orders_plain"] {
+        assert_eq!(run(&cl, coll, &per_doc).await, want, "{coll}");
+    }
+    let merged = vec![
+        doc! {"$match": {"_id": {"$gte": 1000}}},
+        doc! {"$group": {"_id": null, "first": {"$min": "$when"}, "last": {"$max": "$when"}}},
+        doc! {"$project": {"_id": 0, "first": paris("$first"), "last": paris("$last"),
+        "hour": {"$hour": {"date": "$last", "timezone": "Europe/Paris"}}}},
+    ];
+    let want = vec![
+        doc! {"first": "2024-01-15 11:00 +0100", "last": "2024-07-01 12:00 +0200", "hour": 12},
+    ];
+    for coll in ["orders", "orders_plain"] {
+        assert_eq!(run(&cl, coll, &merged).await, want, "{coll}");
+    }
+    assert_eq!(
+        failure_code(
+            &cl,
+            &[doc! {"$project": {"x": {"$dateToString": {"date": "$day", "timezone": "../etc/passwd"}}}}]
+        )
+        .await,
+        40485
+    );
 }

@@ -384,3 +384,73 @@ async fn bit_updates_match_one_shard() {
         ]
     );
 }
+
+/// Decimal arithmetic through the router on a sharded collection and on the unsharded copy:
+/// `$inc`/`$mul` with decimals in the embedded shards, `$add` and `$sum`/`$avg` (split per
+/// shard and summed again at the router) in decimal128, exact where doubles are not.
+#[tokio::test]
+async fn decimal_arithmetic_is_exact_on_a_sharded_collection() {
+    let c = TestCluster::start(3, &[("ledger.d", doc! {"_id": "hashed"})]).await;
+    let cl = common::driver(c.addr(), "").await;
+    let db = cl.database("ledger");
+    let dec = |s: &str| Bson::Decimal128(s.parse().unwrap());
+    let docs: Vec<Document> = (0..20)
+        .map(|i| doc! {"_id": i, "p": dec("0.1"), "q": i, "big": i64::MAX, "k": i % 2})
+        .collect();
+    let mut results = Vec::new();
+    for coll in ["d", "plain"] {
+        let col = db.collection::<Document>(coll);
+        col.insert_many(docs.clone()).await.unwrap();
+        col.update_many(doc! {}, doc! {"$inc": {"p": dec("0.2")}})
+            .await
+            .unwrap();
+        col.update_many(doc! {}, doc! {"$inc": {"q": dec("1.10")}})
+            .await
+            .unwrap();
+        col.update_many(doc! {}, doc! {"$mul": {"big": dec("1.0")}})
+            .await
+            .unwrap();
+        let mut found = Vec::new();
+        for i in 0..20 {
+            found.push(col.find_one(doc! {"_id": i}).await.unwrap().unwrap());
+        }
+        let mut cursor = col
+            .aggregate(vec![
+                doc! {"$group": {
+                    "_id": "$k",
+                    "s": {"$sum": "$p"},
+                    "a": {"$avg": "$p"},
+                    "t": {"$sum": {"$add": ["$p", "$q", "$big", dec("0.5")]}},
+                }},
+                doc! {"$sort": {"_id": 1}},
+            ])
+            .await
+            .unwrap();
+        let mut groups = Vec::new();
+        while cursor.advance().await.unwrap() {
+            groups.push(cursor.deserialize_current().unwrap());
+        }
+        results.push((found, groups));
+    }
+    assert_eq!(results[0], results[1]);
+    let (found, groups) = &results[0];
+    // 0.1 + 0.2 is exactly 0.3; 7 + 1.10 keeps the decimal's digits; long.MAX × 1.0 every digit.
+    assert_eq!(found[7].get("p"), Some(&dec("0.3")), "{}", found[7]);
+    assert_eq!(found[7].get("q"), Some(&dec("8.10")), "{}", found[7]);
+    assert_eq!(
+        found[7].get("big"),
+        Some(&dec("9223372036854775807.0")),
+        "{}",
+        found[7]
+    );
+    // Ten documents per group: Σp = 3.0, mean 0.3; Σ(p + q + big + 0.5) with q = i + 1.10
+    // (the expected sum computed with Python's `decimal`).
+    assert_eq!(groups[0].get("s"), Some(&dec("3.0")), "{}", groups[0]);
+    assert_eq!(groups[0].get("a"), Some(&dec("0.3")), "{}", groups[0]);
+    assert_eq!(
+        groups[0].get("t"),
+        Some(&dec("92233720368547758179.00")),
+        "{}",
+        groups[0]
+    );
+}

@@ -31,8 +31,9 @@ use crate::limits::{
     MAX_RESULT_DEPTH,
 };
 use crate::value::compare::{compare, values_equal, OrdBson};
+use crate::value::decimal::{decimal_arithmetic, Dec, DecError, Op};
 use crate::value::error_codes::ErrorCode;
-use crate::value::field::{arithmetic, as_int, int_result, is_number, to_decimal, to_f64, truthy};
+use crate::value::field::{arithmetic, as_int, int_result, is_number, to_f64, truthy};
 
 pub(super) fn err(code: i32, msg: impl Into<String>) -> EngineError {
     EngineError::new(ErrorCode(code), msg)
@@ -552,7 +553,9 @@ fn check_unwind_path(field: &str) -> Result<(), EngineError> {
 #[derive(Debug, Clone)]
 enum Acc {
     Sum(Bson),
-    Avg(f64, u64),
+    /// The double sum, the count, and the exact sum that decides (and, once a decimal was
+    /// seen, gives) a decimal result.
+    Avg(f64, u64, Bson),
     Min(Option<Bson>),
     Max(Option<Bson>),
     First(Option<Bson>),
@@ -860,7 +863,7 @@ pub(super) fn group(
                     accs.iter()
                         .map(|(_, op, _)| match op.as_str() {
                             "$sum" | "$count" => Acc::Sum(Bson::Int32(0)),
-                            "$avg" => Acc::Avg(0.0, 0),
+                            "$avg" => Acc::Avg(0.0, 0, Bson::Int32(0)),
                             "$min" => Acc::Min(None),
                             "$max" => Acc::Max(None),
                             "$first" => Acc::First(None),
@@ -953,10 +956,11 @@ pub(super) fn group(
                         *total = add_numbers(total, &v);
                     }
                 }
-                Acc::Avg(sum, n) => {
+                Acc::Avg(sum, n, exact) => {
                     if let Some(v) = v.filter(is_number) {
                         *sum += to_f64(&v);
                         *n += 1;
+                        *exact = add_numbers(exact, &v);
                     }
                 }
                 Acc::Min(cur) => {
@@ -1032,8 +1036,9 @@ pub(super) fn group(
                         }
                         Acc::MergeObjects(o) => Bson::Document(o),
                         Acc::Sum(v) => v,
-                        Acc::Avg(_, 0) => Bson::Null,
-                        Acc::Avg(s, n) => Bson::Double(s / n as f64),
+                        Acc::Avg(_, 0, _) => Bson::Null,
+                        Acc::Avg(_, n, Bson::Decimal128(total)) => decimal_mean(&total, n),
+                        Acc::Avg(s, n, _) => Bson::Double(s / n as f64),
                         Acc::Min(v) | Acc::Max(v) | Acc::First(v) => v.unwrap_or(Bson::Null),
                         Acc::Last(v) => v,
                         Acc::Push(items) => Bson::Array(items),
@@ -1051,6 +1056,16 @@ pub(super) fn group(
 
 fn add_numbers(a: &Bson, b: &Bson) -> Bson {
     arithmetic(a, b, false)
+}
+
+/// `$avg` of values whose sum is the decimal `total`: the sum divided by the count in
+/// decimal128, as mongod averages once a decimal was among the values.
+pub(super) fn decimal_mean(total: &bson::Decimal128, n: u64) -> Bson {
+    let count = Dec::from_i64(i64::try_from(n).unwrap_or(i64::MAX));
+    match Dec::from_decimal128(total).divided_by(count) {
+        Ok(mean) => mean.to_bson(),
+        Err(_) => Bson::Null,
+    }
 }
 
 /// Evaluates an aggregation expression against `root`; `None` is "missing".
@@ -1415,9 +1430,32 @@ fn exactly_two(op: &str, a: &[Bson]) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// Whether either operand is a decimal, which makes the operation decimal128 arithmetic.
+fn any_decimal(a: &Bson, b: &Bson) -> bool {
+    matches!(a, Bson::Decimal128(_)) || matches!(b, Bson::Decimal128(_))
+}
+
+/// `a op b` in decimal128 (both operands numbers, one a decimal), with mongod's errors for a
+/// zero divisor.
+fn decimal(a: &Bson, b: &Bson, op: Op) -> Result<Bson, EngineError> {
+    match decimal_arithmetic(a, b, op) {
+        Some(Ok(v)) => Ok(v),
+        Some(Err(DecError::DivideByZero)) if op == Op::Modulo => {
+            Err(err(ErrorCode::ModByZero.0, "can't $mod by zero"))
+        }
+        Some(Err(DecError::DivideByZero)) => {
+            Err(err(ErrorCode::DivideByZero.0, "can't $divide by zero"))
+        }
+        None => Ok(Bson::Null),
+    }
+}
+
 /// `$mod` with mongod's results: by zero is 16610; integers exactly (the smallest long by -1
-/// is 0); a double makes a double, a decimal a decimal.
+/// is 0); a double makes a double, a decimal a decimal (exact, the dividend's sign).
 fn modulo(a: &Bson, b: &Bson) -> Result<Bson, EngineError> {
+    if any_decimal(a, b) {
+        return decimal(a, b, Op::Modulo);
+    }
     if to_f64(b) == 0.0 {
         return Err(err(ErrorCode::ModByZero.0, "can't $mod by zero"));
     }
@@ -1425,18 +1463,17 @@ fn modulo(a: &Bson, b: &Bson) -> Result<Bson, EngineError> {
         let both_int32 = matches!((a, b), (Bson::Int32(_), Bson::Int32(_)));
         return Ok(int_result(x.checked_rem(y).unwrap_or(0), both_int32));
     }
-    let r = to_f64(a) % to_f64(b);
-    Ok(
-        if matches!(a, Bson::Decimal128(_)) || matches!(b, Bson::Decimal128(_)) {
-            to_decimal(r)
-        } else {
-            Bson::Double(r)
-        },
-    )
+    Ok(Bson::Double(to_f64(a) % to_f64(b)))
 }
 
 /// `a - b` with MongoDB's types (see [`arithmetic`]).
 pub(super) fn subtract(a: &Bson, b: &Bson) -> Bson {
+    if let Some(Ok(v)) = any_decimal(a, b)
+        .then(|| decimal_arithmetic(a, b, Op::Subtract))
+        .flatten()
+    {
+        return v;
+    }
     if let (Some(x), Some(y)) = (as_int(a), as_int(b)) {
         let both_int32 = matches!((a, b), (Bson::Int32(_), Bson::Int32(_)));
         return match x.checked_sub(y) {
@@ -1444,12 +1481,7 @@ pub(super) fn subtract(a: &Bson, b: &Bson) -> Bson {
             None => Bson::Double(x as f64 - y as f64),
         };
     }
-    let f = to_f64(a) - to_f64(b);
-    if matches!(a, Bson::Decimal128(_)) || matches!(b, Bson::Decimal128(_)) {
-        to_decimal(f)
-    } else {
-        Bson::Double(f)
-    }
+    Bson::Double(to_f64(a) - to_f64(b))
 }
 
 /// A date moved by `millis` milliseconds, refusing to leave the range of a date.
@@ -1538,16 +1570,12 @@ fn operator(
             }
             match op {
                 "$subtract" => subtract(&a[0], &a[1]),
+                "$divide" if any_decimal(&a[0], &a[1]) => decimal(&a[0], &a[1], Op::Divide)?,
                 "$divide" => {
                     if to_f64(&a[1]) == 0.0 {
                         return Err(err(ErrorCode::DivideByZero.0, "can't $divide by zero"));
                     }
-                    let q = to_f64(&a[0]) / to_f64(&a[1]);
-                    if matches!(a[0], Bson::Decimal128(_)) || matches!(a[1], Bson::Decimal128(_)) {
-                        to_decimal(q)
-                    } else {
-                        Bson::Double(q)
-                    }
+                    Bson::Double(to_f64(&a[0]) / to_f64(&a[1]))
                 }
                 _ => modulo(&a[0], &a[1])?,
             }
@@ -1645,7 +1673,7 @@ fn operator(
                 }
             },
             Some(Bson::Double(d)) => Bson::Double(d.abs()),
-            Some(Bson::Decimal128(d)) => to_decimal(crate::value::compare::decimal_to_f64(d).abs()),
+            Some(Bson::Decimal128(d)) => Dec::from_decimal128(d).abs().to_bson(),
             Some(v) if nullish(v) => Bson::Null,
             Some(other) => {
                 return Err(err(
@@ -1898,6 +1926,110 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.code, ErrorCode::Overflow);
+    }
+
+    /// Expected decimals computed with Python's `decimal` in the decimal128 context (prec=34,
+    /// ROUND_HALF_EVEN, Emin=-6143, Emax=6144, clamp=1), doubles converted to 15 digits as
+    /// mongod's `coerceToDecimal` converts them.
+    #[test]
+    fn decimal_operands_make_decimal128_arithmetic() {
+        let v = |e: Document| eval(&Bson::Document(e), &doc! {}).unwrap().unwrap();
+        let dec = |s: &str| Bson::Decimal128(s.parse().unwrap());
+        let cases = [
+            (doc! {"$add": [dec("0.1"), dec("0.2")]}, "0.3"),
+            (doc! {"$add": [dec("1.10"), dec("2.20")]}, "3.30"),
+            (doc! {"$add": [1, dec("2.5")]}, "3.5"),
+            (doc! {"$add": [i64::MAX, dec("1")]}, "9223372036854775808"),
+            (doc! {"$add": [dec("1"), 0.1]}, "1.100000000000000"),
+            (doc! {"$subtract": [dec("0.3"), dec("0.1")]}, "0.2"),
+            (
+                doc! {"$subtract": [i64::MIN, dec("0.5")]},
+                "-9223372036854775808.5",
+            ),
+            (doc! {"$multiply": [dec("1.10"), dec("2.20")]}, "2.4200"),
+            (doc! {"$multiply": [dec("0.1"), 3]}, "0.3"),
+            (
+                doc! {"$divide": [dec("1"), 3]},
+                "0.3333333333333333333333333333333333",
+            ),
+            (doc! {"$divide": [10, dec("4")]}, "2.5"),
+            (doc! {"$mod": [dec("10.5"), 3]}, "1.5"),
+            (doc! {"$mod": [dec("-7"), dec("2")]}, "-1"),
+            (doc! {"$abs": dec("-1.50")}, "1.50"),
+            (doc! {"$ceil": dec("1.01")}, "2"),
+            (doc! {"$floor": dec("-1.01")}, "-2"),
+            (doc! {"$round": [dec("2.345"), 2]}, "2.34"),
+            (doc! {"$round": [dec("1234.5"), -2]}, "1.2E+3"),
+            (doc! {"$trunc": [dec("-2.349"), 2]}, "-2.34"),
+            (doc! {"$sum": [dec("0.1"), dec("0.2"), 1]}, "1.3"),
+            (doc! {"$avg": [dec("1"), 2, dec("0")]}, "1"),
+            (
+                doc! {"$avg": [[dec("1"), dec("2"), dec("2")]]},
+                "1.666666666666666666666666666666667",
+            ),
+            (doc! {"$toDecimal": 2.5}, "2.50000000000000"),
+            (doc! {"$toDecimal": 7i64}, "7"),
+            (doc! {"$add": [dec("NaN"), 1]}, "NaN"),
+            (doc! {"$multiply": [dec("-Infinity"), 2]}, "-Infinity"),
+            (
+                doc! {"$subtract": [dec("Infinity"), dec("Infinity")]},
+                "NaN",
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(v(e.clone()), dec(want), "{e}");
+        }
+        // A zero divisor of any type is refused with mongod's codes and messages.
+        for (e, code, msg) in [
+            (
+                doc! {"$divide": [dec("1"), dec("0.00")]},
+                ErrorCode::DivideByZero.0,
+                "can't $divide by zero",
+            ),
+            (
+                doc! {"$divide": [dec("NaN"), 0]},
+                ErrorCode::DivideByZero.0,
+                "can't $divide by zero",
+            ),
+            (
+                doc! {"$mod": [dec("1"), dec("-0")]},
+                16610,
+                "can't $mod by zero",
+            ),
+        ] {
+            let got = eval(&Bson::Document(e.clone()), &doc! {}).unwrap_err();
+            assert_eq!((got.code.0, got.message.as_str()), (code, msg), "{e}");
+        }
+        // A tiny non-zero decimal divisor is not zero.
+        assert_eq!(
+            v(doc! {"$divide": [dec("1E-400"), dec("1E-400")]}),
+            dec("1")
+        );
+        // Doubles and integers alone keep computing as before.
+        assert_eq!(v(doc! {"$add": [0.1, 0.2]}), Bson::Double(0.1 + 0.2));
+        assert_eq!(v(doc! {"$divide": [1, 3]}), Bson::Double(1.0 / 3.0));
+    }
+
+    #[test]
+    fn decimal_group_sums_and_averages_are_exact() {
+        let dec = |s: &str| Bson::Decimal128(s.parse().unwrap());
+        let input: Vec<Document> = ["0.1", "0.2", "0.3", "0.4"]
+            .iter()
+            .enumerate()
+            .map(|(i, p)| doc! {"_id": i as i32, "p": dec(p), "n": i as i32})
+            .collect();
+        let out = run(
+            &[Bson::Document(doc! {"$group": {
+                "_id": null, "s": {"$sum": "$p"}, "a": {"$avg": "$p"},
+                "mixed": {"$avg": {"$add": ["$p", "$n"]}}, "ints": {"$avg": "$n"},
+            }})],
+            input,
+        )
+        .unwrap();
+        assert_eq!(out[0].get("s"), Some(&dec("1.0")), "{}", out[0]);
+        assert_eq!(out[0].get("a"), Some(&dec("0.25")), "{}", out[0]);
+        assert_eq!(out[0].get("mixed"), Some(&dec("1.75")), "{}", out[0]);
+        assert_eq!(out[0].get("ints"), Some(&Bson::Double(1.5)), "{}", out[0]);
     }
 
     #[test]

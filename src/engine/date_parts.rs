@@ -15,9 +15,9 @@ use bson::{doc, Bson, Document};
 
 use super::aggregate::{err, eval_in, Budget, Variables};
 use super::expressions::{
-    civil, date_of, days_from_civil, given_or_null, integral64, iso_week, nullish, time_zone,
-    DAY_MS,
+    civil, date_of, days_from_civil, given_or_null, integral64, iso_week, nullish, DAY_MS,
 };
+use super::time_zone::time_zone;
 use super::EngineError;
 use crate::value::field::type_name;
 use crate::value::render::render_value;
@@ -98,7 +98,7 @@ fn from_parts(
         }
     };
     let tz = given_or_null(d, "timezone", &mut get)?;
-    let Some(offset) = time_zone(tz)? else {
+    let Some(tz) = time_zone(tz)? else {
         return Ok(Bson::Null);
     };
     // Each part: its default when absent, null when it evaluates to null or nothing.
@@ -142,7 +142,7 @@ fn from_parts(
         .and_then(|v| v.checked_add(minute * 60_000))
         .and_then(|v| second.checked_mul(1000).and_then(|s| v.checked_add(s)))
         .and_then(|v| v.checked_add(millis))
-        .and_then(|v| v.checked_sub(offset))
+        .and_then(|v| tz.wall_to_utc(v))
         .ok_or_else(overflow)?;
     Ok(Bson::DateTime(bson::DateTime::from_millis(local)))
 }
@@ -209,7 +209,7 @@ fn to_parts(
     };
     let date = get("date")?.unwrap_or(Bson::Null);
     let tz = given_or_null(d, "timezone", &mut get)?;
-    let Some(offset) = time_zone(tz)? else {
+    let Some(tz) = time_zone(tz)? else {
         return Ok(Bson::Null);
     };
     let iso = match d.contains_key("iso8601") {
@@ -232,7 +232,7 @@ fn to_parts(
     let Some(ms) = date_of("$dateToParts", &date)? else {
         return Ok(Bson::Null);
     };
-    let local = ms.saturating_add(offset);
+    let local = tz.local(ms);
     let (days, in_day) = (local.div_euclid(DAY_MS), local.rem_euclid(DAY_MS));
     let int = |n: i64| Bson::Int32(n as i32);
     let clock = doc! {

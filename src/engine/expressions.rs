@@ -6,8 +6,10 @@
 use bson::{Bson, Document};
 
 use super::aggregate::{err, eval_in, Budget, Variables};
+use super::time_zone::{time_zone, TimeZone};
 use super::EngineError;
 use crate::value::compare::{compare, values_equal, OrdBson};
+use crate::value::decimal::{Dec, Rounding};
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{is_number, to_f64, truthy, type_name};
 
@@ -488,96 +490,6 @@ fn coerce_date(v: &Bson) -> Option<i64> {
 
 pub(super) const DAY_MS: i64 = 86_400_000;
 
-/// The time zones the date operators accept without a time zone database: UTC under its
-/// names, `Etc/GMT±N`, and fixed offsets (`+HH`, `+HHMM`, `+HH:MM`). Any other name is refused
-/// with mongod's 40485, as mongod refuses a name its database lacks.
-const UTC_NAMES: &[&str] = &[
-    "UTC",
-    "GMT",
-    "Z",
-    "Etc/UTC",
-    "Etc/GMT",
-    "Etc/UCT",
-    "Etc/Universal",
-    "Etc/Zulu",
-    "Etc/Greenwich",
-    "Etc/GMT0",
-    "Etc/GMT+0",
-    "Etc/GMT-0",
-    "GMT0",
-    "GMT+0",
-    "GMT-0",
-    "UCT",
-    "Universal",
-    "Zulu",
-    "Greenwich",
-];
-
-/// A fixed offset `+HH`, `+HHMM` or `+HH:MM` (or `-`), in milliseconds.
-fn parse_offset(s: &str) -> Option<i64> {
-    let sign = match s.as_bytes().first()? {
-        b'+' => 1,
-        b'-' => -1,
-        _ => return None,
-    };
-    let rest = &s[1..];
-    let (h, m) = match rest.len() {
-        2 => (rest, "00"),
-        4 => (&rest[..2], &rest[2..]),
-        5 if rest.as_bytes()[2] == b':' => (&rest[..2], &rest[3..]),
-        _ => return None,
-    };
-    if !h.bytes().chain(m.bytes()).all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let (h, m): (i64, i64) = (h.parse().ok()?, m.parse().ok()?);
-    Some(sign * (h * 3_600_000 + m * 60_000))
-}
-
-/// The offset from UTC (ms) of a date operator's `timezone`: `Some(0)` when absent, `None`
-/// when it is null (the operator's result is null).
-pub(super) fn time_zone(v: Option<Bson>) -> Result<Option<i64>, EngineError> {
-    let s = match v {
-        None => return Ok(Some(0)),
-        Some(v) if nullish(&v) => return Ok(None),
-        Some(Bson::String(s)) => s,
-        Some(other) => {
-            return Err(err(
-                40517,
-                format!(
-                    "timezone must evaluate to a string, found {}",
-                    type_name(&other)
-                ),
-            ))
-        }
-    };
-    if let Some(ms) = parse_offset(&s) {
-        return Ok(Some(ms));
-    }
-    if UTC_NAMES.contains(&s.as_str()) {
-        return Ok(Some(0));
-    }
-    if let Some(n) = s.strip_prefix("Etc/GMT") {
-        // POSIX's inverted sign: Etc/GMT+5 is five hours behind UTC.
-        if let Some(h) = n
-            .strip_prefix(['+', '-'])
-            .and_then(|h| h.parse::<i64>().ok())
-            .filter(|h| (1..=14).contains(h) && !n[1..].starts_with('0'))
-        {
-            let sign = if n.starts_with('+') { -1 } else { 1 };
-            if sign == -1 && h > 12 {
-                return Err(unknown_zone(&s));
-            }
-            return Ok(Some(sign * h * 3_600_000));
-        }
-    }
-    Err(unknown_zone(&s))
-}
-
-fn unknown_zone(s: &str) -> EngineError {
-    err(40485, format!("unrecognized time zone identifier: \"{s}\""))
-}
-
 fn days_in_month(y: i64, m: u32) -> u32 {
     match m {
         1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
@@ -698,15 +610,16 @@ pub(super) fn integral64(v: &Bson) -> Option<i64> {
     }
 }
 
-/// `date` (UTC ms) plus `amount` units in a zone `offset` ms from UTC: months, quarters and
-/// years move the local calendar date (the day clamped to the month's last), the rest add
-/// their length.
+/// `date` (UTC ms) plus `amount` units in the zone `tz`, as mongod's `dateAdd`: days, weeks,
+/// months, quarters and years move the local calendar date and keep the local time of day (the
+/// day clamped to the month's last; across a daylight saving change the wall time is read back
+/// as mongod's timelib reads it); hours and smaller add their length.
 pub(super) fn date_add(
     op: &str,
     ms: i64,
     unit: &str,
     amount: i64,
-    offset: i64,
+    tz: &TimeZone,
 ) -> Result<i64, EngineError> {
     let overflow = || err(5166406, format!("{op} overflowed"));
     let fixed = |unit_ms: i64| {
@@ -720,39 +633,51 @@ pub(super) fn date_add(
         "second" => fixed(1000),
         "minute" => fixed(60_000),
         "hour" => fixed(3_600_000),
-        "day" => fixed(DAY_MS),
-        "week" => fixed(7 * DAY_MS),
         _ => {
-            let per = match unit {
-                "year" => 12,
-                "quarter" => 3,
-                _ => 1,
-            };
-            let months = amount.checked_mul(per).ok_or_else(overflow)?;
-            let local = ms + offset;
+            let local = tz.local(ms);
             let (days, in_day) = (local.div_euclid(DAY_MS), local.rem_euclid(DAY_MS));
-            let (y, m, d) = civil(days);
-            let total = (y * 12 + m as i64 - 1)
-                .checked_add(months)
-                .filter(|t| t.abs() < 12 * 300_000_000)
-                .ok_or_else(overflow)?;
-            let (ny, nm) = (total.div_euclid(12), total.rem_euclid(12) as u32 + 1);
-            let nd = d.min(days_in_month(ny, nm));
-            days_from_civil(ny, nm, nd)
+            let new_days = match unit {
+                "day" | "week" => {
+                    let per = if unit == "week" { 7 } else { 1 };
+                    amount
+                        .checked_mul(per)
+                        .and_then(|d| days.checked_add(d))
+                        .ok_or_else(overflow)?
+                }
+                _ => {
+                    let per = match unit {
+                        "year" => 12,
+                        "quarter" => 3,
+                        _ => 1,
+                    };
+                    let months = amount.checked_mul(per).ok_or_else(overflow)?;
+                    let (y, m, d) = civil(days);
+                    let total = (y * 12 + m as i64 - 1)
+                        .checked_add(months)
+                        .filter(|t| t.abs() < 12 * 300_000_000)
+                        .ok_or_else(overflow)?;
+                    let (ny, nm) = (total.div_euclid(12), total.rem_euclid(12) as u32 + 1);
+                    days_from_civil(ny, nm, d.min(days_in_month(ny, nm)))
+                }
+            };
+            new_days
                 .checked_mul(DAY_MS)
-                .and_then(|v| v.checked_add(in_day - offset))
+                .and_then(|v| v.checked_add(in_day))
+                .and_then(|v| tz.to_utc(v, tz.is_dst_at(ms)))
                 .ok_or_else(overflow)
         }
     }
 }
 
-/// How many `unit` boundaries lie between two dates in a zone `offset` ms from UTC
-/// (`$dateDiff`); weeks begin on `start_of_week` (days after Sunday).
+/// How many `unit` boundaries lie between two dates in the zone `tz` (`$dateDiff`); weeks begin
+/// on `start_of_week` (days after Sunday). As mongod: calendar units count local dates; hours,
+/// minutes and seconds count local boundaries corrected by the change of offset between the
+/// two dates, so they count elapsed time across a daylight saving change.
 fn date_diff(
     start: i64,
     end: i64,
     unit: &str,
-    offset: i64,
+    tz: &TimeZone,
     start_of_week: i64,
 ) -> Result<i64, EngineError> {
     if unit == "millisecond" {
@@ -760,13 +685,16 @@ fn date_diff(
             .checked_sub(start)
             .ok_or_else(|| err(5166308, "dateDiff overflowed"));
     }
-    let (ls, le) = (start + offset, end + offset);
-    let floor_diff = |unit_ms: i64| le.div_euclid(unit_ms) - ls.div_euclid(unit_ms);
+    let (os, oe) = (tz.offset_at(start), tz.offset_at(end));
+    let (ls, le) = (start.saturating_add(os), end.saturating_add(oe));
+    // C++'s division, truncating towards zero, as mongod corrects for the offsets.
+    let floor_diff =
+        |unit_ms: i64| le.div_euclid(unit_ms) - ls.div_euclid(unit_ms) + (os - oe) / unit_ms;
     Ok(match unit {
         "second" => floor_diff(1000),
         "minute" => floor_diff(60_000),
         "hour" => floor_diff(3_600_000),
-        "day" => floor_diff(DAY_MS),
+        "day" => le.div_euclid(DAY_MS) - ls.div_euclid(DAY_MS),
         "week" => {
             // Day 0 (1970-01-01) was a Thursday: a week starts on days ≡ sow - 4 (mod 7).
             let k = start_of_week - 4;
@@ -785,16 +713,17 @@ fn date_diff(
 }
 
 /// The start of the `bin`-unit bin a date falls in (`$dateTrunc`): bins are counted from
-/// 2000-01-01T00:00 in the zone (for weeks, from the first `start_of_week` on or after it).
+/// 2000-01-01T00:00 in the zone (its offset then; for weeks, from the first `start_of_week` on
+/// or after it); hours and smaller are lengths from there, larger units local calendar steps.
 fn date_trunc(
     ms: i64,
     unit: &str,
     bin: i64,
-    offset: i64,
+    tz: &TimeZone,
     start_of_week: i64,
 ) -> Result<i64, EngineError> {
     const REFERENCE: i64 = 946_684_800_000;
-    let reference = REFERENCE - offset;
+    let reference = REFERENCE - tz.offset_at(REFERENCE);
     let overflow = |code: i32| err(code, "dateTrunc overflowed");
     let millis = |unit_ms: i64| -> Result<i64, EngineError> {
         let size = bin.checked_mul(unit_ms).ok_or_else(|| overflow(5439002))?;
@@ -818,11 +747,11 @@ fn date_trunc(
             } else {
                 reference
             };
-            let distance = date_diff(reference, ms, unit, offset, start_of_week)?;
+            let distance = date_diff(reference, ms, unit, tz, start_of_week)?;
             let lower = distance
                 .checked_sub(distance.rem_euclid(bin))
                 .ok_or_else(|| overflow(5439004))?;
-            date_add("$dateTrunc", reference, unit, lower, offset)
+            date_add("$dateTrunc", reference, unit, lower, tz)
         }
     }
 }
@@ -892,8 +821,9 @@ fn parts(ms: i64) -> DateParts {
     }
 }
 
-fn date_to_string(ms: i64, format: &str, offset: i64) -> Result<String, EngineError> {
-    let p = parts(ms + offset);
+fn date_to_string(ms: i64, format: &str, tz: &TimeZone) -> Result<String, EngineError> {
+    let offset = tz.offset_at(ms);
+    let p = parts(ms.saturating_add(offset));
     let minutes = offset / 60_000;
     let mut out = String::new();
     let mut chars = format.chars();
@@ -967,6 +897,28 @@ fn parse_date(s: &str) -> Option<i64> {
     Some(ms)
 }
 
+/// `$dateFromString`'s date: a string with `Z` is UTC (refused beside a `timezone` other than
+/// UTC, as mongod refuses it); one without is local wall time in `tz`.
+fn date_in_zone(s: &str, tz: &TimeZone) -> Result<i64, EngineError> {
+    let failure = |m: String| err(ErrorCode::ConversionFailure.0, m);
+    let Some(ms) = parse_date(s) else {
+        return Err(failure(format!(
+            "an incomplete date/time string has been found, with elements missing: \"{s}\""
+        )));
+    };
+    if s.trim().ends_with('Z') {
+        if !tz.is_utc() {
+            return Err(failure("you cannot pass in a date/time string with time zone information ('Z') together with a timezone argument".to_string()));
+        }
+        return Ok(ms);
+    }
+    tz.wall_to_utc(ms).ok_or_else(|| {
+        failure(format!(
+            "$dateFromString: the date is out of range: \"{s}\""
+        ))
+    })
+}
+
 fn conversion_failed(from: &Bson, to: &str) -> EngineError {
     err(
         ErrorCode::ConversionFailure.0,
@@ -1026,8 +978,9 @@ fn convert(v: &Bson, to: &str) -> Result<Bson, EngineError> {
                 .parse::<bson::Decimal128>()
                 .map(Bson::Decimal128)
                 .map_err(|_| fail())?,
-            Bson::Boolean(b) => crate::value::field::to_decimal(*b as i64 as f64),
-            v if is_number(v) => crate::value::field::to_decimal(to_f64(v)),
+            // Integers exactly, a double to 15 significant digits, as mongod converts.
+            Bson::Boolean(b) => Dec::from_i64(i64::from(*b)).to_bson(),
+            v if is_number(v) => Dec::coerce(v).map_or(Bson::Null, Dec::to_bson),
             _ => return Err(fail()),
         },
         "bool" => match v {
@@ -1047,7 +1000,7 @@ fn convert(v: &Bson, to: &str) -> Result<Bson, EngineError> {
             }),
             Bson::Decimal128(d) => Bson::String(d.to_string()),
             Bson::Boolean(b) => Bson::String(b.to_string()),
-            Bson::DateTime(d) => Bson::String(date_to_string(d.timestamp_millis(), "%Y-%m-%dT%H:%M:%S.%LZ", 0)?),
+            Bson::DateTime(d) => Bson::String(date_to_string(d.timestamp_millis(), "%Y-%m-%dT%H:%M:%S.%LZ", &TimeZone::UTC)?),
             _ => return Err(fail()),
         },
         "objectId" => match v {
@@ -1112,6 +1065,17 @@ fn type_alias(v: &Bson) -> Option<&'static str> {
 }
 
 fn round_to(v: &Bson, places: i64, trunc: bool) -> Bson {
+    if let Bson::Decimal128(d) = v {
+        // A decimal is quantized to 10^-places in decimal128, as mongod rounds it.
+        let mode = if trunc {
+            Rounding::TowardZero
+        } else {
+            Rounding::HalfEven
+        };
+        return Dec::from_decimal128(d)
+            .quantize(-(places as i32), mode)
+            .to_bson();
+    }
     let f = to_f64(v);
     let scale = 10f64.powi(places as i32);
     let r = if trunc {
@@ -1132,9 +1096,26 @@ fn round_to(v: &Bson, places: i64, trunc: bool) -> Bson {
         Bson::Int64(i) if places >= 0 => Bson::Int64(*i),
         Bson::Int32(_) => Bson::Int32(r as i32),
         Bson::Int64(_) => Bson::Int64(r as i64),
-        Bson::Decimal128(_) => crate::value::field::to_decimal(r),
         _ => Bson::Double(r),
     }
+}
+
+/// `$avg` of numbers as mongod computes it: null for none; in decimal128 (the exact sum over
+/// the count) when one is a decimal, else the mean of the doubles.
+pub(super) fn average(numbers: &[&Bson]) -> Bson {
+    if numbers.is_empty() {
+        return Bson::Null;
+    }
+    if numbers.iter().any(|v| matches!(v, Bson::Decimal128(_))) {
+        let total = numbers.iter().fold(Bson::Int32(0), |acc, v| {
+            crate::value::field::arithmetic(&acc, v, false)
+        });
+        if let Bson::Decimal128(total) = total {
+            return super::aggregate::decimal_mean(&total, numbers.len() as u64);
+        }
+    }
+    let n: Vec<f64> = numbers.iter().map(|v| to_f64(v)).collect();
+    Bson::Double(n.iter().sum::<f64>() / n.len() as f64)
 }
 
 /// Operators over evaluated arguments `a`. `None` when `op` is not one of them.
@@ -1529,11 +1510,17 @@ pub(super) fn eager(
             match op {
                 "$ceil" | "$floor" => match first {
                     Bson::Int32(_) | Bson::Int64(_) => first.clone(),
-                    Bson::Decimal128(_) => crate::value::field::to_decimal(if op == "$ceil" {
-                        f.ceil()
-                    } else {
-                        f.floor()
-                    }),
+                    // The nearest integral decimal (exponent 0) in the operator's direction.
+                    Bson::Decimal128(d) => Dec::from_decimal128(d)
+                        .quantize(
+                            0,
+                            if op == "$ceil" {
+                                Rounding::Ceiling
+                            } else {
+                                Rounding::Floor
+                            },
+                        )
+                        .to_bson(),
                     _ => Bson::Double(if op == "$ceil" { f.ceil() } else { f.floor() }),
                 },
                 "$sqrt" => {
@@ -1640,12 +1627,8 @@ pub(super) fn eager(
                         crate::value::field::arithmetic(&acc, v, false)
                     }),
                 "$avg" => {
-                    let n: Vec<f64> = items.iter().filter(|v| is_number(v)).map(to_f64).collect();
-                    if n.is_empty() {
-                        Bson::Null
-                    } else {
-                        Bson::Double(n.iter().sum::<f64>() / n.len() as f64)
-                    }
+                    let numbers: Vec<&Bson> = items.iter().filter(|v| is_number(v)).collect();
+                    average(&numbers)
                 }
                 _ => {
                     let mut best: Option<&Bson> = None;
@@ -1668,7 +1651,7 @@ pub(super) fn eager(
         // Dates.
         "$year" | "$month" | "$dayOfMonth" | "$hour" | "$minute" | "$second" | "$millisecond"
         | "$dayOfYear" | "$dayOfWeek" | "$week" | "$isoDayOfWeek" | "$isoWeek" | "$isoWeekYear" => {
-            let (v, offset) = match first {
+            let (v, tz) = match first {
                 Bson::Document(d) => {
                     if let Some(k) = d
                         .keys()
@@ -1685,17 +1668,17 @@ pub(super) fn eager(
                             ),
                         ));
                     };
-                    let Some(offset) = time_zone(d.get("timezone").cloned())? else {
+                    let Some(tz) = time_zone(d.get("timezone").cloned())? else {
                         return Ok(Some(Some(Bson::Null)));
                     };
-                    (date.clone(), offset)
+                    (date.clone(), tz)
                 }
-                v => (v.clone(), 0),
+                v => (v.clone(), TimeZone::UTC),
             };
             let Some(ms) = date_of(op, &v)? else {
                 return Ok(Some(Some(Bson::Null)));
             };
-            let ms = ms + offset;
+            let ms = tz.local(ms);
             let p = parts(ms);
             let (iso_year, iso_week, iso_dow) = iso_week(ms.div_euclid(DAY_MS));
             Bson::Int32(match op {
@@ -1811,16 +1794,16 @@ pub(super) fn named(
             let format = get("format")?;
             let on_null = get("onNull")?;
             let tz = given_or_null(d, "timezone", &mut get)?;
-            let offset = time_zone(tz)?;
+            let tz = time_zone(tz)?;
             let Some(ms) = date_of(op, date.as_ref().unwrap_or(&Bson::Null))? else {
                 return Ok(Some(Some(on_null.unwrap_or(Bson::Null))));
             };
-            let Some(offset) = offset else {
+            let Some(tz) = tz else {
                 return Ok(Some(Some(Bson::Null)));
             };
             let f = match format {
                 Some(Bson::String(f)) => f,
-                None if offset != 0 => "%Y-%m-%dT%H:%M:%S.%L".to_string(),
+                None if !tz.is_utc() => "%Y-%m-%dT%H:%M:%S.%L".to_string(),
                 None => "%Y-%m-%dT%H:%M:%S.%LZ".to_string(),
                 Some(other) => {
                     return Err(err(
@@ -1832,7 +1815,7 @@ pub(super) fn named(
                     ))
                 }
             };
-            Bson::String(date_to_string(ms, &f, offset)?)
+            Bson::String(date_to_string(ms, &f, &tz)?)
         }
         "$dateFromString" => {
             let s = get("dateString")?;
@@ -1842,19 +1825,31 @@ pub(super) fn named(
                 .transpose()?
                 .flatten();
             let on_null = get("onNull")?;
+            let tz = given_or_null(d, "timezone", &mut get)?;
+            let Some(tz) = time_zone(tz)? else {
+                return Ok(Some(Some(Bson::Null)));
+            };
             match s {
-                Some(Bson::String(s)) => match parse_date(&s) {
-                    Some(ms) => Bson::DateTime(bson::DateTime::from_millis(ms)),
-                    None => match on_error {
+                Some(Bson::String(s)) => match date_in_zone(&s, &tz) {
+                    Ok(ms) => Bson::DateTime(bson::DateTime::from_millis(ms)),
+                    Err(e) => match on_error {
                         Some(v) => v,
-                        None => return Err(err(ErrorCode::ConversionFailure.0, format!("an incomplete date/time string has been found, with elements missing: \"{s}\""))),
+                        None => return Err(e),
                     },
                 },
                 None => on_null.unwrap_or(Bson::Null),
                 Some(v) if nullish(&v) => on_null.unwrap_or(Bson::Null),
                 Some(other) => match on_error {
                     Some(v) => v,
-                    None => return Err(err(ErrorCode::ConversionFailure.0, format!("$dateFromString requires that 'dateString' be a string, found: {}", type_name(&other)))),
+                    None => {
+                        return Err(err(
+                            ErrorCode::ConversionFailure.0,
+                            format!(
+                                "$dateFromString requires that 'dateString' be a string, found: {}",
+                                type_name(&other)
+                            ),
+                        ))
+                    }
                 },
             }
         }
@@ -1885,7 +1880,7 @@ pub(super) fn named(
                 return null;
             };
             let tz = given_or_null(d, "timezone", &mut get)?;
-            let Some(offset) = time_zone(tz)? else {
+            let Some(tz) = time_zone(tz)? else {
                 return null;
             };
             let Some(ms) = coerce_date(&start) else {
@@ -1910,7 +1905,7 @@ pub(super) fn named(
                 amount = -amount;
             }
             Bson::DateTime(bson::DateTime::from_millis(date_add(
-                op, ms, unit, amount, offset,
+                op, ms, unit, amount, &tz,
             )?))
         }
         "$dateDiff" => {
@@ -1949,7 +1944,7 @@ pub(super) fn named(
                 return null;
             };
             let tz = given_or_null(d, "timezone", &mut get)?;
-            let Some(offset) = time_zone(tz).map_err(|e| {
+            let Some(tz) = time_zone(tz).map_err(|e| {
                 EngineError::new(
                     e.code,
                     format!(
@@ -1973,7 +1968,7 @@ pub(super) fn named(
                 })
             };
             let (s, e) = (date("startDate", &start)?, date("endDate", &end)?);
-            Bson::Int64(date_diff(s, e, unit, offset, start_of_week)?)
+            Bson::Int64(date_diff(s, e, unit, &tz, start_of_week)?)
         }
         "$dateTrunc" => {
             for k in d.keys() {
@@ -2026,7 +2021,7 @@ pub(super) fn named(
                 return null;
             };
             let tz = given_or_null(d, "timezone", &mut get)?;
-            let Some(offset) = time_zone(tz)? else {
+            let Some(tz) = time_zone(tz)? else {
                 return null;
             };
             let Some(ms) = coerce_date(&date) else {
@@ -2042,7 +2037,7 @@ pub(super) fn named(
                 ms,
                 unit,
                 bin,
-                offset,
+                &tz,
                 start_of_week,
             )?))
         }

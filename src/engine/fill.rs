@@ -225,7 +225,7 @@ impl Densify {
                     d.timestamp_millis(),
                     unit,
                     amount,
-                    0,
+                    &super::time_zone::TimeZone::UTC,
                 )?))
             }
             _ => arithmetic(v, &self.step, false),

@@ -14,6 +14,9 @@
 //! - [`expressions`]: the expression operator families beyond the core.
 //! - [`stages`]: the joining, reshaping, bucketing and window stages.
 //! - [`date_parts`]: `$dateFromParts` and `$dateToParts`.
+//! - [`time_zone`]: the date operators' `timezone`: fixed offsets and the Olson names of the
+//!   system's time zone database, checked and cached.
+//! - [`tzif`]: time zone rules read from TZif files (RFC 8536) and their POSIX TZ footers.
 //! - [`fill`]: `$densify` and `$fill`.
 //! - [`quantile`]: `$percentile` and `$median`, as accumulators, window functions and
 //!   expressions.
@@ -36,6 +39,8 @@ pub mod query;
 pub mod reads;
 pub mod series;
 pub mod stages;
+pub mod time_zone;
+pub mod tzif;
 pub mod update;
 
 use bson::{doc, Document};

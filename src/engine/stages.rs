@@ -1130,14 +1130,7 @@ fn accumulate(
         "$sum" | "$count" => numbers().fold(Bson::Int32(0), |acc, v| {
             crate::value::field::arithmetic(&acc, v, false)
         }),
-        "$avg" => {
-            let n: Vec<f64> = numbers().map(to_f64).collect();
-            if n.is_empty() {
-                Bson::Null
-            } else {
-                Bson::Double(n.iter().sum::<f64>() / n.len() as f64)
-            }
-        }
+        "$avg" => super::expressions::average(&numbers().collect::<Vec<_>>()),
         "$stdDevPop" | "$stdDevSamp" => {
             let n: Vec<f64> = numbers().map(to_f64).collect();
             let k = n.len() as f64;

@@ -1164,6 +1164,32 @@ mod tests {
         assert!(prepare_insert(doc! {"_id": {"$ref": "c", "$id": 1, "$db": "d"}}).is_ok());
     }
 
+    /// `$inc`/`$mul` with a decimal operand or field compute in decimal128 (expected values
+    /// from Python's `decimal` in the decimal128 context).
+    #[test]
+    fn inc_and_mul_with_decimals_are_exact() {
+        let dec = |s: &str| Bson::Decimal128(s.parse().unwrap());
+        let d = doc! {"_id": 1, "p": dec("0.1"), "i": 7, "l": i64::MAX, "x": 0.5};
+        let out = apply(
+            d,
+            doc! {"$inc": {"p": dec("0.2"), "i": dec("1.10"), "l": dec("1"), "new": dec("2.0")},
+            "$mul": {"x": dec("3"), "m": dec("1.5")}},
+        )
+        .unwrap();
+        assert_eq!(out.get("p"), Some(&dec("0.3")));
+        assert_eq!(out.get("i"), Some(&dec("8.10")));
+        assert_eq!(out.get("l"), Some(&dec("9223372036854775808")));
+        assert_eq!(out.get("new"), Some(&dec("2.0")));
+        assert_eq!(out.get("x"), Some(&dec("1.500000000000000")));
+        assert_eq!(out.get("m"), Some(&dec("0.0")));
+        let out = apply(
+            doc! {"_id": 1, "p": dec("1.10")},
+            doc! {"$mul": {"p": dec("2.20")}},
+        )
+        .unwrap();
+        assert_eq!(out.get("p"), Some(&dec("2.4200")));
+    }
+
     #[test]
     fn set_unset_inc_mul() {
         let d = doc! {"_id": 1, "a": 1, "b": 2};

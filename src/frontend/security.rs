@@ -770,7 +770,7 @@ impl Security {
     /// reply [`Security::after`] does not see. Nothing is read unless authorization is on,
     /// and the reply is walked once.
     pub fn observe_raw(&self, auth: &ConnectionAuth, req: &CommandRequest, reply: &RawDocument) {
-        if !self.authorization {
+        if !self.authorization || never_uses_a_cursor(&req.name) {
             return;
         }
         let facts = CursorFacts::of_raw(reply);
@@ -835,7 +835,7 @@ impl Security {
         req: &CommandRequest,
         reply: &mut Reply,
     ) {
-        if self.authorization {
+        if self.authorization && !never_uses_a_cursor(&req.name) {
             let facts = match &*reply {
                 Reply::Document(d) => CursorFacts::of_document(d),
                 Reply::Raw(r) => CursorFacts::of_raw(r),
@@ -914,17 +914,10 @@ struct CursorFacts<'a> {
 
 impl<'a> CursorFacts<'a> {
     /// Read from an encoded reply in one walk of its top-level fields, each at its first
-    /// occurrence (as `RawDocument::get` finds it).
+    /// occurrence (as `RawDocument::get` finds it), by the wire layer's field walker.
     fn of_raw(reply: &'a RawDocument) -> Self {
-        let (mut ok, mut code, mut cursor) = (None, None, None);
-        for (k, v) in reply.iter().flatten() {
-            match k.as_str() {
-                "ok" if ok.is_none() => ok = Some(v),
-                "code" if code.is_none() => code = Some(v),
-                "cursor" if cursor.is_none() => cursor = Some(v),
-                _ => {}
-            }
-        }
+        let [ok, code, cursor] =
+            crate::wire::get_fields(reply, ["ok", "code", "cursor"]).map(|v| v.ok().flatten());
         let cursor = match cursor {
             Some(bson::RawBsonRef::Document(c)) => Some(c),
             _ => None,
@@ -957,6 +950,36 @@ fn edit_document(reply: &mut Reply, edit: impl FnOnce(&mut Document)) {
     };
     edit(&mut d);
     *reply = Reply::Document(d);
+}
+
+/// Whether the command's reply can neither hand out a cursor nor end one, so the cursor owners
+/// need not read it: the commands a client sends most (writes, the `hello` family, the SASL
+/// steps). Any command not named here is read, so a command that does hand out a cursor is
+/// never missed; missing one would only make its owner's `getMore` fail (43), never admit
+/// another user's.
+fn never_uses_a_cursor(name: &str) -> bool {
+    matches!(
+        name,
+        "insert"
+            | "update"
+            | "delete"
+            | "findAndModify"
+            | "hello"
+            | "isMaster"
+            | "ismaster"
+            | "ping"
+            | "saslStart"
+            | "saslContinue"
+            | "authenticate"
+            | "logout"
+            | "endSessions"
+            | "count"
+            | "distinct"
+            | "commitTransaction"
+            | "abortTransaction"
+            | "buildInfo"
+            | "connectionStatus"
+    )
 }
 
 /// Whether an error code says the cursor no longer exists (CursorNotFound, CursorKilled).
@@ -1254,5 +1277,48 @@ mod tests {
             a,
             third.session.principal().expect("authenticated")
         ));
+    }
+
+    #[test]
+    fn cursor_facts_read_in_place_equal_those_of_the_document() {
+        let replies = [
+            doc! {"cursor": {"firstBatch": [{"a": 1}], "id": 42_i64, "ns": "db.c"}, "ok": 1.0},
+            doc! {"ok": 1, "cursor": {"ns": "db.c", "nextBatch": [], "id": 0_i64}},
+            doc! {"ok": 0.0, "errmsg": "gone", "code": 43, "codeName": "CursorNotFound"},
+            doc! {"ok": 0.0, "code": 237},
+            doc! {"ok": 0.0, "code": 13},
+            doc! {"n": 1, "ok": 1.0},
+            doc! {"ok": 2.0, "cursor": "not a document"},
+            doc! {"cursor": {"id": 7_i32, "ns": 5}, "ok": 1.0},
+        ];
+        for reply in replies {
+            let raw = bson::RawDocumentBuf::try_from(&reply).expect("encodes");
+            let (a, b) = (CursorFacts::of_raw(&raw), CursorFacts::of_document(&reply));
+            assert_eq!(
+                (a.ok, a.gone, a.id, a.ns),
+                (b.ok, b.gone, b.id, b.ns),
+                "{reply}"
+            );
+        }
+        let reply = doc! {"cursor": {"id": 9_i64, "ns": "d.c"}, "ok": 1};
+        let raw = bson::RawDocumentBuf::try_from(&reply).expect("encodes");
+        let first = CursorFacts::of_raw(&raw);
+        assert_eq!((first.ok, first.id, first.ns), (true, Some(9), "d.c"));
+    }
+
+    #[test]
+    fn replies_that_can_hand_out_a_cursor_are_read() {
+        for name in [
+            "find",
+            "aggregate",
+            "getMore",
+            "killCursors",
+            "listCollections",
+            "listIndexes",
+            "bulkWrite",
+            "listSearchIndexes",
+        ] {
+            assert!(!never_uses_a_cursor(name), "{name}");
+        }
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Values compare first by *canonical type* (MinKey < null < numbers < strings < objects <
 //! arrays < binary < ObjectId < bool < date < timestamp < regex < … < MaxKey), then within the
-//! type: numbers numerically across int32/int64/double/decimal (NaN below every other number),
+//! type: numbers numerically across int32/int64/double/decimal (NaN below every other number; a
+//! decimal compares by exact value, a double meeting it widened to 34 digits as mongod does),
 //! strings byte-wise (the simple collation), documents field by field (type, then name, then
 //! value), binary by length, subtype, then bytes.
 
@@ -11,6 +12,8 @@ use std::cmp::Ordering;
 
 use bson::spec::ElementType;
 use bson::{Bson, Document};
+
+use super::decimal::Dec;
 
 /// The canonical type number MongoDB orders (and hashes) by.
 pub fn canonical_type(v: &Bson) -> i32 {
@@ -53,21 +56,14 @@ fn as_num(v: &Bson) -> Option<Num> {
         Bson::Int32(i) => Some(Num::Int(*i as i64)),
         Bson::Int64(i) => Some(Num::Int(*i)),
         Bson::Double(d) => Some(Num::Float(*d)),
-        Bson::Decimal128(d) => Some(Num::Float(decimal_to_f64(d))),
         _ => None,
     }
 }
 
-/// Decimal128 as the nearest double (exact for the integers and short fractions that appear
-/// in practice; comparisons of decimals beyond double precision are approximate).
+/// Decimal128 as the nearest double (for operators that compute in doubles; comparisons use
+/// the exact value).
 pub fn decimal_to_f64(d: &bson::Decimal128) -> f64 {
-    let s = d.to_string();
-    match s.as_str() {
-        "NaN" | "-NaN" => f64::NAN,
-        "Infinity" | "+Infinity" => f64::INFINITY,
-        "-Infinity" => f64::NEG_INFINITY,
-        other => other.parse::<f64>().unwrap_or(f64::NAN),
-    }
+    Dec::from_decimal128(d).to_f64()
 }
 
 /// 2^63 as a double: the first double above every int64.
@@ -126,6 +122,12 @@ pub fn compare(a: &Bson, b: &Bson) -> Ordering {
         return ta.cmp(&tb);
     }
     match (a, b) {
+        (Bson::Decimal128(_), _) | (_, Bson::Decimal128(_)) if ta == 10 => {
+            match (Dec::for_comparison(a), Dec::for_comparison(b)) {
+                (Some(x), Some(y)) => x.total_cmp(y),
+                _ => Ordering::Equal,
+            }
+        }
         _ if ta == 10 => match (as_num(a), as_num(b)) {
             (Some(x), Some(y)) => cmp_num(x, y),
             _ => Ordering::Equal,
@@ -292,11 +294,25 @@ mod tests {
             compare(&Bson::Double(-0.5), &Bson::Int32(0)),
             Ordering::Less
         );
-        let dec: bson::Decimal128 = "2.5".parse().unwrap();
+        let dec = |s: &str| Bson::Decimal128(s.parse().unwrap());
+        assert_eq!(compare(&dec("2.5"), &Bson::Int32(2)), Ordering::Greater);
+        // Decimals compare by exact value, beyond a double's precision.
         assert_eq!(
-            compare(&Bson::Decimal128(dec), &Bson::Int32(2)),
+            compare(&dec("9223372036854775807"), &Bson::Int64(i64::MAX)),
+            Ordering::Equal
+        );
+        assert_eq!(
+            compare(&dec("9223372036854775806.5"), &Bson::Int64(i64::MAX)),
+            Ordering::Less
+        );
+        assert_eq!(
+            compare(&dec("0.30000000000000000001"), &dec("0.3")),
             Ordering::Greater
         );
+        assert!(!values_equal(&dec("1.10"), &Bson::Double(1.1)));
+        assert!(values_equal(&dec("2.50"), &Bson::Double(2.5)));
+        assert!(values_equal(&dec("NaN"), &Bson::Double(f64::NAN)));
+        assert_eq!(compare(&dec("NaN"), &Bson::Int32(i32::MIN)), Ordering::Less);
     }
 
     #[test]

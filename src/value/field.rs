@@ -6,13 +6,17 @@
 use bson::{Bson, Document};
 
 use super::compare::decimal_to_f64;
+use super::decimal::{decimal_arithmetic, Dec, Op};
 
 /// MongoDB's truthiness (`BSONElement::trueValue`, and an expression's result in `$cond`,
 /// `$and`, `$match: {$expr}`): `false`, `null`, `undefined`, a missing value and every zero
 /// (`0`, `0.0`, `NumberLong(0)`, `NumberDecimal("0")`) are false; everything else is true.
 pub fn truthy(value: &Bson) -> bool {
-    let falsy = matches!(value, Bson::Null | Bson::Undefined | Bson::Boolean(false))
-        || (is_number(value) && to_f64(value) == 0.0);
+    let falsy = match value {
+        Bson::Null | Bson::Undefined | Bson::Boolean(false) => true,
+        Bson::Decimal128(d) => Dec::from_decimal128(d).is_zero(),
+        v => is_number(v) && to_f64(v) == 0.0,
+    };
     !falsy
 }
 
@@ -44,8 +48,9 @@ pub fn as_int(v: &Bson) -> Option<i64> {
     }
 }
 
-/// A double as a Decimal128 (through its shortest decimal form), for results of operators
-/// whose operands included a decimal.
+/// A double as a Decimal128 (through its shortest decimal form), for results of operators that
+/// compute in doubles but answer a decimal when an input was one (the window functions of
+/// `series`); arithmetic itself computes in decimal through [`super::decimal`].
 pub fn to_decimal(f: f64) -> Bson {
     let text = if f.is_nan() {
         "NaN".to_string()
@@ -68,9 +73,17 @@ pub fn int_result(r: i64, both_int32: bool) -> Bson {
     }
 }
 
-/// `a + b` (or `a * b`) with MongoDB's types, for `$add`, `$multiply`, `$sum`, `$inc` and `$mul`: integers exactly, an int32 overflow widening to
-/// int64 and an int64 overflow to a double; any decimal makes a decimal, any double a double.
+/// `a + b` (or `a * b`) with MongoDB's types, for `$add`, `$multiply`, `$sum`, `$inc` and
+/// `$mul`: integers exactly, an int32 overflow widening to int64 and an int64 overflow to a
+/// double; any decimal makes the operation decimal128 arithmetic (see [`super::decimal`]), any
+/// double a double.
 pub fn arithmetic(a: &Bson, b: &Bson, mul: bool) -> Bson {
+    if matches!(a, Bson::Decimal128(_)) || matches!(b, Bson::Decimal128(_)) {
+        let op = if mul { Op::Multiply } else { Op::Add };
+        if let Some(Ok(v)) = decimal_arithmetic(a, b, op) {
+            return v;
+        }
+    }
     if let (Some(x), Some(y)) = (as_int(a), as_int(b)) {
         let both_int32 = matches!((a, b), (Bson::Int32(_), Bson::Int32(_)));
         let r = if mul {
@@ -87,16 +100,11 @@ pub fn arithmetic(a: &Bson, b: &Bson, mul: bool) -> Bson {
             }),
         };
     }
-    let f = if mul {
+    Bson::Double(if mul {
         to_f64(a) * to_f64(b)
     } else {
         to_f64(a) + to_f64(b)
-    };
-    if matches!(a, Bson::Decimal128(_)) || matches!(b, Bson::Decimal128(_)) {
-        to_decimal(f)
-    } else {
-        Bson::Double(f)
-    }
+    })
 }
 
 /// Reads a field that must be a number, as an `i64` (doubles are truncated as mongod does).
@@ -197,6 +205,7 @@ mod tests {
             Bson::Int64(0),
             Bson::Double(0.0),
             Bson::Decimal128(zero_dec),
+            Bson::Decimal128("-0E+30".parse().unwrap()),
         ] {
             assert!(!truthy(&falsy), "{falsy:?}");
         }
@@ -205,6 +214,7 @@ mod tests {
             Bson::Int32(-1),
             Bson::Double(f64::NAN),
             Bson::Decimal128(one_dec),
+            Bson::Decimal128("1E-400".parse().unwrap()),
             Bson::String(String::new()),
             Bson::Document(Document::new()),
         ] {
