@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use sluice::config::{Config, LogFormat};
+use sluice::frontend::memory::{set_allocator, AllocatorSetting};
 use sluice::routing::ShardInfo;
 
 /// A MongoDB wire-protocol router, compatible with mongos.
@@ -158,7 +159,27 @@ enum Command {
     },
 }
 
+/// glibc's allocator settings the process starts with, each unless its environment variable
+/// is set (docs/hardening.md, "Cursors kept encoded, and the allocator"): a fixed mmap threshold
+/// at glibc's own starting value, so that a block of 128 KiB or more (a cursor's buffered
+/// results, a large message) is mapped on its own and unmapped when freed. glibc otherwise
+/// raises the threshold, and the trim threshold with it, to the size of each such block freed
+/// (up to 32 MiB), after which those blocks stay in the arenas, and a thread arena's free top
+/// is never given back (`malloc_trim` leaves it).
+const ALLOCATOR_SETTINGS: [(AllocatorSetting, i32); 1] =
+    [(AllocatorSetting::MmapThreshold, 128 * 1024)];
+
+fn configure_allocator() {
+    for (setting, value) in ALLOCATOR_SETTINGS {
+        if std::env::var_os(setting.env_var()).is_none() && !set_allocator(setting, value) {
+            eprintln!("the allocator refused {} = {value}", setting.env_var());
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
+    // Before the runtime's threads allocate.
+    configure_allocator();
     let cli = Cli::parse();
     let mut config = match &cli.global.config {
         Some(path) => Config::from_file(path)?,

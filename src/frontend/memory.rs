@@ -93,6 +93,61 @@ fn release_free_memory() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn release_free_memory() {}
 
+/// One of glibc's allocator settings (mallopt(3)), the same as its `MALLOC_*_` environment
+/// variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocatorSetting {
+    /// `M_TRIM_THRESHOLD` (`MALLOC_TRIM_THRESHOLD_`): free memory at the top of the heap past
+    /// which `free` gives it back.
+    TrimThreshold,
+    /// `M_TOP_PAD` (`MALLOC_TOP_PAD_`): extra memory asked for whenever the heap grows.
+    TopPad,
+    /// `M_MMAP_THRESHOLD` (`MALLOC_MMAP_THRESHOLD_`): blocks this large or larger are mapped
+    /// on their own and unmapped when freed; setting it also stops glibc from raising it as
+    /// mapped blocks are freed.
+    MmapThreshold,
+    /// `M_ARENA_MAX` (`MALLOC_ARENA_MAX`): most arenas threads allocate from.
+    ArenaMax,
+}
+
+impl AllocatorSetting {
+    /// The environment variable that sets it when the process starts.
+    pub fn env_var(self) -> &'static str {
+        match self {
+            AllocatorSetting::TrimThreshold => "MALLOC_TRIM_THRESHOLD_",
+            AllocatorSetting::TopPad => "MALLOC_TOP_PAD_",
+            AllocatorSetting::MmapThreshold => "MALLOC_MMAP_THRESHOLD_",
+            AllocatorSetting::ArenaMax => "MALLOC_ARENA_MAX",
+        }
+    }
+}
+
+/// Sets one of glibc's allocator settings; returns whether the allocator took it. Meant for
+/// the start of `main`, before other threads allocate.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn set_allocator(setting: AllocatorSetting, value: i32) -> bool {
+    extern "C" {
+        /// glibc: sets one allocator parameter; returns 1 on success.
+        fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
+    }
+    // glibc's <malloc.h>.
+    let param = match setting {
+        AllocatorSetting::TrimThreshold => -1,
+        AllocatorSetting::TopPad => -2,
+        AllocatorSetting::MmapThreshold => -3,
+        AllocatorSetting::ArenaMax => -8,
+    };
+    // SAFETY: mallopt takes no pointers and changes the allocator's parameters under its own
+    // lock.
+    unsafe { mallopt(param, value) == 1 }
+}
+
+/// Other allocators have no such settings.
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn set_allocator(_setting: AllocatorSetting, _value: i32) -> bool {
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
