@@ -171,6 +171,24 @@ const KEYS_AFTER_UPDATE_OPERATORS: &[&str] = &[
     "$last",
     "$count",
     "$toHashedIndexKey",
+    "$mod",
+    "$round",
+    "$trunc",
+    "$ceil",
+    "$floor",
+    "$toDecimal",
+    "$dateToString",
+    "$dateToParts",
+    "$dateTrunc",
+    "$dateAdd",
+    "$dateDiff",
+    "$hour",
+    "date",
+    "unit",
+    "amount",
+    "startDate",
+    "endDate",
+    "timezone",
     "if",
     "then",
     "else",
@@ -225,6 +243,13 @@ const STRINGS: &[&str] = &[
     "",
     "^a.*$",
     "(",
+    "Europe/Paris",
+    "America/New_York",
+    "Australia/Lord_Howe",
+    "../etc/passwd",
+    "+05:30",
+    "day",
+    "hour",
     COSTLY_PATTERN,
 ];
 
@@ -349,6 +374,14 @@ impl<'a> Gen<'a> {
                 .get(self.below(8))
                 .unwrap_or(&0.0),
             ),
+            // Decimals: edge values, or any 16 bytes (non-canonical encodings, every exponent).
+            3 if self.byte() & 1 == 1 => {
+                let mut bytes = [0u8; 16];
+                for b in &mut bytes {
+                    *b = self.byte();
+                }
+                Bson::Decimal128(bson::Decimal128::from_bytes(bytes))
+            }
             3 => {
                 let text = self.pick(&[
                     "0",
@@ -359,6 +392,10 @@ impl<'a> Gen<'a> {
                     "-Infinity",
                     "1E+6144",
                     "123456789012345678901234567890",
+                    "9.999999999999999999999999999999999E+6144",
+                    "1E-6176",
+                    "-0.1",
+                    "1.000000000000000000000000000000001",
                 ]);
                 text.parse::<bson::Decimal128>()
                     .map(Bson::Decimal128)
