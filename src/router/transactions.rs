@@ -221,6 +221,30 @@ impl Ends<'_> {
         Ok(reply)
     }
 
+    /// Aborts a transaction no commit was decided for on every participant: the client gets
+    /// NoSuchTransaction labelled `TransientTransactionError` (nothing was applied; the whole
+    /// transaction may run again), or, when an abort is not confirmed, the abort's error
+    /// labelled `UnknownTransactionCommitResult`.
+    async fn abort_undecided(
+        &self,
+        participants: &[Participant],
+        why: &str,
+        cause: &CommandError,
+    ) -> CommandError {
+        if let Err(e) = self.abort(participants).await {
+            return unknown_commit(e);
+        }
+        let mut e = CommandError::new(
+            ErrorCode::NoSuchTransaction,
+            format!(
+                "Transaction {} was aborted: {why} :: caused by :: {}",
+                self.txn, cause.message
+            ),
+        );
+        e.labels.push(TRANSIENT.to_string());
+        e
+    }
+
     /// A commit through a router that did not run the transaction, with the participants its
     /// `recoveryToken` names: as on mongos, the decision is recovered, never made here. The
     /// participants that wrote (the recovery shard when none did) are asked with
@@ -250,18 +274,9 @@ impl Ends<'_> {
             }
         }
         if let Some(cause) = undecided {
-            if let Err(e) = self.abort(participants).await {
-                return Err(unknown_commit(e));
-            }
-            let mut e = CommandError::new(
-                ErrorCode::NoSuchTransaction,
-                format!(
-                    "Transaction {} was aborted: no commit decision was recovered :: caused by :: {}",
-                    self.txn, cause.message
-                ),
-            );
-            e.labels.push(TRANSIENT.to_string());
-            return Err(e);
+            return Err(self
+                .abort_undecided(participants, "no commit decision was recovered", &cause)
+                .await);
         }
         if let Some(cause) = unknown {
             return Err(unknown_commit(cause));
@@ -320,18 +335,9 @@ impl Ends<'_> {
                 return Err(unknown_commit(cause));
             }
             // Nothing was committed anywhere: abort everywhere.
-            if let Err(e) = self.abort(participants).await {
-                return Err(unknown_commit(e));
-            }
-            let mut e = CommandError::new(
-                ErrorCode::NoSuchTransaction,
-                format!(
-                    "Transaction {} was aborted: a participant did not prepare :: caused by :: {}",
-                    self.txn, cause.message
-                ),
-            );
-            e.labels.push(TRANSIENT.to_string());
-            return Err(e);
+            return Err(self
+                .abort_undecided(participants, "a participant did not prepare", &cause)
+                .await);
         }
         let Some(at) = commit_at else {
             // Every participant had committed already (a retried commit).
