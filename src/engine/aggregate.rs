@@ -1440,11 +1440,12 @@ fn any_decimal(a: &Bson, b: &Bson) -> bool {
 fn decimal(a: &Bson, b: &Bson, op: Op) -> Result<Bson, EngineError> {
     match decimal_arithmetic(a, b, op) {
         Some(Ok(v)) => Ok(v),
+        // mongod's codes: a decimal `$mod` by zero has its own, `$divide` is BadValue.
         Some(Err(DecError::DivideByZero)) if op == Op::Modulo => {
-            Err(err(ErrorCode::ModByZero.0, "can't $mod by zero"))
+            Err(err(ErrorCode::ModByZeroDecimal.0, "can't $mod by zero"))
         }
         Some(Err(DecError::DivideByZero)) => {
-            Err(err(ErrorCode::DivideByZero.0, "can't $divide by zero"))
+            Err(err(ErrorCode::BadValue.0, "can't $divide by zero"))
         }
         None => Ok(Bson::Null),
     }
@@ -1573,7 +1574,7 @@ fn operator(
                 "$divide" if any_decimal(&a[0], &a[1]) => decimal(&a[0], &a[1], Op::Divide)?,
                 "$divide" => {
                     if to_f64(&a[1]) == 0.0 {
-                        return Err(err(ErrorCode::DivideByZero.0, "can't $divide by zero"));
+                        return Err(err(ErrorCode::BadValue.0, "can't $divide by zero"));
                     }
                     Bson::Double(to_f64(&a[0]) / to_f64(&a[1]))
                 }
@@ -1983,17 +1984,17 @@ mod tests {
         for (e, code, msg) in [
             (
                 doc! {"$divide": [dec("1"), dec("0.00")]},
-                ErrorCode::DivideByZero.0,
+                ErrorCode::BadValue.0,
                 "can't $divide by zero",
             ),
             (
                 doc! {"$divide": [dec("NaN"), 0]},
-                ErrorCode::DivideByZero.0,
+                ErrorCode::BadValue.0,
                 "can't $divide by zero",
             ),
             (
                 doc! {"$mod": [dec("1"), dec("-0")]},
-                16610,
+                5733415,
                 "can't $mod by zero",
             ),
         ] {

@@ -185,7 +185,7 @@ location {
     AlreadyAuthenticatedStrict = 5626703,
     MatchPathTooLong = 5729100,
     ModByZero = 16610,
-    DivideByZero = 16608,
+    ModByZeroDecimal = 5733415,
     UpdatedDocumentTooLarge = 17419,
     AbsOfLongMin = 28680,
 }
