@@ -31,7 +31,7 @@ use crate::limits::{
     MAX_RESULT_DEPTH,
 };
 use crate::value::compare::{compare, values_equal, OrdBson};
-use crate::value::decimal::{decimal_arithmetic, Dec, DecError, Op};
+use crate::value::decimal::{any_decimal, decimal_arithmetic, decimal_mean, Dec, DecError, Op};
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{arithmetic, as_int, int_result, is_number, to_f64, truthy};
 
@@ -1058,16 +1058,6 @@ fn add_numbers(a: &Bson, b: &Bson) -> Bson {
     arithmetic(a, b, false)
 }
 
-/// `$avg` of values whose sum is the decimal `total`: the sum divided by the count in
-/// decimal128, as mongod averages once a decimal was among the values.
-pub(super) fn decimal_mean(total: &bson::Decimal128, n: u64) -> Bson {
-    let count = Dec::from_i64(i64::try_from(n).unwrap_or(i64::MAX));
-    match Dec::from_decimal128(total).divided_by(count) {
-        Ok(mean) => mean.to_bson(),
-        Err(_) => Bson::Null,
-    }
-}
-
 /// Evaluates an aggregation expression against `root`; `None` is "missing".
 pub fn eval(e: &Bson, root: &Document) -> Result<Option<Bson>, EngineError> {
     eval_with(e, root, &Variables::new())
@@ -1430,11 +1420,6 @@ fn exactly_two(op: &str, a: &[Bson]) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// Whether either operand is a decimal, which makes the operation decimal128 arithmetic.
-fn any_decimal(a: &Bson, b: &Bson) -> bool {
-    matches!(a, Bson::Decimal128(_)) || matches!(b, Bson::Decimal128(_))
-}
-
 /// `a op b` in decimal128 (both operands numbers, one a decimal), with mongod's errors for a
 /// zero divisor.
 fn decimal(a: &Bson, b: &Bson, op: Op) -> Result<Bson, EngineError> {
@@ -1469,11 +1454,10 @@ fn modulo(a: &Bson, b: &Bson) -> Result<Bson, EngineError> {
 
 /// `a - b` with MongoDB's types (see [`arithmetic`]).
 pub(super) fn subtract(a: &Bson, b: &Bson) -> Bson {
-    if let Some(Ok(v)) = any_decimal(a, b)
-        .then(|| decimal_arithmetic(a, b, Op::Subtract))
-        .flatten()
-    {
-        return v;
+    if any_decimal(a, b) {
+        if let Some(Ok(v)) = decimal_arithmetic(a, b, Op::Subtract) {
+            return v;
+        }
     }
     if let (Some(x), Some(y)) = (as_int(a), as_int(b)) {
         let both_int32 = matches!((a, b), (Bson::Int32(_), Bson::Int32(_)));

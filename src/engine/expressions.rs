@@ -1111,7 +1111,7 @@ pub(super) fn average(numbers: &[&Bson]) -> Bson {
             crate::value::field::arithmetic(&acc, v, false)
         });
         if let Bson::Decimal128(total) = total {
-            return super::aggregate::decimal_mean(&total, numbers.len() as u64);
+            return crate::value::decimal::decimal_mean(&total, numbers.len() as u64);
         }
     }
     let n: Vec<f64> = numbers.iter().map(|v| to_f64(v)).collect();

@@ -637,6 +637,22 @@ pub enum Op {
     Modulo,
 }
 
+/// Whether either operand is a decimal, which makes an arithmetic operation decimal128
+/// arithmetic.
+pub fn any_decimal(a: &Bson, b: &Bson) -> bool {
+    matches!(a, Bson::Decimal128(_)) || matches!(b, Bson::Decimal128(_))
+}
+
+/// The mean of `n` values whose sum is the decimal `total`, in decimal128 (`$avg` once a
+/// decimal was among the values); null for no values.
+pub fn decimal_mean(total: &Decimal128, n: u64) -> Bson {
+    let count = Dec::from_i64(i64::try_from(n).unwrap_or(i64::MAX));
+    match Dec::from_decimal128(total).divided_by(count) {
+        Ok(mean) => mean.to_bson(),
+        Err(_) => Bson::Null,
+    }
+}
+
 /// `a op b` in decimal128, both coerced as mongod coerces them (`None` unless both are
 /// numbers); the result is always a decimal.
 pub fn decimal_arithmetic(a: &Bson, b: &Bson, op: Op) -> Option<Result<Bson, DecError>> {

@@ -6,7 +6,7 @@
 use bson::{Bson, Document};
 
 use super::compare::decimal_to_f64;
-use super::decimal::{decimal_arithmetic, Dec, Op};
+use super::decimal::{any_decimal, decimal_arithmetic, Dec, Op};
 
 /// MongoDB's truthiness (`BSONElement::trueValue`, and an expression's result in `$cond`,
 /// `$and`, `$match: {$expr}`): `false`, `null`, `undefined`, a missing value and every zero
@@ -78,7 +78,7 @@ pub fn int_result(r: i64, both_int32: bool) -> Bson {
 /// double; any decimal makes the operation decimal128 arithmetic (see [`super::decimal`]), any
 /// double a double.
 pub fn arithmetic(a: &Bson, b: &Bson, mul: bool) -> Bson {
-    if matches!(a, Bson::Decimal128(_)) || matches!(b, Bson::Decimal128(_)) {
+    if any_decimal(a, b) {
         let op = if mul { Op::Multiply } else { Op::Add };
         if let Some(Ok(v)) = decimal_arithmetic(a, b, op) {
             return v;
