@@ -117,6 +117,11 @@ fn parse_offset(s: &str) -> Option<i64> {
         _ => return None,
     };
     let rest = &s[1..];
+    // Slicing by byte below is only safe on ASCII: "+aé1" has four bytes, and byte 2 is inside
+    // the "é".
+    if !rest.is_ascii() {
+        return None;
+    }
     let (h, m) = match rest.len() {
         2 => (rest, "00"),
         4 => (&rest[..2], &rest[2..]),
