@@ -1539,3 +1539,196 @@ async fn olson_time_zones_through_the_router() {
         40485
     );
 }
+
+/// A router over 3 shards with `shop.orders` sharded (hashed, its documents spread over the
+/// shards) and `shop.customers` unsharded, and one embedded shard alone holding the same
+/// documents (the oracle); both with the view `tier1` of the customers whose tier is 1 and the
+/// view `with_orders` of each customer with its orders (a `$lookup` of the sharded orders).
+async fn unsharded_with_sharded_foreign() -> (
+    TestCluster,
+    mongodb::Client,
+    sluice::embedded::EmbeddedShard,
+    mongodb::Client,
+) {
+    let c = TestCluster::start(3, &[("shop.orders", doc! {"_id": "hashed"})]).await;
+    let cl = common::driver(c.addr(), "").await;
+    let oracle = sluice::embedded::EmbeddedShard::start("127.0.0.1:0", Default::default())
+        .await
+        .unwrap();
+    let one = common::direct(oracle.local_addr()).await;
+    let orders: Vec<Document> = (0..90)
+        .map(|i| doc! {"_id": i, "cust": i % 7, "qty": (i * 13) % 17})
+        .collect();
+    let customers: Vec<Document> = (0..7)
+        .map(|i| doc! {"_id": i, "name": format!("c{i}"), "tier": i % 2})
+        .collect();
+    for client in [&cl, &one] {
+        let db = client.database("shop");
+        db.collection::<Document>("orders")
+            .insert_many(orders.clone())
+            .await
+            .unwrap();
+        db.collection::<Document>("customers")
+            .insert_many(customers.clone())
+            .await
+            .unwrap();
+        db.run_command(
+            doc! {"create": "tier1", "viewOn": "customers", "pipeline": [{"$match": {"tier": 1}}]},
+        )
+        .await
+        .unwrap();
+        db.run_command(doc! {"create": "with_orders", "viewOn": "customers", "pipeline": [
+            {"$lookup": {"from": "orders", "localField": "_id", "foreignField": "cust", "as": "o"}},
+            {"$project": {"name": 1, "n": {"$size": "$o"}, "q": {"$sum": "$o.qty"}}},
+        ]})
+        .await
+        .unwrap();
+    }
+    // Every shard holds part of the orders, so no one shard can answer alone.
+    for s in &c.shards {
+        let n = s.service().count_documents("shop", "orders");
+        assert!(n > 0 && n < 90, "{} holds {n} orders", s.service().name());
+    }
+    (c, cl, oracle, one)
+}
+
+/// An aggregation on an unsharded collection (or a view of one) whose `$lookup`,
+/// `$graphLookup` or `$unionWith` (at the top, inside `$facet`, in a sub-pipeline) reads a
+/// sharded collection sees every shard's documents of it, as through mongos: the same results
+/// as one shard holding everything, `$out` included.
+#[tokio::test]
+async fn unsharded_pipelines_reading_a_sharded_collection_match_one_shard() {
+    let (c, cl, _oracle, one) = unsharded_with_sharded_foreign().await;
+    let by_cust = doc! {"$lookup": {"from": "orders", "localField": "_id", "foreignField": "cust", "as": "o"}};
+    let summary = doc! {"$project": {"n": {"$size": "$o"}, "q": {"$sum": "$o.qty"}, "ids": {"$sortArray": {"input": "$o._id", "sortBy": 1}}}};
+    let mut cases: Vec<(&str, Vec<Document>)> = vec![
+        // localField/foreignField, after a stage the primary shard runs.
+        (
+            "customers",
+            vec![
+                doc! {"$match": {"_id": {"$lt": 6}}},
+                by_cust.clone(),
+                summary.clone(),
+                doc! {"$sort": {"_id": 1}},
+            ],
+        ),
+        // pipeline and let.
+        (
+            "customers",
+            vec![
+                doc! {"$lookup": {"from": "orders", "let": {"c": "$_id"}, "pipeline": [
+                    {"$match": {"$expr": {"$and": [{"$eq": ["$cust", "$$c"]}, {"$gt": ["$qty", 4]}]}}},
+                    {"$group": {"_id": null, "q": {"$sum": "$qty"}, "n": {"$sum": 1}}},
+                ], "as": "t"}},
+                doc! {"$sort": {"_id": 1}},
+            ],
+        ),
+        // $unionWith, with a sub-pipeline.
+        (
+            "customers",
+            vec![
+                doc! {"$project": {"name": 1}},
+                doc! {"$unionWith": {"coll": "orders", "pipeline": [{"$match": {"qty": {"$gt": 8}}}, {"$project": {"qty": 1}}]}},
+                doc! {"$sort": {"qty": 1, "_id": 1}},
+            ],
+        ),
+        (
+            "customers",
+            vec![doc! {"$unionWith": "orders"}, doc! {"$count": "n"}],
+        ),
+        // $graphLookup: the orders of each customer, then the orders whose customer is one of
+        // those orders' ids.
+        (
+            "customers",
+            vec![
+                doc! {"$graphLookup": {"from": "orders", "startWith": "$_id", "connectFromField": "_id", "connectToField": "cust", "as": "o", "maxDepth": 1, "depthField": "d"}},
+                doc! {"$project": {"n": {"$size": "$o"}, "deep": {"$size": {"$filter": {"input": "$o", "cond": {"$eq": ["$$this.d", 1]}}}}, "ids": {"$sortArray": {"input": "$o._id", "sortBy": 1}}}},
+                doc! {"$sort": {"_id": 1}},
+            ],
+        ),
+        // Inside $facet, and inside a $lookup's sub-pipeline of an unsharded collection.
+        (
+            "customers",
+            vec![doc! {"$facet": {
+                "per": [by_cust.clone(), summary.clone(), {"$sort": {"_id": 1}}],
+                "all": [{"$lookup": {"from": "customers", "pipeline": [{"$unionWith": "orders"}, {"$count": "n"}], "as": "u"}}, {"$limit": 1}, {"$project": {"u": 1, "_id": 0}}],
+            }}],
+        ),
+        // A view of the unsharded collection.
+        (
+            "tier1",
+            vec![by_cust.clone(), summary.clone(), doc! {"$sort": {"_id": 1}}],
+        ),
+    ];
+    cases.push((
+        "with_orders",
+        vec![
+            doc! {"$match": {"n": {"$gt": 12}}},
+            doc! {"$sort": {"q": -1, "_id": 1}},
+        ],
+    ));
+    for (coll, pipeline) in &cases {
+        let got = run(&cl, coll, pipeline).await;
+        let want = run(&one, coll, pipeline).await;
+        assert!(!want.is_empty(), "{coll} {pipeline:?}");
+        assert_eq!(got, want, "{coll} {pipeline:?}");
+    }
+    // `find` and `count` of the view whose own pipeline reads the sharded orders.
+    let view_reads = |client: &mongodb::Client| {
+        let v = client
+            .database("shop")
+            .collection::<Document>("with_orders");
+        async move {
+            let found = common::all(
+                v.find(doc! {"q": {"$gt": 90}})
+                    .sort(doc! {"_id": -1})
+                    .projection(doc! {"q": 1})
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            (found, v.count_documents(doc! {"n": 13}).await.unwrap())
+        }
+    };
+    let want = view_reads(&one).await;
+    assert!(!want.0.is_empty() && want.1 > 0, "{want:?}");
+    assert_eq!(view_reads(&cl).await, want);
+    // Ending in $out: the target holds what one shard writes.
+    let out = vec![
+        by_cust.clone(),
+        summary.clone(),
+        doc! {"$out": "cust_orders"},
+    ];
+    for client in [&cl, &one] {
+        assert!(run(client, "customers", &out).await.is_empty());
+    }
+    let written = |client: &mongodb::Client| {
+        let t = client
+            .database("shop")
+            .collection::<Document>("cust_orders");
+        async move { common::all(t.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await }
+    };
+    let want = written(&one).await;
+    assert_eq!(want.len(), 7);
+    assert_eq!(written(&cl).await, want);
+    // A pipeline that reads no sharded collection still goes whole to the primary shard: one
+    // shard command.
+    let before = c.shard_command_total("aggregate");
+    let plain = run(
+        &cl,
+        "customers",
+        &[doc! {"$lookup": {"from": "customers", "localField": "_id", "foreignField": "_id", "as": "me"}}],
+    )
+    .await;
+    assert_eq!(plain.len(), 7);
+    assert_eq!(c.shard_command_total("aggregate") - before, 1);
+    // What the router gathers is bounded by the stage memory limit, with mongod's code.
+    c.cluster.set_stage_memory(1_000);
+    let e = cl
+        .database("shop")
+        .collection::<Document>("customers")
+        .aggregate(vec![by_cust, doc! {"$sort": {"name": -1}}])
+        .await
+        .unwrap_err();
+    assert_eq!(error_code(&e), 292, "{e}");
+}
