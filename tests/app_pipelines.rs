@@ -1722,6 +1722,15 @@ async fn unsharded_pipelines_reading_a_sharded_collection_match_one_shard() {
     .await;
     assert_eq!(plain.len(), 7);
     assert_eq!(c.shard_command_total("aggregate") - before, 1);
+    // Results past the first batch come with getMore from the router's cursor.
+    let cursor = cl
+        .database("shop")
+        .collection::<Document>("customers")
+        .aggregate(vec![doc! {"$unionWith": "orders"}])
+        .batch_size(10)
+        .await
+        .unwrap();
+    assert_eq!(common::all(cursor).await.len(), 97);
     // What the router gathers is bounded by the stage memory limit, with mongod's code.
     c.cluster.set_stage_memory(1_000);
     let e = cl
