@@ -1741,3 +1741,110 @@ async fn unsharded_pipelines_reading_a_sharded_collection_match_one_shard() {
         .unwrap_err();
     assert_eq!(error_code(&e), 292, "{e}");
 }
+
+/// `$sqrt`, `$exp`, `$ln`, `$log10`, `$log` and `$pow` on a decimal give a decimal, computed
+/// to 34 digits as mongod's decimal library does (expected values: Python's `decimal` module in
+/// the decimal128 context), per document and after the router's `$group`; mongod's codes for
+/// bad operands, and its integer `$pow`.
+#[tokio::test]
+async fn decimal_math_operators_give_decimals() {
+    let (_c, cl) = setup().await;
+    let db = cl.database("shop");
+    let dec = |s: &str| Bson::Decimal128(s.parse::<bson::Decimal128>().unwrap());
+    let docs: Vec<Document> = (0..6)
+        .map(|i| doc! {"_id": 2000 + i, "v": dec("2"), "w": dec("0.5")})
+        .collect();
+    for coll in ["orders", "orders_plain"] {
+        db.collection::<Document>(coll)
+            .insert_many(docs.clone())
+            .await
+            .unwrap();
+    }
+    let per_doc = vec![
+        doc! {"$match": {"_id": 2000}},
+        doc! {"$project": {
+            "sqrt": {"$sqrt": "$v"},
+            "exp": {"$exp": "$w"},
+            "ln": {"$ln": "$v"},
+            "log10": {"$log10": "$v"},
+            "log2": {"$log": [dec("1024"), "$v"]},
+            "log3": {"$log": [dec("8"), 3]},
+            "pow": {"$pow": ["$v", 10]},
+            "root": {"$pow": ["$v", "$w"]},
+            "nan": {"$ln": dec("NaN")},
+        }},
+    ];
+    let want = doc! {
+        "_id": 2000,
+        "sqrt": dec("1.414213562373095048801688724209698"),
+        "exp": dec("1.648721270700128146848650787814164"),
+        "ln": dec("0.6931471805599453094172321214581766"),
+        "log10": dec("0.3010299956639811952137388947244930"),
+        "log2": dec("10"),
+        // mongod divides the natural logarithm by a base other than 2 or 10 itself.
+        "log3": dec("0.6931471805599453094172321214581767"),
+        "pow": dec("1024.000000000000000000000000000000"),
+        "root": dec("1.414213562373095048801688724209698"),
+        // A decimal NaN is not positive: it takes the double path, as on mongod.
+        "nan": f64::NAN,
+    };
+    for coll in ["orders", "orders_plain"] {
+        let got = run(&cl, coll, &per_doc).await;
+        assert_eq!(got.len(), 1, "{coll}");
+        let mut got = got[0].clone();
+        assert!(
+            matches!(got.remove("nan"), Some(Bson::Double(f)) if f.is_nan()),
+            "{coll}"
+        );
+        let mut want = want.clone();
+        want.remove("nan");
+        assert_eq!(got, want, "{coll}");
+    }
+    // After the router's $group on the sharded collection (the sum of six 2s is 12).
+    let merged = vec![
+        doc! {"$match": {"_id": {"$gte": 2000}}},
+        doc! {"$group": {"_id": null, "s": {"$sum": "$v"}}},
+        doc! {"$project": {"_id": 0, "root": {"$sqrt": "$s"}, "e": {"$exp": {"$ln": "$s"}}}},
+    ];
+    let want = vec![doc! {
+        "root": dec("3.464101615137754587054892683011745"),
+        "e": dec("12.00000000000000000000000000000000"),
+    }];
+    for coll in ["orders", "orders_plain"] {
+        assert_eq!(run(&cl, coll, &merged).await, want, "{coll}");
+    }
+    let fails = [
+        (doc! {"$sqrt": dec("-1")}, 28714),
+        (doc! {"$ln": dec("-1")}, 28766),
+        (doc! {"$log10": dec("0")}, 28761),
+        (doc! {"$log": ["x", 2]}, 28756),
+        (doc! {"$log": [8, "x"]}, 28757),
+        (doc! {"$log": [dec("-8"), 2]}, 28758),
+        (doc! {"$log": [8, dec("1")]}, 28759),
+        (doc! {"$log": [8, 1]}, 28759),
+        (doc! {"$pow": ["x", 2]}, 28762),
+        (doc! {"$pow": [2, "x"]}, 28763),
+        (doc! {"$pow": [dec("0"), -1]}, 28764),
+    ];
+    for (expr, code) in fails {
+        let pipeline = vec![
+            doc! {"$match": {"_id": 2000}},
+            doc! {"$project": {"x": expr.clone()}},
+        ];
+        assert_eq!(failure_code(&cl, &pipeline).await, code, "{expr:?}");
+    }
+    // Integer $pow as mongod multiplies it: a base of -1, 0 or 1 always stays an integer (a
+    // negative exponent leaves 1), others only up to exponent 63.
+    let ints = vec![
+        doc! {"$match": {"_id": 2000}},
+        doc! {"$project": {"_id": 0,
+        "a": {"$pow": [-1, -3]}, "b": {"$pow": [-1, 9_000_000_001_i64]},
+        "c": {"$pow": [2, 62]}, "d": {"$pow": [2, -1]}, "e": {"$pow": [3, 3]}}},
+    ];
+    let want = vec![doc! {
+        "a": 1, "b": -1_i64, "c": 4_611_686_018_427_387_904_i64, "d": 0.5, "e": 27,
+    }];
+    for coll in ["orders", "orders_plain"] {
+        assert_eq!(run(&cl, coll, &ints).await, want, "{coll}");
+    }
+}
