@@ -1667,24 +1667,7 @@ fn operator(
                 _ => Bson::Int32(o as i32),
             }
         }
-        "$and" => Bson::Boolean(a.iter().all(truthy)),
-        "$or" => Bson::Boolean(a.iter().any(truthy)),
         "$not" => Bson::Boolean(!a.first().is_some_and(truthy)),
-        "$cond" => {
-            let (c, t, f) = match args {
-                Bson::Document(d) => (
-                    eval_in(d.get("if").unwrap_or(&Bson::Null), root, vars, budget)?
-                        .unwrap_or(Bson::Null),
-                    d.get("then").cloned().unwrap_or(Bson::Null),
-                    d.get("else").cloned().unwrap_or(Bson::Null),
-                ),
-                Bson::Array(items) if items.len() == 3 => {
-                    (a[0].clone(), items[1].clone(), items[2].clone())
-                }
-                _ => return Err(err(16020, "Expression $cond takes exactly 3 arguments.")),
-            };
-            return eval_in(if truthy(&c) { &t } else { &f }, root, vars, budget);
-        }
         "$ifNull" => {
             for v in &a {
                 if !nullish(v) {

@@ -146,6 +146,39 @@ pub(super) fn lazy(
             }
             Some(acc)
         }
+        // Only the branch taken is evaluated, and `$and`/`$or` stop at the first operand that
+        // decides them, as in mongod: `{$cond: [{$eq: ["$n", 0]}, null, {$divide: [1, "$n"]}]}`
+        // does not fail where `n` is 0.
+        "$cond" => {
+            let (c, t, f) = match args {
+                Bson::Document(d) => (d.get("if"), d.get("then"), d.get("else")),
+                Bson::Array(items) if items.len() == 3 => {
+                    (items.first(), items.get(1), items.get(2))
+                }
+                _ => return Err(err(16020, "Expression $cond takes exactly 3 arguments.")),
+            };
+            let c = match c {
+                Some(c) => ev(c, vars, budget)?.unwrap_or(Bson::Null),
+                None => Bson::Null,
+            };
+            match if truthy(&c) { t } else { f } {
+                Some(branch) => ev(branch, vars, budget)?,
+                None => Some(Bson::Null),
+            }
+        }
+        "$and" | "$or" => {
+            let items: Vec<&Bson> = match args {
+                Bson::Array(items) => items.iter().collect(),
+                other => vec![other],
+            };
+            let decides = op == "$or";
+            for item in items {
+                if ev(item, vars, budget)?.as_ref().is_some_and(truthy) == decides {
+                    return Ok(Some(Some(Bson::Boolean(decides))));
+                }
+            }
+            Some(Bson::Boolean(!decides))
+        }
         "$switch" => {
             let d = arg_doc(op, args)?;
             let Some(Bson::Array(branches)) = d.get("branches") else {
@@ -2428,6 +2461,21 @@ mod tests {
             v(doc! {"$switch": {"branches": [{"case": false, "then": 1}], "default": 2}}),
             Bson::Int32(2)
         );
+        // The branch not taken, and the operands after the deciding one, are not evaluated.
+        let zero = doc! {"$divide": [1, 0]};
+        assert_eq!(v(doc! {"$cond": [false, zero.clone(), 3]}), Bson::Int32(3));
+        assert_eq!(
+            v(doc! {"$cond": {"if": true, "then": 4, "else": zero.clone()}}),
+            Bson::Int32(4)
+        );
+        assert_eq!(
+            v(doc! {"$and": [false, zero.clone()]}),
+            Bson::Boolean(false)
+        );
+        assert_eq!(v(doc! {"$or": [1, zero.clone()]}), Bson::Boolean(true));
+        assert_eq!(v(doc! {"$and": [1, "$nothing"]}), Bson::Boolean(false));
+        assert_eq!(v(doc! {"$or": []}), Bson::Boolean(false));
+        assert_eq!(v(doc! {"$and": []}), Bson::Boolean(true));
         assert_eq!(
             v(doc! {"$objectToArray": {"k": 1}}),
             Bson::Array(vec![Bson::Document(doc! {"k": "k", "v": 1})])
