@@ -109,6 +109,30 @@ impl ArrayFilters {
         Ok(m.matches(&d))
     }
 
+    /// A statement's `arrayFilters` field (absent or null: none), parsed and checked against
+    /// its update, as mongod checks them before it looks for a document.
+    pub fn of_statement(
+        v: Option<&Bson>,
+        upd: &Update,
+        u: &Bson,
+    ) -> Result<ArrayFilters, EngineError> {
+        let filters = match v {
+            None | Some(Bson::Null) => ArrayFilters::default(),
+            Some(Bson::Array(a)) => ArrayFilters::parse(a)?,
+            Some(other) => {
+                return Err(fail(
+                    ErrorCode::TypeMismatch,
+                    format!(
+                        "BSON field 'arrayFilters' is the wrong type '{}', expected type 'array'",
+                        type_name(other)
+                    ),
+                ))
+            }
+        };
+        filters.check_used(upd, u)?;
+        Ok(filters)
+    }
+
     /// Refuses filters the update does not use (FailedToParse, 9), as mongod does.
     pub fn check_used(&self, update: &Update, u: &Bson) -> Result<(), EngineError> {
         let Update::Operators(ops) = update else {

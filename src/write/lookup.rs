@@ -22,7 +22,7 @@
 use bson::{doc, Bson, Document, RawDocument};
 
 use super::target::{equality_value, update_may_change_key, WriteKind};
-use crate::engine::update::Update;
+use crate::engine::update::{ApplyContext, ArrayFilters, Update};
 use crate::routing::RoutingSnapshot;
 use crate::value::error_codes::ErrorCode;
 
@@ -155,9 +155,15 @@ pub fn decide(
             return Step::Validate { shard, statement };
         }
         let u = stmt.get("u").unwrap_or(&Bson::Null);
-        let document = match Update::parse(u)
-            .and_then(|upd| crate::engine::update::upsert_document(&q, &upd))
-        {
+        // Built as the shard builds it: with the statement's `arrayFilters`, checked first.
+        let document = match Update::parse(u).and_then(|upd| {
+            let filters = ArrayFilters::of_statement(stmt.get("arrayFilters"), &upd, u)?;
+            let ctx = ApplyContext {
+                array_filters: Some(&filters),
+                ..ApplyContext::default()
+            };
+            crate::engine::update::upsert_document_in(&q, &upd, &ctx)
+        }) {
             Ok(d) => d,
             Err(e) => return fail(e.code, e.message),
         };
@@ -349,6 +355,30 @@ mod tests {
                 assert_eq!(document.get_i32("x").unwrap(), 5);
                 assert_eq!(owner(&s, &document).unwrap(), shard);
             }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_upsert_document_uses_and_checks_the_array_filters() {
+        let s = snap(doc! {"_id": "hashed"});
+        let upsert = |u: Document, filters: Bson| {
+            let stmt = doc! {"q": {"_id": 3}, "u": u, "upsert": true, "arrayFilters": filters};
+            decide(&s, WriteKind::Update, &stmt, Some("shard0"), None)
+        };
+        let unused = upsert(doc! {"$push": {"arr": 1}}, bson::bson!([{"e": 1}]));
+        assert!(
+            matches!(
+                unused,
+                Step::Fail {
+                    code: ErrorCode::FailedToParse,
+                    ..
+                }
+            ),
+            "an unused filter is refused before anything is inserted: {unused:?}"
+        );
+        match upsert(doc! {"$push": {"arr": 1}}, Bson::Null) {
+            Step::Insert { document, .. } => assert_eq!(document, doc! {"_id": 3, "arr": [1]}),
             other => panic!("{other:?}"),
         }
     }

@@ -171,14 +171,26 @@ fn describe_id(doc: &RawDocument) -> String {
     }
 }
 
-/// Whether an update document's operators are all idempotent (replacements are).
+/// Whether an update document's operators are all idempotent (replacements are). A path
+/// through the positional `$` is not: the element it names is the first the filter matches,
+/// which the write itself may change (`{arr: 1}`, `$set: {"arr.$": 9}` on `[1, 1]` gives
+/// `[9, 1]` once and `[9, 9]` twice).
 fn update_is_retry_safe(u: &Bson) -> bool {
     match u {
         Bson::Document(d) => {
-            !is_operator_doc(d) || d.keys().all(|k| IDEMPOTENT_OPERATORS.contains(&k.as_str()))
+            !is_operator_doc(d)
+                || d.iter().all(|(op, args)| {
+                    IDEMPOTENT_OPERATORS.contains(&op.as_str())
+                        && !matches!(args, Bson::Document(a) if a.keys().any(|p| is_positional(p)))
+                })
         }
         _ => false, // pipeline updates
     }
+}
+
+/// Whether an update path goes through the positional `$` (not `$[]` or `$[<id>]`).
+fn is_positional(path: &str) -> bool {
+    path.split('.').any(|part| part == "$")
 }
 
 /// Whether two dotted paths name the same field or one a parent of the other.
@@ -617,6 +629,13 @@ pub fn target_update_raw(snap: &RoutingSnapshot, stmt: &RawDocument) -> Option<T
             break;
         }
         retry_safe &= IDEMPOTENT_OPERATORS.contains(&op);
+        if retry_safe {
+            if let RawBsonRef::Document(args) = args {
+                for arg in args {
+                    retry_safe &= !is_positional(arg.ok()?.0.as_str());
+                }
+            }
+        }
         if !key_beyond_id || (op == "$setOnInsert" && !st.upsert) {
             continue;
         }
@@ -933,6 +952,13 @@ mod tests {
         assert!(is_lookup(&in_single), "one document, several shards");
         let pipeline = target_update(&s, &doc! {"q": {"sk": 1}, "u": [{"$set": {"a": 1}}]});
         assert!(!pipeline.retry_safe);
+        let positional = doc! {"q": {"sk": 1, "arr": 1}, "u": {"$set": {"arr.$": 9}}};
+        assert!(
+            !target_update(&s, &positional).retry_safe,
+            "the first match moves"
+        );
+        let filtered = doc! {"q": {"sk": 1}, "u": {"$set": {"arr.$[e]": 9, "arr.$[]": 1}}};
+        assert!(target_update(&s, &filtered).retry_safe);
         let collated = target_update(
             &s,
             &doc! {"q": {"sk": "a"}, "u": {"$set": {"a": 1}}, "multi": true, "collation": {"locale": "fr"}},

@@ -297,19 +297,5 @@ pub(super) fn array_filters(
     upd: &Update,
     u: &Bson,
 ) -> Result<ArrayFilters, EngineError> {
-    let filters = match v {
-        None | Some(Bson::Null) => ArrayFilters::default(),
-        Some(Bson::Array(a)) => ArrayFilters::parse(a)?,
-        Some(other) => {
-            return Err(err(
-                ErrorCode::TypeMismatch,
-                format!(
-                    "BSON field 'arrayFilters' is the wrong type '{}', expected type 'array'",
-                    crate::value::field::type_name(other)
-                ),
-            ))
-        }
-    };
-    filters.check_used(upd, u)?;
-    Ok(filters)
+    ArrayFilters::of_statement(v, upd, u)
 }
