@@ -41,6 +41,14 @@
 //!   difference itself is asserted by `per_shard_id_uniqueness_on_a_non_id_shard_key` in
 //!   `tests/write_regressions.rs`.
 //!
+//! Updates cover the operator forms applications send: field operators, `$push` with
+//! `$each`/`$slice`/`$position`/`$sort`, `$bit`, paths through the positional `$` (with a
+//! filter on the array), `$[]`, `$[<id>]` with `arrayFilters`, replacements and pipeline-style
+//! updates (`u` an array of `$set`/`$unset`/`$addFields` stages, which the router treats as not
+//! retry-safe, as it does any path through the positional `$`: the element it names is the
+//! first the filter matches, which the write itself may change). A run counts, per form, the
+//! statements that modified a document (`form: …`) and fails if one never did.
+//!
 //! `SLUICE_DIFF_BULKS` (default 300) and `SLUICE_DIFF_SEED` (default fixed) size a run;
 //! `make soak SEED=… BULKS=…` runs a long one in release mode. Each failing case is shrunk by
 //! proptest to a minimal bulk before it is reported.
@@ -127,6 +135,8 @@ enum Stmt {
         u: Bson,
         multi: bool,
         upsert: bool,
+        /// `arrayFilters`, sent when present.
+        filters: Option<Vec<Bson>>,
     },
     Delete {
         q: Document,
@@ -157,10 +167,26 @@ impl Stmt {
                 u,
                 multi,
                 upsert,
-            } => doc! {"q": q.clone(), "u": u.clone(), "multi": *multi, "upsert": *upsert},
+                filters,
+            } => update_wire(q.clone(), u.clone(), *multi, *upsert, filters),
             Stmt::Delete { q, limit } => doc! {"q": q.clone(), "limit": *limit},
         }
     }
+}
+
+/// An update statement as it goes on the wire.
+fn update_wire(
+    q: Bson,
+    u: Bson,
+    multi: bool,
+    upsert: bool,
+    filters: &Option<Vec<Bson>>,
+) -> Document {
+    let mut d = doc! {"q": q, "u": u, "multi": multi, "upsert": upsert};
+    if let Some(f) = filters {
+        d.insert("arrayFilters", f.clone());
+    }
+    d
 }
 
 /// How a command reaches the router: no session at all (a raw connection), a driver session
@@ -345,6 +371,15 @@ fn filter(coll: Coll) -> BoxedStrategy<Document> {
         1 => Just(doc! {}),
         1 => (id_value(), prop::sample::select(vec!["t", "x"]))
             .prop_map(|(id, t)| doc! {"$and": [{"_id": id}, {"tag": t}]}),
+        // An array element, for the positional `$`.
+        1 => (0..3i32).prop_map(|v| doc! {"arr": v}),
+        1 => (id_value(), 0..3i32).prop_map(move |(id, v)| {
+            let mut d = doc! {"_id": id.clone(), "arr": {"$gte": v}};
+            if key == "k" {
+                d.insert("k", k_of(&id));
+            }
+            d
+        }),
     ]
     .boxed()
 }
@@ -374,6 +409,30 @@ fn op_entry(coll: Coll) -> BoxedStrategy<(&'static str, &'static str, Option<Bso
         1 => Just(("$pullAll", "arr", some(Bson::Array(vec![Bson::Int32(1), Bson::Int32(2)])))),
         1 => prop_oneof![Just(1i32), Just(-1i32)].prop_map(|v| ("$pop", "arr", Some(Bson::Int32(v)))),
         1 => Just(("$currentDate", "d", some(Bson::Boolean(true)))),
+        // Array element paths: positional `$` (the filter's array match), all elements,
+        // the elements `arrayFilters` picks (`e`, filled in by `update_stmt`); `$push` with
+        // `$sort`; `$bit`.
+        3 => prop_oneof![
+            (0..3i32).prop_map(|v| ("$set", "arr.$", Some(Bson::Int32(v + 7)))),
+            Just(("$inc", "arr.$", some(Bson::Int32(1)))),
+            Just(("$unset", "arr.$", some(Bson::String(String::new())))),
+        ],
+        1 => prop_oneof![
+            Just(("$inc", "arr.$[]", some(Bson::Int32(10)))),
+            Just(("$set", "arr.$[]", some(Bson::Int32(0)))),
+        ],
+        1 => prop_oneof![
+            (0..3i32).prop_map(|v| ("$set", "arr.$[e]", Some(Bson::Int32(v * 3)))),
+            Just(("$max", "arr.$[e]", some(Bson::Int32(2)))),
+        ],
+        1 => prop_oneof![
+            prop_oneof![Just(1i32), Just(-1i32)].prop_map(|d| ("$push", "arr", Some(Bson::Document(doc! {"$each": [2, 0], "$sort": d})))),
+            Just(("$push", "arr", some(Bson::Document(doc! {"$each": [5], "$sort": -1, "$slice": 2})))),
+        ],
+        1 => prop_oneof![
+            prop::sample::select(vec!["and", "or", "xor"]).prop_map(|b| ("$bit", "n", Some(Bson::Document(doc! {b: 3})))),
+            Just(("$bit", "a", some(Bson::Document(doc! {"or": Bson::Int64(4)})))),
+        ],
         // The shard key: set to the pinned value, to another value, incremented, renamed onto.
         1 => Just(("$set", key, None)),
         2 => (0..IDS).prop_map(move |v| ("$set", key, Some(Bson::Int32(v % if key == "k" { KEYS } else { IDS })))),
@@ -419,78 +478,122 @@ fn pinned(q: &Document, field: &str) -> Option<Bson> {
     }
 }
 
+/// A pipeline-style update (`u` an array of `$set`/`$unset` stages), never writing the key.
+fn pipeline_update() -> BoxedStrategy<Bson> {
+    let stage = prop_oneof![
+        Just(doc! {"$set": {"a": {"$add": [{"$ifNull": ["$a", 0]}, 1]}}}),
+        Just(doc! {"$set": {"c": "$n", "n": {"$size": {"$ifNull": ["$arr", []]}}}}),
+        Just(doc! {"$set": {"arr": {"$concatArrays": [{"$ifNull": ["$arr", []]}, ["$tag"]]}}}),
+        Just(doc! {"$set": {"s.x": {"$cond": [{"$eq": ["$tag", "t"]}, "$$REMOVE", 9]}}}),
+        Just(doc! {"$unset": "tag"}),
+        Just(doc! {"$unset": ["n", "s.x"]}),
+        Just(doc! {"$addFields": {"tag": {"$toUpper": {"$ifNull": ["$tag", "none"]}}}}),
+    ];
+    prop::collection::vec(stage, 1..=3)
+        .prop_map(|stages| Bson::Array(stages.into_iter().map(Bson::Document).collect()))
+        .boxed()
+}
+
+/// The `arrayFilters` of an update using `$[e]` (and, rarely, of one that does not, which
+/// mongod refuses).
+fn array_filters(u: &Bson, pick: u8) -> Option<Vec<Bson>> {
+    let uses = format!("{u}").contains("$[e]");
+    let f = match pick % 3 {
+        0 => doc! {"e": {"$gte": 1}},
+        1 => doc! {"e": 2},
+        _ => doc! {"e": {"$in": [0, 2]}},
+    };
+    (uses || pick == 255).then(|| vec![Bson::Document(f)])
+}
+
 fn update_stmt(coll: Coll) -> BoxedStrategy<Stmt> {
     let ops = prop::collection::vec(op_entry(coll), 1..=2);
     let repl = (fields(), key_choice());
-    let u = prop_oneof![6 => ops.prop_map(|o| (Some(o), None)), 2 => repl.prop_map(|r| (None, Some(r)))];
+    let u = prop_oneof![
+        6 => ops.prop_map(|o| (Some(o), None, None)),
+        2 => repl.prop_map(|r| (None, Some(r), None)),
+        1 => pipeline_update().prop_map(|p| (None, None, Some(p))),
+    ];
     (
         filter(coll),
         u,
         prop::bool::weighted(0.25),
         prop::bool::weighted(0.3),
         prop::bool::weighted(0.015),
+        any::<u8>(),
     )
-        .prop_map(move |(q, (ops, repl), multi, upsert, bad_q)| {
-            let key = coll.key();
-            let pinned_key = pinned(&q, key);
-            let u = match (ops, repl) {
-                (Some(ops), _) => {
-                    let mut u = Document::new();
-                    for (op, path, arg) in ops {
-                        let arg = match arg {
-                            Some(a) => a,
-                            None => pinned_key.clone().unwrap_or(Bson::Int32(0)),
-                        };
-                        let entry = u
-                            .entry(op.to_string())
-                            .or_insert_with(|| Bson::Document(Document::new()));
-                        if let Bson::Document(d) = entry {
-                            d.insert(path, arg);
-                        }
-                    }
-                    Bson::Document(u)
-                }
-                (None, Some((f, choice))) => {
-                    let mut r = Document::new();
-                    match (coll, choice) {
-                        (Coll::Ck, KeyChoice::Keep) => {
-                            r.insert("k", pinned_key.clone().unwrap_or(Bson::Int32(0)));
-                        }
-                        (Coll::Ck, KeyChoice::Other(v)) => {
-                            r.insert("k", v % KEYS);
-                        }
-                        (Coll::Cid, KeyChoice::Other(v)) => {
-                            r.insert("_id", v);
-                        }
-                        (Coll::Cid, KeyChoice::Missing) => {
-                            if let Some(id) = &pinned_key {
-                                r.insert("_id", id.clone());
+        .prop_map(
+            move |(q, (ops, repl, pipeline), multi, upsert, bad_q, pick)| {
+                let key = coll.key();
+                let pinned_key = pinned(&q, key);
+                let u = match (ops, repl, pipeline) {
+                    (_, _, Some(p)) => p,
+                    (Some(ops), _, _) => {
+                        let mut u = Document::new();
+                        for (op, path, arg) in ops {
+                            let arg = match arg {
+                                Some(a) => a,
+                                None => pinned_key.clone().unwrap_or(Bson::Int32(0)),
+                            };
+                            let entry = u
+                                .entry(op.to_string())
+                                .or_insert_with(|| Bson::Document(Document::new()));
+                            if let Bson::Document(d) = entry {
+                                d.insert(path, arg);
                             }
                         }
-                        _ => {}
+                        Bson::Document(u)
                     }
-                    r.extend(f);
-                    Bson::Document(r)
+                    (None, Some((f, choice)), _) => {
+                        let mut r = Document::new();
+                        match (coll, choice) {
+                            (Coll::Ck, KeyChoice::Keep) => {
+                                r.insert("k", pinned_key.clone().unwrap_or(Bson::Int32(0)));
+                            }
+                            (Coll::Ck, KeyChoice::Other(v)) => {
+                                r.insert("k", v % KEYS);
+                            }
+                            (Coll::Cid, KeyChoice::Other(v)) => {
+                                r.insert("_id", v);
+                            }
+                            (Coll::Cid, KeyChoice::Missing) => {
+                                if let Some(id) = &pinned_key {
+                                    r.insert("_id", id.clone());
+                                }
+                            }
+                            _ => {}
+                        }
+                        r.extend(f);
+                        Bson::Document(r)
+                    }
+                    _ => Bson::Document(doc! {"$set": {"a": 1}}),
+                };
+                let (q, u) = if coll == Coll::Ck && upsert {
+                    same_shard_upsert(q, u)
+                } else {
+                    (q, u)
+                };
+                // The positional `$` names the element the filter matched: most such updates
+                // filter on the array (the others are refused, 2, as mongod refuses them).
+                let mut q = q;
+                if format!("{u}").contains("arr.$\"") && !q.contains_key("arr") && pick % 4 != 0 {
+                    q.insert("arr", doc! {"$gte": (pick % 3) as i32});
                 }
-                _ => Bson::Document(doc! {"$set": {"a": 1}}),
-            };
-            let (q, u) = if coll == Coll::Ck && upsert {
-                same_shard_upsert(q, u)
-            } else {
-                (q, u)
-            };
-            let q = if bad_q {
-                Bson::Int32(1)
-            } else {
-                Bson::Document(q)
-            };
-            Stmt::Update {
-                q,
-                u,
-                multi,
-                upsert,
-            }
-        })
+                let q = if bad_q {
+                    Bson::Int32(1)
+                } else {
+                    Bson::Document(q)
+                };
+                let filters = array_filters(&u, pick);
+                Stmt::Update {
+                    q,
+                    u,
+                    multi,
+                    upsert,
+                    filters,
+                }
+            },
+        )
         .boxed()
 }
 
@@ -548,6 +651,7 @@ fn by_distinct_ids(coll: Coll, delete: bool) -> BoxedStrategy<Vec<Stmt>> {
         Just(doc! {"$pull": {"arr": 1}}),
         Just(doc! {"$set": {"s.x.y": 1}}),
         Just(doc! {"$addToSet": {"a": 1}}),
+        Just(doc! {"$set": {"arr.$[]": 0}}),
     ];
     (
         prop::collection::btree_set(0..IDS, 1..7),
@@ -570,6 +674,7 @@ fn by_distinct_ids(coll: Coll, delete: bool) -> BoxedStrategy<Vec<Stmt>> {
                             u: Bson::Document(u),
                             multi: false,
                             upsert,
+                            filters: None,
                         }
                     }
                 })
@@ -833,6 +938,37 @@ const MULTI_PER_SHARD: &str = "MULTI_PER_SHARD";
 const SINGLE_FIRST_SHARD: &str = "SINGLE_FIRST_SHARD";
 const REWRITE_CONTINUES: &str = "REWRITE_CONTINUES";
 const REWRITE_UNDONE: &str = "REWRITE_UNDONE";
+
+/// The update forms of issue 19 a statement uses; counted where it modified a document, so a
+/// run shows each was applied, not only refused.
+const UPDATE_FORMS: [&str; 6] = [
+    "form: positional $",
+    "form: $[]",
+    "form: $[<id>] + arrayFilters",
+    "form: pipeline",
+    "form: $push $sort",
+    "form: $bit",
+];
+
+fn update_forms(u: &Bson) -> Vec<&'static str> {
+    let Bson::Document(d) = u else {
+        return vec![UPDATE_FORMS[3]];
+    };
+    let text = format!("{d}");
+    let mut out = Vec::new();
+    for (form, marker) in [
+        (UPDATE_FORMS[0], "arr.$\""),
+        (UPDATE_FORMS[1], "arr.$[]"),
+        (UPDATE_FORMS[2], "arr.$[e]"),
+        (UPDATE_FORMS[4], "$sort"),
+        (UPDATE_FORMS[5], "$bit"),
+    ] {
+        if text.contains(marker) {
+            out.push(form);
+        }
+    }
+    out
+}
 
 struct Model<'a> {
     coll: Coll,
@@ -1153,6 +1289,7 @@ impl Model<'_> {
         &self,
         q: &Document,
         u: Option<&Bson>,
+        filters: &Option<Vec<Bson>>,
         upsert: bool,
         tally: &mut Tally,
     ) -> StmtExp {
@@ -1168,7 +1305,7 @@ impl Model<'_> {
                 Some(u) if upsert => {
                     self.exec(
                         Kind::Update,
-                        doc! {"q": q.clone(), "u": u.clone(), "multi": false, "upsert": true},
+                        update_wire(Bson::Document(q.clone()), u.clone(), false, true, filters),
                     )
                     .await
                 }
@@ -1176,7 +1313,7 @@ impl Model<'_> {
                     let nothing = doc! {"$and": [q.clone(), {"_id": {"$in": []}}]};
                     self.exec(
                         Kind::Update,
-                        doc! {"q": nothing, "u": u.clone(), "multi": false, "upsert": false},
+                        update_wire(Bson::Document(nothing), u.clone(), false, false, filters),
                     )
                     .await
                 }
@@ -1219,12 +1356,24 @@ impl Model<'_> {
         }
         self.exec(
             Kind::Update,
-            doc! {"q": narrowed, "u": u.clone(), "multi": false, "upsert": false},
+            update_wire(Bson::Document(narrowed), u.clone(), false, false, filters),
         )
         .await
     }
 
     async fn statement(&self, s: &Stmt, tally: &mut Tally) -> StmtExp {
+        let e = self.statement_inner(s, tally).await;
+        if e.n_modified > 0 {
+            if let Stmt::Update { u, .. } = s {
+                for form in update_forms(u) {
+                    tally.add(form);
+                }
+            }
+        }
+        e
+    }
+
+    async fn statement_inner(&self, s: &Stmt, tally: &mut Tally) -> StmtExp {
         match s {
             Stmt::Insert(d) => {
                 if self.shard_of_doc(d).is_none() {
@@ -1238,6 +1387,7 @@ impl Model<'_> {
                 u,
                 multi,
                 upsert,
+                filters,
             } => {
                 if *multi {
                     if *upsert && pinned(q, self.coll.key()).is_none() {
@@ -1253,7 +1403,7 @@ impl Model<'_> {
                     }
                     self.per_shard(Kind::Update, q, s.wire(), tally).await
                 } else {
-                    self.single(q, Some(u), *upsert, tally).await
+                    self.single(q, Some(u), filters, *upsert, tally).await
                 }
             }
             Stmt::Update { .. } => unreachable!("malformed commands are answered as a whole"),
@@ -1261,7 +1411,7 @@ impl Model<'_> {
                 if *limit == 0 {
                     self.per_shard(Kind::Delete, q, s.wire(), tally).await
                 } else {
-                    self.single(q, None, false, tally).await
+                    self.single(q, None, &None, false, tally).await
                 }
             }
         }
@@ -1769,7 +1919,10 @@ fn router_matches_the_oracle_on_random_bulks() {
             SINGLE_FIRST_SHARD,
             REWRITE_CONTINUES,
             REWRITE_UNDONE,
-        ] {
+        ]
+        .into_iter()
+        .chain(UPDATE_FORMS)
+        {
             assert!(tally.get(what) > 0, "the generator never met {what}");
         }
     }
