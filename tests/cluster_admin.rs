@@ -1556,12 +1556,28 @@ async fn ddl_across_a_step_down(
     on: &str,
     ddl: Document,
 ) -> (Vec<Vec<i64>>, usize) {
+    ddl_across_a_primary_change(c, phase, on, ddl, false).await
+}
+
+/// [`ddl_across_a_step_down`], the primary killed instead (`kill`): stopped right after the
+/// phase, then its listener and connections closed.
+async fn ddl_across_a_primary_change(
+    c: &sluice::demo::DemoCluster,
+    phase: &str,
+    on: &str,
+    ddl: Document,
+    kill: bool,
+) -> (Vec<Vec<i64>>, usize) {
     const WRITERS: i64 = 4;
     let limit = std::time::Duration::from_secs(20);
     let p = primary_of(c, "demo").await;
     let set = &c.sets[p];
     let old_primary = set.primary().unwrap();
-    set.step_down_after_ddl_phase(phase);
+    if kill {
+        set.stop_after_ddl_phase(phase);
+    } else {
+        set.step_down_after_ddl_phase(phase);
+    }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut writers = Vec::new();
     for w in 1..=WRITERS {
@@ -1574,9 +1590,19 @@ async fn ddl_across_a_step_down(
     }
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let a = client(c, 0).await;
-    tokio::time::timeout(limit, a.database(on).run_command(ddl.clone()))
-        .await
-        .unwrap_or_else(|_| panic!("{ddl} did not finish after the step-down"))
+    let database = a.database(on);
+    let sent = database.run_command(ddl.clone());
+    let killer = async {
+        if kill {
+            while set.role(old_primary) != Some(sluice::embedded::MemberRole::Stopped) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            set.stop(old_primary).await;
+        }
+    };
+    let (answered, ()) = tokio::join!(tokio::time::timeout(limit, sent), killer);
+    answered
+        .unwrap_or_else(|_| panic!("{ddl} did not finish after the primary changed"))
         .unwrap_or_else(|e| panic!("{ddl} through router A: {e}"));
     let new_primary = set.primary();
     assert!(
@@ -1625,8 +1651,20 @@ async fn ddl_across_a_step_down(
 /// section and the test fails (the writers and the `drop` hang).
 #[tokio::test]
 async fn a_drop_whose_primary_steps_down_midway_is_finished_by_the_next_primary() {
+    drop_across_a_primary_change(false).await;
+}
+
+/// As above, the primary shard's primary killed (stopped, its connections closed) right
+/// after the coordinator recorded `dropCollection`.
+#[tokio::test]
+async fn a_drop_whose_primary_is_killed_midway_is_finished_by_the_next_primary() {
+    drop_across_a_primary_change(true).await;
+}
+
+async fn drop_across_a_primary_change(kill: bool) {
     let c = replica_set_cluster().await;
-    let (acked, p) = ddl_across_a_step_down(&c, "dropCollection", "demo", doc! {"drop": "c"}).await;
+    let (acked, p) =
+        ddl_across_a_primary_change(&c, "dropCollection", "demo", doc! {"drop": "c"}, kill).await;
     assert!(chunks_of(&c, "demo.c").await.is_none(), "untracked");
     let left = ids(&client(&c, 0).await, "demo", "c").await;
     assert_eq!(

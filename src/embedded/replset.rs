@@ -83,9 +83,9 @@ struct SetInner {
     term: i64,
     election_running: bool,
     election_delay: Duration,
-    /// The DDL coordinator phase after which the primary steps down, once (a test's fail
-    /// point; no command reaches it).
-    step_down_after_phase: Option<String>,
+    /// The DDL coordinator phase after which the primary steps down (or stops, `true`), once
+    /// (a test's fail point; no command reaches it).
+    step_down_after_phase: Option<(String, bool)>,
 }
 
 /// The state the members of one set share: who is primary, each member's `hello` state.
@@ -329,17 +329,21 @@ impl MemberLink {
     }
 
     /// A DDL coordinator on this member recorded `phase`: when a test asked for it, the
-    /// member steps down now (unelectable for a minute), once. `true` if it did.
+    /// member steps down now (unelectable for a minute), or stops as a killed member does,
+    /// once. `true` if it did.
     pub fn step_down_after_phase(&self, phase: &str) -> bool {
         let mut inner = lock(&self.set.inner);
-        if inner.step_down_after_phase.as_deref() != Some(phase)
-            || inner.primary != Some(self.index)
-        {
-            return false;
-        }
+        let stop = match &inner.step_down_after_phase {
+            Some((p, stop)) if p == phase && inner.primary == Some(self.index) => *stop,
+            _ => return false,
+        };
         inner.step_down_after_phase = None;
-        self.set
-            .step_down_locked(&mut inner, Duration::from_secs(60));
+        if stop {
+            self.set.mark_stopped(&mut inner, self.index);
+        } else {
+            self.set
+                .step_down_locked(&mut inner, Duration::from_secs(60));
+        }
         true
     }
 
@@ -886,7 +890,14 @@ impl EmbeddedReplicaSet {
     /// recorded `phase` in `config.system.sharding_ddl_coordinators` (before acting on it),
     /// once; the next primary resumes the coordinator. Reached only in process.
     pub fn step_down_after_ddl_phase(&self, phase: &str) {
-        lock(&self.state.inner).step_down_after_phase = Some(phase.to_string());
+        lock(&self.state.inner).step_down_after_phase = Some((phase.to_string(), false));
+    }
+
+    /// As [`EmbeddedReplicaSet::step_down_after_ddl_phase`], the primary stopping instead (it
+    /// refuses everything from then on; [`EmbeddedReplicaSet::stop`] then closes its listener
+    /// and connections, as a kill does).
+    pub fn stop_after_ddl_phase(&self, phase: &str) {
+        lock(&self.state.inner).step_down_after_phase = Some((phase.to_string(), true));
     }
 
     /// Makes member `i` unelectable for `freeze` (zero unfreezes).
