@@ -86,7 +86,7 @@ impl Layout {
 /// A running deployment of either layout.
 enum Deployment {
     Static(TestCluster),
-    Cluster(sluice::demo::DemoCluster),
+    Cluster(Box<sluice::demo::DemoCluster>),
 }
 
 impl Deployment {
@@ -125,7 +125,9 @@ async fn deploy(
 ) -> Deployment {
     match layout {
         Layout::Static => Deployment::Static(cluster(users, authorization).await),
-        Layout::Cluster => Deployment::Cluster(secured_cluster(users, authorization).await),
+        Layout::Cluster => {
+            Deployment::Cluster(Box::new(secured_cluster(users, authorization).await))
+        }
     }
 }
 

@@ -235,7 +235,7 @@ fn x509_router(p: &Pki) -> Config {
         .unwrap();
     let users_path = p.dir.join("users.json");
     std::fs::write(&users_path, users.to_text()).unwrap();
-    let mut config = tls_config(&p, TlsMode::Require);
+    let mut config = tls_config(p, TlsMode::Require);
     config.security.users_file = Some(users_path.display().to_string());
     config.security.authorization = Authorization::Enabled;
     config
