@@ -1539,3 +1539,312 @@ async fn olson_time_zones_through_the_router() {
         40485
     );
 }
+
+/// A router over 3 shards with `shop.orders` sharded (hashed, its documents spread over the
+/// shards) and `shop.customers` unsharded, and one embedded shard alone holding the same
+/// documents (the oracle); both with the view `tier1` of the customers whose tier is 1 and the
+/// view `with_orders` of each customer with its orders (a `$lookup` of the sharded orders).
+async fn unsharded_with_sharded_foreign() -> (
+    TestCluster,
+    mongodb::Client,
+    sluice::embedded::EmbeddedShard,
+    mongodb::Client,
+) {
+    let c = TestCluster::start(3, &[("shop.orders", doc! {"_id": "hashed"})]).await;
+    let cl = common::driver(c.addr(), "").await;
+    let oracle = sluice::embedded::EmbeddedShard::start("127.0.0.1:0", Default::default())
+        .await
+        .unwrap();
+    let one = common::direct(oracle.local_addr()).await;
+    let orders: Vec<Document> = (0..90)
+        .map(|i| doc! {"_id": i, "cust": i % 7, "qty": (i * 13) % 17})
+        .collect();
+    let customers: Vec<Document> = (0..7)
+        .map(|i| doc! {"_id": i, "name": format!("c{i}"), "tier": i % 2})
+        .collect();
+    for client in [&cl, &one] {
+        let db = client.database("shop");
+        db.collection::<Document>("orders")
+            .insert_many(orders.clone())
+            .await
+            .unwrap();
+        db.collection::<Document>("customers")
+            .insert_many(customers.clone())
+            .await
+            .unwrap();
+        db.run_command(
+            doc! {"create": "tier1", "viewOn": "customers", "pipeline": [{"$match": {"tier": 1}}]},
+        )
+        .await
+        .unwrap();
+        db.run_command(doc! {"create": "with_orders", "viewOn": "customers", "pipeline": [
+            {"$lookup": {"from": "orders", "localField": "_id", "foreignField": "cust", "as": "o"}},
+            {"$project": {"name": 1, "n": {"$size": "$o"}, "q": {"$sum": "$o.qty"}}},
+        ]})
+        .await
+        .unwrap();
+    }
+    // Every shard holds part of the orders, so no one shard can answer alone.
+    for s in &c.shards {
+        let n = s.service().count_documents("shop", "orders");
+        assert!(n > 0 && n < 90, "{} holds {n} orders", s.service().name());
+    }
+    (c, cl, oracle, one)
+}
+
+/// An aggregation on an unsharded collection (or a view of one) whose `$lookup`,
+/// `$graphLookup` or `$unionWith` (at the top, inside `$facet`, in a sub-pipeline) reads a
+/// sharded collection sees every shard's documents of it, as through mongos: the same results
+/// as one shard holding everything, `$out` included.
+#[tokio::test]
+async fn unsharded_pipelines_reading_a_sharded_collection_match_one_shard() {
+    let (c, cl, _oracle, one) = unsharded_with_sharded_foreign().await;
+    let by_cust = doc! {"$lookup": {"from": "orders", "localField": "_id", "foreignField": "cust", "as": "o"}};
+    let summary = doc! {"$project": {"n": {"$size": "$o"}, "q": {"$sum": "$o.qty"}, "ids": {"$sortArray": {"input": "$o._id", "sortBy": 1}}}};
+    let mut cases: Vec<(&str, Vec<Document>)> = vec![
+        // localField/foreignField, after a stage the primary shard runs.
+        (
+            "customers",
+            vec![
+                doc! {"$match": {"_id": {"$lt": 6}}},
+                by_cust.clone(),
+                summary.clone(),
+                doc! {"$sort": {"_id": 1}},
+            ],
+        ),
+        // pipeline and let.
+        (
+            "customers",
+            vec![
+                doc! {"$lookup": {"from": "orders", "let": {"c": "$_id"}, "pipeline": [
+                    {"$match": {"$expr": {"$and": [{"$eq": ["$cust", "$$c"]}, {"$gt": ["$qty", 4]}]}}},
+                    {"$group": {"_id": null, "q": {"$sum": "$qty"}, "n": {"$sum": 1}}},
+                ], "as": "t"}},
+                doc! {"$sort": {"_id": 1}},
+            ],
+        ),
+        // $unionWith, with a sub-pipeline.
+        (
+            "customers",
+            vec![
+                doc! {"$project": {"name": 1}},
+                doc! {"$unionWith": {"coll": "orders", "pipeline": [{"$match": {"qty": {"$gt": 8}}}, {"$project": {"qty": 1}}]}},
+                doc! {"$sort": {"qty": 1, "_id": 1}},
+            ],
+        ),
+        (
+            "customers",
+            vec![doc! {"$unionWith": "orders"}, doc! {"$count": "n"}],
+        ),
+        // $graphLookup: the orders of each customer, then the orders whose customer is one of
+        // those orders' ids.
+        (
+            "customers",
+            vec![
+                doc! {"$graphLookup": {"from": "orders", "startWith": "$_id", "connectFromField": "_id", "connectToField": "cust", "as": "o", "maxDepth": 1, "depthField": "d"}},
+                doc! {"$project": {"n": {"$size": "$o"}, "deep": {"$size": {"$filter": {"input": "$o", "cond": {"$eq": ["$$this.d", 1]}}}}, "ids": {"$sortArray": {"input": "$o._id", "sortBy": 1}}}},
+                doc! {"$sort": {"_id": 1}},
+            ],
+        ),
+        // Inside $facet, and inside a $lookup's sub-pipeline of an unsharded collection.
+        (
+            "customers",
+            vec![doc! {"$facet": {
+                "per": [by_cust.clone(), summary.clone(), {"$sort": {"_id": 1}}],
+                "all": [{"$lookup": {"from": "customers", "pipeline": [{"$unionWith": "orders"}, {"$count": "n"}], "as": "u"}}, {"$limit": 1}, {"$project": {"u": 1, "_id": 0}}],
+            }}],
+        ),
+        // A view of the unsharded collection.
+        (
+            "tier1",
+            vec![by_cust.clone(), summary.clone(), doc! {"$sort": {"_id": 1}}],
+        ),
+    ];
+    cases.push((
+        "with_orders",
+        vec![
+            doc! {"$match": {"n": {"$gt": 12}}},
+            doc! {"$sort": {"q": -1, "_id": 1}},
+        ],
+    ));
+    for (coll, pipeline) in &cases {
+        let got = run(&cl, coll, pipeline).await;
+        let want = run(&one, coll, pipeline).await;
+        assert!(!want.is_empty(), "{coll} {pipeline:?}");
+        assert_eq!(got, want, "{coll} {pipeline:?}");
+    }
+    // `find` and `count` of the view whose own pipeline reads the sharded orders.
+    let view_reads = |client: &mongodb::Client| {
+        let v = client
+            .database("shop")
+            .collection::<Document>("with_orders");
+        async move {
+            let found = common::all(
+                v.find(doc! {"q": {"$gt": 90}})
+                    .sort(doc! {"_id": -1})
+                    .projection(doc! {"q": 1})
+                    .await
+                    .unwrap(),
+            )
+            .await;
+            (found, v.count_documents(doc! {"n": 13}).await.unwrap())
+        }
+    };
+    let want = view_reads(&one).await;
+    assert!(!want.0.is_empty() && want.1 > 0, "{want:?}");
+    assert_eq!(view_reads(&cl).await, want);
+    // Ending in $out: the target holds what one shard writes.
+    let out = vec![
+        by_cust.clone(),
+        summary.clone(),
+        doc! {"$out": "cust_orders"},
+    ];
+    for client in [&cl, &one] {
+        assert!(run(client, "customers", &out).await.is_empty());
+    }
+    let written = |client: &mongodb::Client| {
+        let t = client
+            .database("shop")
+            .collection::<Document>("cust_orders");
+        async move { common::all(t.find(doc! {}).sort(doc! {"_id": 1}).await.unwrap()).await }
+    };
+    let want = written(&one).await;
+    assert_eq!(want.len(), 7);
+    assert_eq!(written(&cl).await, want);
+    // A pipeline that reads no sharded collection still goes whole to the primary shard: one
+    // shard command.
+    let before = c.shard_command_total("aggregate");
+    let plain = run(
+        &cl,
+        "customers",
+        &[doc! {"$lookup": {"from": "customers", "localField": "_id", "foreignField": "_id", "as": "me"}}],
+    )
+    .await;
+    assert_eq!(plain.len(), 7);
+    assert_eq!(c.shard_command_total("aggregate") - before, 1);
+    // Results past the first batch come with getMore from the router's cursor.
+    let cursor = cl
+        .database("shop")
+        .collection::<Document>("customers")
+        .aggregate(vec![doc! {"$unionWith": "orders"}])
+        .batch_size(10)
+        .await
+        .unwrap();
+    assert_eq!(common::all(cursor).await.len(), 97);
+    // What the router gathers is bounded by the stage memory limit, with mongod's code.
+    c.cluster.set_stage_memory(1_000);
+    let e = cl
+        .database("shop")
+        .collection::<Document>("customers")
+        .aggregate(vec![by_cust, doc! {"$sort": {"name": -1}}])
+        .await
+        .unwrap_err();
+    assert_eq!(error_code(&e), 292, "{e}");
+}
+
+/// `$sqrt`, `$exp`, `$ln`, `$log10`, `$log` and `$pow` on a decimal give a decimal, computed
+/// to 34 digits as mongod's decimal library does (expected values: Python's `decimal` module in
+/// the decimal128 context), per document and after the router's `$group`; mongod's codes for
+/// bad operands, and its integer `$pow`.
+#[tokio::test]
+async fn decimal_math_operators_give_decimals() {
+    let (_c, cl) = setup().await;
+    let db = cl.database("shop");
+    let dec = |s: &str| Bson::Decimal128(s.parse::<bson::Decimal128>().unwrap());
+    let docs: Vec<Document> = (0..6)
+        .map(|i| doc! {"_id": 2000 + i, "v": dec("2"), "w": dec("0.5")})
+        .collect();
+    for coll in ["orders", "orders_plain"] {
+        db.collection::<Document>(coll)
+            .insert_many(docs.clone())
+            .await
+            .unwrap();
+    }
+    let per_doc = vec![
+        doc! {"$match": {"_id": 2000}},
+        doc! {"$project": {
+            "sqrt": {"$sqrt": "$v"},
+            "exp": {"$exp": "$w"},
+            "ln": {"$ln": "$v"},
+            "log10": {"$log10": "$v"},
+            "log2": {"$log": [dec("1024"), "$v"]},
+            "log3": {"$log": [dec("8"), 3]},
+            "pow": {"$pow": ["$v", 10]},
+            "root": {"$pow": ["$v", "$w"]},
+            "nan": {"$ln": dec("NaN")},
+        }},
+    ];
+    let want = doc! {
+        "_id": 2000,
+        "sqrt": dec("1.414213562373095048801688724209698"),
+        "exp": dec("1.648721270700128146848650787814164"),
+        "ln": dec("0.6931471805599453094172321214581766"),
+        "log10": dec("0.3010299956639811952137388947244930"),
+        "log2": dec("10"),
+        // mongod divides the natural logarithm by a base other than 2 or 10 itself.
+        "log3": dec("0.6931471805599453094172321214581767"),
+        "pow": dec("1024.000000000000000000000000000000"),
+        "root": dec("1.414213562373095048801688724209698"),
+        // A decimal NaN is not positive: it takes the double path, as on mongod.
+        "nan": f64::NAN,
+    };
+    for coll in ["orders", "orders_plain"] {
+        let got = run(&cl, coll, &per_doc).await;
+        assert_eq!(got.len(), 1, "{coll}");
+        let mut got = got[0].clone();
+        assert!(
+            matches!(got.remove("nan"), Some(Bson::Double(f)) if f.is_nan()),
+            "{coll}"
+        );
+        let mut want = want.clone();
+        want.remove("nan");
+        assert_eq!(got, want, "{coll}");
+    }
+    // After the router's $group on the sharded collection (the sum of six 2s is 12).
+    let merged = vec![
+        doc! {"$match": {"_id": {"$gte": 2000}}},
+        doc! {"$group": {"_id": null, "s": {"$sum": "$v"}}},
+        doc! {"$project": {"_id": 0, "root": {"$sqrt": "$s"}, "e": {"$exp": {"$ln": "$s"}}}},
+    ];
+    let want = vec![doc! {
+        "root": dec("3.464101615137754587054892683011745"),
+        "e": dec("12.00000000000000000000000000000000"),
+    }];
+    for coll in ["orders", "orders_plain"] {
+        assert_eq!(run(&cl, coll, &merged).await, want, "{coll}");
+    }
+    let fails = [
+        (doc! {"$sqrt": dec("-1")}, 28714),
+        (doc! {"$ln": dec("-1")}, 28766),
+        (doc! {"$log10": dec("0")}, 28761),
+        (doc! {"$log": ["x", 2]}, 28756),
+        (doc! {"$log": [8, "x"]}, 28757),
+        (doc! {"$log": [dec("-8"), 2]}, 28758),
+        (doc! {"$log": [8, dec("1")]}, 28759),
+        (doc! {"$log": [8, 1]}, 28759),
+        (doc! {"$pow": ["x", 2]}, 28762),
+        (doc! {"$pow": [2, "x"]}, 28763),
+        (doc! {"$pow": [dec("0"), -1]}, 28764),
+    ];
+    for (expr, code) in fails {
+        let pipeline = vec![
+            doc! {"$match": {"_id": 2000}},
+            doc! {"$project": {"x": expr.clone()}},
+        ];
+        assert_eq!(failure_code(&cl, &pipeline).await, code, "{expr:?}");
+    }
+    // Integer $pow as mongod multiplies it: a base of -1, 0 or 1 always stays an integer (a
+    // negative exponent leaves 1), others only up to exponent 63.
+    let ints = vec![
+        doc! {"$match": {"_id": 2000}},
+        doc! {"$project": {"_id": 0,
+        "a": {"$pow": [-1, -3]}, "b": {"$pow": [-1, 9_000_000_001_i64]},
+        "c": {"$pow": [2, 62]}, "d": {"$pow": [2, -1]}, "e": {"$pow": [3, 3]}}},
+    ];
+    let want = vec![doc! {
+        "a": 1, "b": -1_i64, "c": 4_611_686_018_427_387_904_i64, "d": 0.5, "e": 27,
+    }];
+    for coll in ["orders", "orders_plain"] {
+        assert_eq!(run(&cl, coll, &ints).await, want, "{coll}");
+    }
+}

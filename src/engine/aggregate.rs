@@ -150,6 +150,66 @@ pub trait Namespaces: Sync {
     fn documents(&self, db: &str, coll: &str) -> Result<Vec<Document>, EngineError>;
 }
 
+/// The collections (of the pipeline's database) its `$lookup`/`$graphLookup`/`$unionWith`
+/// stages read, at any depth (inside `$facet` and sub-pipelines): what a server must be able
+/// to read, whole, for the pipeline to run. A `from: {db, coll}` names `coll` of the
+/// pipeline's database, which is where the stages read it ([`Namespaces::documents`]).
+pub fn foreign_collections(pipeline: &[Bson]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    collect_foreign(pipeline, &mut out);
+    out
+}
+
+fn collect_foreign(pipeline: &[Bson], out: &mut BTreeSet<String>) {
+    for stage in pipeline {
+        let Some((name, spec)) = stage.as_document().and_then(|d| d.iter().next()) else {
+            continue;
+        };
+        match (name.as_str(), spec) {
+            ("$lookup", Bson::Document(d)) => {
+                match d.get("from") {
+                    Some(Bson::String(s)) => {
+                        out.insert(s.clone());
+                    }
+                    Some(Bson::Document(f)) => {
+                        if let Ok(c) = f.get_str("coll") {
+                            out.insert(c.to_string());
+                        }
+                    }
+                    _ => {}
+                }
+                if let Ok(p) = d.get_array("pipeline") {
+                    collect_foreign(p, out);
+                }
+            }
+            ("$graphLookup", Bson::Document(d)) => {
+                if let Ok(s) = d.get_str("from") {
+                    out.insert(s.to_string());
+                }
+            }
+            ("$unionWith", Bson::String(s)) => {
+                out.insert(s.clone());
+            }
+            ("$unionWith", Bson::Document(d)) => {
+                if let Ok(c) = d.get_str("coll") {
+                    out.insert(c.to_string());
+                }
+                if let Ok(p) = d.get_array("pipeline") {
+                    collect_foreign(p, out);
+                }
+            }
+            ("$facet", Bson::Document(d)) => {
+                for p in d.values() {
+                    if let Bson::Array(p) = p {
+                        collect_foreign(p, out);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// What a pipeline runs in: its database, its variables (`$$NOW`, the request's `let`) and
 /// the collections `$lookup` and `$unionWith` may read.
 #[derive(Default)]

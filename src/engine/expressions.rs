@@ -1524,6 +1524,17 @@ pub(super) fn eager(
                     _ => Bson::Double(if op == "$ceil" { f.ceil() } else { f.floor() }),
                 },
                 "$sqrt" => {
+                    if let Bson::Decimal128(d) = first {
+                        // A decimal NaN is not below zero: its root is NaN.
+                        let d = Dec::from_decimal128(d);
+                        if !d.is_nan() && d.total_cmp(Dec::ZERO) == std::cmp::Ordering::Less {
+                            return Err(err(
+                                28714,
+                                "$sqrt's argument must be greater than or equal to 0",
+                            ));
+                        }
+                        return Ok(Some(Some(d.sqrt().to_bson())));
+                    }
                     if f < 0.0 {
                         return Err(err(
                             28714,
@@ -1532,24 +1543,32 @@ pub(super) fn eager(
                     }
                     Bson::Double(f.sqrt())
                 }
-                "$exp" => Bson::Double(f.exp()),
-                "$ln" => {
-                    if f <= 0.0 {
-                        return Err(err(
-                            28766,
-                            format!("$ln's argument must be a positive number, but is {f}"),
-                        ));
-                    }
-                    Bson::Double(f.ln())
-                }
+                "$exp" => match first {
+                    Bson::Decimal128(d) => Dec::from_decimal128(d).exp().to_bson(),
+                    _ => Bson::Double(f.exp()),
+                },
                 _ => {
+                    // A positive decimal has a decimal logarithm; any other value (a decimal
+                    // NaN too) is checked and computed as a double, as mongod does.
+                    if let Bson::Decimal128(d) = first {
+                        let d = Dec::from_decimal128(d);
+                        if d.total_cmp(Dec::ZERO) == std::cmp::Ordering::Greater {
+                            let v = if op == "$ln" { d.ln() } else { d.log10() };
+                            return Ok(Some(Some(v.to_bson())));
+                        }
+                    }
+                    let (code, name) = if op == "$ln" {
+                        (28766, "$ln")
+                    } else {
+                        (28761, "$log10")
+                    };
                     if f <= 0.0 {
                         return Err(err(
-                            28761,
-                            format!("$log10's argument must be a positive number, but is {f}"),
+                            code,
+                            format!("{name}'s argument must be a positive number, but is {f}"),
                         ));
                     }
-                    Bson::Double(f.log10())
+                    Bson::Double(if op == "$ln" { f.ln() } else { f.log10() })
                 }
             }
         }
@@ -1558,18 +1577,58 @@ pub(super) fn eager(
                 return Ok(Some(Some(Bson::Null)));
             }
             let (x, y) = (first, a.get(1).unwrap_or(&Bson::Null));
-            if !is_number(x) || !is_number(y) {
-                return Err(err(
-                    if op == "$pow" { 28762 } else { 28756 },
-                    format!(
-                        "{op}'s {} must be numeric, not {}",
-                        if is_number(x) { "exponent" } else { "base" },
-                        type_name(if is_number(x) { y } else { x })
-                    ),
-                ));
+            let names = if op == "$pow" {
+                [(28762, "base"), (28763, "exponent")]
+            } else {
+                [(28756, "argument"), (28757, "base")]
+            };
+            for ((code, name), v) in names.into_iter().zip([x, y]) {
+                if !is_number(v) {
+                    return Err(err(
+                        code,
+                        format!("{op}'s {name} must be numeric, not {}", type_name(v)),
+                    ));
+                }
             }
+            let decimal = matches!(x, Bson::Decimal128(_)) || matches!(y, Bson::Decimal128(_));
+            let (dx, dy) = (
+                Dec::coerce(x).unwrap_or(Dec::NaN),
+                Dec::coerce(y).unwrap_or(Dec::NaN),
+            );
             if op == "$log" {
-                Bson::Double(to_f64(x).ln() / to_f64(y).ln())
+                use std::cmp::Ordering::Greater;
+                if decimal
+                    && dx.total_cmp(Dec::ZERO) == Greater
+                    && dy.total_cmp(Dec::ZERO) == Greater
+                    && dy.total_cmp(Dec::from_i64(1)) != std::cmp::Ordering::Equal
+                {
+                    return Ok(Some(Some(dx.log_base(dy).to_bson())));
+                }
+                // Anything else, decimals included, is checked and computed as doubles.
+                let (fx, fy) = (to_f64(x), to_f64(y));
+                if !(fx > 0.0 || fx.is_nan()) {
+                    return Err(err(
+                        28758,
+                        format!("$log's argument must be a positive number, but is {fx}"),
+                    ));
+                }
+                if !((fy > 0.0 && fy != 1.0) || fy.is_nan()) {
+                    return Err(err(
+                        28759,
+                        format!(
+                            "$log's base must be a positive number not equal to 1, but is {fy}"
+                        ),
+                    ));
+                }
+                Bson::Double(fx.ln() / fy.ln())
+            } else if decimal {
+                if dx.is_zero() && dy.is_sign_negative() {
+                    return Err(err(
+                        28764,
+                        "$pow cannot take a base of 0 and a negative exponent",
+                    ));
+                }
+                dx.power(dy).to_bson()
             } else {
                 if to_f64(x) == 0.0 && to_f64(y) < 0.0 {
                     return Err(err(
@@ -1582,15 +1641,21 @@ pub(super) fn eager(
                     crate::value::field::as_int(y),
                 ) {
                     (Some(b), Some(e))
-                        if e >= 0
-                            && !matches!(x, Bson::Double(_))
-                            && !matches!(y, Bson::Double(_)) =>
+                        if !matches!(x, Bson::Double(_)) && !matches!(y, Bson::Double(_)) =>
                     {
-                        match b.checked_pow(e.min(u32::MAX as i64) as u32) {
-                            Some(r) => crate::value::field::int_result(
-                                r,
-                                matches!((x, y), (Bson::Int32(_), Bson::Int32(_))),
-                            ),
+                        let both_int32 = matches!((x, y), (Bson::Int32(_), Bson::Int32(_)));
+                        // mongod multiplies `e` times when the result fits a long: a base of
+                        // -1, 0 or 1 always does (so a negative exponent leaves 1), others
+                        // only for exponents 0..=63.
+                        let exact = match b {
+                            -1..=1 if e < 0 => Some(1),
+                            -1 => Some(if e % 2 == 0 { 1 } else { -1 }),
+                            0 | 1 => Some(if e == 0 { 1 } else { b }),
+                            _ if (0..=63).contains(&e) => b.checked_pow(e as u32),
+                            _ => None,
+                        };
+                        match exact {
+                            Some(r) => crate::value::field::int_result(r, both_int32),
                             None => Bson::Double(to_f64(x).powf(to_f64(y))),
                         }
                     }

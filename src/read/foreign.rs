@@ -1,11 +1,12 @@
-//! What an aggregation on a sharded collection needs beyond its own collection: the
+//! What an aggregation the router runs a part of (on a sharded collection, or on an unsharded
+//! one whose pipeline reads a sharded collection) needs beyond its own collection: the
 //! collections its `$lookup`, `$graphLookup` and `$unionWith` stages read (at any depth: inside `$facet` and
 //! sub-pipelines), fetched through the router before the router's part of the pipeline runs
 //! (a sharded one from every shard owning chunks, an unsharded one from its database's primary
 //! shard), and the results of a pipeline that ends in `$out`/`$merge`, written by the target's
 //! primary shard.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use bson::{doc, Bson, Document};
 
@@ -16,63 +17,7 @@ use crate::engine::aggregate::Namespaces;
 use crate::engine::EngineError;
 use crate::value::error_codes::ErrorCode;
 
-/// The collections (of the pipeline's database) its `$lookup`/`$graphLookup`/`$unionWith`
-/// stages read.
-pub fn foreign_collections(pipeline: &[Bson]) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    collect(pipeline, &mut out);
-    out
-}
-
-fn collect(pipeline: &[Bson], out: &mut BTreeSet<String>) {
-    for stage in pipeline {
-        let Some((name, spec)) = stage.as_document().and_then(|d| d.iter().next()) else {
-            continue;
-        };
-        match (name.as_str(), spec) {
-            ("$lookup", Bson::Document(d)) => {
-                match d.get("from") {
-                    Some(Bson::String(s)) => {
-                        out.insert(s.clone());
-                    }
-                    Some(Bson::Document(f)) => {
-                        if let Ok(c) = f.get_str("coll") {
-                            out.insert(c.to_string());
-                        }
-                    }
-                    _ => {}
-                }
-                if let Ok(p) = d.get_array("pipeline") {
-                    collect(p, out);
-                }
-            }
-            ("$graphLookup", Bson::Document(d)) => {
-                if let Ok(s) = d.get_str("from") {
-                    out.insert(s.to_string());
-                }
-            }
-            ("$unionWith", Bson::String(s)) => {
-                out.insert(s.clone());
-            }
-            ("$unionWith", Bson::Document(d)) => {
-                if let Ok(c) = d.get_str("coll") {
-                    out.insert(c.to_string());
-                }
-                if let Ok(p) = d.get_array("pipeline") {
-                    collect(p, out);
-                }
-            }
-            ("$facet", Bson::Document(d)) => {
-                for p in d.values() {
-                    if let Bson::Array(p) = p {
-                        collect(p, out);
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-}
+pub use crate::engine::aggregate::foreign_collections;
 
 /// Collections fetched beforehand, served to the engine.
 #[derive(Debug, Default)]

@@ -10,7 +10,10 @@
 //! `aggregate` splits the pipeline at its first stage that needs all the data
 //! ([`merge::split_pipeline`]): the shard part runs on each shard, the router gathers the shard
 //! parts into memory, merges them (sorted merge, `$group` re-grouping) and runs the rest, so an
-//! aggregation's result is bounded by what the router can hold. `count` and `distinct` are merged. Results are served
+//! aggregation's result is bounded by what the router can hold. An aggregation on an unsharded
+//! collection whose pipeline reads a sharded one runs the same way from its first stage that
+//! does ([`aggregate_unsharded`]), the stages before it on the primary shard.
+//! `count` and `distinct` are merged. Results are served
 //! through router cursors, reaped after 10 idle minutes together with their shard cursors.
 //!
 //! Documents pass through encoded: a shard's batch is kept as the slices of its reply that
@@ -477,42 +480,7 @@ async fn read_at(
                 Some(sort) => merge::k_way_merge(&SortSpec::parse(sort).map_err(CommandError::from)?.with_collation(collation.clone()), streams),
                 None => streams.into_iter().flatten().collect(),
             };
-            let options = crate::engine::aggregate::AggregateOptions::for_request(stage_memory, body);
-            let mut prefetched = foreign::Prefetched::default();
-            for c in foreign::foreign_collections(&split.router_part) {
-                let docs = foreign::fetch(cluster, primaries, &db, &c, stage_memory).await?;
-                prefetched.0.insert((db.clone(), c), docs);
-            }
-            let vars = match body.get_document("let") {
-                Ok(l) => crate::engine::aggregate::Variables::new().with_let(l, &Document::new()).map_err(CommandError::from)?,
-                Err(_) => crate::engine::aggregate::Variables::new(),
-            };
-            let vars = vars.with_collation_option(body.get("collation")).map_err(CommandError::from)?;
-            let env = crate::engine::aggregate::Env { db: db.clone(), vars, namespaces: Some(&prefetched) };
-            let out = crate::engine::aggregate::run_in(&split.router_part, merged, &options, &env).map_err(CommandError::from)?;
-            let out = match (&output, pipeline.last()) {
-                (Some(o), Some(stage)) => {
-                    let (tdb, tcoll) = o.target();
-                    let is_merge = matches!(o, crate::engine::output::OutputStage::Merge(_));
-                    foreign::write_output(cluster, primaries, tdb, tcoll, is_merge, stage, out).await?;
-                    Vec::new()
-                }
-                _ => out,
-            };
-            let batch = body
-                .get_document("cursor")
-                .ok()
-                .and_then(|c| number_field(c, "batchSize"))
-                .map(|b| b.max(0) as usize)
-                .unwrap_or(DEFAULT_BATCH);
-            let mut encoded = std::collections::VecDeque::with_capacity(out.len());
-            for d in &out {
-                let bytes = d.to_vec().map_err(|e| CommandError::new(ErrorCode::InternalError, format!("cannot encode a result: {e}")))?;
-                encoded.push_back(bytes::Bytes::from(bytes));
-            }
-            cursors
-                .open(cluster, ns.clone(), Source::Buffered(encoded), FirstBatch { size: batch, single: false, partial: false }, owner)
-                .await
+            finish_aggregate(cluster, cursors, primaries, &db, ns.clone(), body, &pipeline, output.as_ref(), &split.router_part, merged, owner).await
         }
         .await,
         "count" => async {
@@ -552,6 +520,207 @@ async fn read_at(
         .await,
         _ => return None,
     })
+}
+
+/// The router's part of an aggregation, once the documents it runs over are gathered
+/// (`merged`): the collections its `$lookup`/`$graphLookup`/`$unionWith` stages read fetched
+/// through the router, `router_part` run with the request's `let` and collation, the output
+/// stage (when the pipeline ends in `$out`/`$merge`) written, and the results served through
+/// a router cursor.
+#[allow(clippy::too_many_arguments)]
+async fn finish_aggregate(
+    cluster: &Cluster,
+    cursors: &RouterCursors,
+    primaries: &dyn foreign::Primaries,
+    db: &str,
+    ns: String,
+    body: &Document,
+    pipeline: &[Bson],
+    output: Option<&crate::engine::output::OutputStage>,
+    router_part: &[Bson],
+    merged: Vec<Document>,
+    owner: i64,
+) -> Result<Reply, CommandError> {
+    let stage_memory = cluster.stage_memory();
+    let options = crate::engine::aggregate::AggregateOptions::for_request(stage_memory, body);
+    let mut prefetched = foreign::Prefetched::default();
+    for c in foreign::foreign_collections(router_part) {
+        let docs = foreign::fetch(cluster, primaries, db, &c, stage_memory).await?;
+        prefetched.0.insert((db.to_string(), c), docs);
+    }
+    let vars = match body.get_document("let") {
+        Ok(l) => crate::engine::aggregate::Variables::new()
+            .with_let(l, &Document::new())
+            .map_err(CommandError::from)?,
+        Err(_) => crate::engine::aggregate::Variables::new(),
+    };
+    let vars = vars
+        .with_collation_option(body.get("collation"))
+        .map_err(CommandError::from)?;
+    let env = crate::engine::aggregate::Env {
+        db: db.to_string(),
+        vars,
+        namespaces: Some(&prefetched),
+    };
+    let out = crate::engine::aggregate::run_in(router_part, merged, &options, &env)
+        .map_err(CommandError::from)?;
+    let out = match (output, pipeline.last()) {
+        (Some(o), Some(stage)) => {
+            let (tdb, tcoll) = o.target();
+            let is_merge = matches!(o, crate::engine::output::OutputStage::Merge(_));
+            foreign::write_output(cluster, primaries, tdb, tcoll, is_merge, stage, out).await?;
+            Vec::new()
+        }
+        _ => out,
+    };
+    let batch = body
+        .get_document("cursor")
+        .ok()
+        .and_then(|c| number_field(c, "batchSize"))
+        .map(|b| b.max(0) as usize)
+        .unwrap_or(DEFAULT_BATCH);
+    let mut encoded = std::collections::VecDeque::with_capacity(out.len());
+    for d in &out {
+        let bytes = d.to_vec().map_err(|e| {
+            CommandError::new(
+                ErrorCode::InternalError,
+                format!("cannot encode a result: {e}"),
+            )
+        })?;
+        encoded.push_back(bytes::Bytes::from(bytes));
+    }
+    cursors
+        .open(
+            cluster,
+            ns,
+            Source::Buffered(encoded),
+            FirstBatch {
+                size: batch,
+                single: false,
+                partial: false,
+            },
+            owner,
+        )
+        .await
+}
+
+/// Options of a client's `aggregate` that the part of it sent to the primary shard carries.
+const UNSHARDED_PREFIX_OPTIONS: [&str; 8] = [
+    "let",
+    "collation",
+    "hint",
+    "maxTimeMS",
+    "comment",
+    "readConcern",
+    "$readPreference",
+    "allowDiskUse",
+];
+
+/// The index of the first stage of `stages` that reads (itself, or in a `$facet` or
+/// sub-pipeline of it) a sharded collection of `db`, as the routing table knows it.
+async fn first_sharded_reader(
+    cluster: &Cluster,
+    db: &str,
+    stages: &[Bson],
+) -> Result<Option<usize>, CommandError> {
+    for (i, stage) in stages.iter().enumerate() {
+        for coll in foreign::foreign_collections(std::slice::from_ref(stage)) {
+            if cluster
+                .routing
+                .lookup(&format!("{db}.{coll}"))
+                .await?
+                .is_some()
+            {
+                return Ok(Some(i));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// An `aggregate` on an unsharded collection (or a view the primary shard resolves) whose
+/// pipeline reads a sharded collection, as mongos runs it: the primary shard holds only its
+/// own part of the sharded collection, so the stages before the first one that reads a sharded
+/// collection run on the primary shard, and the rest at the router, with the collections they
+/// read fetched through the router (a sharded one from every shard owning chunks), as the
+/// router part of an aggregation on a sharded collection runs. `None` when no stage reads a
+/// sharded collection (or the request is one the primary shard answers as it is: an
+/// `explain`, a malformed request, a view on a sharded collection): the caller forwards it
+/// whole, at no extra cost.
+pub async fn aggregate_unsharded(
+    cluster: &Cluster,
+    cursors: &RouterCursors,
+    primaries: &dyn foreign::Primaries,
+    req: &CommandRequest,
+    body: &Document,
+    owner: i64,
+) -> Option<Result<Reply, CommandError>> {
+    let db = req.db.as_str();
+    if matches!(db, "admin" | "local" | "config") || body.get("explain").is_some_and(truthy) {
+        return None;
+    }
+    let pipeline = body.get_array("pipeline").ok()?;
+    body.get_document("cursor").ok()?;
+    let (stages, output) = crate::engine::output::split_output(pipeline, db).ok()?;
+    let at = match first_sharded_reader(cluster, db, stages).await {
+        Ok(at) => at?,
+        Err(e) => return Some(Err(e)),
+    };
+    let target = body.get("aggregate")?.clone();
+    let ns = match &target {
+        Bson::String(coll) => format!("{db}.{coll}"),
+        _ => format!("{db}.$cmd.aggregate"),
+    };
+    let result = async {
+        if let Some(o) = &output {
+            o.check_read_concern(body).map_err(CommandError::from)?;
+        }
+        let shard = primaries.primary(db, false)?;
+        let mut cmd = doc! {"aggregate": target, "pipeline": stages[..at].to_vec(), "cursor": {"batchSize": 10_000}};
+        for k in UNSHARDED_PREFIX_OPTIONS {
+            if let Some(v) = body.get(k) {
+                cmd.insert(k, v.clone());
+            }
+        }
+        cmd.insert("$db", db);
+        let (reply, member) = shard_io::read_at(cluster, &shard, None, &ns, &cmd)
+            .await
+            .map_err(shard_io::ReadFailure::into_error)?;
+        let (buffer, cursor_id) = shard_io::batch_of(&reply, "firstBatch");
+        let stream = shard_io::ShardStream {
+            buffer,
+            cursor_id,
+            shard,
+            member,
+        };
+        let coll = ns.split_once('.').map_or("", |(_, c)| c);
+        let merged: Vec<Document> = drain(cluster, db, coll, vec![stream], cluster.stage_memory())
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        finish_aggregate(
+            cluster,
+            cursors,
+            primaries,
+            db,
+            ns.clone(),
+            body,
+            pipeline,
+            output.as_ref(),
+            &stages[at..],
+            merged,
+            owner,
+        )
+        .await
+    }
+    .await;
+    match result {
+        // A view on a sharded collection: the primary shard answers the whole request with
+        // the resolved view, which the caller runs through the sharded read path.
+        Err(e) if e.code == ErrorCode::CommandOnShardedViewNotSupportedOnMongod => None,
+        r => Some(r),
+    }
 }
 
 #[cfg(test)]

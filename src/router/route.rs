@@ -366,7 +366,23 @@ async fn route_once(
         }
         Forwarded::DbStats => return db_stats(cluster, req).await.map(Reply::from),
         Forwarded::Aggregate => {
-            super::maintenance::check_output_target(cluster, req, &body).await?
+            super::maintenance::check_output_target(cluster, req, &body).await?;
+            // A pipeline that reads a sharded collection runs partly at the router.
+            if let Some(r) = crate::read::aggregate_unsharded(
+                cluster,
+                &sharded.cursors,
+                &super::maintenance::StorePrimaries { cluster, store },
+                req,
+                &body,
+                client_id,
+            )
+            .await
+            {
+                return r.map(|mut r| {
+                    r.append(bson::raw::cstr!("ok"), Bson::Double(1.0));
+                    r
+                });
+            }
         }
         _ => {}
     }

@@ -1,8 +1,11 @@
-//! Reads of a view whose source is a sharded collection. The view lives on its database's
+//! Reads of a view whose source is a sharded collection, or whose pipeline reads one
+//! (`$lookup`, `$graphLookup`, `$unionWith`). The view lives on its database's
 //! primary shard, which cannot answer from its own documents: it answers 169
 //! (CommandOnShardedViewNotSupportedOnMongod) with the resolved view, the source namespace and
 //! the whole pipeline. As mongos does then, the router runs the read as an aggregation on the
-//! source through its sharded read path — `find` (filter, sort, skip, limit, projection),
+//! source through its sharded read path (for an unsharded source, the stages before the first
+//! that reads a sharded collection on the primary shard and the rest at the router,
+//! [`crate::read::aggregate_unsharded`]) — `find` (filter, sort, skip, limit, projection),
 //! `count` and `distinct` converted to their pipelines — and answers in the shape of the
 //! command the client sent, the cursor filed under the view's namespace.
 
@@ -119,13 +122,10 @@ pub(super) async fn read_resolved_view(
             format!("the primary shard resolved the view to an invalid namespace '{source}'"),
         ));
     };
-    let Some(snap) = sharded.cluster.routing.lookup(source).await? else {
-        return Err(CommandError::new(
-            ErrorCode::CommandOnShardedViewNotSupportedOnMongod,
-            format!("the source {source} of the view is not sharded as the router knows it"),
-        ));
-    };
-    sharded.know_shards_of(&snap).await?;
+    let snap = sharded.cluster.routing.lookup(source).await?;
+    if let Some(snap) = &snap {
+        sharded.know_shards_of(snap).await?;
+    }
     let mut pipeline: Vec<Bson> = view.get_array("pipeline").cloned().unwrap_or_default();
     pipeline.extend(read_stages(&req.name, body)?);
     let batch = match req.name.as_str() {
@@ -148,25 +148,42 @@ pub(super) async fn read_resolved_view(
         }
     }
     let agg_req = CommandRequest::from_document(db, &agg)?;
-    let mut normalized = None;
-    let options = crate::read::ReadBody::of(&agg_req, &mut normalized)?;
-    let reply = crate::read::read(
-        &sharded.cluster,
-        &sharded.cursors,
-        &super::maintenance::StorePrimaries {
-            cluster: &sharded.cluster,
-            store: &sharded.metadata,
-        },
-        &snap,
-        &agg_req,
-        &options,
-        client_id,
-    )
-    .await
-    .unwrap_or_else(|| {
+    let primaries = super::maintenance::StorePrimaries {
+        cluster: &sharded.cluster,
+        store: &sharded.metadata,
+    };
+    let reply = match &snap {
+        Some(snap) => {
+            let mut normalized = None;
+            let options = crate::read::ReadBody::of(&agg_req, &mut normalized)?;
+            crate::read::read(
+                &sharded.cluster,
+                &sharded.cursors,
+                &primaries,
+                snap,
+                &agg_req,
+                &options,
+                client_id,
+            )
+            .await
+        }
+        // An unsharded source: the view's pipeline reads a sharded collection.
+        None => {
+            crate::read::aggregate_unsharded(
+                &sharded.cluster,
+                &sharded.cursors,
+                &primaries,
+                &agg_req,
+                &agg,
+                client_id,
+            )
+            .await
+        }
+    };
+    let reply = reply.unwrap_or_else(|| {
         Err(CommandError::new(
-            ErrorCode::InternalError,
-            "the sharded read path did not take the view's aggregation",
+            ErrorCode::CommandOnShardedViewNotSupportedOnMongod,
+            format!("neither the source {source} of the view nor a collection its pipeline reads is sharded as the router knows it"),
         ))
     })?;
     let mut reply = reply.into_document();

@@ -669,5 +669,7 @@ pub fn decimal_arithmetic(a: &Bson, b: &Bson, op: Op) -> Option<Result<Bson, Dec
     )
 }
 
+mod math;
+
 #[cfg(test)]
 mod tests;

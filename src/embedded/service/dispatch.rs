@@ -379,7 +379,10 @@ impl ShardService {
 impl ShardService {
     /// A read of a view whose source is a sharded collection cannot be answered from this
     /// shard's documents alone: as mongod, it answers 169 with the resolved view, and the
-    /// router runs the read as an aggregation on the sharded source.
+    /// router runs the read as an aggregation on the sharded source. A view whose pipeline
+    /// reads a sharded collection (`$lookup`, `$graphLookup`, `$unionWith`) is answered so
+    /// too: this shard holds only its own part of it, and the router reads it through the
+    /// cluster.
     async fn check_sharded_view(&self, req: &CommandRequest) -> Result<(), EngineError> {
         if !matches!(
             req.name.as_str(),
@@ -399,10 +402,25 @@ impl ShardService {
             return Ok(());
         };
         let base_ns = format!("{db}.{base}");
-        let sharded = match &self.filtering {
-            Some(f) => f.is_sharded(&base_ns).await?,
-            None => lock(&self.versions).contains_key(&base_ns),
-        };
+        // The source, or a collection the view's `$lookup`/`$graphLookup`/`$unionWith` stages
+        // read: this shard holds only its own part of a sharded one.
+        let stages: Vec<Bson> = pipeline.iter().cloned().map(Bson::Document).collect();
+        let mut read = vec![base_ns.clone()];
+        read.extend(
+            crate::engine::aggregate::foreign_collections(&stages)
+                .into_iter()
+                .map(|c| format!("{db}.{c}")),
+        );
+        let mut sharded = false;
+        for ns in &read {
+            sharded = match &self.filtering {
+                Some(f) => f.is_sharded(ns).await?,
+                None => lock(&self.versions).contains_key(ns),
+            };
+            if sharded {
+                break;
+            }
+        }
         if !sharded {
             return Ok(());
         }
