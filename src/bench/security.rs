@@ -354,16 +354,22 @@ async fn callgrind_run(
             bail!("{} of {n} documents stored ({})", stored, mode.label());
         }
     }
-    let status = fleet
-        .client
-        .database("admin")
-        .run_command(doc! {"serverStatus": 1})
-        .await?;
-    let accepted = status
-        .get_document("connections")
-        .ok()
-        .and_then(|c| c.get_i32("totalCreated").ok())
-        .context("serverStatus has no connections.totalCreated")?;
+    // Only the new clients count connections (`serverStatus` needs `clusterMonitor`, which
+    // the `readWrite` user does not hold).
+    let accepted = if workload == Workload::NewClient {
+        let status = fleet
+            .client
+            .database("admin")
+            .run_command(doc! {"serverStatus": 1})
+            .await?;
+        status
+            .get_document("connections")
+            .ok()
+            .and_then(|c| c.get_i32("totalCreated").ok())
+            .context("serverStatus has no connections.totalCreated")?
+    } else {
+        0
+    };
     fleet.stop().await?;
     Ok((callgrind_total(&out)?, i64::from(accepted)))
 }
