@@ -31,6 +31,7 @@ use crate::auth::cursors::CursorOwners;
 use crate::auth::custom_roles::{RoleDocument, RoleGraph};
 use crate::auth::keyfile::{InternalCredentials, KeyFile};
 use crate::auth::roles::{Principal, RoleName};
+use crate::auth::scram::{ScramCredential, ScramMechanism};
 use crate::auth::session::{AuthSession, Outcome, UserLookup};
 use crate::auth::user_cache::{CacheCounts, ResolvedUser, UserCache};
 use crate::auth::{role_admin, tls, user_admin, AuthError, UserName};
@@ -514,6 +515,13 @@ fn role_graph_of(docs: &[Document]) -> RoleGraph {
 impl UserLookup for Security {
     fn user(&self, name: &UserName) -> Option<UserDocument> {
         lock(&self.users).find(name).cloned()
+    }
+    fn scram_credential(
+        &self,
+        name: &UserName,
+        mechanism: ScramMechanism,
+    ) -> Option<Option<ScramCredential>> {
+        lock(&self.users).scram_credential(name, mechanism)
     }
     fn internal_credentials(&self) -> Option<&InternalCredentials> {
         self.internal.as_ref()
