@@ -755,15 +755,11 @@ async fn primary_of(c: &sluice::demo::DemoCluster, db: &str) -> usize {
 
 /// The sorted `_id`s of `db.coll` each shard holds itself.
 fn ids_per_shard(c: &sluice::demo::DemoCluster, db: &str, coll: &str) -> Vec<Vec<i64>> {
-    c.shards
-        .iter()
-        .map(|s| {
-            let mut v: Vec<i64> = s
-                .service()
-                .documents(db, coll)
-                .iter()
-                .map(|d| d.get_i64("_id").unwrap())
-                .collect();
+    let single = c.shards.iter().map(|s| s.service().documents(db, coll));
+    single
+        .chain(c.sets.iter().map(|s| s.documents(db, coll)))
+        .map(|docs| {
+            let mut v: Vec<i64> = docs.iter().map(|d| d.get_i64("_id").unwrap()).collect();
             v.sort_unstable();
             v
         })
@@ -1518,6 +1514,333 @@ async fn inserts_racing_a_drop_database_recreate_it_consistently() {
             "round {round}: nothing orphaned on a shard"
         );
         assert_acknowledged_suffixes_survived(&acked, &left, &format!("round {round}"));
+    }
+    c.shutdown().await;
+}
+
+/// The cluster of the coordinator step-down tests: two shards, each a replica set of three
+/// embedded members, two routers, `demo.c` sharded on `{_id: "hashed"}` holding `_id` 0..100.
+async fn replica_set_cluster() -> sluice::demo::DemoCluster {
+    let collections: Config =
+        toml::from_str("[[collections]]\nns = \"demo.c\"\nkey = '{\"_id\": \"hashed\"}'\n")
+            .unwrap();
+    let c = sluice::demo::DemoCluster::start_with_members(
+        2,
+        3,
+        ShardOptions::for_tests(),
+        vec![router_config(), router_config()],
+        vec!["sluice".into()],
+        &collections.collections,
+    )
+    .await
+    .expect("the embedded cluster starts");
+    client(&c, 0)
+        .await
+        .database("demo")
+        .collection::<Document>("c")
+        .insert_many((0..100i64).map(|i| doc! {"_id": i}))
+        .await
+        .unwrap();
+    c
+}
+
+/// Runs `ddl` on the database `on` through router A while four writers insert into `demo.c`
+/// through router B, with the primary shard's primary stepping down right after its
+/// coordinator recorded `phase`: the DDL must still answer (the router sends it again to the
+/// new primary, which resumed the coordinator), and the writers must go on (no shard is left
+/// in the critical section). Returns the `_id`s each writer was acknowledged, and the primary
+/// shard's index.
+async fn ddl_across_a_step_down(
+    c: &sluice::demo::DemoCluster,
+    phase: &str,
+    on: &str,
+    ddl: Document,
+) -> (Vec<Vec<i64>>, usize) {
+    ddl_across_a_primary_change(c, phase, on, ddl, false).await
+}
+
+/// [`ddl_across_a_step_down`], the primary killed instead (`kill`): stopped right after the
+/// phase, then its listener and connections closed.
+async fn ddl_across_a_primary_change(
+    c: &sluice::demo::DemoCluster,
+    phase: &str,
+    on: &str,
+    ddl: Document,
+    kill: bool,
+) -> (Vec<Vec<i64>>, usize) {
+    const WRITERS: i64 = 4;
+    let limit = std::time::Duration::from_secs(20);
+    let p = primary_of(c, "demo").await;
+    let set = &c.sets[p];
+    let old_primary = set.primary().unwrap();
+    if kill {
+        set.stop_after_ddl_phase(phase);
+    } else {
+        set.step_down_after_ddl_phase(phase);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 1..=WRITERS {
+        writers.push(insert_until(
+            client(c, 1).await,
+            ("demo", "c"),
+            w,
+            stop.clone(),
+        ));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let a = client(c, 0).await;
+    let database = a.database(on);
+    let sent = database.run_command(ddl.clone());
+    let killer = async {
+        if kill {
+            while set.role(old_primary) != Some(sluice::embedded::MemberRole::Stopped) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            set.stop(old_primary).await;
+        }
+    };
+    let (answered, ()) = tokio::join!(tokio::time::timeout(limit, sent), killer);
+    answered
+        .unwrap_or_else(|_| panic!("{ddl} did not finish after the primary changed"))
+        .unwrap_or_else(|e| panic!("{ddl} through router A: {e}"));
+    let new_primary = set.primary();
+    assert!(
+        new_primary.is_some() && new_primary != Some(old_primary),
+        "the primary shard's primary stepped down after {phase} (now {new_primary:?})"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acked = Vec::new();
+    for w in writers {
+        let ids = tokio::time::timeout(limit, w)
+            .await
+            .expect("a writer is stuck: a shard stayed in the critical section")
+            .unwrap();
+        acked.push(ids);
+    }
+    // Nothing left to resume, and a fresh write through each router goes through.
+    for set in &c.sets {
+        let left: Vec<Document> = set
+            .documents("config", "system.sharding_ddl_coordinators")
+            .into_iter()
+            .filter(|d| d.get_str("phase").ok() != Some("setResponse"))
+            .collect();
+        assert!(left.is_empty(), "unfinished coordinators: {left:?}");
+    }
+    for (i, id) in [(0, -1i64), (1, -2)] {
+        let coll = client(c, i)
+            .await
+            .database("demo")
+            .collection::<Document>("probe");
+        tokio::time::timeout(limit, coll.insert_one(doc! {"_id": id}))
+            .await
+            .expect("a write after the DDL is stuck")
+            .unwrap();
+    }
+    (acked, p)
+}
+
+/// A drop of a sharded collection whose primary shard's primary steps down right after the
+/// coordinator recorded `dropCollection` (every shard in the critical section, nothing
+/// dropped): the new primary resumes the coordinator from its document in
+/// `config.system.sharding_ddl_coordinators`, drops the collection everywhere and releases
+/// the shards; router A's `drop`, sent again to the new primary, answers. Afterwards the
+/// collection is untracked, held by the primary shard only, with each writer's acknowledged
+/// inserts from some point on. Without the resume the other shard stays in the critical
+/// section and the test fails (the writers and the `drop` hang).
+#[tokio::test]
+async fn a_drop_whose_primary_steps_down_midway_is_finished_by_the_next_primary() {
+    drop_across_a_primary_change(false).await;
+}
+
+/// As above, the primary shard's primary killed (stopped, its connections closed) right
+/// after the coordinator recorded `dropCollection`.
+#[tokio::test]
+async fn a_drop_whose_primary_is_killed_midway_is_finished_by_the_next_primary() {
+    drop_across_a_primary_change(true).await;
+}
+
+async fn drop_across_a_primary_change(kill: bool) {
+    let c = replica_set_cluster().await;
+    let (acked, p) =
+        ddl_across_a_primary_change(&c, "dropCollection", "demo", doc! {"drop": "c"}, kill).await;
+    assert!(chunks_of(&c, "demo.c").await.is_none(), "untracked");
+    let left = ids(&client(&c, 0).await, "demo", "c").await;
+    assert_eq!(
+        ids(&client(&c, 1).await, "demo", "c").await,
+        left,
+        "B reads as A"
+    );
+    for (i, held) in ids_per_shard(&c, "demo", "c").into_iter().enumerate() {
+        if i == p {
+            assert_eq!(held, left, "demo.c on the primary shard{i}");
+        } else {
+            assert!(held.is_empty(), "demo.c orphaned on shard{i}: {held:?}");
+        }
+    }
+    assert_acknowledged_suffixes_survived(&acked, &left, "drop");
+    c.shutdown().await;
+}
+
+/// A rename of a sharded collection whose primary shard's primary steps down right after the
+/// coordinator recorded `renameParticipants` (both names in the critical section on every
+/// shard, nothing renamed yet): the new primary resumes it, renames on every shard, commits
+/// and releases; router A's `renameCollection`, sent again, gets the recorded response.
+/// Afterwards every acknowledged insert is found exactly once: the seed and each writer's
+/// first inserts under the new name, the rest under the old name on the primary shard only.
+/// Without the resume the shards stay in the critical section and the test fails.
+#[tokio::test]
+async fn a_rename_whose_primary_steps_down_midway_is_finished_by_the_next_primary() {
+    let c = replica_set_cluster().await;
+    let (acked, p) = ddl_across_a_step_down(
+        &c,
+        "renameParticipants",
+        "admin",
+        doc! {"renameCollection": "demo.c", "to": "demo.renamed"},
+    )
+    .await;
+    assert!(chunks_of(&c, "demo.renamed").await.is_some());
+    assert!(chunks_of(&c, "demo.c").await.is_none());
+    let a = client(&c, 0).await;
+    let under_new = ids(&a, "demo", "renamed").await;
+    let under_old = ids(&a, "demo", "c").await;
+    assert_eq!(
+        ids(&client(&c, 1).await, "demo", "renamed").await,
+        under_new
+    );
+    for (i, held) in ids_per_shard(&c, "demo", "c").into_iter().enumerate() {
+        if i == p {
+            assert_eq!(held, under_old, "demo.c on the primary shard{i}");
+        } else {
+            assert!(held.is_empty(), "demo.c left on shard{i}: {held:?}");
+        }
+    }
+    let new: std::collections::HashSet<i64> = under_new.iter().copied().collect();
+    let old: std::collections::HashSet<i64> = under_old.iter().copied().collect();
+    assert!((0..100).all(|i| new.contains(&i)), "the seed was renamed");
+    let mut total = 100;
+    for (w, ids) in acked.iter().enumerate() {
+        total += ids.len();
+        let cut = ids.iter().take_while(|i| new.contains(i)).count();
+        for id in &ids[cut..] {
+            assert!(
+                old.contains(id),
+                "writer {w}'s acknowledged {id} is under neither name"
+            );
+        }
+    }
+    assert_eq!(
+        under_new.len() + under_old.len(),
+        total,
+        "each insert found once"
+    );
+    c.shutdown().await;
+}
+
+/// A `dropDatabase` whose primary shard's primary steps down right after the coordinator
+/// recorded `drop` (every shard in the database's critical section, nothing dropped): the new
+/// primary resumes it, drops the database everywhere and releases the shards; router A's
+/// `dropDatabase`, sent again, answers. Afterwards the database's collection is untracked and
+/// holds each writer's acknowledged inserts from some point on, on one shard only. Without the
+/// resume the shards stay in the critical section and the test fails.
+#[tokio::test]
+async fn a_drop_database_whose_primary_steps_down_midway_is_finished_by_the_next_primary() {
+    let c = replica_set_cluster().await;
+    let (acked, _) = ddl_across_a_step_down(&c, "drop", "demo", doc! {"dropDatabase": 1}).await;
+    assert!(chunks_of(&c, "demo.c").await.is_none(), "untracked");
+    let left = ids(&client(&c, 0).await, "demo", "c").await;
+    assert_eq!(
+        ids(&client(&c, 1).await, "demo", "c").await,
+        left,
+        "B reads as A"
+    );
+    let p = primary_of(&c, "demo").await;
+    for (i, held) in ids_per_shard(&c, "demo", "c").into_iter().enumerate() {
+        if i == p {
+            assert_eq!(held, left, "demo.c on the primary shard{i}");
+        } else {
+            assert!(held.is_empty(), "demo.c orphaned on shard{i}: {held:?}");
+        }
+    }
+    assert_acknowledged_suffixes_survived(&acked, &left, "dropDatabase");
+    c.shutdown().await;
+}
+
+/// `addShard` gives the shard its identity before the cluster lists it, as MongoDB 8.0's config
+/// server does (`_shardsvrAddShard {shardIdentity: {shardName, clusterId,
+/// configsvrConnectionString}}`): each shard holds `admin.system.version {_id:
+/// "shardIdentity"}` naming it, the cluster's id from `config.version` and the config server.
+/// The same identity again is accepted; another name is IllegalOperation (20) and changes
+/// nothing; a missing or mistyped identity is refused as mongod's IDL parser refuses it.
+#[tokio::test]
+async fn add_shard_gives_each_shard_its_identity() {
+    let c = cluster(2, vec![router_config()], "").await;
+    let config = direct(c.config_server.local_addr())
+        .await
+        .database("config");
+    let cluster_id = config
+        .collection::<Document>("version")
+        .find_one(doc! {})
+        .await
+        .unwrap()
+        .unwrap()
+        .get_object_id("clusterId")
+        .unwrap();
+    for (i, shard) in c.shards.iter().enumerate() {
+        let admin = direct(shard.local_addr()).await.database("admin");
+        let identity = admin
+            .collection::<Document>("system.version")
+            .find_one(doc! {"_id": "shardIdentity"})
+            .await
+            .unwrap()
+            .expect("the shard holds its identity");
+        assert_eq!(
+            identity,
+            doc! {
+                "_id": "shardIdentity",
+                "shardName": format!("shard{i}"),
+                "clusterId": cluster_id,
+                "configsvrConnectionString": c.configdb(),
+            }
+        );
+        let again = doc! {
+            "_shardsvrAddShard": 1,
+            "shardIdentity": {
+                "shardName": format!("shard{i}"),
+                "clusterId": cluster_id,
+                "configsvrConnectionString": c.configdb(),
+            },
+        };
+        admin.run_command(again).await.unwrap();
+        let other = doc! {
+            "_shardsvrAddShard": 1,
+            "shardIdentity": {
+                "shardName": "elsewhere",
+                "clusterId": cluster_id,
+                "configsvrConnectionString": c.configdb(),
+            },
+        };
+        let e = admin.run_command(other).await.unwrap_err();
+        assert_eq!(common::command_code(&e), 20, "{e}");
+        let e = admin
+            .run_command(doc! {"_shardsvrAddShard": 1})
+            .await
+            .unwrap_err();
+        assert_eq!(common::command_code(&e), 40414, "{e}");
+        let e = admin
+            .run_command(doc! {"_shardsvrAddShard": 1, "shardIdentity": {
+            "shardName": 7, "clusterId": cluster_id, "configsvrConnectionString": "x"}})
+            .await
+            .unwrap_err();
+        assert_eq!(common::command_code(&e), 14, "{e}");
+        let kept = admin
+            .collection::<Document>("system.version")
+            .find_one(doc! {"_id": "shardIdentity"})
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(kept, identity, "a refused identity changes nothing");
     }
     c.shutdown().await;
 }

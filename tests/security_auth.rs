@@ -62,6 +62,110 @@ async fn cluster(users: &std::path::Path, authorization: Authorization) -> TestC
     TestCluster::start_with(1, &[("test.c", doc! {"_id": "hashed"})], config).await
 }
 
+/// Where the suites below run: the layouts a secured deployment of Sluice can take.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Layout {
+    /// A static-mode router over an embedded shard; the users in the router's users file.
+    Static,
+    /// `sluice demo --cluster` secured: an embedded config server and a shard server, both
+    /// requiring the keyfile, and a `--configdb` router that authenticates to them as
+    /// `__system`. The users file is the config server's, which keeps the users in its
+    /// `admin.system.users`, where mongos keeps them; the router reads them from there.
+    Cluster,
+}
+
+impl Layout {
+    fn name(self) -> &'static str {
+        match self {
+            Layout::Static => "static",
+            Layout::Cluster => "cluster",
+        }
+    }
+}
+
+/// A running deployment of either layout.
+enum Deployment {
+    Static(TestCluster),
+    Cluster(Box<sluice::demo::DemoCluster>),
+}
+
+impl Deployment {
+    fn addr(&self) -> std::net::SocketAddr {
+        match self {
+            Deployment::Static(c) => c.addr(),
+            Deployment::Cluster(c) => c.routers[0].0.local_addr(),
+        }
+    }
+
+    /// The user documents the config server's `admin.system.users` holds (`None` in the
+    /// static layout, which has no config server).
+    fn config_server_users(&self) -> Option<Vec<Document>> {
+        match self {
+            Deployment::Static(_) => None,
+            Deployment::Cluster(c) => {
+                Some(c.config_server.service().documents("admin", "system.users"))
+            }
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Deployment::Static(c) => c.stop().await,
+            Deployment::Cluster(c) => c.shutdown().await,
+        }
+    }
+}
+
+/// `test.c` sharded on a hashed `_id`, with the users of `users` (a users file) and
+/// `authorization`, in `layout`.
+async fn deploy(
+    layout: Layout,
+    users: &std::path::Path,
+    authorization: Authorization,
+) -> Deployment {
+    match layout {
+        Layout::Static => Deployment::Static(cluster(users, authorization).await),
+        Layout::Cluster => {
+            Deployment::Cluster(Box::new(secured_cluster(users, authorization).await))
+        }
+    }
+}
+
+/// The secured cluster layout (see [`Layout::Cluster`]), its keyfile beside `users`.
+async fn secured_cluster(
+    users: &std::path::Path,
+    authorization: Authorization,
+) -> sluice::demo::DemoCluster {
+    let key = users.with_file_name("keyfile");
+    std::fs::write(&key, "c2VjdXJlZC1jbHVzdGVyLWxheW91dC1rZXk\n").unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let mut router = Config {
+        listen: "127.0.0.1:0".into(),
+        ..Config::default()
+    };
+    router.security.users_file = Some(users.display().to_string());
+    router.security.authorization = authorization;
+    router.security.key_file = Some(key.display().to_string());
+    let shard = sluice::embedded::ShardOptions {
+        key_file: Some(key.display().to_string()),
+        internal_security: router.pool_options().unwrap().security,
+        ..sluice::embedded::ShardOptions::for_tests()
+    };
+    let collections = [sluice::config::CollectionConfig {
+        ns: "test.c".into(),
+        key: r#"{"_id": "hashed"}"#.into(),
+        unique: false,
+        num_initial_chunks: None,
+    }];
+    sluice::demo::DemoCluster::start(1, shard, vec![router], vec!["sluice".into()], &collections)
+        .await
+        .expect("the secured cluster layout starts")
+}
+
 async fn client(addr: std::net::SocketAddr, cred: &str, extra: &str) -> mongodb::Client {
     let uri =
         format!("mongodb://{cred}@{addr}/?authSource=admin&serverSelectionTimeoutMS=5000{extra}");
@@ -77,8 +181,12 @@ fn command_error(e: &mongodb::error::Error) -> (i32, String) {
 
 #[tokio::test]
 async fn drivers_authenticate_with_each_mechanism_and_negotiated() {
-    let users = users_file("mechs");
-    let c = cluster(&users, Authorization::Enabled).await;
+    drivers_authenticate_with_each_mechanism(Layout::Static).await;
+}
+
+async fn drivers_authenticate_with_each_mechanism(layout: Layout) {
+    let users = users_file(&format!("mechs-{}", layout.name()));
+    let c = deploy(layout, &users, Authorization::Enabled).await;
     for (cred, extra) in [
         ("alice:secret", "&authMechanism=SCRAM-SHA-256"),
         ("alice:secret", "&authMechanism=SCRAM-SHA-1"),
@@ -110,8 +218,12 @@ async fn drivers_authenticate_with_each_mechanism_and_negotiated() {
 
 #[tokio::test]
 async fn wrong_password_unknown_user_and_mechanism_fail_like_mongod() {
-    let users = users_file("wrong");
-    let c = cluster(&users, Authorization::Enabled).await;
+    wrong_credentials_fail_like_mongod(Layout::Static).await;
+}
+
+async fn wrong_credentials_fail_like_mongod(layout: Layout) {
+    let users = users_file(&format!("wrong-{}", layout.name()));
+    let c = deploy(layout, &users, Authorization::Enabled).await;
     for cred in ["alice:nope", "nobody:secret"] {
         let client = client(c.addr(), cred, "&authMechanism=SCRAM-SHA-256").await;
         let e = client
@@ -183,8 +295,12 @@ async fn wrong_password_unknown_user_and_mechanism_fail_like_mongod() {
 
 #[tokio::test]
 async fn user_management_through_the_router_keeps_credentials_in_the_file() {
-    let users = users_file("admin");
-    let c = cluster(&users, Authorization::Enabled).await;
+    user_management_through_the_router(Layout::Static).await;
+}
+
+async fn user_management_through_the_router(layout: Layout) {
+    let users = users_file(&format!("admin-{}", layout.name()));
+    let c = deploy(layout, &users, Authorization::Enabled).await;
     let alice = client(c.addr(), "alice:secret", "").await;
     let admin = alice.database("admin");
     admin
@@ -197,6 +313,17 @@ async fn user_management_through_the_router_keeps_credentials_in_the_file() {
         !text.contains("davepw-Secret"),
         "the password is never stored"
     );
+    if let Some(stored) = c.config_server_users() {
+        let dave = stored
+            .iter()
+            .find(|u| u.get_str("_id").ok() == Some("admin.dave"))
+            .expect("dave is in the config server's admin.system.users");
+        assert!(dave
+            .get_document("credentials")
+            .unwrap()
+            .contains_key("SCRAM-SHA-256"));
+        assert!(!format!("{dave}").contains("davepw-Secret"));
+    }
     let e = admin
         .run_command(doc! {"createUser": "dave", "pwd": "x", "roles": []})
         .await
@@ -238,13 +365,22 @@ async fn user_management_through_the_router_keeps_credentials_in_the_file() {
     assert!(!std::fs::read_to_string(&users)
         .unwrap()
         .contains("admin.dave"));
+    if let Some(stored) = c.config_server_users() {
+        assert!(stored
+            .iter()
+            .all(|u| u.get_str("_id").ok() != Some("admin.dave")));
+    }
     c.stop().await;
 }
 
 #[tokio::test]
 async fn authorization_refuses_what_the_roles_do_not_grant() {
-    let users = users_file("authz");
-    let c = cluster(&users, Authorization::Enabled).await;
+    authorization_refuses_what_roles_do_not_grant(Layout::Static).await;
+}
+
+async fn authorization_refuses_what_roles_do_not_grant(layout: Layout) {
+    let users = users_file(&format!("authz-{}", layout.name()));
+    let c = deploy(layout, &users, Authorization::Enabled).await;
     let anon = common::driver(c.addr(), "").await;
     // The handshake and ping need no user.
     anon.database("admin")
@@ -316,6 +452,10 @@ async fn without_authorization_users_authenticate_and_nothing_is_checked() {
 /// with 13, as mongod decides it.
 #[tokio::test]
 async fn each_built_in_role_is_allowed_and_refused_what_mongod_allows_and_refuses() {
+    each_built_in_role_against_mongods_table(Layout::Static).await;
+}
+
+async fn each_built_in_role_against_mongods_table(layout: Layout) {
     // Columns: find test.c, insert test.c, createIndexes test.c, createUser on test,
     // serverStatus, listShards, find other.c, insert other.c.
     const TABLE: &[(&str, &str, [bool; 8])] = &[
@@ -375,7 +515,11 @@ async fn each_built_in_role_is_allowed_and_refused_what_mongod_allows_and_refuse
             [true, true, true, true, true, true, true, true],
         ),
     ];
-    let dir = std::env::temp_dir().join(format!("sluice-auth-roles-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-auth-roles-{}-{}",
+        layout.name(),
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let mut users = UsersFile::new();
@@ -394,7 +538,7 @@ async fn each_built_in_role_is_allowed_and_refused_what_mongod_allows_and_refuse
     }
     let path = dir.join("users.json");
     std::fs::write(&path, users.to_text()).unwrap();
-    let c = cluster(&path, Authorization::Enabled).await;
+    let c = deploy(layout, &path, Authorization::Enabled).await;
     for (role, _, expected) in TABLE {
         let client = client(c.addr(), &format!("u_{role}:pw"), "").await;
         let commands: [(&str, Document); 8] = [
@@ -1295,4 +1439,37 @@ async fn bypassing_document_validation_without_the_privilege_is_unauthorized() {
         .await
         .expect("root may bypass validation");
     c.stop().await;
+}
+
+/// The suites above that cover SCRAM-SHA-1 and SCRAM-SHA-256, mongod's authentication errors,
+/// the user commands through the router and the role checks, run again in the secured cluster
+/// layout: the users on the config server, every server behind the router requiring the
+/// keyfile.
+mod cluster_layout {
+    use super::Layout;
+
+    #[tokio::test]
+    async fn drivers_authenticate_with_each_mechanism_and_negotiated() {
+        super::drivers_authenticate_with_each_mechanism(Layout::Cluster).await;
+    }
+
+    #[tokio::test]
+    async fn wrong_password_unknown_user_and_mechanism_fail_like_mongod() {
+        super::wrong_credentials_fail_like_mongod(Layout::Cluster).await;
+    }
+
+    #[tokio::test]
+    async fn user_management_through_the_router_keeps_users_on_the_config_server() {
+        super::user_management_through_the_router(Layout::Cluster).await;
+    }
+
+    #[tokio::test]
+    async fn authorization_refuses_what_the_roles_do_not_grant() {
+        super::authorization_refuses_what_roles_do_not_grant(Layout::Cluster).await;
+    }
+
+    #[tokio::test]
+    async fn each_built_in_role_is_allowed_and_refused_what_mongod_allows_and_refuses() {
+        super::each_built_in_role_against_mongods_table(Layout::Cluster).await;
+    }
 }

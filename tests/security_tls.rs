@@ -218,6 +218,14 @@ async fn allow_and_prefer_serve_both_and_disabled_closes_tls_clients() {
 #[tokio::test]
 async fn x509_authenticates_the_client_certificate_subject() {
     let p = pki("x509");
+    let c = Running::start(&p, x509_router(&p)).await;
+    x509_authenticates_on(&p, c.addr().port()).await;
+    c.stop().await;
+}
+
+/// A router requiring TLS and authorization, its users file holding the client
+/// certificate's subject as a `$external` user with `readWrite` on `test`.
+fn x509_router(p: &Pki) -> Config {
     let mut users = UsersFile::new();
     users
         .insert(UserDocument::new_external(
@@ -227,11 +235,15 @@ async fn x509_authenticates_the_client_certificate_subject() {
         .unwrap();
     let users_path = p.dir.join("users.json");
     std::fs::write(&users_path, users.to_text()).unwrap();
-    let mut config = tls_config(&p, TlsMode::Require);
+    let mut config = tls_config(p, TlsMode::Require);
     config.security.users_file = Some(users_path.display().to_string());
     config.security.authorization = Authorization::Enabled;
-    let c = Running::start(&p, config).await;
-    let port = c.addr().port();
+    config
+}
+
+/// The client certificate authenticates its subject on the router at `port` and writes with
+/// its role; a client without a certificate has no subject to authenticate.
+async fn x509_authenticates_on(p: &Pki, port: u16) {
     let cert = format!(
         "&tlsCertificateKeyFile={}&authMechanism=MONGODB-X509",
         p.dir.join("client.pem").display()
@@ -269,7 +281,6 @@ async fn x509_authenticates_the_client_certificate_subject() {
         .run_command(doc! {"ping": 1})
         .await
         .is_err());
-    c.stop().await;
 }
 
 fn keyfile(dir: &Path, name: &str, key: &str) -> String {
@@ -1071,4 +1082,121 @@ async fn the_cluster_layout_runs_with_the_keyfile_and_tls_between_all_its_server
         .expect("dropDatabase across the secured servers");
     assert_eq!(c.count_documents(doc! {}).await.unwrap(), 0);
     cluster.shutdown().await;
+}
+
+/// The cluster layout (`sluice demo --cluster`) secured: the config server and two shard
+/// servers requiring `key` (and TLS when `router` requires it, with the test's certificates),
+/// reaching each other as `__system`, and one `--configdb` router with `router`. A users file
+/// in `router` is the config server's.
+async fn secured_demo(p: &Pki, router: Config, key: &str) -> sluice::demo::DemoCluster {
+    let mut router = Config {
+        listen: "127.0.0.1:0".into(),
+        ..router
+    };
+    router.security.key_file = Some(key.to_string());
+    let tls = if router.tls.mode.outgoing_tls() {
+        tls_config(p, TlsMode::Require).tls
+    } else {
+        Default::default()
+    };
+    let shard = sluice::embedded::ShardOptions {
+        key_file: Some(key.to_string()),
+        tls,
+        internal_security: router.pool_options().unwrap().security,
+        ..sluice::embedded::ShardOptions::for_tests()
+    };
+    sluice::demo::DemoCluster::start(2, shard, vec![router], vec!["sluice".into()], &[])
+        .await
+        .expect("the secured cluster layout starts")
+}
+
+/// The suites above that cover X.509 and the keyfile's refusal, in the secured cluster layout.
+mod cluster_layout {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn x509_authenticates_the_client_certificate_subject() {
+        let p = pki("x509-cluster");
+        let key = keyfile(&p.dir, "key", "c2x1aWNlLXg1MDktY2x1c3Rlci1rZXk");
+        let c = secured_demo(&p, x509_router(&p), &key).await;
+        // The `$external` user is the config server's, where mongos keeps its users.
+        let stored = c.config_server.service().documents("admin", "system.users");
+        assert!(
+            stored
+                .iter()
+                .any(|u| u.get_str("db").ok() == Some("$external")
+                    && u.get_str("user").ok() == Some(p.client_subject.as_str())),
+            "{stored:?}"
+        );
+        x509_authenticates_on(&p, c.routers[0].0.local_addr().port()).await;
+        c.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_servers_refuse_clients_and_routers_without_the_key() {
+        let p = pki("keyfile-cluster");
+        let key = keyfile(&p.dir, "key", "c2x1aWNlLWNsdXN0ZXIta2V5");
+        let wrong = keyfile(&p.dir, "wrong", "bm90LXRoZS1jbHVzdGVyLWtleQ");
+        let mut c = secured_demo(&p, Config::default(), &key).await;
+        // The config server and the shard servers refuse an unauthenticated client, as
+        // mongod with a keyfile does.
+        for (addr, db, coll) in [
+            (c.config_server.local_addr(), "config", "shards"),
+            (c.shards[0].local_addr(), "test", "t"),
+        ] {
+            let direct = mongodb::Client::with_uri_str(format!(
+                "mongodb://{addr}/?directConnection=true&serverSelectionTimeoutMS=3000"
+            ))
+            .await
+            .unwrap();
+            let e = direct
+                .database(db)
+                .collection::<bson::Document>(coll)
+                .find_one(doc! {})
+                .await
+                .unwrap_err();
+            assert!(
+                e.to_string().contains("requires authentication"),
+                "{addr}: {e}"
+            );
+        }
+        // The router with the key reaches both as __system.
+        let client = mongodb::Client::with_uri_str(format!(
+            "mongodb://{}/?serverSelectionTimeoutMS=3000",
+            c.routers[0].0.local_addr()
+        ))
+        .await
+        .unwrap();
+        let coll = client.database("test").collection::<bson::Document>("t");
+        coll.insert_one(doc! {"_id": 1}).await.unwrap();
+        assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 1);
+        // A router with another key is refused by the config server.
+        let mut other = Config {
+            listen: "127.0.0.1:0".into(),
+            ..Config::default()
+        };
+        other.security.key_file = Some(wrong);
+        let refused = match c.start_router(other, vec!["sluice".into()]).await {
+            Err(e) => e,
+            Ok((handle, _)) => {
+                let client = mongodb::Client::with_uri_str(format!(
+                    "mongodb://{}/?serverSelectionTimeoutMS=3000",
+                    handle.local_addr()
+                ))
+                .await
+                .unwrap();
+                client
+                    .database("test")
+                    .collection::<bson::Document>("t")
+                    .insert_one(doc! {"_id": 2})
+                    .await
+                    .unwrap_err()
+                    .to_string()
+            }
+        };
+        assert!(refused.contains("uthentication"), "{refused}");
+        assert!(!refused.contains("bm90LXRoZS1jbHVzdGVyLWtleQ"), "{refused}");
+        assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 1);
+        c.shutdown().await;
+    }
 }

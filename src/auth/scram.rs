@@ -504,6 +504,24 @@ impl ServerConversation {
         server_nonce: &str,
         skip_empty_exchange: bool,
     ) -> Result<(ServerConversation, ServerStep), ScramError> {
+        Self::start_owned(
+            mechanism,
+            first,
+            credentials.to_vec(),
+            server_nonce,
+            skip_empty_exchange,
+        )
+    }
+
+    /// As [`ServerConversation::start`], keeping `credentials` as they are given (the
+    /// conversation holds them until its last step) rather than copying them.
+    pub fn start_owned(
+        mechanism: ScramMechanism,
+        first: ClientFirst,
+        credentials: Vec<ScramCredential>,
+        server_nonce: &str,
+        skip_empty_exchange: bool,
+    ) -> Result<(ServerConversation, ServerStep), ScramError> {
         let Some(primary) = credentials.first() else {
             return Err(ScramError::NoCredentials(mechanism));
         };
@@ -519,7 +537,7 @@ impl ServerConversation {
                 user: first.user,
                 nonce,
                 auth_message,
-                secrets: credentials.to_vec(),
+                secrets: credentials,
                 skip_empty_exchange,
                 step: 1,
                 done: false,

@@ -24,7 +24,8 @@ use super::keyfile::InternalCredentials;
 use super::restrictions::ConnectionAddresses;
 use super::roles::{Principal, RoleName};
 use super::scram::{
-    server_nonce, ClientFirst, ScramError, ScramMechanism, ServerConversation, ServerStep,
+    server_nonce, ClientFirst, ScramCredential, ScramError, ScramMechanism, ServerConversation,
+    ServerStep,
 };
 use super::user_cache::ResolvedUser;
 use super::{AuthError, Mechanism, UserName, EXTERNAL_DB, INTERNAL_DB, INTERNAL_USER};
@@ -39,6 +40,16 @@ use std::sync::Arc;
 pub trait UserLookup {
     /// A user document by name (`None`: no such user).
     fn user(&self, name: &UserName) -> Option<UserDocument>;
+    /// The user's SCRAM credential of `mechanism`, without the rest of its document (what
+    /// `saslStart` needs). `None`: no such user; `Some(None)`: none of that mechanism.
+    fn scram_credential(
+        &self,
+        name: &UserName,
+        mechanism: ScramMechanism,
+    ) -> Option<Option<ScramCredential>> {
+        self.user(name)
+            .map(|u| u.credentials.scram(mechanism).cloned())
+    }
     /// The `__system@local` credentials of the configured keyfile (`None`: no keyfile).
     fn internal_credentials(&self) -> Option<&InternalCredentials>;
     /// The user's roles resolved into privileges (built-in roles only unless the lookup
@@ -70,6 +81,14 @@ pub trait UserLookup {
 impl UserLookup for UsersFile {
     fn user(&self, name: &UserName) -> Option<UserDocument> {
         self.find(name).cloned()
+    }
+    fn scram_credential(
+        &self,
+        name: &UserName,
+        mechanism: ScramMechanism,
+    ) -> Option<Option<ScramCredential>> {
+        self.find(name)
+            .map(|u| u.credentials.scram(mechanism).cloned())
     }
     fn internal_credentials(&self) -> Option<&InternalCredentials> {
         None
@@ -311,13 +330,8 @@ impl AuthSession {
                 None => return scram_failed(Some(name), ScramError::InternalUserWithoutKeyfile),
             }
         } else {
-            match users.user(&name) {
-                Some(u) => u
-                    .credentials
-                    .scram(mechanism)
-                    .cloned()
-                    .into_iter()
-                    .collect(),
+            match users.scram_credential(&name, mechanism) {
+                Some(c) => c.into_iter().collect(),
                 None => {
                     let e = ScramError::UserNotFound {
                         user: name.user.clone(),
@@ -331,10 +345,10 @@ impl AuthSession {
             Ok(n) => n,
             Err(e) => return scram_failed(Some(name), e),
         };
-        match ServerConversation::start(
+        match ServerConversation::start_owned(
             mechanism,
             first,
-            &credentials,
+            credentials,
             &nonce,
             skip_empty_exchange(body),
         ) {

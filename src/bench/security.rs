@@ -11,11 +11,17 @@
 //!
 //! - `insert_one` on an open, authenticated connection: what authorization and encryption add
 //!   to every single-document write;
+//! - `find_one` by `_id` on an open, authenticated connection: the same for a single-document
+//!   read;
 //! - a new client: the stock driver's `Client` created, one `ping`, shut down. That is every
 //!   connection the driver opens for it (its monitors and one pooled connection: the
 //!   handshakes, the TLS handshakes and the SCRAM conversation) and the router's side of
 //!   closing them. The router's own count of connections it accepted gives connections per
 //!   client, so the figure can also be read per connection.
+//!
+//! A fifth router authenticates a user holding only `readWrite` on the benchmark's database,
+//! as an application's user would, rather than `root`: its inserts and finds against the plain
+//! router's are what the per-command authorization check costs.
 //!
 //! Certificates come from the `openssl` command line (a throw-away CA and a server certificate
 //! for `127.0.0.1`), the user from the router's users file, written before it starts.
@@ -42,24 +48,50 @@ const PASSWORD: &str = "bench-password";
 enum Mode {
     Plain,
     Scram,
+    ReadWrite,
     Tls,
     TlsScram,
 }
 
 impl Mode {
-    const ALL: [Mode; 4] = [Mode::Plain, Mode::Scram, Mode::Tls, Mode::TlsScram];
+    const ALL: [Mode; 5] = [
+        Mode::Plain,
+        Mode::Scram,
+        Mode::ReadWrite,
+        Mode::Tls,
+        Mode::TlsScram,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Mode::Plain => "plain",
             Mode::Scram => "SCRAM-SHA-256, authorization on",
+            Mode::ReadWrite => "SCRAM-SHA-256, readWrite user, authorization on",
             Mode::Tls => "TLS",
             Mode::TlsScram => "TLS + SCRAM-SHA-256",
         }
     }
 
     fn scram(self) -> bool {
-        matches!(self, Mode::Scram | Mode::TlsScram)
+        matches!(self, Mode::Scram | Mode::ReadWrite | Mode::TlsScram)
+    }
+
+    /// The role of the benchmark's user.
+    fn role(self) -> RoleName {
+        match self {
+            Mode::ReadWrite => RoleName::new("readWrite", "bench"),
+            _ => RoleName::new("root", "admin"),
+        }
+    }
+
+    /// What is counted under the mode: the writes and the new clients everywhere, the reads
+    /// where the authorization check is compared (plain, and the `readWrite` user).
+    fn workloads(self) -> &'static [Workload] {
+        match self {
+            Mode::Plain => &[Workload::InsertOne, Workload::FindOne, Workload::NewClient],
+            Mode::ReadWrite => &[Workload::InsertOne, Workload::FindOne],
+            _ => &[Workload::InsertOne, Workload::NewClient],
+        }
     }
 
     fn tls(self) -> bool {
@@ -71,6 +103,7 @@ impl Mode {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Workload {
     InsertOne,
+    FindOne,
     NewClient,
 }
 
@@ -78,6 +111,7 @@ impl Workload {
     fn label(self) -> &'static str {
         match self {
             Workload::InsertOne => "insert_one",
+            Workload::FindOne => "find_one by _id",
             Workload::NewClient => "new client + ping",
         }
     }
@@ -110,13 +144,15 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
     };
     let certs = Scratch::new("security-certs")?;
     certificates(&certs.0).await?;
-    let mut progress = Progress::new("security", Mode::ALL.len() * 4);
+    let runs = Mode::ALL.iter().map(|m| m.workloads().len() * 2).sum();
+    let mut progress = Progress::new("security", runs);
     let mut counts = Vec::new();
     for mode in Mode::ALL {
-        for (workload, (short, long)) in [
-            (Workload::InsertOne, inserts),
-            (Workload::NewClient, clients),
-        ] {
+        for &workload in mode.workloads() {
+            let (short, long) = match workload {
+                Workload::NewClient => clients,
+                _ => inserts,
+            };
             let mut totals = Vec::new();
             let mut accepted = Vec::new();
             for n in [short, long] {
@@ -240,7 +276,7 @@ fn secure(mode: Mode, certs: &Path, scratch: &Path) -> anyhow::Result<(String, C
             UserName::new(USER, "admin"),
             PASSWORD,
             &[ScramMechanism::Sha256],
-            vec![RoleName::new("root", "admin")],
+            vec![mode.role()],
         )
         .map_err(|e| anyhow!("cannot make the benchmark user: {e}"))?;
         users
@@ -290,11 +326,20 @@ async fn callgrind_run(
         refused_without_credentials(&fleet, &auth, mode).await?;
     }
     let coll = fleet.client.database("bench").collection::<Document>("sec");
+    if workload == Workload::FindOne {
+        coll.insert_one(doc! {"_id": 0_i64, "v": 1, "pad": "0123456789abcdef"})
+            .await?;
+    }
     for i in 0..n {
         match workload {
             Workload::InsertOne => {
                 coll.insert_one(doc! {"_id": i as i64, "v": 1, "pad": "0123456789abcdef"})
                     .await?;
+            }
+            Workload::FindOne => {
+                if coll.find_one(doc! {"_id": 0_i64}).await?.is_none() {
+                    bail!("find_one found nothing ({})", mode.label());
+                }
             }
             Workload::NewClient => {
                 let c = router_client(fleet.router.addr, false, &auth).await?;
@@ -309,16 +354,22 @@ async fn callgrind_run(
             bail!("{} of {n} documents stored ({})", stored, mode.label());
         }
     }
-    let status = fleet
-        .client
-        .database("admin")
-        .run_command(doc! {"serverStatus": 1})
-        .await?;
-    let accepted = status
-        .get_document("connections")
-        .ok()
-        .and_then(|c| c.get_i32("totalCreated").ok())
-        .context("serverStatus has no connections.totalCreated")?;
+    // Only the new clients count connections (`serverStatus` needs `clusterMonitor`, which
+    // the `readWrite` user does not hold).
+    let accepted = if workload == Workload::NewClient {
+        let status = fleet
+            .client
+            .database("admin")
+            .run_command(doc! {"serverStatus": 1})
+            .await?;
+        status
+            .get_document("connections")
+            .ok()
+            .and_then(|c| c.get_i32("totalCreated").ok())
+            .context("serverStatus has no connections.totalCreated")?
+    } else {
+        0
+    };
     fleet.stop().await?;
     Ok((callgrind_total(&out)?, i64::from(accepted)))
 }
@@ -360,7 +411,7 @@ fn report(counts: &[Count]) -> Report {
         "release"
     };
     let mut md = format!(
-        "Router instructions (`valgrind --tool=callgrind` on the router process, two embedded shards, {profile} build) per operation: the difference between a short and a long run, divided by the difference of their operations. \"new client\": a stock-driver `Client` created, one `ping`, shut down (every connection it opens: monitors and one pooled connection). TLS is on the client's hop only (`tls.mode = \"allow\"`); SCRAM runs with authorization enabled.\n\n| clients reach the router with | workload | operations (short / long) | instructions (short / long) | instructions per operation | vs plain | connections per operation |\n|---|---|---|---|---|---|---|\n"
+        "Router instructions (`valgrind --tool=callgrind` on the router process, two embedded shards, {profile} build) per operation: the difference between a short and a long run, divided by the difference of their operations. \"new client\": a stock-driver `Client` created, one `ping`, shut down (every connection it opens: monitors and one pooled connection). TLS is on the client's hop only (`tls.mode = \"allow\"`); SCRAM runs with authorization enabled, as `root` except for the `readWrite` lane (a user with `readWrite` on the benchmark database only).\n\n| clients reach the router with | workload | operations (short / long) | instructions (short / long) | instructions per operation | vs plain | connections per operation |\n|---|---|---|---|---|---|---|\n"
     );
     let plain = |w: Workload| {
         counts

@@ -617,7 +617,15 @@ pub fn reply_labels(reply: &Document) -> Vec<String> {
 /// `maxTimeMS` of a request: `None` when absent or 0 (no limit); mongod's errors for a value
 /// that is not a non-negative 32-bit integer.
 pub fn max_time(body: &bson::RawDocument) -> Result<Option<std::time::Duration>, CommandError> {
-    let ms = match crate::wire::get_field(body, "maxTimeMS") {
+    max_time_value(crate::wire::get_field(body, "maxTimeMS"))
+}
+
+/// [`max_time`] of the body's `maxTimeMS` lookup, for a caller that found it in a walk that
+/// read other fields too.
+pub fn max_time_value(
+    field: bson::error::Result<Option<bson::RawBsonRef<'_>>>,
+) -> Result<Option<std::time::Duration>, CommandError> {
+    let ms = match field {
         Ok(None) | Err(_) => return Ok(None),
         Ok(Some(bson::RawBsonRef::Int32(v))) => v as f64,
         Ok(Some(bson::RawBsonRef::Int64(v))) => v as f64,

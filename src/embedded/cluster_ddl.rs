@@ -17,9 +17,13 @@
 //! waits, then meets the new metadata and is answered StaleConfig. A `dropDatabase` holds the
 //! database's critical section on every shard the same way.
 //!
+//! The drop, rename and `dropDatabase` coordinators record each phase before acting on it
+//! ([`super::ddl_coordinator`]); a member that becomes primary resumes the ones left
+//! unfinished ([`resume`]), and a request for a DDL already recorded joins it.
+//!
 //! Where it is simpler than MongoDB's coordinators: the `config.*` changes are one embedded
-//! command (`_sluiceCommit*`) instead of a transaction on the config server, and a
-//! coordinator's progress is not recorded, so a primary that stops halfway does not resume.
+//! command (`_sluiceCommit*`) instead of a transaction on the config server, and the
+//! coordinators of `shardCollection` and `movePrimary` are not recorded.
 
 use bson::{doc, oid::ObjectId, Bson, Document};
 
@@ -32,6 +36,10 @@ use crate::value::error_codes::ErrorCode;
 use crate::value::field::{number_field, number_value, truthy};
 
 use super::configsvr::object_field;
+use super::ddl_coordinator::{
+    self, coordinator_id, Begun, Coordinator, DROP_COLLECTION, DROP_DATABASE, RENAME_COLLECTION,
+    SET_RESPONSE,
+};
 use super::filtering::engine_error;
 use super::migration::{now_secs, Donor};
 
@@ -236,26 +244,19 @@ struct Blocked<'a> {
 }
 
 impl<'a> Blocked<'a> {
-    /// Enters the critical section of each of `namespaces` (collections, or a database by its
-    /// name) on every shard of `all` (this one included), in shard order; on a failure leaves
-    /// what was entered and fails.
-    async fn enter(
+    /// The critical sections of `namespaces` on every shard of `all`, not entered yet.
+    fn new(
         d: &'a Donor,
         all: &'a [(String, String)],
         namespaces: &[&str],
         reason: Document,
-    ) -> Result<Blocked<'a>, EngineError> {
-        let blocked = Blocked {
+    ) -> Blocked<'a> {
+        Blocked {
             d,
             all,
             namespaces: namespaces.iter().map(|ns| ns.to_string()).collect(),
             reason,
-        };
-        if let Err(e) = blocked.send(true).await {
-            blocked.leave().await;
-            return Err(e);
         }
-        Ok(blocked)
     }
 
     async fn send(&self, block: bool) -> Result<(), EngineError> {
@@ -476,6 +477,13 @@ async fn drop_collection(d: &Donor, db: &str, body: &Document) -> Result<Documen
     let coll = string(body, CMD, CMD)?;
     let ns = format!("{db}.{coll}");
     super::store::check_namespace(db, coll)?;
+    // A drop already under way (resumed by this primary, or sent before and retried) is
+    // joined: its outcome is this request's.
+    let id = coordinator_id(DROP_COLLECTION, &ns);
+    if ddl_coordinator::recorded(&d.catalog, &id).is_some() {
+        ddl_coordinator::join(d, &id).await?;
+        return Ok(doc! {"ns": &ns});
+    }
     let cache = d.filtering.cache().await?;
     d.filtering.flush_collection(&ns);
     let tracked = cache
@@ -496,27 +504,128 @@ async fn drop_collection(d: &Donor, db: &str, body: &Document) -> Result<Documen
         flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", &ns).await;
         return Ok(doc! {"ns": &ns});
     }
-    // Every shard holds the collection's critical section from before the commit until each
-    // has dropped its copy and forgotten the routing: a write racing the drop waits, then is
-    // answered StaleConfig, instead of landing in a copy about to be dropped or orphaned.
-    let reason = doc! {"command": "dropCollection", "ns": &ns};
-    let blocked = Blocked::enter(d, &all, &[&ns], reason).await?;
-    let dropped = async {
-        d.filtering
-            .run_on_config_server(doc! {"_sluiceCommitDropCollection": &ns})
-            .await?;
-        for (_, host) in &all {
-            checked(
-                d.migrations.run_on_db(host, db, doc! {"drop": coll}).await,
-                &[ErrorCode::NamespaceNotFound],
-            )?;
+    match Coordinator::begin(d, DROP_COLLECTION, &ns, Document::new())? {
+        Begun::New(c) => run_drop_collection(d, c).await,
+        Begun::Existing(_) => {
+            ddl_coordinator::join(d, &coordinator_id(DROP_COLLECTION, &ns)).await?;
+            Ok(doc! {"ns": &ns})
         }
-        Ok::<_, EngineError>(())
     }
-    .await;
+}
+
+/// The phases of a drop coordinator, in order (MongoDB's `DropCollectionCoordinatorPhase`
+/// values; `freezeCollection` is not used: the critical section holds migrations off too).
+const DROP_PHASES: &[&str] = &[
+    "unset",
+    "enterCriticalSection",
+    "dropCollection",
+    "releaseCriticalSection",
+];
+
+/// Whether a coordinator that reached `phase` still has `step` to do (`phase` is the one it
+/// recorded last: that one is done again, as it may have been cut short).
+fn to_do(phases: &[&str], phase: &str, step: &str) -> bool {
+    let at = |p: &str| phases.iter().position(|x| *x == p).unwrap_or(0);
+    at(phase) <= at(step)
+}
+
+/// The namespace a coordinator's document names.
+fn coordinator_namespace(c: &Coordinator) -> String {
+    c.document()
+        .get_document("_id")
+        .and_then(|id| id.get_str("namespace"))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A drop of a sharded collection, from the phase its coordinator recorded: every shard holds
+/// the collection's critical section from before the commit until each has dropped its copy
+/// and forgotten the routing, so a write racing the drop waits, then is answered StaleConfig,
+/// instead of landing in a copy about to be dropped or orphaned. Each phase is recorded
+/// before it is acted on, and each is harmless to run again (entering a critical section for
+/// the same reason, removing what is already removed, dropping what is already dropped), so
+/// a primary elected halfway runs the recorded phase again and goes on.
+async fn run_drop_collection(d: &Donor, mut c: Coordinator) -> Result<Document, EngineError> {
+    let ns = coordinator_namespace(&c);
+    let (db, coll) = ns.split_once('.').unwrap_or((&ns, ""));
+    let start = c.phase().to_string();
+    let all = match shards(d).await {
+        Ok(all) => all,
+        Err(e) => return Err(abandon(c, e)),
+    };
+    let reason = doc! {"command": "dropCollection", "ns": &ns};
+    let blocked = Blocked::new(d, &all, &[&ns], reason);
+    if to_do(DROP_PHASES, &start, "enterCriticalSection") {
+        c.enter("enterCriticalSection")?;
+        if let Err(e) = blocked.send(true).await {
+            if c.enter("releaseCriticalSection").is_err() {
+                return Err(e);
+            }
+            blocked.leave().await;
+            return Err(abandon(c, e));
+        }
+    }
+    let mut dropped = Ok(());
+    if to_do(DROP_PHASES, &start, "dropCollection") {
+        c.enter("dropCollection")?;
+        dropped = async {
+            d.filtering
+                .run_on_config_server(doc! {"_sluiceCommitDropCollection": &ns})
+                .await?;
+            for (_, host) in &all {
+                checked(
+                    d.migrations.run_on_db(host, db, doc! {"drop": coll}).await,
+                    &[ErrorCode::NamespaceNotFound],
+                )?;
+            }
+            Ok::<_, EngineError>(())
+        }
+        .await;
+    }
+    c.enter("releaseCriticalSection")?;
     blocked.leave().await;
+    c.finish();
     dropped?;
     Ok(doc! {"ns": &ns})
+}
+
+/// A coordinator that failed before changing anything: its document goes, and `e` is the
+/// answer.
+fn abandon(c: Coordinator, e: EngineError) -> EngineError {
+    if !ddl_coordinator::interrupted(&e) {
+        c.finish();
+    }
+    e
+}
+
+/// Resumes a coordinator recorded by an earlier primary (see [`ddl_coordinator`]).
+pub fn resume(
+    d: Donor,
+    c: Coordinator,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let operation = c
+            .document()
+            .get_document("_id")
+            .and_then(|id| id.get_str("operationType"))
+            .unwrap_or_default()
+            .to_string();
+        let result = match operation.as_str() {
+            DROP_COLLECTION => run_drop_collection(&d, c).await,
+            RENAME_COLLECTION => run_rename_collection(&d, c).await,
+            DROP_DATABASE => run_drop_database(&d, c).await,
+            other => Err(EngineError::new(
+                ErrorCode::BadValue,
+                format!("unknown DDL coordinator {other}"),
+            )),
+        };
+        match result {
+            Ok(reply) => tracing::info!(operation, reply = %reply, "resumed DDL coordinator done"),
+            Err(e) => {
+                tracing::warn!(operation, error = %e.message, "resumed DDL coordinator failed")
+            }
+        }
+    })
 }
 
 /// `_shardsvrRenameCollection: "<db>.<from>", to: "<db>.<to>", dropTarget?` on the source's
@@ -565,6 +674,18 @@ async fn rename_collection(d: &Donor, db: &str, body: &Document) -> Result<Docum
         .map_err(engine_error)?
         .collection
         .is_some();
+    // A rename of the same source already under way (resumed by this primary, or sent before
+    // and retried) is joined; one that finished with this target while the source is gone
+    // answers its recorded response.
+    let id = coordinator_id(RENAME_COLLECTION, &from);
+    let source_here = lock(&d.catalog)
+        .collection(db, &from[db.len() + 1..])
+        .is_some();
+    if let Some(recorded) = ddl_coordinator::recorded(&d.catalog, &id) {
+        if let Some(reply) = rename_recorded(d, &recorded, &to, source || source_here).await? {
+            return Ok(reply);
+        }
+    }
     let all = shards(d).await?;
     let mut rename = doc! {"renameCollection": &from, "to": &to};
     if drop_target {
@@ -610,45 +731,183 @@ async fn rename_collection(d: &Donor, db: &str, body: &Document) -> Result<Docum
             ));
         }
     }
-    // Both names' critical sections on every shard, from before the first local rename until
-    // each shard has forgotten its routing of both after the commit: a write racing the
-    // rename waits, then is answered StaleConfig, instead of landing under the old name on a
-    // shard that already renamed its copy.
+    let fields = doc! {"to": &to, "dropTarget": drop_target};
+    let c = match Coordinator::begin(d, RENAME_COLLECTION, &from, fields.clone())? {
+        Begun::New(c) => c,
+        Begun::Existing(recorded) => match rename_recorded(d, &recorded, &to, true).await? {
+            Some(reply) => return Ok(reply),
+            None => match Coordinator::replace_finished(d, &recorded, fields)? {
+                Begun::New(c) => c,
+                Begun::Existing(_) => return Err(rename_conflict(&from)),
+            },
+        },
+    };
+    run_rename_collection(d, c).await
+}
+
+fn rename_conflict(from: &str) -> EngineError {
+    EngineError::new(
+        ErrorCode::ConflictingOperationInProgress,
+        format!("another rename of {from} is in progress"),
+    )
+}
+
+/// What a rename request answers when a rename coordinator of its source is recorded: one
+/// running to the same target is joined (its response is this request's); one that finished
+/// with this target answers its response while the source is gone (the request is the same
+/// one sent again), and `None` (a new rename) once the source exists again; one to another
+/// target is ConflictingOperationInProgress (117) while it runs.
+async fn rename_recorded(
+    d: &Donor,
+    recorded: &Document,
+    to: &str,
+    source_exists: bool,
+) -> Result<Option<Document>, EngineError> {
+    let same_target = recorded.get_str("to").ok() == Some(to);
+    let finished = recorded.get_str("phase").ok() == Some(SET_RESPONSE);
+    if finished {
+        return Ok((same_target && !source_exists).then(|| {
+            recorded
+                .get_document("response")
+                .cloned()
+                .unwrap_or_default()
+        }));
+    }
+    if !same_target {
+        return Err(rename_conflict(
+            &coordinator_namespace_of(recorded).unwrap_or_default(),
+        ));
+    }
+    let id = recorded.get_document("_id").cloned().unwrap_or_default();
+    Ok(Some(
+        ddl_coordinator::join(d, &id)
+            .await?
+            .and_then(|done| done.get_document("response").ok().cloned())
+            .unwrap_or_default(),
+    ))
+}
+
+fn coordinator_namespace_of(recorded: &Document) -> Option<String> {
+    recorded
+        .get_document("_id")
+        .and_then(|id| id.get_str("namespace"))
+        .ok()
+        .map(str::to_string)
+}
+
+/// The phases of a rename coordinator, in order (values of MongoDB's
+/// `RenameCollectionCoordinatorPhase`; here `blockCRUDAndRename` enters the critical sections
+/// and drops the target, `renameParticipants` renames on every shard and commits, so that
+/// running either again cannot drop a collection already renamed onto the target).
+const RENAME_PHASES: &[&str] = &[
+    "unset",
+    "blockCRUDAndRename",
+    "renameParticipants",
+    "unblockCRUD",
+    SET_RESPONSE,
+];
+
+/// A rename of a sharded collection, from the phase its coordinator recorded (see
+/// [`run_drop_collection`] for how phases are recorded and run again). Both names' critical
+/// sections are held on every shard from before the first local rename until each shard has
+/// forgotten its routing of both after the commit: a write racing the rename waits, then is
+/// answered StaleConfig, instead of landing under the old name on a shard that already
+/// renamed its copy. The response is kept with the coordinator's document
+/// ([`SET_RESPONSE`]).
+async fn run_rename_collection(d: &Donor, mut c: Coordinator) -> Result<Document, EngineError> {
+    let from = coordinator_namespace(&c);
+    let to = c.document().get_str("to").unwrap_or_default().to_string();
+    let drop_target = c.document().get_bool("dropTarget").unwrap_or(false);
+    let (to_db, to_coll) = to.split_once('.').unwrap_or((&to, ""));
+    let start = c.phase().to_string();
+    let all = match shards(d).await {
+        Ok(all) => all,
+        Err(e) => return Err(abandon(c, e)),
+    };
     let reason = doc! {"command": "rename", "from": &from, "to": &to};
-    let blocked = Blocked::enter(d, &all, &[&from, &to], reason).await?;
-    let renamed = async {
-        for (_, host) in &all {
+    let blocked = Blocked::new(d, &all, &[&from, &to], reason);
+    if to_do(RENAME_PHASES, &start, "blockCRUDAndRename") {
+        c.enter("blockCRUDAndRename")?;
+        let blocked_and_dropped = async {
+            blocked.send(true).await?;
             if drop_target {
+                for (_, host) in &all {
+                    checked(
+                        d.migrations
+                            .run_on_db(host, to_db, doc! {"drop": to_coll})
+                            .await,
+                        &[ErrorCode::NamespaceNotFound],
+                    )?;
+                }
+            }
+            Ok::<_, EngineError>(())
+        }
+        .await;
+        if let Err(e) = blocked_and_dropped {
+            if c.enter("unblockCRUD").is_err() {
+                return Err(e);
+            }
+            blocked.leave().await;
+            return Err(abandon(c, e));
+        }
+    }
+    let mut renamed = Ok(None);
+    if to_do(RENAME_PHASES, &start, "renameParticipants") {
+        c.enter("renameParticipants")?;
+        renamed = async {
+            for (_, host) in &all {
                 checked(
                     d.migrations
-                        .run_on_db(host, to_db, doc! {"drop": to_coll})
+                        .run_on(host, doc! {"renameCollection": &from, "to": &to})
                         .await,
                     &[ErrorCode::NamespaceNotFound],
                 )?;
             }
-            checked(
-                d.migrations
-                    .run_on(host, doc! {"renameCollection": &from, "to": &to})
-                    .await,
-                &[ErrorCode::NamespaceNotFound],
-            )?;
+            let committed = d
+                .filtering
+                .run_on_config_server(doc! {
+                    "_sluiceCommitRenameCollection": &from,
+                    "to": &to,
+                    "dropTarget": drop_target,
+                })
+                .await;
+            match committed {
+                Ok(reply) => Ok(Some(reply)),
+                // Committed by an earlier primary of this shard.
+                Err(e) if e.code == ErrorCode::NamespaceNotSharded => Ok(None),
+                Err(e) => Err(e),
+            }
         }
-        d.filtering
-            .run_on_config_server(doc! {
-                "_sluiceCommitRenameCollection": &from,
-                "to": &to,
-                "dropTarget": drop_target,
-            })
-            .await
+        .await;
     }
-    .await;
+    c.enter("unblockCRUD")?;
     blocked.leave().await;
-    let committed = renamed?;
-    Ok(doc! {"collectionVersion": {
+    let committed = match renamed {
+        Ok(Some(reply)) => reply,
+        Ok(None) => {
+            // The commit happened before: its generation is the target's.
+            d.filtering.flush_collection(&to);
+            let info = d.filtering.cache().await?.routing_info(&to).await;
+            match info.ok().and_then(|i| i.collection) {
+                Some(coll) => doc! {
+                    "epoch": coll.snapshot.epoch,
+                    "timestamp": coll.snapshot.timestamp,
+                },
+                None => Document::new(),
+            }
+        }
+        Err(e) => {
+            c.finish();
+            return Err(e);
+        }
+    };
+    let response = doc! {"collectionVersion": {
         "e": committed.get("epoch").cloned().unwrap_or(Bson::Null),
         "t": committed.get("timestamp").cloned().unwrap_or(Bson::Null),
         "v": bson::Timestamp { time: 0, increment: 0 },
-    }})
+    }};
+    c.finish_with(response.clone())?;
+    Ok(response)
 }
 
 /// The version MongoDB gives an unsharded collection (`ShardVersion::UNSHARDED`).
@@ -669,43 +928,91 @@ async fn drop_database(d: &Donor, db: &str) -> Result<Document, EngineError> {
             format!("Cannot drop the {db} database"),
         ));
     }
-    let all = shards(d).await?;
-    // The database's critical section on every shard (every request carrying a version for
-    // any of its collections waits) from before the commit until each shard has dropped it
-    // and forgotten its routing: a racing write is then answered StaleConfig or
-    // StaleDbVersion instead of landing in a copy about to be dropped or orphaned.
-    let reason = doc! {"command": "dropDatabase", "db": db};
-    let blocked = Blocked::enter(d, &all, &[db], reason).await?;
-    let dropped = async {
-        let reply = d
-            .filtering
-            .run_on_config_server(doc! {"_sluiceCommitDropDatabase": db})
-            .await?;
-        for (_, host) in &all {
-            checked(
-                d.migrations
-                    .run_on_db(host, db, doc! {"dropDatabase": 1})
-                    .await,
-                &[],
-            )?;
+    match Coordinator::begin(d, DROP_DATABASE, db, Document::new())? {
+        Begun::New(c) => run_drop_database(d, c).await,
+        Begun::Existing(_) => {
+            ddl_coordinator::join(d, &coordinator_id(DROP_DATABASE, db)).await?;
+            Ok(doc! {"dropped": db})
         }
-        Ok::<_, EngineError>(reply)
     }
-    .await;
-    if let Ok(reply) = &dropped {
-        let collections = reply.get_array("collections").map(Vec::as_slice);
-        for ns in collections
-            .unwrap_or_default()
-            .iter()
-            .filter_map(Bson::as_str)
-        {
-            flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", ns).await;
+}
+
+/// The phases of a `dropDatabase` coordinator, in order. MongoDB's records `drop` only (and
+/// drops each sharded collection with a drop coordinator of its own); the embedded one holds
+/// the database's critical section on every shard, so it records entering and leaving it too.
+const DROP_DATABASE_PHASES: &[&str] = &[
+    "unset",
+    "enterCriticalSection",
+    "drop",
+    "releaseCriticalSection",
+];
+
+/// A `dropDatabase`, from the phase its coordinator recorded (see [`run_drop_collection`]):
+/// the database's critical section on every shard (every request carrying a version for any
+/// of its collections waits) from before the commit until each shard has dropped it and
+/// forgotten its routing, so a racing write is answered StaleConfig or StaleDbVersion instead
+/// of landing in a copy about to be dropped or orphaned. The sharded collections the commit
+/// removed are recorded with the coordinator, so a primary that takes over still has every
+/// shard forget them.
+async fn run_drop_database(d: &Donor, mut c: Coordinator) -> Result<Document, EngineError> {
+    let db = coordinator_namespace(&c);
+    let start = c.phase().to_string();
+    let all = match shards(d).await {
+        Ok(all) => all,
+        Err(e) => return Err(abandon(c, e)),
+    };
+    let reason = doc! {"command": "dropDatabase", "db": &db};
+    let blocked = Blocked::new(d, &all, &[&db], reason);
+    if to_do(DROP_DATABASE_PHASES, &start, "enterCriticalSection") {
+        c.enter("enterCriticalSection")?;
+        if let Err(e) = blocked.send(true).await {
+            if c.enter("releaseCriticalSection").is_err() {
+                return Err(e);
+            }
+            blocked.leave().await;
+            return Err(abandon(c, e));
+        }
+    }
+    let mut dropped = Ok(());
+    if to_do(DROP_DATABASE_PHASES, &start, "drop") {
+        c.enter("drop")?;
+        dropped = async {
+            let reply = d
+                .filtering
+                .run_on_config_server(doc! {"_sluiceCommitDropDatabase": &db})
+                .await?;
+            let removed = reply.get_array("collections").cloned().unwrap_or_default();
+            if !removed.is_empty() {
+                c.record("collections", Bson::Array(removed))?;
+            }
+            for (_, host) in &all {
+                checked(
+                    d.migrations
+                        .run_on_db(host, &db, doc! {"dropDatabase": 1})
+                        .await,
+                    &[],
+                )?;
+            }
+            Ok::<_, EngineError>(())
+        }
+        .await;
+        if dropped.is_ok() {
+            let collections = c.document().get_array("collections").cloned();
+            for ns in collections
+                .unwrap_or_default()
+                .iter()
+                .filter_map(Bson::as_str)
+            {
+                flush_everywhere(d, &all, "_flushRoutingTableCacheUpdates", ns).await;
+            }
         }
     }
     // Leaving has every shard forget the database's routing first.
+    c.enter("releaseCriticalSection")?;
     blocked.leave().await;
+    c.finish();
     dropped?;
-    Ok(doc! {"dropped": db})
+    Ok(doc! {"dropped": &db})
 }
 
 /// Documents per `insert` when a collection is cloned to a new primary shard.
@@ -997,4 +1304,76 @@ async fn merge_chunks(d: &Donor, body: &Document) -> Result<Document, EngineErro
     d.filtering.flush_collection(ns);
     let reply = result?;
     Ok(doc! {"shardVersion": reply.get("shardVersion").cloned().unwrap_or(Bson::Null)})
+}
+
+/// `_shardsvrAddShard: 1, shardIdentity: {shardName, clusterId, configsvrConnectionString}` on
+/// `admin` (what MongoDB 8.0's config server sends a shard that `addShard` adds): the shard
+/// records its identity as mongod does, `admin.system.version {_id: "shardIdentity",
+/// shardName, clusterId, configsvrConnectionString}`. The same identity again answers as the
+/// first time; another name or cluster is IllegalOperation (20), nothing changed.
+pub fn add_shard_identity(
+    catalog: &std::sync::Mutex<super::store::Catalog>,
+    body: &Document,
+) -> Result<Document, EngineError> {
+    const STRUCT: &str = "ShardIdentity";
+    let Some(identity) = body.get("shardIdentity") else {
+        return Err(EngineError::new(
+            ErrorCode(40414),
+            "BSON field '_shardsvrAddShard.shardIdentity' is missing but a required field",
+        ));
+    };
+    let Bson::Document(identity) = identity else {
+        return Err(EngineError::new(
+            ErrorCode::TypeMismatch,
+            format!(
+                "BSON field '_shardsvrAddShard.shardIdentity' is the wrong type '{}', expected type 'object'",
+                crate::value::field::type_name(identity)
+            ),
+        ));
+    };
+    let field = |name: &str, want: &str| -> Result<Bson, EngineError> {
+        let value = identity.get(name).ok_or_else(|| {
+            EngineError::new(
+                ErrorCode(40414),
+                format!("BSON field '{STRUCT}.{name}' is missing but a required field"),
+            )
+        })?;
+        let type_name = crate::value::field::type_name(value);
+        if type_name != want {
+            return Err(EngineError::new(
+                ErrorCode::TypeMismatch,
+                format!(
+                    "BSON field '{STRUCT}.{name}' is the wrong type '{type_name}', expected type '{want}'"
+                ),
+            ));
+        }
+        Ok(value.clone())
+    };
+    let shard_name = field("shardName", "string")?;
+    let cluster_id = field("clusterId", "objectId")?;
+    let config = field("configsvrConnectionString", "string")?;
+    let recorded = doc! {
+        "_id": "shardIdentity",
+        "shardName": shard_name,
+        "clusterId": cluster_id,
+        "configsvrConnectionString": config,
+    };
+    let mut catalog = lock(catalog);
+    let (versions, _) = catalog.collection_mut("admin", "system.version");
+    if let Some((_, existing)) = versions.by_id(&Bson::String("shardIdentity".into())) {
+        let same = |k: &str| existing.get(k) == recorded.get(k);
+        if same("shardName") && same("clusterId") {
+            return Ok(Document::new());
+        }
+        return Err(EngineError::new(
+            ErrorCode::IllegalOperation,
+            format!(
+                "this shard already belongs to a cluster as {}; it cannot be added as {}",
+                crate::value::render::render_doc(existing),
+                crate::value::render::render_doc(&recorded)
+            ),
+        ));
+    }
+    versions.insert("admin.system.version", recorded)?;
+    Ok(Document::new())
 }

@@ -526,13 +526,46 @@ pub fn commit_move_primary(svc: &ShardService, body: &Document) -> Result<Docume
     Ok(doc! {"databaseVersion": version})
 }
 
+/// Whether the shard `id` on `host` is in `config.shards` already (`true`), absent (`false`),
+/// or its name or host taken by another shard (IllegalOperation).
+fn already_added(catalog: &Catalog, id: &str, host: &str) -> Result<bool, EngineError> {
+    let existing = records(catalog, "shards");
+    if let Some((_, d)) = existing
+        .iter()
+        .find(|(_, d)| d.get_str("_id").ok() == Some(id))
+    {
+        if d.get_str("host").ok() == Some(host) {
+            return Ok(true);
+        }
+        return Err(EngineError::new(
+            ErrorCode::IllegalOperation,
+            format!("A shard already exists with the name {id} and another host"),
+        ));
+    }
+    if let Some((_, d)) = existing
+        .iter()
+        .find(|(_, d)| d.get_str("host").ok() == Some(host))
+    {
+        return Err(EngineError::new(
+            ErrorCode::IllegalOperation,
+            format!(
+                "{host} is already a shard, named {}",
+                d.get_str("_id").unwrap_or_default()
+            ),
+        ));
+    }
+    Ok(false)
+}
+
 /// `_configsvrAddShard: "<rs>/host:port,…" | "host:port"` (`name` optional), what mongos's
 /// `addShard` sends: the config server asks the shard who it is (`hello`: a replica set, not a
 /// config server, the set name the connection string names), then records it in
 /// `config.shards` as `{_id: name (the set name by default), host: "<set>/<hosts>", state: 1,
 /// topologyTime}`. Adding the same shard again answers as the first time; another shard under a
-/// taken name is refused. Replies `{shardAdded: name}`. (MongoDB also gives the shard its
-/// identity, `_shardsvrAddShard`; an embedded shard is given the config server when it starts,
+/// taken name is refused. Before recording it, the config server gives the shard its identity
+/// (`_shardsvrAddShard {shardIdentity: {shardName, clusterId, configsvrConnectionString}}` with
+/// majority write concern, as MongoDB's does); a shard that refuses it is not added. Replies
+/// `{shardAdded: name}`. (An embedded shard is still given the config server when it starts,
 /// `sluice shard --configdb`.)
 pub async fn add_shard(
     svc: &ShardService,
@@ -592,32 +625,37 @@ pub async fn add_shard(
     }
     let id = name.unwrap_or_else(|| set.clone());
     let host = format!("{set}/{hosts}");
+    if already_added(&lock(&svc.catalog), &id, &host)? {
+        return Ok(doc! {"shardAdded": &id});
+    }
+    // The shard learns who it is before the cluster lists it, as MongoDB's config server
+    // tells it (`_shardsvrAddShard`, the shape of `add_shard_cmd.idl`).
+    let cluster_id = records(&lock(&svc.catalog), "version")
+        .into_iter()
+        .find_map(|(_, d)| d.get_object_id("clusterId").ok())
+        .ok_or_else(|| EngineError::new(ErrorCode::InternalError, "config.version is missing"))?;
+    let identity = doc! {
+        "_shardsvrAddShard": 1,
+        "shardIdentity": {
+            "shardName": &id,
+            "clusterId": cluster_id,
+            "configsvrConnectionString": format!("{}/{}", svc.name(), svc.address()),
+        },
+        "writeConcern": {"w": "majority"},
+    };
+    peers.run_on(&host, identity).await.map_err(|e| {
+        EngineError::new(
+            e.code,
+            format!(
+                "failed to give {connection} its shard identity :: caused by :: {}",
+                e.message
+            ),
+        )
+    })?;
     let now = svc.cluster_time();
     let mut catalog = lock(&svc.catalog);
-    let existing = records(&catalog, "shards");
-    if let Some((_, d)) = existing
-        .iter()
-        .find(|(_, d)| d.get_str("_id").ok() == Some(id.as_str()))
-    {
-        if d.get_str("host").ok() == Some(host.as_str()) {
-            return Ok(doc! {"shardAdded": &id});
-        }
-        return Err(EngineError::new(
-            ErrorCode::IllegalOperation,
-            format!("A shard already exists with the name {id} and another host"),
-        ));
-    }
-    if let Some((_, d)) = existing
-        .iter()
-        .find(|(_, d)| d.get_str("host").ok() == Some(host.as_str()))
-    {
-        return Err(EngineError::new(
-            ErrorCode::IllegalOperation,
-            format!(
-                "{host} is already a shard, named {}",
-                d.get_str("_id").unwrap_or_default()
-            ),
-        ));
+    if already_added(&catalog, &id, &host)? {
+        return Ok(doc! {"shardAdded": &id});
     }
     let (coll, _) = catalog.collection_mut("config", "shards");
     coll.insert(

@@ -351,6 +351,8 @@ pub struct Donor {
     pub filtering: Arc<Filtering>,
     /// The shard's id.
     pub name: String,
+    /// The replica-set member running it, when the shard is an embedded replica set.
+    pub member: Option<super::replset::MemberLink>,
 }
 
 /// `_shardsvrMoveRange` on the donor: runs the migration in its own task (a dropped

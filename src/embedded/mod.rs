@@ -19,7 +19,8 @@
 //! handler, by concern), [`commands`] (the data commands, one file per family),
 //! [`bulk_write`], [`ddl`] (`collMod`, `validate`, `dataSize`, `renameCollection`),
 //! [`pipeline_output`] (`$out`, `$merge`), [`replset`] (embedded replica sets), [`filtering`]
-//! (shard-server mode), [`cluster_ddl`] (a shard server's side of cluster DDL), [`migration`],
+//! (shard-server mode), [`cluster_ddl`] (a shard server's side of cluster DDL) and
+//! [`ddl_coordinator`] (its recorded, resumable progress), [`migration`],
 //! [`configsvr`] and [`configsvr_ddl`] (the config server's commands). The query language,
 //! updates and aggregation are the document engine's ([`crate::engine`]).
 
@@ -29,6 +30,7 @@ pub mod commands;
 pub mod configsvr;
 pub mod configsvr_ddl;
 pub mod ddl;
+pub mod ddl_coordinator;
 pub mod filtering;
 pub mod migration;
 pub mod pipeline_output;
@@ -225,6 +227,9 @@ impl EmbeddedShard {
         let service = made.ok_or_else(|| std::io::Error::other("shard service was not created"))?;
         service.set_address(handle.local_addr());
         service::spawn_idle_monitor(&service);
+        if let Some(donor) = service.shard_server() {
+            ddl_coordinator::spawn_recovery(donor, cluster_ddl::resume, Arc::downgrade(&service));
+        }
         Ok(EmbeddedShard { handle, service })
     }
 

@@ -83,6 +83,9 @@ struct SetInner {
     term: i64,
     election_running: bool,
     election_delay: Duration,
+    /// The DDL coordinator phase after which the primary steps down (or stops, `true`), once
+    /// (a test's fail point; no command reaches it).
+    step_down_after_phase: Option<(String, bool)>,
 }
 
 /// The state the members of one set share: who is primary, each member's `hello` state.
@@ -195,6 +198,7 @@ impl ReplicaSetState {
                 term: 1,
                 election_running: false,
                 election_delay,
+                step_down_after_phase: None,
             }),
             this: this.clone(),
         })
@@ -311,6 +315,38 @@ impl ReplicaSetState {
 }
 
 impl MemberLink {
+    /// The set's term while this member is its primary; `None` otherwise.
+    pub fn primary_term(&self) -> Option<i64> {
+        let inner = lock(&self.set.inner);
+        (inner.primary == Some(self.index)).then_some(inner.term)
+    }
+
+    /// Wakes on every change of what this member's `hello` says (its role among them).
+    pub fn subscribe(&self) -> watch::Receiver<i64> {
+        lock(&self.set.inner).members[self.index]
+            .changed
+            .subscribe()
+    }
+
+    /// A DDL coordinator on this member recorded `phase`: when a test asked for it, the
+    /// member steps down now (unelectable for a minute), or stops as a killed member does,
+    /// once. `true` if it did.
+    pub fn step_down_after_phase(&self, phase: &str) -> bool {
+        let mut inner = lock(&self.set.inner);
+        let stop = match &inner.step_down_after_phase {
+            Some((p, stop)) if p == phase && inner.primary == Some(self.index) => *stop,
+            _ => return false,
+        };
+        inner.step_down_after_phase = None;
+        if stop {
+            self.set.mark_stopped(&mut inner, self.index);
+        } else {
+            self.set
+                .step_down_locked(&mut inner, Duration::from_secs(60));
+        }
+        true
+    }
+
     /// This member's role now.
     pub fn role(&self) -> MemberRole {
         lock(&self.set.inner).members[self.index].role
@@ -848,6 +884,20 @@ impl EmbeddedReplicaSet {
         }
         self.state.step_down_locked(&mut inner, freeze);
         true
+    }
+
+    /// Test fail point: the primary steps down right after one of its DDL coordinators
+    /// recorded `phase` in `config.system.sharding_ddl_coordinators` (before acting on it),
+    /// once; the next primary resumes the coordinator. Reached only in process.
+    pub fn step_down_after_ddl_phase(&self, phase: &str) {
+        lock(&self.state.inner).step_down_after_phase = Some((phase.to_string(), false));
+    }
+
+    /// As [`EmbeddedReplicaSet::step_down_after_ddl_phase`], the primary stopping instead (it
+    /// refuses everything from then on; [`EmbeddedReplicaSet::stop`] then closes its listener
+    /// and connections, as a kill does).
+    pub fn stop_after_ddl_phase(&self, phase: &str) {
+        lock(&self.state.inner).step_down_after_phase = Some((phase.to_string(), true));
     }
 
     /// Makes member `i` unelectable for `freeze` (zero unfreezes).

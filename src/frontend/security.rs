@@ -31,6 +31,7 @@ use crate::auth::cursors::CursorOwners;
 use crate::auth::custom_roles::{RoleDocument, RoleGraph};
 use crate::auth::keyfile::{InternalCredentials, KeyFile};
 use crate::auth::roles::{Principal, RoleName};
+use crate::auth::scram::{ScramCredential, ScramMechanism};
 use crate::auth::session::{AuthSession, Outcome, UserLookup};
 use crate::auth::user_cache::{CacheCounts, ResolvedUser, UserCache};
 use crate::auth::{role_admin, tls, user_admin, AuthError, UserName};
@@ -515,6 +516,13 @@ impl UserLookup for Security {
     fn user(&self, name: &UserName) -> Option<UserDocument> {
         lock(&self.users).find(name).cloned()
     }
+    fn scram_credential(
+        &self,
+        name: &UserName,
+        mechanism: ScramMechanism,
+    ) -> Option<Option<ScramCredential>> {
+        lock(&self.users).scram_credential(name, mechanism)
+    }
     fn internal_credentials(&self) -> Option<&InternalCredentials> {
         self.internal.as_ref()
     }
@@ -809,7 +817,8 @@ impl Security {
                 }
             }
             _ => {
-                if let (true, Some(id)) = (ok, id) {
+                // A closed cursor (id 0) has no owner to record.
+                if let (true, Some(id)) = (ok, id.filter(|id| *id != 0)) {
                     self.cursors.record(auth.session.principal(), id, ns);
                 }
             }
@@ -922,21 +931,41 @@ impl<'a> CursorFacts<'a> {
             Some(bson::RawBsonRef::Document(c)) => Some(c),
             _ => None,
         };
+        // The cursor's `id` and `ns` in one walk of it; `ns` is only needed for an open cursor.
+        let (id, ns) = match cursor {
+            Some(c) => {
+                let [id, ns] = crate::wire::get_fields(c, ["id", "ns"]).map(|v| v.ok().flatten());
+                let id = match id {
+                    Some(bson::RawBsonRef::Int64(id)) => Some(id),
+                    _ => None,
+                };
+                let ns = match (id, ns) {
+                    (Some(i), Some(bson::RawBsonRef::String(ns))) if i != 0 => ns,
+                    _ => "",
+                };
+                (id, ns)
+            }
+            None => (None, ""),
+        };
         CursorFacts {
             ok: ok.is_some_and(|v| v.as_f64() == Some(1.0) || v.as_i32() == Some(1)),
             gone: matches!(code, Some(bson::RawBsonRef::Int32(c)) if cursor_gone(c)),
-            id: cursor.and_then(|c| c.get_i64("id").ok()),
-            ns: cursor.and_then(|c| c.get_str("ns").ok()).unwrap_or(""),
+            id,
+            ns,
         }
     }
 
     fn of_document(reply: &'a Document) -> Self {
         let cursor = reply.get_document("cursor").ok();
+        let id = cursor.and_then(|c| c.get_i64("id").ok());
         CursorFacts {
             ok: reply.get_f64("ok").ok() == Some(1.0) || reply.get_i32("ok").ok() == Some(1),
             gone: reply.get_i32("code").ok().is_some_and(cursor_gone),
-            id: cursor.and_then(|c| c.get_i64("id").ok()),
-            ns: cursor.and_then(|c| c.get_str("ns").ok()).unwrap_or(""),
+            id,
+            ns: match id {
+                Some(i) if i != 0 => cursor.and_then(|c| c.get_str("ns").ok()).unwrap_or(""),
+                _ => "",
+            },
         }
     }
 }

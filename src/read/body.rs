@@ -26,6 +26,16 @@ pub struct ReadBody<'a> {
     fields: Vec<(&'a CStr, RawBsonRef<'a>)>,
 }
 
+/// What one walk of a body found.
+enum Walked<'a> {
+    /// The body, read in place.
+    Read(ReadBody<'a>),
+    /// A body that does not read in place (a repeated name, a value owning would change).
+    Refused,
+    /// The walk could not read on; another walk decides.
+    Unread,
+}
+
 impl<'a> ReadBody<'a> {
     /// The body of `req`: its own bytes when they read as its options document would, else the
     /// encoding of that document, kept in `normalized`.
@@ -53,19 +63,40 @@ impl<'a> ReadBody<'a> {
 
     /// `raw` read in place; `None` when a field name repeats or a value would change by being
     /// owned (or the bytes do not read).
+    ///
+    /// The body is walked by [`crate::wire::elements`] (keys compared as bytes, values stepped
+    /// over by their sizes, on bytes already validated on arrival); a body that walk does not
+    /// read is walked again with the `bson` crate's iterator, which decides.
     fn parse(raw: &'a RawDocument) -> Option<Self> {
+        match Self::collect(raw, crate::wire::elements(raw)) {
+            Walked::Read(body) => Some(body),
+            Walked::Refused => None,
+            Walked::Unread => match Self::collect(raw, raw.iter().map(|item| item.ok())) {
+                Walked::Read(body) => Some(body),
+                Walked::Refused | Walked::Unread => None,
+            },
+        }
+    }
+
+    /// The fields of `raw` from `items` (an item `None`: the walk could not read on).
+    fn collect(
+        raw: &'a RawDocument,
+        items: impl Iterator<Item = Option<(&'a CStr, RawBsonRef<'a>)>>,
+    ) -> Walked<'a> {
         let mut fields: Vec<(&'a CStr, RawBsonRef<'a>)> = Vec::with_capacity(12);
-        for item in raw.iter() {
-            let (k, v) = item.ok()?;
+        for item in items {
+            let Some((k, v)) = item else {
+                return Walked::Unread;
+            };
             if k.as_str() == "$clusterTime" {
                 continue;
             }
             if fields.iter().any(|(n, _)| n.as_str() == k.as_str()) || changes_when_owned(v) {
-                return None;
+                return Walked::Refused;
             }
             fields.push((k, v));
         }
-        Some(ReadBody { raw, fields })
+        Walked::Read(ReadBody { raw, fields })
     }
 
     /// The field `key`, when present.

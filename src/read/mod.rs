@@ -40,6 +40,7 @@ use crate::cluster::Cluster;
 use crate::command::{CommandError, CommandRequest};
 use crate::engine::collation::{has_string, Collation};
 use crate::engine::query::{Projection, SortSpec};
+use crate::routing::filter::RawFilter;
 use crate::routing::{FilterKeys, RoutingSnapshot};
 use crate::value::error_codes::ErrorCode;
 use crate::value::field::{number_field, truthy};
@@ -95,6 +96,23 @@ fn collated_targets(
     target_shards(snap, filter)
 }
 
+/// The shards a `find`'s filter must be sent to: read in place ([`RawFilter`]) when it pins
+/// the full shard key by plain equality under the simple collation, as update and delete
+/// filters are; any other filter is owned and read by [`collated_targets`], which decides.
+fn find_targets(
+    snap: &RoutingSnapshot,
+    filter: &RawDocument,
+    collation: Option<&Collation>,
+) -> Result<Vec<String>, CommandError> {
+    if collation.is_none() {
+        if let Some(Ok(Some(shard))) = RawFilter::read(&snap.pattern, filter).map(|f| f.shard(snap))
+        {
+            return Ok(vec![shard.to_string()]);
+        }
+    }
+    Ok(collated_targets(snap, &owned(filter)?, collation))
+}
+
 /// What every shard command of a read carries from the client's request, as mongos attaches
 /// it: `$readPreference` (each shard picks its member by it), `readConcern` and `collation`,
 /// each element copied as the client encoded it.
@@ -126,6 +144,9 @@ fn doc_field<'a>(
 /// A document read in place, owned (for the readers that take a `Document`: targeting, sort
 /// and projection parsing).
 fn owned(d: &RawDocument) -> Result<Document, CommandError> {
+    if d.as_bytes().len() == 5 {
+        return Ok(Document::new());
+    }
     Document::try_from(d).map_err(|e| CommandError::new(ErrorCode::InvalidBSON, e.to_string()))
 }
 
@@ -139,9 +160,9 @@ fn encode_error(e: impl std::fmt::Display) -> CommandError {
 
 /// What a `find` on a sharded collection sends each shard and how the router merges the
 /// shards' replies, read from the request's body.
-struct FindPlan {
-    /// The filter, owned, for targeting.
-    filter: Document,
+struct FindPlan<'a> {
+    /// The filter, for targeting ([`find_targets`]).
+    filter: &'a RawDocument,
     /// The shard's `find` (without `$db` and `shardVersion`), written from the client's
     /// elements: `find`, `filter`, `batchSize`, then `sort`, `limit`, `projection` when they
     /// apply, then each of `collation`, `hint`, `maxTimeMS`, `comment`, `readConcern`,
@@ -172,13 +193,12 @@ pub(crate) const CARRIED_OPTIONS: [&str; 7] = [
 ];
 
 /// [`FindPlan`] of a `find` on `coll`.
-fn find_plan(
-    body: &ReadBody<'_>,
+fn find_plan<'a>(
+    body: &ReadBody<'a>,
     coll: &str,
     collation: Option<std::sync::Arc<Collation>>,
-) -> Result<FindPlan, CommandError> {
+) -> Result<FindPlan<'a>, CommandError> {
     let filter_raw = doc_field(body, "filter", "find")?;
-    let filter = owned(filter_raw)?;
     let sort_raw = doc_field(body, "sort", "find")?;
     let sort_doc = owned(sort_raw)?;
     let sort = SortSpec::parse(&sort_doc)
@@ -216,7 +236,11 @@ fn find_plan(
     };
     // Each shard's first batch covers what the router's first batch may need.
     let shard_batch = first.min(100_000).saturating_add(skip).clamp(1, 100_000) as i64;
-    let mut command = RawDocumentBuf::new();
+    // Room for what is appended: at most the body's own elements and three numbers.
+    let mut command = crate::wire::document_with_room(
+        crate::wire::empty_document(),
+        body.raw().as_bytes().len() + 64,
+    );
     command.append(bson::raw::cstr!("find"), coll);
     command.append(bson::raw::cstr!("filter"), filter_raw);
     command.append(bson::raw::cstr!("batchSize"), shard_batch);
@@ -238,7 +262,7 @@ fn find_plan(
         }
     }
     Ok(FindPlan {
-        filter,
+        filter: filter_raw,
         command,
         sort,
         sort_doc,
@@ -439,7 +463,7 @@ async fn read_at(
     Some(match req.name.as_str() {
         "find" => async {
             let plan = find_plan(body, &coll, collation.clone())?;
-            let targets = collated_targets(snap, &plan.filter, collation.as_deref());
+            let targets = find_targets(snap, plan.filter, collation.as_deref())?;
             let (streams, skipped) = open_streams(cluster, snap, targets, &db, &coll, &plan.command, need, plan.partial).await?;
             let merge = Merge::new(
                 db.clone(),
@@ -969,7 +993,7 @@ mod tests {
             let new = verdict(find_plan(&read_body, "c", None)).map(|p| {
                 (
                     p.command.into_bytes(),
-                    p.filter,
+                    owned(p.filter).expect("the filter converts"),
                     p.skip,
                     p.limit,
                     p.first,
@@ -1031,5 +1055,83 @@ mod tests {
             let new = aggregate_command(&read_body, "c", &split.shard_part).expect("encodes");
             assert_eq!(new.as_bytes(), old.to_vec().expect("encodes"));
         }
+    }
+
+    /// A `find`'s filter read in place goes to the shards the owned filter goes to, for every
+    /// key pattern and filter shape (the write path's targeting shapes), and a collation other
+    /// than the simple one is still decided on the owned filter.
+    #[test]
+    fn find_targets_in_place_are_the_owned_targets() {
+        use crate::routing::ShardKeyPattern;
+        let patterns = [
+            doc! {"_id": "hashed"},
+            doc! {"_id": 1},
+            doc! {"sk": "hashed"},
+            doc! {"a.b": "hashed"},
+            doc! {"region": 1, "_id": "hashed"},
+        ];
+        let filters = [
+            doc! {},
+            doc! {"_id": 7},
+            doc! {"_id": 7_i64},
+            doc! {"_id": 7.5},
+            doc! {"_id": "x-7"},
+            doc! {"_id": bson::oid::ObjectId::from_bytes([3; 12])},
+            doc! {"_id": {"$eq": 7}},
+            doc! {"_id": {"$eq": 7, "$ne": 8}},
+            doc! {"_id": [1, 2]},
+            doc! {"_id": {"$in": [1, 2]}},
+            doc! {"_id": {"$gt": 1}},
+            doc! {"_id": null},
+            doc! {"_id": {"p": 1}},
+            doc! {"_id": 7, "x": {"$gt": 1}},
+            doc! {"$and": [{"_id": 7}]},
+            doc! {"sk": 1, "_id": 9},
+            doc! {"a.b": 1},
+            doc! {"a": {"b": 1}},
+            doc! {"a.b.c": 1},
+            doc! {"region": "eu", "_id": {"$eq": 2}},
+            doc! {"region": "eu"},
+        ];
+        let mut in_place = 0;
+        for key in &patterns {
+            let snap =
+                RoutingSnapshot::initial("d.c", ShardKeyPattern::parse(key).unwrap(), 3).unwrap();
+            for filter in &filters {
+                let bytes = raw(filter.clone());
+                let got = find_targets(&snap, &bytes, None).expect("targets");
+                assert_eq!(got, collated_targets(&snap, filter, None), "{key} {filter}");
+                if matches!(
+                    RawFilter::read(&snap.pattern, &bytes).map(|f| f.shard(&snap)),
+                    Some(Ok(Some(_)))
+                ) {
+                    in_place += 1;
+                    assert_eq!(got.len(), 1, "{key} {filter}");
+                }
+            }
+        }
+        assert!(in_place >= 10, "{in_place} filters targeted in place");
+        // Under a collation a filter with a string goes to every shard, read in place or not.
+        let snap = RoutingSnapshot::initial(
+            "d.c",
+            ShardKeyPattern::parse(&doc! {"_id": "hashed"}).unwrap(),
+            3,
+        )
+        .unwrap();
+        let collation =
+            Collation::from_option(Some(&Bson::Document(doc! {"locale": "fr", "strength": 2})))
+                .unwrap()
+                .expect("a collation");
+        let filter = doc! {"_id": "x"};
+        assert_eq!(
+            find_targets(&snap, &raw(filter.clone()), Some(collation.as_ref())).unwrap(),
+            collated_targets(&snap, &filter, Some(collation.as_ref()))
+        );
+        assert_eq!(
+            find_targets(&snap, &raw(filter), Some(collation.as_ref()))
+                .unwrap()
+                .len(),
+            3
+        );
     }
 }

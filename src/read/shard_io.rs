@@ -298,9 +298,24 @@ fn batch_in(reply: &BsonDoc, cursor: &RawDocument, batch: &str) -> Batch {
     };
     let mut docs = VecDeque::new();
     if let Ok(Some(RawBsonRef::Array(items))) = cursor.get(batch) {
-        for item in items.into_iter().flatten() {
-            if let RawBsonRef::Document(d) = item {
-                docs.push_back(reply.bytes().slice_ref(d.as_bytes()));
+        // The items by the byte walk ([`crate::wire::elements`]); by the `bson` crate's
+        // iterator when that walk does not read them.
+        let walked = RawDocument::from_bytes(items.as_bytes())
+            .ok()
+            .and_then(|as_doc| {
+                for item in crate::wire::elements(as_doc) {
+                    if let (_, RawBsonRef::Document(d)) = item? {
+                        docs.push_back(reply.bytes().slice_ref(d.as_bytes()));
+                    }
+                }
+                Some(())
+            });
+        if walked.is_none() {
+            docs.clear();
+            for item in items.into_iter().flatten() {
+                if let RawBsonRef::Document(d) = item {
+                    docs.push_back(reply.bytes().slice_ref(d.as_bytes()));
+                }
             }
         }
     }
@@ -424,8 +439,8 @@ fn child_command(
             format!("cannot encode command: {e}"),
         )
     };
-    let holds = |k: &str| matches!(crate::wire::get_field(command, k), Ok(Some(_)));
-    if holds("$db") || holds("shardVersion") {
+    let held = crate::wire::get_fields(command, ["$db", "shardVersion"]);
+    if held.iter().any(|v| matches!(v, Ok(Some(_)))) {
         let mut cmd = Document::try_from(command).map_err(encode_error)?;
         cmd.insert("$db", db);
         if let Some(v) = version {
@@ -433,7 +448,9 @@ fn child_command(
         }
         return cmd.to_vec().map_err(encode_error);
     }
-    let mut out = command.to_owned();
+    // Room for `$db` and `shardVersion` (each its type, name, length and value).
+    let room = db.len() + version.map_or(0, |v| v.as_bytes().len()) + 32;
+    let mut out = crate::wire::document_with_room(command, room);
     out.append(cstr!("$db"), db);
     if let Some(v) = version {
         out.append(cstr!("shardVersion"), v);

@@ -11,11 +11,14 @@
 //!
 //! Commands to the primary shard carry the database's version (`databaseVersion`); a
 //! StaleDbVersion answer refreshes the database and sends the command again, at most
-//! [`super::configdb::MAX_ATTEMPTS`] times. Afterwards the router forgets what it cached of
+//! [`super::configdb::MAX_ATTEMPTS`] times, as does a lost connection or an answer saying the
+//! shard's primary changed (the next primary resumes the coordinator, or the command joins
+//! it). Afterwards the router forgets what it cached of
 //! the collection or database, so its next request reads the config server.
 
 use bson::{doc, Bson, Document};
 
+use crate::backend::BackendError;
 use crate::command::{CommandError, CommandRequest};
 use crate::metadata::configsvr::stale::is_stale_code;
 use crate::routing::{ShardKey, ShardKeyPattern};
@@ -92,22 +95,56 @@ async fn to_primary_on(
         }
         body.insert("writeConcern", doc! {"w": "majority"});
         body.insert("$db", run_db);
-        let reply = sharded
-            .cluster
-            .run_on(&primary, &body)
-            .await
-            .map_err(|e| e.at(&primary))?;
+        let last = attempt >= super::configdb::MAX_ATTEMPTS;
+        attempt += 1;
+        let reply = match sharded.cluster.run_on(&primary, &body).await {
+            Ok(reply) => reply,
+            // The primary shard's primary went away: the command goes to the next one, whose
+            // coordinator resumes the change (or the request joins it), as mongos resends
+            // these coordinators' commands (their retry policy is idempotent).
+            Err(e)
+                if !last
+                    && matches!(e, BackendError::Connect(_) | BackendError::Unreachable(_)) =>
+            {
+                tracing::debug!(shard = %primary, error = %e, "DDL sent again after a failure");
+                tokio::time::sleep(PRIMARY_CHANGE_PAUSE).await;
+                continue;
+            }
+            Err(e) => return Err(e.at(&primary).into()),
+        };
         if reply.get_f64("ok").ok() == Some(1.0) {
             return Ok(Some(reply));
         }
-        let stale = reply_code(&reply).is_some_and(is_stale_code);
-        if !stale || attempt >= super::configdb::MAX_ATTEMPTS {
+        let code = reply_code(&reply);
+        if !last && code.is_some_and(|c| primary_changed(c.0)) {
+            tokio::time::sleep(PRIMARY_CHANGE_PAUSE).await;
+            continue;
+        }
+        let stale = code.is_some_and(is_stale_code);
+        if !stale || last {
             return Err(CommandError::from_shard_reply(&primary, &reply));
         }
         metrics::counter!("sluice_stale_retries_total").increment(1);
         sharded.on_stale(db, &reply);
-        attempt += 1;
     }
+}
+
+/// How long the router waits before sending a DDL command again after the primary shard's
+/// primary changed (about an embedded election).
+const PRIMARY_CHANGE_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Codes with which a shard's member says it stopped being primary during a command: the
+/// command is sent again to the new primary.
+fn primary_changed(code: i32) -> bool {
+    [
+        ErrorCode::InterruptedDueToReplStateChange,
+        ErrorCode::PrimarySteppedDown,
+        ErrorCode::NotWritablePrimary,
+        ErrorCode::NotPrimaryNoSecondaryOk,
+        ErrorCode::ShutdownInProgress,
+    ]
+    .iter()
+    .any(|c| c.0 == code)
 }
 
 /// `shardCollection` with a config server: `_shardsvrCreateCollection` to the primary shard

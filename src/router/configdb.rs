@@ -170,6 +170,10 @@ impl ShardedCluster {
             return Ok(None);
         };
         if !self.cluster.has_shards() {
+            // Until the shard list arrives, say why it has not when the config server refuses
+            // the read (18 when it refused this router's authentication), as a mongos that
+            // cannot authenticate to its config server answers.
+            cs.cache().shards().await.map_err(command_error)?;
             return Err(CommandError::new(
                 ErrorCode::HostUnreachable,
                 format!(

@@ -28,7 +28,7 @@ use bson::{doc, Document};
 use crate::backend::PoolOptions;
 use crate::cluster::Cluster;
 use crate::command::{
-    hello, max_time, raw_session_id, server_info, ClientState, CommandError, CommandRequest,
+    hello, max_time_value, raw_session_id, server_info, ClientState, CommandError, CommandRequest,
     ServerState,
 };
 use crate::config::Config;
@@ -315,7 +315,13 @@ fn no_such_command(name: &str) -> CommandError {
 
 /// Checks what mongos checks of every request before running it: the database name, the
 /// `local` database (not usable through mongos), `lsid`; the session's id when there is one.
-fn check_envelope(req: &CommandRequest) -> Result<Option<[u8; 16]>, CommandError> {
+///
+/// `lsid` is the result of looking it up in the body (found in the walk that finds
+/// `maxTimeMS`).
+fn check_envelope(
+    req: &CommandRequest,
+    lsid: bson::error::Result<Option<bson::RawBsonRef<'_>>>,
+) -> Result<Option<[u8; 16]>, CommandError> {
     if let Err(message) = crate::limits::check_database_name(&req.db) {
         return Err(CommandError::new(ErrorCode::InvalidNamespace, message));
     }
@@ -325,7 +331,7 @@ fn check_envelope(req: &CommandRequest) -> Result<Option<[u8; 16]>, CommandError
             "Can't use 'local' database through mongos",
         ));
     }
-    match crate::wire::get_field(req.body.raw(), "lsid") {
+    match lsid {
         Ok(None) => Ok(None),
         Ok(Some(bson::RawBsonRef::Document(lsid))) => raw_session_id(lsid).map(Some),
         Ok(Some(_)) | Err(_) => Err(CommandError::new(
@@ -345,14 +351,16 @@ pub async fn dispatch(
     req: &CommandRequest,
 ) -> Reply {
     state.counters.op_command.fetch_add(1, Ordering::Relaxed);
-    let result = match check_envelope(req).and_then(|session| {
+    // `lsid` and `maxTimeMS` in one walk of the body.
+    let [lsid, max_time_field] = crate::wire::get_fields(req.body.raw(), ["lsid", "maxTimeMS"]);
+    let result = match check_envelope(req, lsid).and_then(|session| {
         if let Some(id) = session {
             state.sessions.touch(id)?;
         }
         if Handler::of(&req.name) == Some(Handler::Hello) {
             Ok(None)
         } else {
-            max_time(req.body.raw())
+            max_time_value(max_time_field)
         }
     }) {
         Err(e) => Err(e),

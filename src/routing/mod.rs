@@ -3,12 +3,14 @@
 //!
 //! - [`hash`]: `hash64`, bit-exact with MongoDB's hashed indexes.
 //! - [`shard_key`]: key patterns and the extraction of key values from documents and filters.
+//! - [`filter`]: a filter's pinned key and `_id` read in place, for the write and read paths.
 //! - [`chunks`]: the chunk map (lookup by upper bound), chunk versions, the initial pre-split.
 //! - [`table`]: routing snapshots and the routing table cache.
 //!
 //! Where the metadata comes from is `crate::metadata`'s business.
 
 pub mod chunks;
+pub mod filter;
 pub mod hash;
 pub mod shard_key;
 pub mod table;

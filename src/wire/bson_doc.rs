@@ -76,6 +76,14 @@ pub fn empty_document() -> &'static RawDocument {
     &EMPTY
 }
 
+/// A copy of `doc` with room for `extra` more bytes, so that fields appended to it do not
+/// move it ([`bson::RawDocumentBuf::append`] grows it by reallocation otherwise).
+pub fn document_with_room(doc: &RawDocument, extra: usize) -> bson::RawDocumentBuf {
+    let mut bytes = Vec::with_capacity(doc.as_bytes().len() + extra);
+    bytes.extend_from_slice(doc.as_bytes());
+    bson::RawDocumentBuf::from_bytes(bytes).unwrap_or_else(|_| doc.to_owned())
+}
+
 /// Checks that `bytes` hold exactly one complete, well-formed BSON document.
 ///
 /// Every request and every shard reply passes here, so the common case is decided by
@@ -130,31 +138,7 @@ fn walk_fields<'a, const N: usize>(
     let end = n - 1;
     let mut at = 4;
     while at < end && missing > 0 {
-        let (tag, name, v) = element_head(bytes, at, end)?;
-        let size = match tag {
-            _ if let Some(size) = fixed_size(tag) => size,
-            0x08 => 1,
-            // Strings, code and symbols, documents and arrays end with a zero byte.
-            0x02 | 0x0D | 0x0E | 0x03 | 0x04 => {
-                let least = if matches!(tag, 0x03 | 0x04) { 5 } else { 1 };
-                let size = match i32_at(bytes, v) {
-                    Some(len) if len >= least => len as usize + if least == 1 { 4 } else { 0 },
-                    _ => return None,
-                };
-                if v + size > end || bytes[v + size - 1] != 0 {
-                    return None;
-                }
-                size
-            }
-            0x05 => match i32_at(bytes, v) {
-                Some(len) if len >= 0 => len as usize + 5,
-                _ => return None,
-            },
-            _ => return None,
-        };
-        if v + size > end {
-            return None;
-        }
+        let (tag, name, v, size) = step(bytes, at, end)?;
         // Each key at its first occurrence only (a key asked for twice gets it twice).
         let mut value = None;
         for i in 0..N {
@@ -162,17 +146,7 @@ fn walk_fields<'a, const N: usize>(
                 continue;
             }
             if value.is_none() {
-                let bytes = &bytes[v..v + size];
-                value = Some(match tag {
-                    0x01 => RawBsonRef::Double(f64::from_le_bytes(bytes.try_into().ok()?)),
-                    0x10 => RawBsonRef::Int32(i32::from_le_bytes(bytes.try_into().ok()?)),
-                    0x12 => RawBsonRef::Int64(i64::from_le_bytes(bytes.try_into().ok()?)),
-                    0x0A => RawBsonRef::Null,
-                    0x08 if bytes[0] <= 1 => RawBsonRef::Boolean(bytes[0] == 1),
-                    0x02 => RawBsonRef::String(std::str::from_utf8(&bytes[4..size - 1]).ok()?),
-                    0x03 => RawBsonRef::Document(RawDocument::from_bytes(bytes).ok()?),
-                    _ => return None,
-                });
+                value = Some(value_of(tag, &bytes[v..v + size])?);
             }
             found[i] = value;
             missing -= 1;
@@ -183,6 +157,143 @@ fn walk_fields<'a, const N: usize>(
         Some(found)
     } else {
         None
+    }
+}
+
+/// The last value of each of `keys` in `doc` (an owned document keeps the last of a repeated
+/// field), found by the byte walk of [`get_fields`] over the whole document; `None` when the
+/// walk does not read the document or a value it must return (the `bson` crate's iterator
+/// decides then). For documents validated on arrival ([`validate_document`]).
+pub fn last_fields<'a, const N: usize>(
+    doc: &'a RawDocument,
+    keys: [&str; N],
+) -> Option<[Option<RawBsonRef<'a>>; N]> {
+    let bytes = doc.as_bytes();
+    let mut found: [Option<RawBsonRef<'a>>; N] = [None; N];
+    let end = bytes.len() - 1;
+    let mut at = 4;
+    while at < end {
+        let (tag, name, v, size) = step(bytes, at, end)?;
+        for i in 0..N {
+            if name == keys[i].as_bytes() {
+                found[i] = Some(value_of(tag, &bytes[v..v + size])?);
+            }
+        }
+        at = v + size;
+    }
+    (at == end).then_some(found)
+}
+
+/// The element at `at` of a document whose terminator is at `end`, stepped over by its size:
+/// its type, its key, where its value starts and the value's size; `None` at a type the walk
+/// does not step over or a malformed element.
+fn step(bytes: &[u8], at: usize, end: usize) -> Option<(u8, &[u8], usize, usize)> {
+    let (tag, name, v) = element_head(bytes, at, end)?;
+    let size = match tag {
+        _ if let Some(size) = fixed_size(tag) => size,
+        0x08 => 1,
+        // Strings, code and symbols, documents and arrays end with a zero byte.
+        0x02 | 0x0D | 0x0E | 0x03 | 0x04 => {
+            let least = if matches!(tag, 0x03 | 0x04) { 5 } else { 1 };
+            let size = match i32_at(bytes, v) {
+                Some(len) if len >= least => len as usize + if least == 1 { 4 } else { 0 },
+                _ => return None,
+            };
+            if v + size > end || bytes[v + size - 1] != 0 {
+                return None;
+            }
+            size
+        }
+        0x05 => match i32_at(bytes, v) {
+            Some(len) if len >= 0 => len as usize + 5,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    if v + size > end {
+        return None;
+    }
+    Some((tag, name, v, size))
+}
+
+/// The value of type `tag` encoded in `bytes` (exactly its size), as the `bson` crate reads
+/// it; `None` for a type the walk leaves to that crate (arrays among them: the crate makes
+/// its array views itself) or a value it would refuse.
+fn value_of(tag: u8, bytes: &[u8]) -> Option<RawBsonRef<'_>> {
+    Some(match tag {
+        0x01 => RawBsonRef::Double(f64::from_le_bytes(bytes.try_into().ok()?)),
+        0x10 => RawBsonRef::Int32(i32::from_le_bytes(bytes.try_into().ok()?)),
+        0x12 => RawBsonRef::Int64(i64::from_le_bytes(bytes.try_into().ok()?)),
+        0x0A => RawBsonRef::Null,
+        0x08 if bytes[0] <= 1 => RawBsonRef::Boolean(bytes[0] == 1),
+        0x02 => RawBsonRef::String(std::str::from_utf8(&bytes[4..bytes.len() - 1]).ok()?),
+        0x03 => RawBsonRef::Document(RawDocument::from_bytes(bytes).ok()?),
+        0x07 => RawBsonRef::ObjectId(bson::oid::ObjectId::from_bytes(bytes.try_into().ok()?)),
+        0x09 => RawBsonRef::DateTime(bson::DateTime::from_millis(i64::from_le_bytes(
+            bytes.try_into().ok()?,
+        ))),
+        0x11 => {
+            let u = u64::from_le_bytes(bytes.try_into().ok()?);
+            RawBsonRef::Timestamp(bson::Timestamp {
+                increment: u as u32,
+                time: (u >> 32) as u32,
+            })
+        }
+        // Binary but the old subtype (whose inner length the crate reads).
+        0x05 if bytes[4] != 0x02 => RawBsonRef::Binary(bson::RawBinaryRef {
+            subtype: bytes[4].into(),
+            bytes: &bytes[5..],
+        }),
+        _ => return None,
+    })
+}
+
+/// The elements of `doc` in order, each its key and value, read by the byte walk of
+/// [`get_fields`] (keys compared as bytes, values stepped over by their sizes) instead of the
+/// `bson` crate's iterator, which decodes and checks every element it passes. An item `None`
+/// (the last) means the walk met an element it does not read (an array, a type requests seldom
+/// carry, or a malformed element): read the document with the `bson` crate instead.
+pub fn elements(doc: &RawDocument) -> Elements<'_> {
+    let bytes = doc.as_bytes();
+    Elements {
+        bytes,
+        at: 4,
+        end: bytes.len() - 1,
+    }
+}
+
+/// The iterator of [`elements`].
+#[derive(Debug, Clone)]
+pub struct Elements<'a> {
+    bytes: &'a [u8],
+    /// Where the next element starts (past `end` once the walk has failed).
+    at: usize,
+    /// The document's terminator.
+    end: usize,
+}
+
+impl<'a> Iterator for Elements<'a> {
+    type Item = Option<(&'a bson::raw::CStr, RawBsonRef<'a>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at >= self.end {
+            return None;
+        }
+        let read = step(self.bytes, self.at, self.end).and_then(|(tag, name, v, size)| {
+            let name = <&bson::raw::CStr>::try_from(std::str::from_utf8(name).ok()?).ok()?;
+            let value = value_of(tag, &self.bytes[v..v + size])?;
+            Some((name, value, v + size))
+        });
+        match read {
+            Some((name, value, next)) => {
+                self.at = next;
+                Some(Some((name, value)))
+            }
+            None => {
+                self.at = usize::MAX;
+                Some(None)
+            }
+        }
     }
 }
 
@@ -202,6 +313,9 @@ pub fn changes_when_owned(value: RawBsonRef<'_>) -> bool {
         }
         _ => return false,
     };
+    if let Some(changes) = changes_when_owned_walked(doc) {
+        return changes;
+    }
     let mut names: Vec<&str> = Vec::new();
     for item in doc.iter() {
         let Ok((k, v)) = item else { return true };
@@ -213,17 +327,71 @@ pub fn changes_when_owned(value: RawBsonRef<'_>) -> bool {
     false
 }
 
+/// [`changes_when_owned`] of a document read by [`elements`]; `None` when the walk does not
+/// read it (the `bson` crate's iterator decides).
+fn changes_when_owned_walked(doc: &RawDocument) -> Option<bool> {
+    let mut names: [&[u8]; 16] = [&[]; 16];
+    for (count, item) in elements(doc).enumerate() {
+        let (k, v) = item?;
+        let k = k.as_str().as_bytes();
+        // Names past the sixteenth are left to the crate's iterator and its list.
+        if count == names.len() {
+            return None;
+        }
+        if names[..count].contains(&k) || changes_when_owned(v) {
+            return Some(true);
+        }
+        names[count] = k;
+    }
+    Some(false)
+}
+
 /// The element at `at` of a document whose terminator is at `end`: its type, its key and where
 /// its value starts; `None` when the key is not terminated before `end` or is not UTF-8.
 fn element_head(bytes: &[u8], at: usize, end: usize) -> Option<(u8, &[u8], usize)> {
     let tag = bytes[at];
     let key_start = at + 1;
-    let key_len = bytes[key_start..end].iter().position(|&b| b == 0)?;
-    let key = &bytes[key_start..key_start + key_len];
-    if !key.is_ascii() && std::str::from_utf8(key).is_err() {
+    let (i, ascii) = key_end(bytes, key_start, end)?;
+    let key = &bytes[key_start..i];
+    if !ascii && std::str::from_utf8(key).is_err() {
         return None;
     }
-    Some((tag, key, key_start + key_len + 1))
+    Some((tag, key, i + 1))
+}
+
+/// Where the key starting at `start` ends (its zero byte, before `end`) and whether every byte
+/// before that is ASCII: one pass, eight bytes at a time while eight remain.
+fn key_end(bytes: &[u8], start: usize, end: usize) -> Option<(usize, bool)> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let mut i = start;
+    let mut high = 0u64;
+    while i + 8 <= end {
+        let Ok(word) = <[u8; 8]>::try_from(&bytes[i..i + 8]) else {
+            break;
+        };
+        let w = u64::from_le_bytes(word);
+        // The lowest flagged byte is the first zero byte (flags above it may be false).
+        let zero = w.wrapping_sub(ONES) & !w & HIGHS;
+        if zero != 0 {
+            let n = (zero.trailing_zeros() / 8) as usize;
+            let before = if n == 0 { 0 } else { u64::MAX >> (64 - 8 * n) };
+            high |= w & before;
+            return Some((i + n, high & HIGHS == 0));
+        }
+        high |= w;
+        i += 8;
+    }
+    let mut high = (high & HIGHS != 0) as u8 * 0x80;
+    while i < end {
+        let b = bytes[i];
+        if b == 0 {
+            return Some((i, high < 0x80));
+        }
+        high |= b;
+        i += 1;
+    }
+    None
 }
 
 /// The size of a value whose type fixes it (the boolean aside: its byte is checked).
@@ -507,6 +675,166 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The element walk reads what the `bson` crate's iterator reads — the same keys and
+    /// values in the same order — as far as it reads, in every sample and damaged copy; a
+    /// walk that reads to the end is one the iterator reads to the end without an error; and
+    /// it reads the common request types itself.
+    #[test]
+    fn the_element_walk_reads_what_the_bson_iterator_reads() {
+        let mut repeated = bson::RawDocumentBuf::new();
+        repeated.append(bson::raw::cstr!("a"), 1);
+        repeated.append(bson::raw::cstr!("a"), "two");
+        let mut all = samples();
+        all.push(repeated.into_bytes());
+        // The samples without an array or a type left to the crate are read to the end.
+        for i in [0, 1, 6] {
+            let doc = RawDocument::from_bytes(&all[i]).unwrap();
+            assert!(elements(doc).all(|e| e.is_some()), "sample {i}");
+        }
+        for good in all {
+            let mut variants = vec![good.clone()];
+            for pos in 4..good.len() {
+                for v in [0u8, 1, 2, 3, 5, 0x10, 0x7f, 0xc3, 0xff] {
+                    let mut bad = good.clone();
+                    bad[pos] = v;
+                    variants.push(bad);
+                }
+            }
+            for bytes in &variants {
+                let Ok(doc) = RawDocument::from_bytes(bytes) else {
+                    continue;
+                };
+                let mut slow = doc.iter();
+                let mut whole = true;
+                for fast in elements(doc) {
+                    let Some((k, v)) = fast else {
+                        whole = false;
+                        break;
+                    };
+                    match slow.next() {
+                        Some(Ok((sk, sv))) => {
+                            assert_eq!(k.as_str(), sk.as_str(), "{bytes:?}");
+                            assert_eq!(format!("{v:?}"), format!("{sv:?}"), "{bytes:?}");
+                        }
+                        other => {
+                            panic!("{bytes:?}: walked {k:?} where the iterator gave {other:?}")
+                        }
+                    }
+                }
+                if whole {
+                    assert!(slow.next().is_none(), "{bytes:?}");
+                }
+            }
+        }
+    }
+
+    /// [`last_fields`] finds, in every valid sample and valid damaged copy, the last value of
+    /// each key the `bson` crate's iterator finds, when it answers at all; and it answers for
+    /// documents of the types it reads.
+    #[test]
+    fn last_fields_finds_the_iterators_last_values() {
+        let mut repeated = bson::RawDocumentBuf::new();
+        repeated.append(bson::raw::cstr!("a"), 1);
+        repeated.append(bson::raw::cstr!("ok"), 0.0);
+        repeated.append(bson::raw::cstr!("a"), "two");
+        let mut all = samples();
+        all.push(repeated.into_bytes());
+        let doc = RawDocument::from_bytes(all.last().unwrap()).unwrap();
+        assert_eq!(
+            format!("{:?}", last_fields(doc, ["a", "ok", "x"])),
+            format!(
+                "{:?}",
+                Some([
+                    Some(RawBsonRef::String("two")),
+                    Some(RawBsonRef::Double(0.0)),
+                    None
+                ])
+            )
+        );
+        for good in all {
+            let mut variants = vec![good.clone()];
+            for pos in 4..good.len() {
+                for v in [0u8, 1, 2, 3, 5, 0x10, 0x7f, 0xc3, 0xff] {
+                    let mut bad = good.clone();
+                    bad[pos] = v;
+                    variants.push(bad);
+                }
+            }
+            for bytes in variants.iter().filter(|b| validate_document(b).is_ok()) {
+                let doc = RawDocument::from_bytes(bytes).unwrap();
+                let keys: Vec<String> = doc
+                    .iter()
+                    .flatten()
+                    .map(|(k, _)| k.as_str().to_string())
+                    .chain(["missing".to_string()])
+                    .collect();
+                for key in &keys {
+                    let Some([fast]) = last_fields(doc, [key.as_str()]) else {
+                        continue;
+                    };
+                    let slow = doc
+                        .iter()
+                        .flatten()
+                        .filter(|(k, _)| k.as_str() == key)
+                        .last()
+                        .map(|(_, v)| v);
+                    assert_eq!(
+                        format!("{fast:?}"),
+                        format!("{slow:?}"),
+                        "{key} in {bytes:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// [`changes_when_owned`] by the element walk says what the `bson` crate's iterator says.
+    #[test]
+    fn changes_when_owned_walked_agrees_with_the_iterator() {
+        let mut repeated = bson::RawDocumentBuf::new();
+        repeated.append(bson::raw::cstr!("a"), 1);
+        repeated.append(bson::raw::cstr!("b"), "x");
+        repeated.append(bson::raw::cstr!("a"), "two");
+        let mut nested = bson::RawDocumentBuf::new();
+        nested.append(bson::raw::cstr!("x"), 1);
+        nested.append(bson::raw::cstr!("in"), repeated.clone());
+        let mut unsorted = bson::RawDocumentBuf::new();
+        unsorted.append(
+            bson::raw::cstr!("r"),
+            bson::RawRegexRef {
+                pattern: bson::raw::cstr!("x"),
+                options: bson::raw::cstr!("mi"),
+            },
+        );
+        // A name repeated past the sixteenth: the walk hands the document to the iterator.
+        let mut wide = bson::RawDocumentBuf::new();
+        for i in 0..20 {
+            wide.append(
+                <&bson::raw::CStr>::try_from(format!("f{i}").as_str()).unwrap(),
+                i,
+            );
+        }
+        wide.append(bson::raw::cstr!("f3"), "again");
+        let mut docs: Vec<Vec<u8>> = samples();
+        docs.extend([
+            repeated.into_bytes(),
+            nested.into_bytes(),
+            unsorted.into_bytes(),
+            wide.into_bytes(),
+        ]);
+        let expected = [
+            false, false, false, false, false, false, true, true, true, true,
+        ];
+        for (bytes, expected) in docs.iter().zip(expected) {
+            let doc = RawDocument::from_bytes(bytes).unwrap();
+            assert_eq!(
+                changes_when_owned(RawBsonRef::Document(doc)),
+                expected,
+                "{bytes:?}"
+            );
         }
     }
 

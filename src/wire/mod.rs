@@ -18,7 +18,8 @@ mod op_query;
 mod reply;
 
 pub use bson_doc::{
-    changes_when_owned, empty_document, get_field, get_fields, validate_document, BsonDoc,
+    changes_when_owned, document_with_room, elements, empty_document, get_field, get_fields,
+    last_fields, validate_document, BsonDoc, Elements,
 };
 pub use compression::Compressor;
 pub use error::WireError;

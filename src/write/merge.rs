@@ -64,8 +64,11 @@ impl ChildOutcome {
             }
             ChildOutcome::Raw(r) => {
                 let r = r.raw();
-                !matches!(last(r, "ok"), Some(RawBsonRef::Double(v)) if v == 1.0)
-                    || last(r, "writeErrors").is_some()
+                let [ok, write_errors] = match crate::wire::last_fields(r, ["ok", "writeErrors"]) {
+                    Some(found) => found,
+                    None => [last(r, "ok"), last(r, "writeErrors")],
+                };
+                !matches!(ok, Some(RawBsonRef::Double(v)) if v == 1.0) || write_errors.is_some()
             }
         }
     }

@@ -18,6 +18,7 @@ pub mod target;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use bson::raw::CStr;
 use bson::{doc, oid::ObjectId, Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 use bytes::Bytes;
 
@@ -224,7 +225,25 @@ impl WriteOptions {
     /// copied. `None` when a field name repeats in the body, or a value the template carries
     /// would change by being owned ([`crate::wire::changes_when_owned`]): such a body goes through
     /// [`WriteOptions::from_document`], to be read exactly as before.
+    ///
+    /// The body is walked by [`crate::wire::elements`] (keys compared as bytes, values stepped
+    /// over by their sizes); a body that walk does not read (an array such as `stmtIds`, a
+    /// type requests seldom carry) is walked again with the `bson` crate's iterator.
     pub fn from_raw(body: &RawDocument, statements: &str) -> Option<Self> {
+        match Self::from_elements(statements, crate::wire::elements(body)) {
+            Ok(read) => read,
+            Err(Unread) => Self::from_elements(statements, body.iter().map(Result::ok))
+                .ok()
+                .flatten(),
+        }
+    }
+
+    /// [`Self::from_raw`] of the body's `items`; `Err` at an item `None` (the walk could not
+    /// read on, or the element does not read).
+    fn from_elements<'a>(
+        statements: &str,
+        items: impl Iterator<Item = Option<(&'a CStr, RawBsonRef<'a>)>>,
+    ) -> Result<Option<Self>, Unread> {
         let mut names: Vec<&str> = Vec::with_capacity(16);
         let mut template = RawDocumentBuf::new();
         let mut ordered = true;
@@ -232,21 +251,27 @@ impl WriteOptions {
         let (mut start_transaction, mut autocommit_false) = (false, false);
         let mut client_stmt_ids = None;
         let mut max_time = None;
-        for item in body.iter() {
-            let (key, value) = item.ok()?;
+        for item in items {
+            let (key, value) = item.ok_or(Unread)?;
             let k = key.as_str();
             if names.contains(&k) {
-                return None;
+                return Ok(None);
             }
             names.push(k);
             if k == statements || k == "$clusterTime" {
                 continue;
             }
             match k {
-                "ordered" => ordered = truthy(&Bson::try_from(value).ok()?),
+                "ordered" => match Bson::try_from(value) {
+                    Ok(v) => ordered = truthy(&v),
+                    Err(_) => return Ok(None),
+                },
                 "lsid" => lsid = true,
                 "txnNumber" => txn_number = true,
-                "startTransaction" => start_transaction = truthy(&Bson::try_from(value).ok()?),
+                "startTransaction" => match Bson::try_from(value) {
+                    Ok(v) => start_transaction = truthy(&v),
+                    Err(_) => return Ok(None),
+                },
                 "autocommit" => autocommit_false = matches!(value, RawBsonRef::Boolean(false)),
                 "stmtIds" => {
                     client_stmt_ids = match value {
@@ -283,7 +308,7 @@ impl WriteOptions {
                         _ => crate::wire::empty_document(),
                     };
                     if changes_when_owned(RawBsonRef::Document(wc)) {
-                        return None;
+                        return Ok(None);
                     }
                     if matches!(
                         wc.get("w"),
@@ -292,7 +317,9 @@ impl WriteOptions {
                         // `w: 0` raised to `w: 1` in its place, as the router must see errors.
                         let mut raised = RawDocumentBuf::new();
                         for item in wc.iter() {
-                            let (k, v) = item.ok()?;
+                            let Ok((k, v)) = item else {
+                                return Ok(None);
+                            };
                             if k.as_str() == "w" {
                                 raised.append(k, 1i32);
                             } else {
@@ -306,22 +333,25 @@ impl WriteOptions {
                 }
                 _ => {
                     if changes_when_owned(value) {
-                        return None;
+                        return Ok(None);
                     }
                     template.append(key, value);
                 }
             }
         }
-        Some(WriteOptions {
+        Ok(Some(WriteOptions {
             ordered,
             retryable: lsid && txn_number,
             in_transaction: start_transaction || autocommit_false,
             client_stmt_ids,
             max_time,
             template,
-        })
+        }))
     }
 }
+
+/// A request body the element walk could not read on.
+struct Unread;
 
 /// Builds one child batch's frame: the template plus `ordered`, `stmtIds` (for retryable
 /// writes), `shardVersion` (for shard servers), and the statements as a kind-1 sequence. The

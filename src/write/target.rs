@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use bson::{Bson, Document, RawBsonRef, RawDocument};
 
+use crate::routing::filter::{paths_overlap, raw_scalar, RawFilter};
 use crate::routing::{FilterKeys, RoutingSnapshot, ShardKey};
 use crate::value::error_codes::ErrorCode;
 
@@ -191,16 +192,6 @@ fn update_is_retry_safe(u: &Bson) -> bool {
 /// Whether an update path goes through the positional `$` (not `$[]` or `$[<id>]`).
 fn is_positional(path: &str) -> bool {
     path.split('.').any(|part| part == "$")
-}
-
-/// Whether two dotted paths name the same field or one a parent of the other.
-fn paths_overlap(a: &str, b: &str) -> bool {
-    a == b || is_path_prefix(a, b) || is_path_prefix(b, a)
-}
-
-/// Whether `prefix` names a parent of `path` (`a` of `a.b`, not of `ab`).
-fn is_path_prefix(prefix: &str, path: &str) -> bool {
-    path.len() > prefix.len() && path.starts_with(prefix) && path.as_bytes()[prefix.len()] == b'.'
 }
 
 /// Whether an update may give a matched (or upserted) document another shard key value. `_id`
@@ -493,101 +484,6 @@ fn raw_statement(stmt: &RawDocument) -> Option<RawStatement<'_>> {
     })
 }
 
-/// A value that hashes and compares alike read in place or owned: not a document, array,
-/// regular expression, code with scope or old-style binary.
-fn raw_scalar(v: RawBsonRef<'_>) -> Option<RawBsonRef<'_>> {
-    match v {
-        RawBsonRef::Document(_)
-        | RawBsonRef::Array(_)
-        | RawBsonRef::RegularExpression(_)
-        | RawBsonRef::JavaScriptCodeWithScope(_) => None,
-        RawBsonRef::Binary(b) if b.subtype == bson::spec::BinarySubtype::BinaryOld => None,
-        other => Some(other),
-    }
-}
-
-/// The scalar a filter value pins by equality (`v` or `{$eq: v}`); `None` for anything else.
-fn raw_equality(v: RawBsonRef<'_>) -> Option<RawBsonRef<'_>> {
-    match v {
-        RawBsonRef::Document(d) => {
-            let mut items = d.iter();
-            let (op, eq) = items.next()?.ok()?;
-            if op.as_str() != "$eq" || items.next().is_some() {
-                return None;
-            }
-            raw_scalar(eq)
-        }
-        other => raw_scalar(other),
-    }
-}
-
-/// Key patterns of up to this many fields are targeted in place.
-const MAX_RAW_KEY_FIELDS: usize = 4;
-
-/// What a filter pins, read in place: the scalar each key field equals and the `_id`'s.
-struct RawFilter<'a> {
-    key: [Option<RawBsonRef<'a>>; MAX_RAW_KEY_FIELDS],
-    id: Option<RawBsonRef<'a>>,
-}
-
-/// Reads a filter whose top level holds no operator (`$and`, `$expr`, …) and whose key fields
-/// and `_id`, where present, are each named once with a scalar by plain equality, and which
-/// names no other path over or under a key field; `None` for any other filter (the owned path
-/// decides).
-fn raw_filter<'a>(snap: &RoutingSnapshot, q: &'a RawDocument) -> Option<RawFilter<'a>> {
-    let fields = snap.pattern.fields();
-    if fields.len() > MAX_RAW_KEY_FIELDS {
-        return None;
-    }
-    let mut out = RawFilter {
-        key: [None; MAX_RAW_KEY_FIELDS],
-        id: None,
-    };
-    for item in q {
-        let (k, v) = item.ok()?;
-        let k = k.as_str();
-        if k.starts_with('$') {
-            return None;
-        }
-        if k == "_id" && out.id.replace(raw_equality(v)?).is_some() {
-            return None;
-        }
-        for (slot, f) in out.key.iter_mut().zip(fields) {
-            if k == f.path {
-                if slot.replace(raw_equality(v)?).is_some() {
-                    return None;
-                }
-            } else if paths_overlap(k, &f.path) {
-                return None;
-            }
-        }
-    }
-    Some(out)
-}
-
-impl RawFilter<'_> {
-    /// The shard owning the key the filter pins (`None`: it pins no full key). `Err` when no
-    /// chunk owns it (the owned path decides).
-    fn shard<'s>(&self, snap: &'s RoutingSnapshot) -> Result<Option<&'s str>, ()> {
-        let n = snap.pattern.fields().len();
-        if self.key[..n].iter().any(Option::is_none) {
-            return Ok(None);
-        }
-        let key = snap
-            .pattern
-            .key_of_raw_scalars(self.key[..n].iter().flatten().copied());
-        snap.shard_for(&key).map(Some).ok_or(())
-    }
-
-    /// The `_id` the filter pins, as [`id_identity`] reads it.
-    fn identity(&self) -> Option<Bson> {
-        match self.id? {
-            RawBsonRef::Null | RawBsonRef::Undefined => None,
-            v => Some(crate::routing::shard_key::raw_to_bson(v)),
-        }
-    }
-}
-
 /// [`single_target`] for at most one targeted shard.
 fn single_target_raw(
     snap: &RoutingSnapshot,
@@ -605,12 +501,12 @@ fn single_target_raw(
 
 /// [`target_update`] on the statement's bytes, without an owned copy and hashing the key once;
 /// `None` for a shape it leaves to the owned path: a collation, a pipeline update, a filter
-/// [`raw_filter`] does not read, an update that writes a key field other than `_id`, a
+/// [`RawFilter::read`] does not read, an update that writes a key field other than `_id`, a
 /// replacement under a key other than `{_id}` alone, a key path with a numeric part.
 pub fn target_update_raw(snap: &RoutingSnapshot, stmt: &RawDocument) -> Option<Targeted> {
     let st = raw_statement(stmt)?;
     let u = st.u?;
-    let filter = raw_filter(snap, st.q)?;
+    let filter = RawFilter::read(&snap.pattern, st.q)?;
     let fields = snap.pattern.fields();
     let key_beyond_id = fields.iter().any(|f| f.path != "_id");
     // One pass over the update: whether it is an operator update (its first field says), whether
@@ -742,10 +638,10 @@ fn upsert_owner_raw<'s>(
 }
 
 /// [`target_delete`] on the statement's bytes; `None` for a shape it leaves to the owned path
-/// (a collation, a filter [`raw_filter`] does not read).
+/// (a collation, a filter [`RawFilter::read`] does not read).
 pub fn target_delete_raw(snap: &RoutingSnapshot, stmt: &RawDocument) -> Option<Targeted> {
     let st = raw_statement(stmt)?;
-    let filter = raw_filter(snap, st.q)?;
+    let filter = RawFilter::read(&snap.pattern, st.q)?;
     let shard = filter.shard(snap).ok()?;
     if st.limit.unwrap_or(0) == 0 {
         return Some(Targeted {

@@ -1,6 +1,9 @@
 """pymongo with credentials against Sluice with authorization enabled: the first user made
 through mongod's localhost exception, then SCRAM-SHA-256 and SCRAM-SHA-1 logins, a wrong
-password refused with 18, and an unauthorized write refused with 13."""
+password refused with 18, and an unauthorized write refused with 13. Each test runs in the
+static layout and in the secured cluster layout (`sluice demo --cluster` with a keyfile
+between the config server, the shard servers and the router; the users file is the config
+server's, which keeps the users in its admin.system.users)."""
 
 import os
 import tempfile
@@ -12,15 +15,26 @@ from pymongo.errors import OperationFailure
 from conftest import Process, free_port
 
 
-@pytest.fixture(scope="module")
-def secured():
+@pytest.fixture(scope="module", params=["static", "cluster"])
+def secured(request):
     tmp = tempfile.mkdtemp(prefix="sluice-sec-")
     users = os.path.join(tmp, "users.json")
     config = os.path.join(tmp, "sluice.toml")
+    security = f'authorization = "enabled"\nusers_file = "{users}"\n'
+    args = ["--shards", "2"]
+    if request.param == "cluster":
+        key = os.path.join(tmp, "keyfile")
+        with open(key, "w") as f:
+            f.write("c2VjdXJpdHktc3VpdGUtY2x1c3Rlci1rZXk\n")
+        os.chmod(key, 0o600)
+        security += f'key_file = "{key}"\n'
+        args.append("--cluster")
+    else:
+        args.append("--static")
     with open(config, "w") as f:
-        f.write(f'metrics_listen = ""\n[security]\nauthorization = "enabled"\nusers_file = "{users}"\n')
+        f.write(f'metrics_listen = ""\n[security]\n{security}')
     port = free_port()
-    p = Process(["demo", "--port", str(port), "--shards", "2", "--config", config], port)
+    p = Process(["demo", "--port", str(port), *args, "--config", config], port)
     p.users = users
     yield p
     p.stop()

@@ -401,3 +401,59 @@ fn a_cluster_members_certificate_is_system_where_members_may_use_certificates() 
         .starts_with("The provided certificate can only be used for cluster authentication"));
     assert!(s.principal().is_none());
 }
+
+/// A lookup that counts the whole user documents it hands out.
+struct CountingDocuments {
+    users: Users,
+    documents: std::cell::Cell<usize>,
+}
+
+impl UserLookup for CountingDocuments {
+    fn user(&self, name: &UserName) -> Option<UserDocument> {
+        self.documents.set(self.documents.get() + 1);
+        self.users.user(name)
+    }
+    fn scram_credential(
+        &self,
+        name: &UserName,
+        mechanism: ScramMechanism,
+    ) -> Option<Option<ScramCredential>> {
+        self.users.file.scram_credential(name, mechanism)
+    }
+    fn internal_credentials(&self) -> Option<&InternalCredentials> {
+        self.users.internal_credentials()
+    }
+}
+
+#[test]
+fn sasl_start_takes_the_credential_without_copying_the_user_document() {
+    let u = CountingDocuments {
+        users: users(),
+        documents: std::cell::Cell::new(0),
+    };
+    for (user, pw) in [("alice", "secret"), ("nobody", "secret")] {
+        u.documents.set(0);
+        let mut s = AuthSession::new();
+        let mut client =
+            ClientConversation::new(ScramMechanism::Sha256, user, pw, "clientnonce123456").unwrap();
+        let start = doc! {"saslStart": 1, "mechanism": "SCRAM-SHA-256",
+        "payload": bin(client.client_first()), "options": {"skipEmptyExchange": true}};
+        let (r, _) = s.sasl_start("admin", &start, &u);
+        assert_eq!(
+            u.documents.get(),
+            0,
+            "{user}: saslStart copied a user document"
+        );
+        if user == "nobody" {
+            assert_eq!(r.unwrap_err().code, ErrorCode::AuthenticationFailed);
+            continue;
+        }
+        let fin = client.client_final(&payload(&r.unwrap())).unwrap();
+        let (r, o) = s.sasl_continue(
+            &doc! {"saslContinue": 1, "conversationId": 1, "payload": bin(fin)},
+            &u,
+        );
+        client.verify_server_final(&payload(&r.unwrap())).unwrap();
+        assert!(matches!(o, Outcome::Succeeded { .. }), "{o:?}");
+    }
+}

@@ -98,6 +98,11 @@ impl ShardService {
                 _ => {}
             }
         }
+        if name == "_shardsvrAddShard" && !self.options.config_server {
+            check_admin(req)?;
+            return crate::embedded::cluster_ddl::add_shard_identity(&self.catalog, &body)
+                .map(Some);
+        }
         // Held while a versioned request runs, so no critical section begins under it.
         let mut _versioned = None;
         // A shard server's check of a `bulkWrite`'s namespaces, by `nsInfo` index.
@@ -109,23 +114,13 @@ impl ShardService {
                 }
                 "_shardsvrMoveRange" => {
                     check_admin(req)?;
-                    let donor = crate::embedded::migration::Donor {
-                        catalog: self.catalog.clone(),
-                        migrations: self.migrations.clone(),
-                        filtering: filtering.clone(),
-                        name: self.name().to_string(),
-                    };
+                    let donor = self.donor(filtering);
                     return crate::embedded::migration::move_range(donor, body)
                         .await
                         .map(Some);
                 }
                 _ if crate::embedded::cluster_ddl::COMMANDS.contains(&name) => {
-                    let shard = crate::embedded::migration::Donor {
-                        catalog: self.catalog.clone(),
-                        migrations: self.migrations.clone(),
-                        filtering: filtering.clone(),
-                        name: self.name().to_string(),
-                    };
+                    let shard = self.donor(filtering);
                     return crate::embedded::cluster_ddl::run(shard, req, body)
                         .await
                         .map(Some);

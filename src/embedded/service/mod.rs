@@ -50,6 +50,10 @@ pub struct DataSet {
     prepare_gate: Arc<tokio::sync::RwLock<()>>,
     snapshots: Arc<Mutex<snapshot::SnapshotHistory>>,
     routing_changes: Arc<super::filtering::RoutingChanges>,
+    /// The critical sections and migrations: part of the replicated state, as MongoDB's
+    /// `config.collection_critical_sections` is, so a member that becomes primary holds the
+    /// critical sections its set entered (made by the first member that starts).
+    migrations: Arc<std::sync::OnceLock<Arc<super::migration::Migrations>>>,
 }
 
 impl DataSet {
@@ -117,9 +121,14 @@ impl ShardService {
                 data.routing_changes.clone(),
             ))
         });
-        let migrations = Arc::new(super::migration::Migrations::with_security(
-            options.internal_security.clone(),
-        ));
+        let migrations = data
+            .migrations
+            .get_or_init(|| {
+                Arc::new(super::migration::Migrations::with_security(
+                    options.internal_security.clone(),
+                ))
+            })
+            .clone();
         if options.config_server {
             super::configsvr::seed(&mut lock(&data.catalog));
         }
@@ -161,6 +170,29 @@ impl ShardService {
             Some(file) => file.persist(&self.catalog),
             None => Ok(()),
         }
+    }
+
+    /// What a shard server's cluster commands need of it; `None` without a config server.
+    pub(crate) fn shard_server(&self) -> Option<super::migration::Donor> {
+        self.filtering.as_ref().map(|f| self.donor(f))
+    }
+
+    pub(super) fn donor(
+        &self,
+        filtering: &Arc<super::filtering::Filtering>,
+    ) -> super::migration::Donor {
+        super::migration::Donor {
+            catalog: self.catalog.clone(),
+            migrations: self.migrations.clone(),
+            filtering: filtering.clone(),
+            name: self.name().to_string(),
+            member: self.member.clone(),
+        }
+    }
+
+    /// The address the shard listens on (`host:port`).
+    pub fn address(&self) -> String {
+        lock(&self.address).clone()
     }
 
     /// Records the address the shard listens on (for `hello`'s `me`, `hosts`, `primary`).
