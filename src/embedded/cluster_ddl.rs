@@ -558,11 +558,7 @@ async fn run_drop_collection(d: &Donor, mut c: Coordinator) -> Result<Document, 
     if to_do(DROP_PHASES, &start, "enterCriticalSection") {
         c.enter("enterCriticalSection")?;
         if let Err(e) = blocked.send(true).await {
-            if c.enter("releaseCriticalSection").is_err() {
-                return Err(e);
-            }
-            blocked.leave().await;
-            return Err(abandon(c, e));
+            return Err(give_up(c, blocked, "releaseCriticalSection", e).await);
         }
     }
     let mut dropped = Ok(());
@@ -587,6 +583,22 @@ async fn run_drop_collection(d: &Donor, mut c: Coordinator) -> Result<Document, 
     c.finish();
     dropped?;
     Ok(doc! {"ns": &ns})
+}
+
+/// A first phase that failed (the critical section not entered everywhere): the coordinator
+/// records `release`, every shard leaves the critical section, and the coordinator gives up
+/// with `e` (a coordinator that cannot even record that is left for the next primary).
+async fn give_up(
+    mut c: Coordinator,
+    blocked: Blocked<'_>,
+    release: &str,
+    e: EngineError,
+) -> EngineError {
+    if c.enter(release).is_err() {
+        return e;
+    }
+    blocked.leave().await;
+    abandon(c, e)
 }
 
 /// A coordinator that failed before changing anything: its document goes, and `e` is the
@@ -659,6 +671,14 @@ async fn rename_collection(d: &Donor, db: &str, body: &Document) -> Result<Docum
             "Can't rename a collection to itself",
         ));
     }
+    // A rename of the same source already under way (resumed by this primary, or sent before
+    // and retried) is joined; one that finished with this target while the source is gone
+    // answers its recorded response. The record is read before the routing, so that a rename
+    // it shows finished has committed before the source's routing is read below (read first,
+    // the routing could predate a commit that finished meanwhile, and the request sent again
+    // would meet both names sharded: NamespaceExists).
+    let id = coordinator_id(RENAME_COLLECTION, &from);
+    let recorded = ddl_coordinator::recorded(&d.catalog, &id);
     let cache = d.filtering.cache().await?;
     d.filtering.flush_collection(&from);
     d.filtering.flush_collection(&to);
@@ -674,14 +694,10 @@ async fn rename_collection(d: &Donor, db: &str, body: &Document) -> Result<Docum
         .map_err(engine_error)?
         .collection
         .is_some();
-    // A rename of the same source already under way (resumed by this primary, or sent before
-    // and retried) is joined; one that finished with this target while the source is gone
-    // answers its recorded response.
-    let id = coordinator_id(RENAME_COLLECTION, &from);
     let source_here = lock(&d.catalog)
         .collection(db, &from[db.len() + 1..])
         .is_some();
-    if let Some(recorded) = ddl_coordinator::recorded(&d.catalog, &id) {
+    if let Some(recorded) = recorded {
         if let Some(reply) = rename_recorded(d, &recorded, &to, source || source_here).await? {
             return Ok(reply);
         }
@@ -844,11 +860,7 @@ async fn run_rename_collection(d: &Donor, mut c: Coordinator) -> Result<Document
         }
         .await;
         if let Err(e) = blocked_and_dropped {
-            if c.enter("unblockCRUD").is_err() {
-                return Err(e);
-            }
-            blocked.leave().await;
-            return Err(abandon(c, e));
+            return Err(give_up(c, blocked, "unblockCRUD", e).await);
         }
     }
     let mut renamed = Ok(None);
@@ -966,11 +978,7 @@ async fn run_drop_database(d: &Donor, mut c: Coordinator) -> Result<Document, En
     if to_do(DROP_DATABASE_PHASES, &start, "enterCriticalSection") {
         c.enter("enterCriticalSection")?;
         if let Err(e) = blocked.send(true).await {
-            if c.enter("releaseCriticalSection").is_err() {
-                return Err(e);
-            }
-            blocked.leave().await;
-            return Err(abandon(c, e));
+            return Err(give_up(c, blocked, "releaseCriticalSection", e).await);
         }
     }
     let mut dropped = Ok(());
