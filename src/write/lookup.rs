@@ -181,7 +181,8 @@ pub fn decide(
             statement.insert("multi", false);
             let u = stmt.get("u").unwrap_or(&Bson::Null);
             if update_may_change_key(snap, &q, u, false) {
-                if let Some(step) = key_change(snap, &q, u, &shard, &doc) {
+                let filters = stmt.get("arrayFilters");
+                if let Some(step) = key_change(snap, &q, u, filters, &shard, &doc) {
                     return step;
                 }
             }
@@ -194,17 +195,28 @@ pub fn decide(
 }
 
 /// The refusal of an update that changes `doc`'s shard key where a mongod shard (31025) or the
-/// router (66, the document would move) refuses it; `None` when it may go ahead. An update the
-/// router cannot evaluate goes ahead: the shard answers with its own error.
+/// router (66, the document would move) refuses it; `None` when it may go ahead. The update is
+/// applied as the shard applies it: with the statement's query (for a positional `$`) and its
+/// `arrayFilters`. An update the router cannot evaluate goes ahead: the shard answers with its
+/// own error.
 fn key_change(
     snap: &RoutingSnapshot,
     q: &Document,
     u: &Bson,
+    array_filters: Option<&Bson>,
     shard: &str,
     doc: &Document,
 ) -> Option<Step> {
     let mut new = doc.clone();
-    Update::parse(u).ok()?.apply(&mut new, false).ok()?;
+    let update = Update::parse(u).ok()?;
+    let query = crate::engine::matcher::Matcher::parse(q).ok()?;
+    let filters = ArrayFilters::of_statement(array_filters, &update, u).ok()?;
+    let ctx = ApplyContext {
+        query: Some(&query),
+        array_filters: Some(&filters),
+        ..ApplyContext::default()
+    };
+    update.apply_in(&mut new, false, &ctx).ok()?;
     if key_values(snap, doc) == key_values(snap, &new) {
         return None;
     }
@@ -425,6 +437,44 @@ mod tests {
         assert!(
             matches!(same, Step::Write { .. }),
             "the key does not change"
+        );
+        // A positional `$` beside the key change is applied with the statement's query, as the
+        // shard applies it (without it the update did not apply here and went ahead unchecked).
+        let with_array = doc! {"_id": 1, "k": 1, "arr": [0]};
+        let positional = decide(
+            &s,
+            WriteKind::Update,
+            &doc! {"q": {"arr": 0}, "u": {"$set": {"arr.$": 7, "k": near}}},
+            Some(home.as_str()),
+            Some((home.clone(), with_array.clone())),
+        );
+        assert!(
+            matches!(
+                positional,
+                Step::Fail {
+                    code: ErrorCode::ShardKeyUpdateWithoutFullKey,
+                    ..
+                }
+            ),
+            "{positional:?}"
+        );
+        let filtered = decide(
+            &s,
+            WriteKind::Update,
+            &doc! {"q": {"_id": 1}, "u": {"$set": {"arr.$[e]": 7, "k": near}},
+            "arrayFilters": [{"e": 0}]},
+            Some(home.as_str()),
+            Some((home.clone(), with_array)),
+        );
+        assert!(
+            matches!(
+                filtered,
+                Step::Fail {
+                    code: ErrorCode::ShardKeyUpdateWithoutFullKey,
+                    ..
+                }
+            ),
+            "{filtered:?}"
         );
     }
 }
