@@ -210,7 +210,9 @@ fn key_change(
     let mut new = doc.clone();
     let update = Update::parse(u).ok()?;
     let query = crate::engine::matcher::Matcher::parse(q).ok()?;
-    let filters = ArrayFilters::of_statement(array_filters, &update, u).ok()?;
+    // `arrayFilters` the shard would refuse (unused, malformed) are left out here: the key
+    // change is still checked first, as before.
+    let filters = ArrayFilters::of_statement(array_filters, &update, u).unwrap_or_default();
     let ctx = ApplyContext {
         query: Some(&query),
         array_filters: Some(&filters),
