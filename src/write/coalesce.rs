@@ -1,22 +1,36 @@
 //! Write coalescing (docs/design/adaptive-limit.md section 7): inserts from different client
-//! requests that need no session of their own (no `lsid`, no `txnNumber`) and agree on namespace,
-//! shard, write concern and options are merged into one unordered child batch, up to
-//! `max_operations` / `max_bytes`, waiting at most `max_wait` for companions. Each client still
-//! gets exactly its own reply: its statements' write errors (indexes remapped to its own batch) and
-//! its own `n`. Only inserts are merged: a shard reports per-statement results for inserts, but
-//! only totals for updates and deletes, which could not be split between clients. Retryable writes
-//! are never merged (one child carries one `lsid`/`txnNumber`).
+//! requests that carry no write semantics of a session (no `txnNumber`, not in a transaction;
+//! an `lsid` alone is allowed) and agree on namespace, shard, write concern and options are
+//! merged into one unordered child batch, up to `max_operations` / `max_bytes`. Each client
+//! still gets exactly its own reply: its statements' write errors (indexes remapped to its own
+//! batch) and its own `n`. Only inserts are merged: a shard reports per-statement results for
+//! inserts, but only totals for updates and deletes, which could not be split between clients.
+//! Retryable writes are never merged (one child carries one `lsid`/`txnNumber`, and the shard
+//! keeps its retry record per session).
+//!
+//! A write waits for companions (at most `max_wait`) only while the shard is busy with this
+//! group: a batch of the same key sent and not yet answered, or statements waiting in the
+//! shard's queue. On an idle shard it is sent at once, exactly as it would be without
+//! coalescing, so coalescing adds no latency at low load.
+//!
+//! A batch that holds more than one request carries no `lsid`: on a plain write mongod only
+//! checks the session out for the command and refreshes its last use, which means nothing for
+//! the other requests' statements, and one client's session must not cover (or be killed with)
+//! another's. The router records every request's own session before the write path runs
+//! (`LocalSessions::touch` in the dispatcher), merged or not. A batch that holds one request
+//! alone is sent with that request's own options, `lsid` included.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bson::{doc, Bson};
+use bson::{doc, Bson, RawDocumentBuf};
 use bytes::Bytes;
 use tokio::sync::{oneshot, Notify};
 
 use super::merge::ChildOutcome;
-use super::{send_child, ChildSpec};
+use super::{send_child, send_child_as, ChildSpec};
 use crate::cluster::Cluster;
 
 /// Coalescing settings.
@@ -50,11 +64,19 @@ struct Group {
     full: Notify,
 }
 
+/// The groups open to newcomers, and the batches sent and not yet answered, per key.
+#[derive(Default)]
+struct Open {
+    groups: HashMap<Vec<u8>, Arc<Group>>,
+    sending: HashMap<Vec<u8>, usize>,
+}
+
 /// The router's open groups of mergeable writes.
 pub struct Coalescer {
     settings: CoalesceSettings,
-    groups: Mutex<HashMap<Vec<u8>, Arc<Group>>>,
-    merged: std::sync::atomic::AtomicU64,
+    open: Mutex<Open>,
+    merged: AtomicU64,
+    waits: AtomicU64,
 }
 
 impl std::fmt::Debug for Coalescer {
@@ -69,7 +91,8 @@ impl std::fmt::Debug for Coalescer {
 fn key(shard: &str, child: &ChildSpec<'_>) -> Vec<u8> {
     let mut t = bson::RawDocumentBuf::new();
     for (k, v) in child.template.iter().flatten() {
-        if !["ordered", "maxTimeMS", "comment", "$db"].contains(&k.as_str()) {
+        // The session is not part of the key: a merged batch carries none (the module header).
+        if !["ordered", "maxTimeMS", "comment", "$db", "lsid"].contains(&k.as_str()) {
             t.append(k, v);
         }
     }
@@ -85,6 +108,29 @@ fn key(shard: &str, child: &ChildSpec<'_>) -> Vec<u8> {
         None => key.push(0),
     }
     key
+}
+
+/// Whether a write with these options (a child batch's template) may be merged with other
+/// requests' writes: it carries no write semantics of a session. An `lsid` alone carries none;
+/// `txnNumber` makes it a retryable write (one child carries one `lsid`/`txnNumber`, and the
+/// shard keeps its retry record per session), `startTransaction`/`autocommit` a statement of a
+/// transaction.
+pub fn mergeable(template: &bson::RawDocument) -> bool {
+    ["txnNumber", "startTransaction", "autocommit"]
+        .iter()
+        .all(|k| matches!(template.get(k), Ok(None)))
+}
+
+/// `template` without its `lsid`: the options of a batch that holds several requests'
+/// statements (the module header).
+fn without_session(template: &bson::RawDocument) -> RawDocumentBuf {
+    let mut out = RawDocumentBuf::new();
+    for (k, v) in template.iter().flatten() {
+        if k != "lsid" {
+            out.append(k, v);
+        }
+    }
+    out
 }
 
 /// The part of a merged reply that belongs to statements `offset..offset + len`.
@@ -143,9 +189,9 @@ impl Coalescer {
     /// Closes `group` to newcomers (and removes it from the open groups) and takes its
     /// statements and members.
     fn seal(&self, key: &[u8], group: &Arc<Group>) -> (Vec<Bytes>, Vec<Member>) {
-        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
-        if groups.get(key).is_some_and(|g| Arc::ptr_eq(g, group)) {
-            groups.remove(key);
+        let mut open = self.lock();
+        if open.groups.get(key).is_some_and(|g| Arc::ptr_eq(g, group)) {
+            open.groups.remove(key);
         }
         let mut inner = group.inner.lock().unwrap_or_else(|p| p.into_inner());
         inner.sealed = true;
@@ -159,14 +205,34 @@ impl Coalescer {
     pub fn new(settings: CoalesceSettings) -> Option<Coalescer> {
         (!settings.max_wait.is_zero()).then(|| Coalescer {
             settings,
-            groups: Mutex::new(HashMap::new()),
-            merged: std::sync::atomic::AtomicU64::new(0),
+            open: Mutex::new(Open::default()),
+            merged: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
         })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Statements that joined another request's child batch so far.
     pub fn merged_statements(&self) -> u64 {
-        self.merged.load(std::sync::atomic::Ordering::Relaxed)
+        self.merged.load(Ordering::Relaxed)
+    }
+
+    /// Writes that waited for companions so far (those sent at once to an idle shard do not
+    /// count).
+    pub fn waits(&self) -> u64 {
+        self.waits.load(Ordering::Relaxed)
+    }
+
+    /// Counts one batch of `key` as sent until the returned guard drops.
+    fn sending<'a>(&'a self, open: &mut Open, key: &'a [u8]) -> Sending<'a> {
+        *open.sending.entry(key.to_vec()).or_default() += 1;
+        Sending {
+            coalescer: self,
+            key,
+        }
     }
 
     /// Sends `docs` (one client's unordered inserts for `shard`), merged with compatible
@@ -181,14 +247,15 @@ impl Coalescer {
         let k = key(shard, &child);
         let len = docs.len();
         let bytes: usize = docs.iter().map(|d| d.len()).sum();
-        enum Joined {
+        enum Joined<'a> {
             Member(oneshot::Receiver<ChildOutcome>),
+            Alone(Sending<'a>),
             Leader(Arc<Group>),
         }
         let joined = {
-            let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+            let mut open = self.lock();
             let mut as_member = None;
-            if let Some(g) = groups.get(&k).cloned() {
+            if let Some(g) = open.groups.get(&k).cloned() {
                 let mut inner = g.inner.lock().unwrap_or_else(|p| p.into_inner());
                 let fits = !inner.sealed
                     && inner.operations + len <= self.settings.max_operations
@@ -207,8 +274,15 @@ impl Coalescer {
                     as_member = Some(rx);
                 }
             }
+            // Busy: a batch of this key is on its way to the shard, or the shard's queue holds
+            // waiting statements. Only then is waiting for companions worth its time.
+            let busy = || {
+                open.sending.get(&k).is_some_and(|n| *n > 0)
+                    || cluster.queue(shard).is_some_and(|q| q.depth() > 0)
+            };
             match as_member {
                 Some(rx) => Joined::Member(rx),
+                None if !busy() => Joined::Alone(self.sending(&mut open, &k)),
                 None => {
                     // Lead a new group.
                     let g = Arc::new(Group::default());
@@ -216,9 +290,9 @@ impl Coalescer {
                         let mut inner = g.inner.lock().unwrap_or_else(|p| p.into_inner());
                         inner.operations = len;
                         inner.bytes = bytes;
-                        inner.docs = docs;
+                        inner.docs = docs.clone();
                     }
-                    groups.insert(k.clone(), g.clone());
+                    open.groups.insert(k.clone(), g.clone());
                     Joined::Leader(g)
                 }
             }
@@ -230,8 +304,13 @@ impl Coalescer {
                     message: "the merged child batch was abandoned".into(),
                 })
             }
+            // An idle shard: sent at once, as it would be without coalescing.
+            Joined::Alone(_sending) => {
+                return send_child_as(cluster, shard, &child, &docs, true).await
+            }
             Joined::Leader(g) => g,
         };
+        self.waits.fetch_add(1, Ordering::Relaxed);
         // Should the leader be cancelled while it waits, the guard seals the group and drops
         // its members' senders: they get an error instead of waiting forever.
         let mut guard = SealOnDrop {
@@ -245,19 +324,25 @@ impl Coalescer {
             _ = group.full.notified() => {}
         }
         guard.armed = false;
-        let (docs, members) = self.seal(&k, &group);
-        let joined: usize = members.iter().map(|m| m.len).sum();
-        if joined > 0 {
-            self.merged
-                .fetch_add(joined as u64, std::sync::atomic::Ordering::Relaxed);
-            metrics::counter!("sluice_coalesced_statements_total", "shard" => shard.to_string())
-                .increment(joined as u64);
+        let (merged_docs, members) = self.seal(&k, &group);
+        let _sending = self.sending(&mut self.lock(), &k);
+        if members.is_empty() {
+            // Nobody came: the request's own batch, with its own options.
+            return send_child_as(cluster, shard, &child, &docs, true).await;
         }
+        let joined: usize = members.iter().map(|m| m.len).sum();
+        self.merged.fetch_add(joined as u64, Ordering::Relaxed);
+        metrics::counter!("sluice_coalesced_statements_total", "shard" => shard.to_string())
+            .increment(joined as u64);
+        // Several requests' statements: no one request's session (the module header).
+        let template = without_session(child.template);
         let merged = ChildSpec {
+            template: &template,
             ordered: false,
             ..child
         };
-        let outcome = send_child(cluster, shard, &merged, &docs).await;
+        let outcome = send_child(cluster, shard, &merged, &merged_docs).await;
+        drop(_sending);
         let mut offset = len;
         for m in members {
             let part = split_reply(&outcome, offset, m.len);
@@ -265,6 +350,24 @@ impl Coalescer {
             let _ = m.tx.send(part);
         }
         split_reply(&outcome, 0, len)
+    }
+}
+
+/// A batch of one key on its way to the shard: the key counts as busy until it drops.
+struct Sending<'a> {
+    coalescer: &'a Coalescer,
+    key: &'a [u8],
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        let mut open = self.coalescer.lock();
+        if let Some(n) = open.sending.get_mut(self.key) {
+            *n -= 1;
+            if *n == 0 {
+                open.sending.remove(self.key);
+            }
+        }
     }
 }
 
@@ -328,25 +431,73 @@ mod tests {
             .unwrap()
             .members
             .push(Member { len: 1, tx });
-        c.groups
-            .lock()
-            .unwrap()
-            .insert(b"k".to_vec(), group.clone());
+        c.lock().groups.insert(b"k".to_vec(), group.clone());
         drop(SealOnDrop {
             coalescer: &c,
             key: b"k",
             group: &group,
             armed: true,
         });
-        assert!(
-            c.groups.lock().unwrap().is_empty(),
-            "the group is no longer open"
-        );
+        assert!(c.lock().groups.is_empty(), "the group is no longer open");
         assert!(group.inner.lock().unwrap().sealed);
         assert!(
             matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Closed)),
             "the member is told, not left waiting"
         );
+    }
+
+    #[test]
+    fn an_lsid_alone_is_mergeable_a_retryable_write_or_a_transaction_is_not() {
+        let lsid = doc! {"id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![1; 16] }};
+        let of = |d: bson::Document| mergeable(&RawDocumentBuf::try_from(&d).unwrap());
+        assert!(of(doc! {"insert": "c"}));
+        assert!(of(
+            doc! {"insert": "c", "lsid": lsid.clone(), "writeConcern": {"w": 1}}
+        ));
+        assert!(!of(
+            doc! {"insert": "c", "lsid": lsid.clone(), "txnNumber": 1i64}
+        ));
+        assert!(!of(
+            doc! {"insert": "c", "lsid": lsid.clone(), "txnNumber": 1i64, "autocommit": false}
+        ));
+        assert!(!of(
+            doc! {"insert": "c", "lsid": lsid.clone(), "autocommit": false}
+        ));
+        assert!(!of(
+            doc! {"insert": "c", "lsid": lsid, "startTransaction": true}
+        ));
+    }
+
+    #[test]
+    fn a_merged_batch_carries_no_session_and_sessions_do_not_part_groups() {
+        let lsid = |b: u8| doc! {"id": bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![b; 16] }};
+        let a = RawDocumentBuf::try_from(
+            &doc! {"insert": "c", "lsid": lsid(1), "writeConcern": {"w": "majority"}},
+        )
+        .unwrap();
+        let b = RawDocumentBuf::try_from(
+            &doc! {"insert": "c", "lsid": lsid(2), "writeConcern": {"w": "majority"}},
+        )
+        .unwrap();
+        let none =
+            RawDocumentBuf::try_from(&doc! {"insert": "c", "writeConcern": {"w": "majority"}})
+                .unwrap();
+        let w1 = RawDocumentBuf::try_from(&doc! {"insert": "c", "writeConcern": {"w": 1}}).unwrap();
+        let spec = |t| ChildSpec {
+            template: t,
+            kind: super::super::WriteKind::Insert,
+            ns: "d.c",
+            ordered: false,
+            stmt_ids: None,
+            version: None,
+            retryable: false,
+            max_time: None,
+        };
+        assert_eq!(key("s", &spec(&a)), key("s", &spec(&b)));
+        assert_eq!(key("s", &spec(&a)), key("s", &spec(&none)));
+        assert_ne!(key("s", &spec(&a)), key("s", &spec(&w1)));
+        assert_ne!(key("s", &spec(&a)), key("t", &spec(&a)));
+        assert_eq!(without_session(&a), none);
     }
 
     #[test]

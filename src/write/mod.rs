@@ -922,12 +922,11 @@ impl ClusterSender<'_> {
             retryable: self.retryable,
             max_time: self.max_time,
         };
-        // Inserts that need no session of their own may share a child batch with other
-        // clients' inserts (never retryable writes: one child carries one lsid/txnNumber).
-        let has = |k: &str| matches!(self.template.get(k), Ok(Some(_)));
-        let has_session = has("lsid") || has("txnNumber");
+        // Inserts with no write semantics of a session may share a child batch with other
+        // clients' inserts: an `lsid` alone is fine (a merged batch carries none); never a
+        // retryable write or a transaction's statement (`coalesce::mergeable`).
         if self.kind == WriteKind::Insert
-            && !has_session
+            && coalesce::mergeable(&self.template)
             && template.is_none()
             && (!ordered || piece.len() == 1)
         {
