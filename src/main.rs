@@ -86,7 +86,7 @@ enum Command {
     },
     /// Run a benchmark and write its JSON, Markdown and SVG results.
     Bench {
-        /// The scenario: rounds, bulkwrite, seed-table, overhead, security, overload, undo, failover or migration (`cargo bench --bench micro`
+        /// The scenario: rounds, bulkwrite, seed-table, overhead, security, overload, undo, failover, migration or shard-queue (`cargo bench --bench micro`
         /// runs the micro-benchmarks).
         scenario: String,
         /// A short run (what CI does).

@@ -266,6 +266,38 @@ fn overhead_compares_direct_forwarded_and_routed_and_counts_instructions() {
 }
 
 #[test]
+fn shard_queue_counts_the_shards_inserts_against_the_documents() {
+    let (_dir, v) = run("shard-queue");
+    let lanes = |k: &str| v[k].as_array().expect("lanes").clone();
+    let (saturated, idle) = (lanes("saturated"), lanes("idle"));
+    assert_eq!(
+        saturated.len(),
+        4,
+        "retryWrites on and off, coalescing off and on"
+    );
+    assert_eq!(idle.len(), 2, "one client, coalescing off and on");
+    for l in saturated.iter().chain(&idle) {
+        let docs = l["documents"].as_i64().expect("documents");
+        let commands = l["shard_insert_commands"].as_i64().expect("commands");
+        assert!(
+            docs > 0 && l["inserts_per_s"].as_f64().expect("rate") > 0.0,
+            "{l}"
+        );
+        assert!(
+            l["p50_ms"].as_f64().is_some() && l["p99_ms"].as_f64().is_some(),
+            "{l}"
+        );
+        let merges = l["retry_writes"] == false && l["max_wait_us"].as_u64() > Some(0);
+        if merges {
+            assert!(commands <= docs, "{l}");
+        } else {
+            // Retryable writes are never merged; `max_wait_us = 0` merges nothing.
+            assert_eq!(commands, docs, "{l}");
+        }
+    }
+}
+
+#[test]
 fn overload_compares_the_limits() {
     let (dir, v) = run("overload");
     assert_eq!(v["rows"].as_array().expect("rows").len(), 4);

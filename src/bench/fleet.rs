@@ -167,7 +167,12 @@ async fn start_config_server() -> anyhow::Result<Proc> {
 
 /// Starts one `sluice shard` process on an ephemeral port (in shard-server mode with a
 /// `configdb`).
-async fn start_shard(name: &str, latency: Latency, configdb: Option<&str>) -> anyhow::Result<Proc> {
+async fn start_shard(
+    name: &str,
+    latency: Latency,
+    max_concurrency: Option<usize>,
+    configdb: Option<&str>,
+) -> anyhow::Result<Proc> {
     let mut args = vec![
         "shard".to_string(),
         "--port".into(),
@@ -183,6 +188,9 @@ async fn start_shard(name: &str, latency: Latency, configdb: Option<&str>) -> an
     ];
     if let Some(c) = configdb {
         args.extend(["--configdb".to_string(), c.to_string()]);
+    }
+    if let Some(n) = max_concurrency {
+        args.extend(["--max-concurrency".to_string(), n.to_string()]);
     }
     Proc::start(&sluice_exe()?, &args).await
 }
@@ -380,6 +388,16 @@ pub async fn router_client(
 impl Fleet {
     /// Starts one shard per entry of `latencies` and a router configured by `spec`.
     pub async fn start(latencies: &[Latency], spec: &RouterSpec) -> anyhow::Result<Fleet> {
+        Self::start_with_capacity(latencies, None, spec).await
+    }
+
+    /// [`Fleet::start`], each shard running at most `max_concurrency` data commands at once
+    /// (`sluice shard --max-concurrency`; the rest queue in the shard).
+    pub async fn start_with_capacity(
+        latencies: &[Latency],
+        max_concurrency: Option<usize>,
+        spec: &RouterSpec,
+    ) -> anyhow::Result<Fleet> {
         let scratch = Scratch::new("fleet")?;
         let config_server = match spec.layout {
             Layout::Static => None,
@@ -392,7 +410,7 @@ impl Fleet {
         let mut shard_ids = Vec::new();
         for (i, l) in latencies.iter().enumerate() {
             let id = format!("shard{i}");
-            shards.push(start_shard(&id, *l, configdb.as_deref()).await?);
+            shards.push(start_shard(&id, *l, max_concurrency, configdb.as_deref()).await?);
             shard_ids.push(id);
         }
         let list: Vec<(String, SocketAddr)> = shard_ids

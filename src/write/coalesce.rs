@@ -305,8 +305,10 @@ impl Coalescer {
                 })
             }
             // An idle shard: sent at once, as it would be without coalescing.
-            Joined::Alone(_sending) => {
-                return send_child_as(cluster, shard, &child, &docs, true).await
+            Joined::Alone(sending) => {
+                let outcome = send_child_as(cluster, shard, &child, &docs, true).await;
+                drop(sending);
+                return outcome;
             }
             Joined::Leader(g) => g,
         };
@@ -324,8 +326,10 @@ impl Coalescer {
             _ = group.full.notified() => {}
         }
         guard.armed = false;
+        // Counted as sent before it is sealed, so that a newcomer never finds the key idle in
+        // between.
+        let sending = self.sending(&mut self.lock(), &k);
         let (merged_docs, members) = self.seal(&k, &group);
-        let _sending = self.sending(&mut self.lock(), &k);
         if members.is_empty() {
             // Nobody came: the request's own batch, with its own options.
             return send_child_as(cluster, shard, &child, &docs, true).await;
@@ -342,7 +346,7 @@ impl Coalescer {
             ..child
         };
         let outcome = send_child(cluster, shard, &merged, &merged_docs).await;
-        drop(_sending);
+        drop(sending);
         let mut offset = len;
         for m in members {
             let part = split_reply(&outcome, offset, m.len);
