@@ -65,7 +65,7 @@ use proptest::test_runner::{Config as PtConfig, RngSeed, TestCaseError, TestRunn
 use sluice::config::Config;
 use sluice::embedded::EmbeddedShard;
 use sluice::engine::matcher::Matcher;
-use sluice::engine::update::Update;
+use sluice::engine::update::{ApplyContext, ArrayFilters, Update};
 use sluice::routing::RoutingSnapshot;
 use sluice::write::plan::Policy;
 
@@ -1328,9 +1328,21 @@ impl Model<'_> {
                 .await;
         };
         if self.coll == Coll::Ck {
+            // Applied as a mongod shard applies it: with the statement's query (a positional
+            // `$` needs it) and its `arrayFilters` (left out where the shard would refuse them:
+            // the key change is still checked first).
             let computed = Update::parse(u).and_then(|upd| {
+                let query = Matcher::parse(q)?;
+                let wire_filters = filters.clone().map(Bson::Array);
+                let array_filters =
+                    ArrayFilters::of_statement(wire_filters.as_ref(), &upd, u).unwrap_or_default();
+                let ctx = ApplyContext {
+                    query: Some(&query),
+                    array_filters: Some(&array_filters),
+                    ..ApplyContext::default()
+                };
                 let mut new = doc.clone();
-                upd.apply(&mut new, false).map(|_| new)
+                upd.apply_in(&mut new, false, &ctx).map(|_| new)
             });
             if let Ok(new) = computed {
                 let old_k = doc.get("k").cloned().unwrap_or(Bson::Null);
