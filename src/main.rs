@@ -86,7 +86,7 @@ enum Command {
     },
     /// Run a benchmark and write its JSON, Markdown and SVG results.
     Bench {
-        /// The scenario: rounds, bulkwrite, seed-table, overhead, security, overload, undo, failover, migration or shard-queue (`cargo bench --bench micro`
+        /// The scenario: rounds, bulkwrite, seed-table, overhead, security, overload, undo, failover, migration, connections or shard-queue (`cargo bench --bench micro`
         /// runs the micro-benchmarks).
         scenario: String,
         /// A short run (what CI does).
@@ -213,6 +213,8 @@ fn main() -> anyhow::Result<()> {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_stack_size(sluice::limits::WORKER_STACK_BYTES)
+            // An idle worker gives back the stack pages a deep request touched.
+            .on_thread_park(sluice::frontend::memory::release_idle_stack)
             .build()
             .context("cannot start the async runtime")
     };

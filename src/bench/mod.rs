@@ -2,7 +2,7 @@
 //! a picture helps, an SVG chart into an output directory (see `docs/benchmarks.md`).
 //!
 //! The load scenarios (`rounds`, `bulkwrite`, `seed-table`, `overhead`, `security`, `undo`,
-//! `shard-queue`) start what they need from this very
+//! `connections`, `shard-queue`) start what they need from this very
 //! binary: embedded shards as separate `sluice shard` processes and a router process, on
 //! loopback, stopped afterwards; the load goes through the stock Rust driver. `overload` runs
 //! the deterministic simulation of [`crate::backend::sim`]. `failover` runs a replica-set
@@ -13,6 +13,7 @@
 //! release build.
 
 pub mod bulk_rounds;
+pub mod connections;
 pub mod failover;
 pub mod fleet;
 pub mod forward;
@@ -39,6 +40,7 @@ pub const SCENARIOS: &[&str] = &[
     "undo",
     "failover",
     "migration",
+    "connections",
     "shard-queue",
 ];
 
@@ -78,6 +80,7 @@ pub async fn run(
         "undo" => undo::run(quick).await?,
         "failover" => failover::run(quick).await?,
         "migration" => migration::run(quick).await?,
+        "connections" => connections::run(quick).await?,
         "shard-queue" => shard_queue::run(quick).await?,
         other => anyhow::bail!(
             "unknown benchmark scenario {other:?} (available: {})",
