@@ -213,6 +213,8 @@ fn main() -> anyhow::Result<()> {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_stack_size(sluice::limits::WORKER_STACK_BYTES)
+            // An idle worker gives back the stack pages a deep request touched.
+            .on_thread_park(sluice::frontend::memory::release_idle_stack)
             .build()
             .context("cannot start the async runtime")
     };

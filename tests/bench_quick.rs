@@ -446,3 +446,24 @@ fn migration_moves_chunks_under_writes_without_errors_or_lost_documents() {
     assert_eq!(per_shard.len(), 2, "{v}");
     assert_eq!(per_shard.iter().sum::<u64>(), acknowledged, "{v}");
 }
+
+#[test]
+fn connections_reads_the_routers_memory_at_every_step() {
+    let (_dir, v) = run("connections");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2, "handshake only, and an insert before idling");
+    for r in rows {
+        let rss = &r["rss_kib"];
+        for step in ["before", "after_step_1", "after_step_2", "after_closing"] {
+            assert!(rss[step].as_f64().expect(step) > 0.0, "{r}");
+        }
+        // Connections held open cost something; the figure is a finite number either way.
+        assert!(
+            r["kib_per_connection_marginal"]
+                .as_f64()
+                .expect("marginal")
+                .is_finite(),
+            "{r}"
+        );
+    }
+}

@@ -70,6 +70,11 @@ impl Proc {
         Ok(Proc { child, addr })
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Asks the process to stop (SIGTERM, so that it shuts down cleanly and tools such as
     /// valgrind write their output) and waits for it.
     pub async fn stop(mut self) -> anyhow::Result<()> {

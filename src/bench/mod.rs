@@ -1,7 +1,8 @@
 //! `sluice bench <scenario>`: benchmarks that write a JSON result, a Markdown table and, where
 //! a picture helps, an SVG chart into an output directory (see `docs/benchmarks.md`).
 //!
-//! The load scenarios (`rounds`, `bulkwrite`, `seed-table`, `overhead`, `security`, `undo`) start what they need from this very
+//! The load scenarios (`rounds`, `bulkwrite`, `seed-table`, `overhead`, `security`, `undo`,
+//! `connections`) start what they need from this very
 //! binary: embedded shards as separate `sluice shard` processes and a router process, on
 //! loopback, stopped afterwards; the load goes through the stock Rust driver. `overload` runs
 //! the deterministic simulation of [`crate::backend::sim`]. `failover` runs a replica-set
@@ -12,6 +13,7 @@
 //! release build.
 
 pub mod bulk_rounds;
+pub mod connections;
 pub mod failover;
 pub mod fleet;
 pub mod forward;
@@ -37,6 +39,7 @@ pub const SCENARIOS: &[&str] = &[
     "undo",
     "failover",
     "migration",
+    "connections",
 ];
 
 /// The scenarios that run on the cluster layout whatever `--layout` says (a static router has
@@ -75,6 +78,7 @@ pub async fn run(
         "undo" => undo::run(quick).await?,
         "failover" => failover::run(quick).await?,
         "migration" => migration::run(quick).await?,
+        "connections" => connections::run(quick).await?,
         other => anyhow::bail!(
             "unknown benchmark scenario {other:?} (available: {})",
             SCENARIOS.join(", ")

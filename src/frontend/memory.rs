@@ -8,6 +8,13 @@
 //! [`IDLE_CHECK`]: when it moved since the last trim but not since the previous look, the
 //! process has just gone idle and `malloc_trim(0)` returns every whole free page. A busy
 //! process is never trimmed, and an idle one once.
+//!
+//! The same moment gives back the stack pages of the runtime's worker threads: a request
+//! that recursed deeply (a nested document, a long path) touched pages of the worker's stack
+//! that stay resident for as long as the thread lives. After each trim every worker, the next
+//! time it parks, releases the pages of its stack below the frame it parks from
+//! ([`release_idle_stack`], the runtime's `on_thread_park` hook): nothing lives below a
+//! thread's stack pointer, so the pages come back zeroed when a later request needs them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -19,6 +26,13 @@ pub const IDLE_CHECK: Duration = Duration::from_secs(2);
 /// Requests served and connections closed, process-wide.
 static ACTIVITY: AtomicU64 = AtomicU64::new(0);
 
+/// Trims done: a worker thread gives its stack back once per trim.
+static TRIMS: AtomicU64 = AtomicU64::new(0);
+
+/// Worker stacks given back, in all: the trimmer wakes the workers until each has given its
+/// stack back once for the trim.
+static STACKS_RELEASED: AtomicU64 = AtomicU64::new(0);
+
 /// A request was served or a connection closed.
 pub(super) fn note_activity() {
     ACTIVITY.fetch_add(1, Ordering::Relaxed);
@@ -28,14 +42,21 @@ pub(super) fn note_activity() {
 pub(super) fn start_idle_trimmer() {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
+        // The runtime whose workers give their stacks back (none outside a runtime).
+        let runtime = tokio::runtime::Handle::try_current().ok();
         let started = std::thread::Builder::new()
             .name("idle-trim".into())
-            .spawn(|| {
+            .spawn(move || {
                 let mut watch = IdleWatch::new(ACTIVITY.load(Ordering::Relaxed));
                 loop {
                     std::thread::sleep(IDLE_CHECK);
                     if watch.went_idle(ACTIVITY.load(Ordering::Relaxed)) {
                         release_free_memory();
+                        let released = STACKS_RELEASED.load(Ordering::SeqCst);
+                        TRIMS.fetch_add(1, Ordering::SeqCst);
+                        if let Some(rt) = &runtime {
+                            wake_workers(rt, released);
+                        }
                     }
                 }
             });
@@ -43,6 +64,102 @@ pub(super) fn start_idle_trimmer() {
             tracing::warn!(error = %e, "cannot start the idle memory trimmer");
         }
     });
+}
+
+/// Wakes the runtime's parked workers so that each parks again and gives its stack back
+/// ([`release_idle_stack`]): a no-op task per worker, a few times, until every worker has
+/// released once since `released` (the count before the trim) or the tries run out.
+fn wake_workers(rt: &tokio::runtime::Handle, released: u64) {
+    let workers = rt.metrics().num_workers() as u64;
+    for _ in 0..10 {
+        if STACKS_RELEASED.load(Ordering::SeqCst) >= released + workers {
+            return;
+        }
+        for _ in 0..workers {
+            drop(rt.spawn(async {}));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The runtime's `on_thread_park` hook: a worker that parks after a trim it has not yet
+/// followed gives back the pages of its stack below this frame. Otherwise one atomic load.
+pub fn release_idle_stack() {
+    thread_local! {
+        /// The trim this thread last gave its stack back for.
+        static FOLLOWED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+    let trims = TRIMS.load(Ordering::Relaxed);
+    if FOLLOWED.with(|f| f.replace(trims)) == trims {
+        return;
+    }
+    release_stack_below_here(crate::limits::WORKER_STACK_BYTES);
+    STACKS_RELEASED.fetch_add(1, Ordering::SeqCst);
+}
+
+/// What is left resident below the calling frame: the stack pages deeper calls touched.
+/// Kept so that parking and the next shallow request do not fault their pages back at once.
+const STACK_KEEP: usize = 32 * 1024;
+
+/// Gives back the pages of the calling thread's stack (of `stack_bytes`) that lie more than
+/// [`STACK_KEEP`] below this frame. Nothing lives below a thread's stack pointer, so those
+/// pages are dead: `MADV_DONTNEED` unmaps them, and a later call that reaches them gets
+/// zeroed pages.
+#[cfg(target_os = "linux")]
+#[inline(never)]
+fn release_stack_below_here(stack_bytes: usize) {
+    extern "C" {
+        /// Advice about a range of the process's memory; 0 on success.
+        fn madvise(
+            addr: *mut std::ffi::c_void,
+            len: usize,
+            advice: std::ffi::c_int,
+        ) -> std::ffi::c_int;
+    }
+    /// `<sys/mman.h>`: the range's pages are released; private anonymous ones read as zero.
+    const MADV_DONTNEED: std::ffi::c_int = 4;
+    const PAGE: usize = 4096;
+    let marker = 0u8;
+    let here = std::hint::black_box(std::ptr::addr_of!(marker)) as usize;
+    let Some(low) = stack_low_end(here, stack_bytes) else {
+        return;
+    };
+    let high = here.saturating_sub(STACK_KEEP) & !(PAGE - 1);
+    if high <= low {
+        return;
+    }
+    // SAFETY: [low, high) is the part of this thread's own stack mapping more than
+    // STACK_KEEP below the current frame. No frame of this thread is there (the stack grows
+    // down from `here`), no other thread uses a thread's stack, and madvise takes the range
+    // by address and only drops its pages: a later access gets a zero page.
+    unsafe {
+        madvise(low as *mut std::ffi::c_void, high - low, MADV_DONTNEED);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn release_stack_below_here(_stack_bytes: usize) {}
+
+/// The lowest address of the calling thread's stack, read once per thread: the start of the
+/// mapping in `/proc/self/maps` that holds `addr`, and never more than `stack_bytes` below
+/// its end (the stack's top), should the mapping ever run on below the stack's guard page.
+#[cfg(target_os = "linux")]
+fn stack_low_end(addr: usize, stack_bytes: usize) -> Option<usize> {
+    thread_local! {
+        static LOW: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+    }
+    if let Some(low) = LOW.with(|l| l.get()) {
+        return Some(low);
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let low = maps.lines().find_map(|line| {
+        let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+        let start = usize::from_str_radix(start, 16).ok()?;
+        let end = usize::from_str_radix(end, 16).ok()?;
+        (start <= addr && addr < end).then_some(start.max(end.saturating_sub(stack_bytes)))
+    })?;
+    LOW.with(|l| l.set(Some(low)));
+    Some(low)
 }
 
 /// When to trim, from successive readings of the activity count.
@@ -171,5 +288,91 @@ mod tests {
     #[test]
     fn trimming_is_callable() {
         release_free_memory();
+    }
+
+    /// Touches about `bytes` of the stack below the caller.
+    #[inline(never)]
+    fn touch_stack(bytes: usize) -> u8 {
+        let mut frame = [0u8; 4096];
+        std::hint::black_box(&mut frame);
+        if bytes <= frame.len() {
+            return frame[7];
+        }
+        touch_stack(bytes - frame.len()).wrapping_add(std::hint::black_box(frame[17]))
+    }
+
+    /// The resident size of the mapping that holds the caller's stack frame, from
+    /// `/proc/self/smaps`.
+    #[cfg(target_os = "linux")]
+    fn stack_rss_kib() -> u64 {
+        let marker = 0u8;
+        let here = std::hint::black_box(std::ptr::addr_of!(marker)) as usize;
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            if let Some((start, rest)) = line.split_once('-') {
+                if let (Ok(start), Some(end)) = (
+                    usize::from_str_radix(start, 16),
+                    rest.split_whitespace().next(),
+                ) {
+                    if let Ok(end) = usize::from_str_radix(end, 16) {
+                        inside = start <= here && here < end;
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(v) = line.strip_prefix("Rss:") {
+                    return v.trim().trim_end_matches("kB").trim().parse().unwrap();
+                }
+            }
+        }
+        panic!("no mapping holds the stack");
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_thread_gives_back_the_stack_pages_a_deep_call_touched() {
+        std::thread::Builder::new()
+            .stack_size(4 << 20)
+            .spawn(|| {
+                std::hint::black_box(touch_stack(1 << 20));
+                let touched = stack_rss_kib();
+                assert!(touched >= 1024, "the deep call touched {touched} KiB");
+                release_stack_below_here(4 << 20);
+                let left = stack_rss_kib();
+                assert!(left <= 128, "{left} KiB of the stack still resident");
+                // The released pages work as stack again.
+                std::hint::black_box(touch_stack(1 << 20));
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    #[test]
+    fn a_worker_gives_its_stack_back_once_per_trim() {
+        std::thread::spawn(|| {
+            // The first park follows whatever trims came before this thread.
+            release_idle_stack();
+            let synced = STACKS_RELEASED.load(Ordering::SeqCst);
+            release_idle_stack();
+            release_idle_stack();
+            assert_eq!(
+                STACKS_RELEASED.load(Ordering::SeqCst),
+                synced,
+                "no trim, no release"
+            );
+            TRIMS.fetch_add(1, Ordering::SeqCst);
+            release_idle_stack();
+            release_idle_stack();
+            assert_eq!(
+                STACKS_RELEASED.load(Ordering::SeqCst),
+                synced + 1,
+                "one per trim"
+            );
+        })
+        .join()
+        .unwrap();
     }
 }

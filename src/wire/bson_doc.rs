@@ -604,6 +604,21 @@ mod tests {
     /// The single walk accepts the common element types (so requests take the fast path) and
     /// never accepts what the `bson` crate's reader refuses: every sample, and every change of
     /// one byte (to each of a few telling values) and every truncation of each sample.
+    /// `good` and copies of it with one byte past the length prefix replaced by each of a few
+    /// telling values (type bytes, a UTF-8 lead byte, `0xff`): the damaged inputs the walks are
+    /// compared on.
+    fn damaged(good: &[u8]) -> Vec<Vec<u8>> {
+        let mut variants = vec![good.to_vec()];
+        for pos in 4..good.len() {
+            for v in [0u8, 1, 2, 3, 5, 0x10, 0x7f, 0xc3, 0xff] {
+                let mut bad = good.to_vec();
+                bad[pos] = v;
+                variants.push(bad);
+            }
+        }
+        variants
+    }
+
     #[test]
     fn the_single_walk_accepts_nothing_the_bson_reader_refuses() {
         let samples = samples();
@@ -666,14 +681,7 @@ mod tests {
                 .map(|(k, _)| k.as_str().to_string())
                 .chain(["missing".to_string(), String::new()])
                 .collect();
-            let mut variants = vec![good.clone()];
-            for pos in 4..good.len() {
-                for v in [0u8, 1, 2, 3, 5, 0x10, 0x7f, 0xc3, 0xff] {
-                    let mut bad = good.clone();
-                    bad[pos] = v;
-                    variants.push(bad);
-                }
-            }
+            let variants = damaged(&good);
             for bytes in &variants {
                 let Ok(doc) = RawDocument::from_bytes(bytes) else {
                     continue;
@@ -718,14 +726,7 @@ mod tests {
             assert!(elements(doc).all(|e| e.is_some()), "sample {i}");
         }
         for good in all {
-            let mut variants = vec![good.clone()];
-            for pos in 4..good.len() {
-                for v in [0u8, 1, 2, 3, 5, 0x10, 0x7f, 0xc3, 0xff] {
-                    let mut bad = good.clone();
-                    bad[pos] = v;
-                    variants.push(bad);
-                }
-            }
+            let variants = damaged(&good);
             for bytes in &variants {
                 let Ok(doc) = RawDocument::from_bytes(bytes) else {
                     continue;
@@ -819,14 +820,7 @@ mod tests {
             )
         );
         for good in all {
-            let mut variants = vec![good.clone()];
-            for pos in 4..good.len() {
-                for v in [0u8, 1, 2, 3, 5, 0x10, 0x7f, 0xc3, 0xff] {
-                    let mut bad = good.clone();
-                    bad[pos] = v;
-                    variants.push(bad);
-                }
-            }
+            let variants = damaged(&good);
             for bytes in variants.iter().filter(|b| validate_document(b).is_ok()) {
                 let doc = RawDocument::from_bytes(bytes).unwrap();
                 let keys: Vec<String> = doc
