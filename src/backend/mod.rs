@@ -31,10 +31,18 @@ use crate::wire::{self, BsonDoc, Message, OpMsgBuilder};
 use stream::Stream;
 
 /// Runs futures concurrently on the current task and returns their outputs in order (the
-/// fan-out to shards: one future per shard, none of them spawned).
+/// fan-out to shards: one future per shard, none of them spawned). A single future (a
+/// targeted read or write, the hot path) is awaited in place: no box, no output slots.
 pub async fn join_all<F: std::future::Future>(
     futures: impl IntoIterator<Item = F>,
 ) -> Vec<F::Output> {
+    // Collected before anything is awaited: the caller's iterator (and its closure) is not
+    // held across an await, which would make the future's `Send` depend on its lifetimes.
+    let futures: Vec<F> = futures.into_iter().collect();
+    let futures = match <[F; 1]>::try_from(futures) {
+        Ok([one]) => return vec![one.await],
+        Err(futures) => futures,
+    };
     let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
     let mut outputs: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
     std::future::poll_fn(|cx| {
@@ -715,5 +723,50 @@ impl Drop for PooledConnection {
                 self.pool.metrics.idle.set(idle.len() as f64);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod join_all_tests {
+    use super::join_all;
+
+    #[tokio::test]
+    async fn outputs_come_in_order_for_none_one_and_many() {
+        let none: Vec<u32> = join_all(Vec::<std::future::Ready<u32>>::new()).await;
+        assert!(none.is_empty());
+        assert_eq!(join_all([std::future::ready(7)]).await, vec![7]);
+        let many = join_all((0..5).map(|i| async move {
+            tokio::task::yield_now().await;
+            i * 10
+        }))
+        .await;
+        assert_eq!(many, vec![0, 10, 20, 30, 40]);
+    }
+
+    #[tokio::test]
+    async fn futures_run_together() {
+        // The first waits for what the second sends: awaited one after the other they would
+        // never finish.
+        let (tx, rx) = tokio::sync::oneshot::channel::<u8>();
+        let tx = std::sync::Mutex::new(Some(tx));
+        let rx = std::sync::Mutex::new(Some(rx));
+        let out = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            join_all((0..2).map(|i| {
+                let (tx, rx) = (&tx, &rx);
+                async move {
+                    if i == 0 {
+                        let rx = rx.lock().unwrap().take().unwrap();
+                        rx.await.unwrap_or(0)
+                    } else {
+                        let tx = tx.lock().unwrap().take().unwrap();
+                        let _ = tx.send(9);
+                        1
+                    }
+                }
+            })),
+        )
+        .await;
+        assert_eq!(out.ok(), Some(vec![9, 1]));
     }
 }

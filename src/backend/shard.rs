@@ -83,8 +83,17 @@ pub fn batch_session(body: &RawDocument) -> BatchSession {
 /// (`$readPreference`; absent is `primary`). A malformed read preference is refused with
 /// mongos's error.
 pub fn need_of(body: &RawDocument) -> Result<Need, TopologyError> {
-    match crate::wire::get_field(body, "$readPreference") {
-        Ok(Some(v)) => {
+    need_of_field(
+        crate::wire::get_field(body, "$readPreference")
+            .ok()
+            .flatten(),
+    )
+}
+
+/// [`need_of`] of a command's `$readPreference` element already found (`None`: none).
+pub fn need_of_field(read_preference: Option<RawBsonRef<'_>>) -> Result<Need, TopologyError> {
+    match read_preference {
+        Some(v) => {
             let v = Bson::try_from(v).map_err(|e| {
                 TopologyError::new(
                     crate::value::error_codes::ErrorCode::FailedToParse,

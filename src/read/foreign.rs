@@ -64,6 +64,7 @@ pub async fn fetch(
                 snap.chunks.shards().into_iter().collect(),
                 db,
                 coll,
+                &ns,
                 &encoded,
                 None,
                 false,

@@ -446,7 +446,14 @@ async fn read_at(
         req.name.as_str(),
         "find" | "aggregate" | "count" | "distinct"
     ) {
-        match crate::backend::shard::need_of(req.body.raw()) {
+        // A body read in place holds the request's own elements: its `$readPreference` is
+        // taken from there rather than looked up by another walk of the request.
+        let found = if std::ptr::eq(body.raw(), req.body.raw()) {
+            crate::backend::shard::need_of_field(body.get("$readPreference"))
+        } else {
+            crate::backend::shard::need_of(req.body.raw())
+        };
+        match found {
             Ok(n) => need = Some(n),
             Err(e) => return Some(Err(CommandError::new(e.code, e.message))),
         }
@@ -464,7 +471,7 @@ async fn read_at(
         "find" => async {
             let plan = find_plan(body, &coll, collation.clone())?;
             let targets = find_targets(snap, plan.filter, collation.as_deref())?;
-            let (streams, skipped) = open_streams(cluster, snap, targets, &db, &coll, &plan.command, need, plan.partial).await?;
+            let (streams, skipped) = open_streams(cluster, snap, targets, &db, &coll, &ns, &plan.command, need, plan.partial).await?;
             let merge = Merge::new(
                 db.clone(),
                 coll.clone(),
@@ -497,7 +504,7 @@ async fn read_at(
             let split = merge::split_pipeline(stages);
             let filter = leading_match(stages);
             let shard_cmd = aggregate_command(read_body, &coll, &split.shard_part)?;
-            let (streams, _) = open_streams(cluster, snap, collated_targets(snap, &filter, collation.as_deref()), &db, &coll, &shard_cmd, need, false).await?;
+            let (streams, _) = open_streams(cluster, snap, collated_targets(snap, &filter, collation.as_deref()), &db, &coll, &ns, &shard_cmd, need, false).await?;
             let stage_memory = cluster.stage_memory();
             let streams = drain(cluster, &db, &coll, streams, stage_memory).await?;
             let merged = match &split.merge_sort {

@@ -336,6 +336,7 @@ pub(super) fn decode(doc: &Bytes) -> Document {
 /// each shard's first batch and cursor. With `partial`, a shard that cannot be reached is
 /// skipped (and reported). `need` is the member the command's `$readPreference` asks for, when
 /// the caller read it from the element the command carries; else it is read from `command`.
+/// `ns` is `db.coll`.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn open_streams(
     cluster: &Cluster,
@@ -343,17 +344,16 @@ pub(super) async fn open_streams(
     shards: Vec<String>,
     db: &str,
     coll: &str,
+    ns: &str,
     command: &RawDocument,
     need: Option<&Need>,
     partial: bool,
 ) -> Result<(Vec<ShardStream>, bool), CommandError> {
-    let ns = format!("{db}.{coll}");
     let name = first_key(command);
     let max_time = max_time_of(command);
-    let mut futures = Vec::new();
+    let mut futures = Vec::with_capacity(shards.len());
     for shard in shards {
         let cmd = shard_command(cluster, snap, &shard, command, db)?;
-        let ns = &ns;
         futures.push(async move {
             let (_, member, (buffer, cursor_id)) = read_at_raw(
                 cluster,
@@ -393,12 +393,17 @@ pub(super) async fn open_streams(
 
 /// The name of a command: its first field's.
 fn first_key(command: &RawDocument) -> &str {
-    command
-        .iter()
-        .next()
-        .and_then(Result::ok)
-        .map(|(k, _)| k.as_str())
-        .unwrap_or_default()
+    // The byte walk reads the first element as the `bson` crate's iterator does; an element
+    // it does not read is read by that iterator.
+    match crate::wire::elements(command).next() {
+        Some(Some((k, _))) => k.as_str(),
+        _ => command
+            .iter()
+            .next()
+            .and_then(Result::ok)
+            .map(|(k, _)| k.as_str())
+            .unwrap_or_default(),
+    }
 }
 
 /// A command's `maxTimeMS`, as [`crate::value::field::number_field`] reads it.

@@ -297,6 +297,29 @@ impl<'a> Iterator for Elements<'a> {
     }
 }
 
+impl<'a> Elements<'a> {
+    /// The same walk, each item with the element's encoded bytes (type, key and value) as
+    /// they stand in the document: what a copy of the element appends unchanged.
+    pub fn with_bytes(self) -> ElementsWithBytes<'a> {
+        ElementsWithBytes(self)
+    }
+}
+
+/// The iterator of [`Elements::with_bytes`].
+#[derive(Debug, Clone)]
+pub struct ElementsWithBytes<'a>(Elements<'a>);
+
+impl<'a> Iterator for ElementsWithBytes<'a> {
+    type Item = Option<(&'a bson::raw::CStr, RawBsonRef<'a>, &'a [u8])>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (bytes, start) = (self.0.bytes, self.0.at);
+        let item = self.0.next()?;
+        let end = self.0.at;
+        Some(item.map(|(k, v)| (k, v, &bytes[start..end])))
+    }
+}
+
 /// Whether converting `value` to an owned value and encoding it again would give other bytes:
 /// a field name that repeats within a document (an owned document keeps the last), or a
 /// regular expression whose options are not in order (an owned one sorts them).
@@ -727,6 +750,47 @@ mod tests {
                 }
                 if whole {
                     assert!(slow.next().is_none(), "{bytes:?}");
+                }
+            }
+        }
+    }
+
+    /// Each element's bytes are the element as the `bson` crate encodes it again: appended
+    /// one after another they give the document back, in every sample and valid damaged copy
+    /// the walk reads.
+    #[test]
+    fn the_element_bytes_are_the_elements_encoded() {
+        for good in samples() {
+            let mut variants = vec![good.clone()];
+            for pos in 4..good.len() {
+                for v in [0u8, 1, 2, 0x10, 0x7f, 0xff] {
+                    let mut bad = good.clone();
+                    bad[pos] = v;
+                    variants.push(bad);
+                }
+            }
+            for bytes in &variants {
+                let Ok(doc) = RawDocument::from_bytes(bytes) else {
+                    continue;
+                };
+                let mut copied = vec![0u8; 4];
+                let mut whole = true;
+                for item in elements(doc).with_bytes() {
+                    let Some((k, v, element)) = item else {
+                        whole = false;
+                        break;
+                    };
+                    let mut one = bson::RawDocumentBuf::new();
+                    one.append(k, v);
+                    let one = one.as_bytes();
+                    assert_eq!(element, &one[4..one.len() - 1], "{bytes:?}");
+                    copied.extend_from_slice(element);
+                }
+                if whole {
+                    copied.push(0);
+                    let len = copied.len() as i32;
+                    copied[..4].copy_from_slice(&len.to_le_bytes());
+                    assert_eq!(&copied, bytes);
                 }
             }
         }

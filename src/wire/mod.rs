@@ -19,7 +19,7 @@ mod reply;
 
 pub use bson_doc::{
     changes_when_owned, document_with_room, elements, empty_document, get_field, get_fields,
-    last_fields, validate_document, BsonDoc, Elements,
+    last_fields, validate_document, BsonDoc, Elements, ElementsWithBytes,
 };
 pub use compression::Compressor;
 pub use error::WireError;

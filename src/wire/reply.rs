@@ -45,7 +45,7 @@ impl Reply {
     pub fn contains_key(&self, key: &str) -> bool {
         match self {
             Reply::Document(d) => d.contains_key(key),
-            Reply::Raw(r) => matches!(r.get(key), Ok(Some(_))),
+            Reply::Raw(r) => matches!(super::get_field(r, key), Ok(Some(_))),
         }
     }
 
@@ -86,14 +86,25 @@ impl Reply {
                 d.insert("operationTime", t);
             }
             Reply::Raw(r) => {
-                let ct = cluster_time_bytes(t);
-                match bson::RawDocument::from_bytes(&ct) {
-                    Ok(ct) => r.append(bson::raw::cstr!("$clusterTime"), ct),
+                // Both elements written after the body's last element, as `append` writes
+                // them, and the length set once.
+                let mut bytes = std::mem::take(r).into_bytes();
+                bytes.pop();
+                bytes.reserve(CLUSTER_TIME_LEN + 32);
+                bytes.extend_from_slice(b"\x03$clusterTime\0");
+                bytes.extend_from_slice(&cluster_time_bytes(t));
+                bytes.extend_from_slice(b"\x11operationTime\0");
+                bytes.extend_from_slice(&t.increment.to_le_bytes());
+                bytes.extend_from_slice(&t.time.to_le_bytes());
+                bytes.push(0);
+                let len = bytes.len() as i32;
+                bytes[..4].copy_from_slice(&len.to_le_bytes());
+                match RawDocumentBuf::from_bytes(bytes) {
+                    Ok(done) => *r = done,
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot append $clusterTime to a raw reply")
                     }
                 }
-                r.append(bson::raw::cstr!("operationTime"), t);
             }
         }
     }

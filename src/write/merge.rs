@@ -263,6 +263,28 @@ struct ReplyParts<'a> {
 }
 
 impl<'a> ReplyParts<'a> {
+    /// The last `ok`, `n`, `nModified`, `writeErrors`, `upserted` and `writeConcernError` of
+    /// a reply's `items`; `None` at an item that does not read.
+    fn fields(
+        items: impl Iterator<Item = Option<(&'a bson::raw::CStr, RawBsonRef<'a>)>>,
+    ) -> Option<[Option<RawBsonRef<'a>>; 6]> {
+        let mut found = [None; 6];
+        for item in items {
+            let (k, v) = item?;
+            let slot = match k.as_str() {
+                "ok" => 0,
+                "n" => 1,
+                "nModified" => 2,
+                "writeErrors" => 3,
+                "upserted" => 4,
+                "writeConcernError" => 5,
+                _ => continue,
+            };
+            found[slot] = Some(v);
+        }
+        Some(found)
+    }
+
     fn from_document(reply: &Document) -> ReplyParts<'a> {
         let mut errors = BTreeMap::new();
         if let Ok(list) = reply.get_array("writeErrors") {
@@ -294,20 +316,14 @@ impl<'a> ReplyParts<'a> {
     /// Reads an `ok: 1` reply in place, as [`ReplyParts::from_document`] reads its owned
     /// copy; `None` for any other reply and for bytes it does not follow.
     fn from_raw(reply: &'a RawDocument) -> Option<ReplyParts<'a>> {
-        let (mut ok, mut n, mut n_modified) = (None, None, None);
-        let (mut error_list, mut upserted_list, mut wce) = (None, None, None);
-        for item in reply.iter() {
-            let (k, v) = item.ok()?;
-            match k.as_str() {
-                "ok" => ok = Some(v),
-                "n" => n = Some(v),
-                "nModified" => n_modified = Some(v),
-                "writeErrors" => error_list = Some(v),
-                "upserted" => upserted_list = Some(v),
-                "writeConcernError" => wce = Some(v),
-                _ => {}
-            }
-        }
+        // The byte walk reads a reply without arrays (every reply without write errors or
+        // upserts) as the `bson` crate's iterator does; a reply it does not read is read by
+        // that iterator.
+        let [ok, n, n_modified, error_list, upserted_list, wce] =
+            match Self::fields(crate::wire::elements(reply)) {
+                Some(found) => found,
+                None => Self::fields(reply.iter().map(Result::ok))?,
+            };
         match ok? {
             RawBsonRef::Double(1.0) => {}
             RawBsonRef::Int32(1) => {}

@@ -230,29 +230,37 @@ impl WriteOptions {
     /// over by their sizes); a body that walk does not read (an array such as `stmtIds`, a
     /// type requests seldom carry) is walked again with the `bson` crate's iterator.
     pub fn from_raw(body: &RawDocument, statements: &str) -> Option<Self> {
-        match Self::from_elements(statements, crate::wire::elements(body)) {
+        let walked = crate::wire::elements(body)
+            .with_bytes()
+            .map(|item| item.map(|(k, v, bytes)| (k, v, Some(bytes))));
+        match Self::from_elements(statements, walked) {
             Ok(read) => read,
-            Err(Unread) => Self::from_elements(statements, body.iter().map(Result::ok))
-                .ok()
-                .flatten(),
+            Err(Unread) => Self::from_elements(
+                statements,
+                body.iter().map(|item| item.ok().map(|(k, v)| (k, v, None))),
+            )
+            .ok()
+            .flatten(),
         }
     }
 
     /// [`Self::from_raw`] of the body's `items`; `Err` at an item `None` (the walk could not
-    /// read on, or the element does not read).
+    /// read on, or the element does not read). An item's bytes, when given, are the element
+    /// as it stands in the body: the template copies them instead of encoding the value again
+    /// (the same bytes: a value that would change is refused by [`changes_when_owned`]).
     fn from_elements<'a>(
         statements: &str,
-        items: impl Iterator<Item = Option<(&'a CStr, RawBsonRef<'a>)>>,
+        items: impl Iterator<Item = Option<(&'a CStr, RawBsonRef<'a>, Option<&'a [u8]>)>>,
     ) -> Result<Option<Self>, Unread> {
         let mut names: Vec<&str> = Vec::with_capacity(16);
-        let mut template = RawDocumentBuf::new();
+        let mut template = Template::new();
         let mut ordered = true;
         let (mut lsid, mut txn_number) = (false, false);
         let (mut start_transaction, mut autocommit_false) = (false, false);
         let mut client_stmt_ids = None;
         let mut max_time = None;
         for item in items {
-            let (key, value) = item.ok_or(Unread)?;
+            let (key, value, bytes) = item.ok_or(Unread)?;
             let k = key.as_str();
             if names.contains(&k) {
                 return Ok(None);
@@ -326,19 +334,24 @@ impl WriteOptions {
                                 raised.append(k, v);
                             }
                         }
-                        template.append(key, raised);
+                        template.append(key, RawBsonRef::Document(&raised), None);
                     } else {
-                        template.append(key, wc);
+                        // A `writeConcern` that is not a document is sent as `{}`.
+                        let bytes = bytes.filter(|_| matches!(value, RawBsonRef::Document(_)));
+                        template.append(key, RawBsonRef::Document(wc), bytes);
                     }
                 }
                 _ => {
                     if changes_when_owned(value) {
                         return Ok(None);
                     }
-                    template.append(key, value);
+                    template.append(key, value, bytes);
                 }
             }
         }
+        let Some(template) = template.finish() else {
+            return Ok(None);
+        };
         Ok(Some(WriteOptions {
             ordered,
             retryable: lsid && txn_number,
@@ -347,6 +360,39 @@ impl WriteOptions {
             max_time,
             template,
         }))
+    }
+}
+
+/// A child template being written: elements copied as they stand in the body where their
+/// bytes are known, else encoded by the `bson` crate (as `RawDocumentBuf::append` does).
+struct Template(Vec<u8>);
+
+impl Template {
+    fn new() -> Self {
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(&[0; 4]);
+        Template(out)
+    }
+
+    /// Appends `key: value`; `bytes`, when given, is that element encoded.
+    fn append(&mut self, key: &CStr, value: RawBsonRef<'_>, bytes: Option<&[u8]>) {
+        match bytes {
+            Some(bytes) => self.0.extend_from_slice(bytes),
+            None => {
+                let mut one = RawDocumentBuf::new();
+                one.append(key, value);
+                let one = one.as_bytes();
+                self.0.extend_from_slice(&one[4..one.len() - 1]);
+            }
+        }
+    }
+
+    /// The document; `None` past BSON's size limit (which no request body reaches).
+    fn finish(mut self) -> Option<RawDocumentBuf> {
+        self.0.push(0);
+        let len = i32::try_from(self.0.len()).ok()?;
+        self.0[..4].copy_from_slice(&len.to_le_bytes());
+        RawDocumentBuf::from_bytes(self.0).ok()
     }
 }
 
@@ -1555,6 +1601,13 @@ mod tests {
                 "maxTimeMS": 0i32, "bypassDocumentValidation": true, "let": {"x": 1}, "$db": "d",
             },
             doc! {"update": "c", "ordered": true, "autocommit": true, "startTransaction": 0, "$db": "d"},
+            doc! {
+                "insert": "c", "comment": "text", "f": 2.5, "l": 7i64, "nul": Bson::Null,
+                "t": Timestamp { time: 3, increment: 4 }, "o": ObjectId::from_bytes([1; 12]),
+                "dt": bson::DateTime::from_millis(1_700_000_000_000), "yes": false,
+                "bin": bson::Binary { subtype: BinarySubtype::Generic, bytes: vec![1, 2, 3] },
+                "a": [1, "two", {"three": 3}], "documents": [{"_id": 1}], "$db": "d",
+            },
         ] {
             let (read, owned) = both(&raw(&body));
             let read = read.expect("read in place");
