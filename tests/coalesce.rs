@@ -204,6 +204,15 @@ async fn inserts_with_distinct_sessions_share_one_child_batch() {
     c.stop().await;
 }
 
+/// Sends every body at once; each is answered with `n: 1`.
+async fn each_inserts_one(c: &TestCluster, bodies: Vec<Document>) {
+    let tasks: Vec<_> = bodies.into_iter().map(|b| send(c, b)).collect();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.get_i32("n").unwrap(), 1, "{r}");
+    }
+}
+
 /// Retryable writes (`lsid` + `txnNumber`) are never merged, even while the group is busy and
 /// two of them would fill it.
 #[tokio::test]
@@ -214,11 +223,7 @@ async fn retryable_writes_are_never_merged() {
     let bodies: Vec<Document> = (0..2)
         .map(|i| doc! {"insert": "items", "documents": [{"_id": i}], "lsid": lsid(i as u8), "txnNumber": 1i64, "$db": "demo"})
         .collect();
-    let tasks: Vec<_> = bodies.into_iter().map(|b| send(&c, b)).collect();
-    for t in tasks {
-        let r = t.await.unwrap();
-        assert_eq!(r.get_i32("n").unwrap(), 1, "{r}");
-    }
+    each_inserts_one(&c, bodies).await;
     held.await.unwrap();
     assert_eq!(
         c.shard_command_total("insert") - before,
@@ -238,11 +243,7 @@ async fn transaction_statements_are_never_merged() {
     let bodies: Vec<Document> = (0..2)
         .map(|i| doc! {"insert": "items", "documents": [{"_id": i}], "lsid": lsid(i as u8), "txnNumber": 1i64, "startTransaction": true, "autocommit": false, "$db": "demo"})
         .collect();
-    let tasks: Vec<_> = bodies.into_iter().map(|b| send(&c, b)).collect();
-    for t in tasks {
-        let r = t.await.unwrap();
-        assert_eq!(r.get_i32("n").unwrap(), 1, "{r}");
-    }
+    each_inserts_one(&c, bodies).await;
     held.await.unwrap();
     let mut raw = Raw::connect(c.addr()).await;
     for i in 0..2u8 {
