@@ -15,12 +15,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use bson::{doc, Bson, Document};
+use bson::{doc, Document};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::fleet::{Fleet, Latency, Progress, RouterSpec, Sharded};
 use super::report::Report;
+use crate::value::field::number_field;
 use crate::wire::OpMsgBuilder;
 use crate::write::plan::Policy;
 
@@ -66,13 +67,7 @@ async fn command(stream: &mut TcpStream, id: i32, body: &Document) -> anyhow::Re
     stream.read_exact(&mut rest).await?;
     // Header (12 more bytes), flag bits (4), section kind 0 (1), then the body.
     let reply = Document::from_reader(&rest[17..])?;
-    let ok = match reply.get("ok").cloned() {
-        Some(Bson::Double(v)) => v == 1.0,
-        Some(Bson::Int32(v)) => v == 1,
-        Some(Bson::Int64(v)) => v == 1,
-        _ => false,
-    };
-    if !ok {
+    if number_field(&reply, "ok") != Some(1) {
         bail!("command failed: {reply}");
     }
     Ok(reply)
