@@ -108,6 +108,8 @@ pub fn run(cfg: &SimConfig) -> SimResult {
         push(&mut events, start + offset, EventKind::Arrive(r));
     }
     let mut batches: Vec<Option<Batch>> = Vec::new();
+    // The instant each router last asked to be woken at, until that wake-up happens.
+    let mut woken: Vec<Option<Duration>> = vec![None; cfg.routers];
     let mut running = 0usize;
     let mut shard_queue: VecDeque<usize> = VecDeque::new();
     let mut latencies: Vec<Duration> = Vec::new();
@@ -164,7 +166,12 @@ pub fn run(cfg: &SimConfig) -> SimResult {
                 }
                 r
             }
-            EventKind::Wake(r) => r,
+            EventKind::Wake(r) => {
+                if woken[r] == Some(t) {
+                    woken[r] = None;
+                }
+                r
+            }
         };
         // The router sends as long as its limiter admits batches and it has statements.
         loop {
@@ -197,11 +204,16 @@ pub fn run(cfg: &SimConfig) -> SimResult {
                     }
                 }
                 Admission::Wait(Some(at)) => {
-                    push(
-                        &mut events,
-                        at.max(t + Duration::from_micros(1)),
-                        EventKind::Wake(router),
-                    );
+                    // One wake-up per router and instant: a waiting router asks again at every
+                    // arrival and every finish, and each answer names the same instant. Pushing
+                    // one per answer multiplied them (18 million wake-ups in 30 simulated
+                    // seconds at 8 routers, against under a million with this check); the
+                    // duplicates changed nothing, since the first of them already asked.
+                    let at = at.max(t + Duration::from_micros(1));
+                    if woken[router] != Some(at) {
+                        woken[router] = Some(at);
+                        push(&mut events, at, EventKind::Wake(router));
+                    }
                     break;
                 }
                 Admission::Wait(None) => break,
@@ -264,5 +276,19 @@ mod tests {
         );
         assert!(a8.p99 < f8.p99 / 2, "{a8:?} vs {f8:?}");
         assert!(a8.p99 < a1.p99 * 4, "{a1:?} {a8:?}");
+    }
+
+    /// Issue 18's target: routers in front of one shard converge to equal shares of it, so the
+    /// p99 at eight routers stays within 1.5 times the p99 of one router. It does not yet: 15.7
+    /// against 5.5 ms, 2.85 times (docs/design/adaptive-limit.md section 13, which lists what
+    /// was tried). 60 simulated seconds, as the benchmark: the limits may grow only after 12.5 s.
+    #[test]
+    #[ignore = "issue 18 is open: the routers' limits do not converge (2.85 times; design section 13)"]
+    fn eight_routers_keep_the_p99_within_one_and_a_half_times_one_routers() {
+        let sixty = Duration::from_secs(60);
+        let one = run(&overload_config(1, true, sixty));
+        let eight = run(&overload_config(8, true, sixty));
+        let ratio = eight.p99.as_secs_f64() / one.p99.as_secs_f64();
+        assert!(ratio <= 1.5, "{ratio:.2} times: {one:?} {eight:?}");
     }
 }
