@@ -52,7 +52,9 @@ soak:
 
 # Coverage-guided fuzzing (cargo-fuzz, libFuzzer) of every target in fuzz/fuzz_targets/, one
 # after the other: `make fuzz SECONDS=60` runs each for 60 s, `make fuzz RUNS=10000000` for that
-# many executions, at the lowest priority (builds and tests come first). New inputs go to
+# many executions, at the lowest priority (builds and tests come first). `JOBS=2` runs two
+# processes per target at once on the same corpus (one per core; RUNS and SECONDS are per
+# process, so `JOBS=2 RUNS=5000000` gives each target 10 million). New inputs go to
 # fuzz/work/<target>/ (not committed); a crash is written to fuzz/artifacts/<target>/ and stops
 # the run: keep it in fuzz/regressions/<target>/ with the fix.
 # The stable toolchain builds libFuzzer's instrumentation with RUSTC_BOOTSTRAP=1 (cargo-fuzz
@@ -68,6 +70,7 @@ FUZZ_LIMIT = $(if $(RUNS),-runs=$(RUNS),-max_total_time=$(SECONDS))
 # 4096 bytes (the generator's node budget reads fewer), so inputs kept in fuzz/work/ cannot raise
 # it (libFuzzer would take the longest file it loads, up to 1 MiB). FUZZ_MAX_LEN=N overrides.
 FUZZ_MAX_LEN ?=
+JOBS ?= 1
 
 fuzz-build:
 	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
@@ -79,11 +82,14 @@ fuzz: fuzz-build
 		echo "== $$t"; \
 		len=$(FUZZ_MAX_LEN); [ -n "$$len" ] || len=$$(for f in fuzz/corpus/$$t/*; do \
 			wc -c < $$f; done | awk 'BEGIN {m = 4096} $$1 > m {m = $$1} END {print m}'); \
-		nice -n 19 fuzz/target/$(FUZZ_HOST)/release/$$t \
-			-artifact_prefix=fuzz/artifacts/$$t/ -timeout=20 -rss_limit_mb=4096 \
-			-max_len=$$len \
-			-print_final_stats=1 $(FUZZ_LIMIT) \
-			fuzz/work/$$t fuzz/corpus/$$t fuzz/regressions/$$t; \
+		pids=""; for j in $$(seq $(JOBS)); do \
+			nice -n 19 fuzz/target/$(FUZZ_HOST)/release/$$t \
+				-artifact_prefix=fuzz/artifacts/$$t/ -timeout=20 -rss_limit_mb=4096 \
+				-max_len=$$len \
+				-print_final_stats=1 $(FUZZ_LIMIT) \
+				fuzz/work/$$t fuzz/corpus/$$t fuzz/regressions/$$t & pids="$$pids $$!"; \
+		done; \
+		for p in $$pids; do wait $$p; done; \
 	done
 
 # Damaged messages against one `sluice demo` process (router and embedded shards): no abort, no

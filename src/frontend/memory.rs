@@ -15,6 +15,17 @@
 //! time it parks, releases the pages of its stack below the frame it parks from
 //! ([`release_idle_stack`], the runtime's `on_thread_park` hook): nothing lives below a
 //! thread's stack pointer, so the pages come back zeroed when a later request needs them.
+//!
+//! It also empties the workers' allocator caches. glibc keeps, per thread, up to seven freed
+//! blocks of each small size (the `tcache`, sizes up to 1,032 bytes) outside its arenas: they
+//! count as in use, so `malloc_trim` cannot return the pages they sit on, and after a burst
+//! they are scattered over the whole heap, a few hundred blocks per worker pinning a page
+//! each. glibc has no call that empties another thread's cache, and a thread's own frees go
+//! back into it; so at the same park each worker takes every block its cache holds
+//! ([`take_thread_cache`], allocating as many blocks of each cached size as the cache holds)
+//! and hands them to the trimming thread, which frees them on a thread started for that and
+//! ended at once ([`free_on_passing_thread`]): its cache is emptied into the arenas when it
+//! exits. Only then does `malloc_trim` run, and the pages the cached blocks pinned come back.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -32,6 +43,10 @@ static TRIMS: AtomicU64 = AtomicU64::new(0);
 /// Worker stacks given back, in all: the trimmer wakes the workers until each has given its
 /// stack back once for the trim.
 static STACKS_RELEASED: AtomicU64 = AtomicU64::new(0);
+
+/// Blocks the workers took out of their allocator caches at their last park after a trim,
+/// to be freed on another thread ([`free_on_passing_thread`]).
+static HANDED_OVER: std::sync::Mutex<Vec<CachedBlocks>> = std::sync::Mutex::new(Vec::new());
 
 /// A request was served or a connection closed.
 pub(super) fn note_activity() {
@@ -51,12 +66,21 @@ pub(super) fn start_idle_trimmer() {
                 loop {
                     std::thread::sleep(IDLE_CHECK);
                     if watch.went_idle(ACTIVITY.load(Ordering::Relaxed)) {
-                        release_free_memory();
+                        // The workers first give back their stacks and their caches' blocks,
+                        // then the blocks are freed, then the free pages are returned.
                         let released = STACKS_RELEASED.load(Ordering::SeqCst);
                         TRIMS.fetch_add(1, Ordering::SeqCst);
                         if let Some(rt) = &runtime {
                             wake_workers(rt, released);
                         }
+                        let cached = HANDED_OVER
+                            .lock()
+                            .map(|mut h| std::mem::take(&mut *h))
+                            .unwrap_or_default();
+                        if !cached.is_empty() {
+                            free_on_passing_thread(cached);
+                        }
+                        release_free_memory();
                     }
                 }
             });
@@ -93,8 +117,69 @@ pub fn release_idle_stack() {
     if FOLLOWED.with(|f| f.replace(trims)) == trims {
         return;
     }
+    let cached = take_thread_cache();
+    if let Ok(mut handed) = HANDED_OVER.lock() {
+        handed.push(cached);
+    }
     release_stack_below_here(crate::limits::WORKER_STACK_BYTES);
     STACKS_RELEASED.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Blocks taken out of one thread's allocator cache.
+pub struct CachedBlocks(Vec<Vec<u8>>);
+
+impl CachedBlocks {
+    /// How many blocks were taken.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether none were.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// glibc's per-thread cache (`tcache`): how many freed blocks of each size it keeps
+/// (`glibc.malloc.tcache_count`, 7 by default) and how many sizes (64: blocks of 32 to 1,040
+/// bytes, asked for as 24 to 1,032 bytes, 16 apart).
+const THREAD_CACHE_COUNT: usize = 7;
+const THREAD_CACHE_SIZES: usize = 64;
+
+/// The request size that gets a block of the cache's size class `class`.
+fn thread_cache_request(class: usize) -> usize {
+    24 + 16 * class
+}
+
+/// Takes every block the calling thread's allocator cache holds: as many blocks of each
+/// cached size as the cache keeps, so that the cache of each size is served empty (blocks
+/// beyond what it held come from the arena and go back to it). Freeing them on this thread
+/// would put them back into its cache: hand them to [`free_on_passing_thread`].
+pub fn take_thread_cache() -> CachedBlocks {
+    let mut blocks = Vec::with_capacity(THREAD_CACHE_SIZES * THREAD_CACHE_COUNT);
+    for size in (0..THREAD_CACHE_SIZES).map(thread_cache_request) {
+        for _ in 0..THREAD_CACHE_COUNT {
+            // An exact-size request: the allocator is asked for `size` bytes, as many times
+            // as its cache of that size keeps blocks.
+            blocks.push(Vec::<u8>::with_capacity(size));
+        }
+    }
+    CachedBlocks(blocks)
+}
+
+/// Frees `blocks` on a thread started for it that ends at once: the blocks its own cache
+/// takes are returned to their arenas when it exits, with the rest. Freed here if no thread
+/// can be started.
+pub fn free_on_passing_thread(blocks: impl Send + 'static) {
+    let freed = std::thread::Builder::new()
+        .name("cache-free".into())
+        .spawn(move || drop(blocks));
+    match freed {
+        Ok(thread) => {
+            let _ = thread.join();
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot start a thread to free cached blocks"),
+    }
 }
 
 /// What is left resident below the calling frame: the stack pages deeper calls touched.
