@@ -794,6 +794,79 @@ mod tests {
         assert_eq!(typical(&l), counted.mul_f64(0.8) + MS.mul_f64(0.2));
     }
 
+    /// What another shard's stall does to this shard's load: while the other one answers
+    /// nothing, only the writes that target this shard alone arrive (one at a time here);
+    /// when it resumes, the bulks that spanned both send their children here all at once.
+    /// This shard's executions keep their time throughout, so its limit must not fall: only
+    /// its own executions' times move it, never how its work arrives (section 12a).
+    #[test]
+    fn another_shards_stall_leaves_this_limit_alone() {
+        let mut l = Limiter::new(settings());
+        let mut t = Duration::from_secs(1000);
+        let b = batch(OpKind::Mutate, 10);
+        // Under load, settled and grown past its start.
+        run_windows(&mut l, &mut t, 3, 2, MS);
+        t += Duration::from_secs(13);
+        run_windows(&mut l, &mut t, 2, 2, MS);
+        let before = l.limit(OpKind::Mutate);
+        assert_eq!(before, 3.0);
+        let mut lowest = before;
+        // The other shard stalls for 10 s: lone writes, 1 ms each, 1 ms apart.
+        let resumed = t + Duration::from_secs(10);
+        while t < resumed {
+            // (A probe instant may pause the shard for a moment.)
+            let a = match l.on_start(t, &b) {
+                Admission::Start(a) => a,
+                Admission::Wait(w) => {
+                    t = w.filter(|w| *w > t).unwrap_or(t + MS);
+                    continue;
+                }
+            };
+            t += MS;
+            l.on_finish(t, a, Outcome::Completed);
+            lowest = lowest.min(l.limit(OpKind::Mutate));
+            t += MS;
+        }
+        // It resumes: 24 children of the bulks that waited arrive together, on top of the
+        // lone writes; the limit holds most of them back, each runs in 1 ms.
+        let mut pending = 24;
+        let mut guard = 0;
+        while pending > 0 {
+            guard += 1;
+            assert!(guard < 10_000, "the burst never drains");
+            let mut running = Vec::new();
+            let mut wait = None;
+            for _ in 0..pending {
+                match l.on_start(t, &b) {
+                    Admission::Start(tk) => running.push(tk),
+                    Admission::Wait(w) => wait = w,
+                }
+            }
+            if running.is_empty() {
+                t = wait.filter(|w| *w > t).unwrap_or(t + MS);
+                continue;
+            }
+            pending -= running.len();
+            t += MS;
+            for tk in running {
+                l.on_finish(t, tk, Outcome::Completed);
+                lowest = lowest.min(l.limit(OpKind::Mutate));
+            }
+        }
+        run_windows(&mut l, &mut t, 3, 2, MS);
+        lowest = lowest.min(l.limit(OpKind::Mutate));
+        assert!(
+            lowest >= before,
+            "the limit fell from {before} to {lowest} without a slow execution"
+        );
+        assert!(l.latency_ratio(OpKind::Mutate) <= SLOW_RATIO);
+        assert!(typical(&l) <= MS * 2, "{:?}", typical(&l));
+        assert!(
+            l.silence.is_none(),
+            "no silence: this shard always answered"
+        );
+    }
+
     #[test]
     fn starts_at_two_batches_and_holds_back_a_third() {
         let mut l = Limiter::new(settings());
