@@ -1188,35 +1188,60 @@ pub(super) fn eager(
             None => Bson::Null,
         },
         "$slice" => {
+            // mongod: null when the array or the position is null or missing, and both the
+            // position and the count must be integers that fit in 32 bits.
+            if !(2..=3).contains(&a.len()) {
+                return Err(err(28667, format!("Expression $slice takes at least 2 arguments, and at most 3, but {} were passed in.", a.len())));
+            }
+            if nullish(first) || nullish(&a[1]) {
+                return Ok(Some(Some(Bson::Null)));
+            }
             let Some(items) = expect_array(op, first, 28724)? else {
                 return Ok(Some(Some(Bson::Null)));
             };
             let n = items.len() as i64;
-            let num = |v: &Bson| -> Result<i64, EngineError> {
+            let int32 = |v: &Bson, which: &str, numeric: i32, integral: i32| {
                 if !is_number(v) {
-                    return Err(err(28725, format!("Second argument to $slice must be a numeric value, but was of type: {}", type_name(v))));
-                }
-                Ok(to_f64(v) as i64)
-            };
-            let (start, len) = match a.len() {
-                2 => {
-                    let k = num(&a[1])?;
-                    if k >= 0 {
-                        (0, k)
+                    let must = if which == "Second" {
+                        "must be a numeric value, but is"
                     } else {
-                        ((n + k).max(0), -k)
-                    }
+                        "must be numeric, but is"
+                    };
+                    return Err(err(
+                        numeric,
+                        format!(
+                            "{which} argument to $slice {must} of type: {}",
+                            type_name(v)
+                        ),
+                    ));
                 }
-                3 => {
-                    let s = num(&a[1])?;
-                    let k = num(&a[2])?;
-                    if k <= 0 {
-                        return Err(err(28729, format!("Third argument to $slice must be positive: {k}")));
-                    }
-                    (if s < 0 { (n + s).max(0) } else { s.min(n) }, k)
-                }
-                _ => return Err(err(28667, format!("Expression $slice takes at least 2 arguments, and at most 3, but {} were passed in.", a.len()))),
+                integral64(v)
+                    .and_then(|i| i32::try_from(i).ok())
+                    .map(i64::from)
+                    .ok_or_else(|| err(integral, format!("{which} argument to $slice can't be represented as a 32-bit integer: {}", to_f64(v))))
             };
+            let (start, len) = if a.len() == 2 {
+                let k = int32(&a[1], "Second", 28725, 28726)?;
+                if k >= 0 {
+                    (0, k)
+                } else {
+                    ((n + k).max(0), -k)
+                }
+            } else {
+                let s = int32(&a[1], "Second", 28725, 28726)?;
+                if nullish(&a[2]) {
+                    return Ok(Some(Some(Bson::Null)));
+                }
+                let k = int32(&a[2], "Third", 28727, 28728)?;
+                if k <= 0 {
+                    return Err(err(
+                        28729,
+                        format!("Third argument to $slice must be positive: {k}"),
+                    ));
+                }
+                (if s < 0 { (n + s).max(0) } else { s.min(n) }, k)
+            };
+            // Both at most 2^31 in size: no overflow.
             let end = (start + len).min(n);
             Bson::Array(items[start as usize..end.max(start) as usize].to_vec())
         }
@@ -2391,6 +2416,42 @@ mod tests {
         eval(&Bson::Document(e), &doc! {"a": [1, 2, 3], "s": " hi ", "d": bson::DateTime::from_millis(1_709_251_200_000i64)})
             .unwrap()
             .unwrap_or(Bson::Undefined)
+    }
+
+    /// `$slice` takes a position and a count that fit in 32 bits, as mongod checks them;
+    /// values past that once overflowed the bounds arithmetic (found by the `matcher` fuzz
+    /// target: `fuzz/regressions/matcher/`).
+    #[test]
+    fn slice_positions_and_counts_fit_in_32_bits() {
+        let code = |e: bson::Document| {
+            eval(&Bson::Document(e), &doc! {"a": [1, 2, 3]})
+                .unwrap_err()
+                .code
+                .0
+        };
+        assert_eq!(code(doc! {"$slice": ["$a", i64::MIN]}), 28726);
+        assert_eq!(code(doc! {"$slice": ["$a", -1e300]}), 28726);
+        assert_eq!(code(doc! {"$slice": ["$a", 1.5]}), 28726);
+        assert_eq!(code(doc! {"$slice": ["$a", i64::MAX, 1]}), 28726);
+        assert_eq!(code(doc! {"$slice": ["$a", 1, i64::MAX]}), 28728);
+        assert_eq!(code(doc! {"$slice": ["$a", 1, "x"]}), 28727);
+        assert_eq!(code(doc! {"$slice": ["$a", "x"]}), 28725);
+        assert_eq!(code(doc! {"$slice": ["$a", 1, 0]}), 28729);
+        assert_eq!(code(doc! {"$slice": ["$a"]}), 28667);
+        // The extremes that fit: everything from the back, nothing from past the end.
+        let all: Bson = vec![Bson::Int32(1), Bson::Int32(2), Bson::Int32(3)].into();
+        assert_eq!(v(doc! {"$slice": ["$a", i32::MIN]}), all);
+        assert_eq!(
+            v(doc! {"$slice": ["$a", 2.0, i32::MAX]}),
+            vec![Bson::Int32(3)].into()
+        );
+        assert_eq!(
+            v(doc! {"$slice": ["$a", i32::MAX, i32::MAX]}),
+            Bson::Array(vec![])
+        );
+        // A null position answers null before the array is checked, as in mongod.
+        assert_eq!(v(doc! {"$slice": [5, null]}), Bson::Null);
+        assert_eq!(v(doc! {"$slice": ["$a", 1, null]}), Bson::Null);
     }
 
     #[test]
