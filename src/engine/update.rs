@@ -180,12 +180,11 @@ pub struct ApplyContext<'a> {
 
 impl ApplyContext<'_> {
     /// The index of the element of the array at `prefix` that the query matched.
-    fn positional(
-        &self,
-        doc: &Document,
-        prefix: &str,
-        items: &[Bson],
-    ) -> Result<usize, EngineError> {
+    ///
+    /// `doc` is the document as it was before the update: as in mongod, the match that names
+    /// the element is the query's match of the stored document, whatever the update's other
+    /// fields change (an `_id` the query names, say).
+    fn positional(&self, doc: &Document, prefix: &str) -> Result<usize, EngineError> {
         let not_found = || {
             fail(
                 ErrorCode::BadValue,
@@ -193,6 +192,9 @@ impl ApplyContext<'_> {
             )
         };
         let Some(q) = self.query else {
+            return Err(not_found());
+        };
+        let Some(Bson::Array(items)) = path::get(doc, prefix) else {
             return Err(not_found());
         };
         // The query must constrain the array: with no element left it must not match.
@@ -212,19 +214,26 @@ impl ApplyContext<'_> {
     }
 }
 
-/// The concrete paths a path with `$`, `$[]` or `$[<id>]` names in `doc`.
-fn expand_path(doc: &Document, p: &str, ctx: &ApplyContext) -> Result<Vec<String>, EngineError> {
+/// The concrete paths a path with `$`, `$[]` or `$[<id>]` names in `doc`; a positional `$`
+/// is resolved on `stored`, the document before the update.
+fn expand_path(
+    doc: &Document,
+    stored: &Document,
+    p: &str,
+    ctx: &ApplyContext,
+) -> Result<Vec<String>, EngineError> {
     if !p.contains('$') {
         return Ok(vec![p.to_string()]);
     }
     let parts: Vec<&str> = p.split('.').collect();
     let mut out = Vec::new();
-    expand_from(doc, p, &parts, String::new(), ctx, &mut out)?;
+    expand_from(doc, stored, p, &parts, String::new(), ctx, &mut out)?;
     Ok(out)
 }
 
 fn expand_from(
     doc: &Document,
+    stored: &Document,
     full: &str,
     parts: &[&str],
     prefix: String,
@@ -243,7 +252,7 @@ fn expand_from(
         }
     };
     if *part != "$" && !part.starts_with("$[") {
-        return expand_from(doc, full, rest, join(part), ctx, out);
+        return expand_from(doc, stored, full, rest, join(part), ctx, out);
     }
     let items = match path::get(doc, &prefix) {
         Some(Bson::Array(items)) => items.clone(),
@@ -263,7 +272,7 @@ fn expand_from(
         }
     };
     let indices: Vec<usize> = if *part == "$" {
-        vec![ctx.positional(doc, &prefix, &items)?]
+        vec![ctx.positional(stored, &prefix)?]
     } else if *part == "$[]" {
         (0..items.len()).collect()
     } else {
@@ -283,7 +292,7 @@ fn expand_from(
         v
     };
     for i in indices {
-        expand_from(doc, full, rest, join(&i.to_string()), ctx, out)?;
+        expand_from(doc, stored, full, rest, join(&i.to_string()), ctx, out)?;
     }
     Ok(())
 }
@@ -503,9 +512,15 @@ impl Update {
                 *doc = new_doc;
             }
             Update::Operators(ops) => {
+                // The stored document, for a positional `$` (copied only when a path has one).
+                let positional = ops
+                    .iter()
+                    .any(|(_, args)| args.iter().any(|(p, _)| p.split('.').any(|c| c == "$")));
+                let stored = positional.then(|| doc.clone());
                 for (op, args) in ops {
                     for (p, arg) in args {
-                        for concrete in expand_path(doc, p, ctx)? {
+                        let before = stored.as_ref().unwrap_or(doc);
+                        for concrete in expand_path(doc, before, p, ctx)? {
                             apply_op(op, &concrete, arg, doc, inserting)?;
                         }
                     }
@@ -1372,6 +1387,52 @@ mod tests {
             Update::parse(&Bson::Array(vec![])).is_ok(),
             "an empty pipeline is a no-op"
         );
+    }
+
+    /// The positional `$` names the element the query matched in the stored document, even
+    /// when the update's other fields change what the query reads (as mongod, which takes the
+    /// match before applying anything); a write-path soak found the shard answering 2 where
+    /// mongod answers 66.
+    #[test]
+    fn the_positional_element_is_matched_on_the_stored_document() {
+        let apply = |d: Document, q: Document, u: Document| {
+            let q = Matcher::parse(&q).unwrap();
+            let ctx = ApplyContext {
+                query: Some(&q),
+                ..ApplyContext::default()
+            };
+            let mut out = d;
+            Update::parse(&Bson::Document(u))
+                .unwrap()
+                .apply_in(&mut out, false, &ctx)
+                .map(|_| out)
+        };
+        // A field the query names, changed before the positional path is reached.
+        assert_eq!(
+            apply(
+                doc! {"_id": 1, "a": 1, "arr": [1, 2]},
+                doc! {"a": 1, "arr": 2},
+                doc! {"$set": {"a": 5, "arr.$": 9}},
+            )
+            .unwrap(),
+            doc! {"_id": 1, "a": 5, "arr": [1, 9]}
+        );
+        // An `_id` the query names, set to another value: the immutable field is the error.
+        let e = apply(
+            doc! {"_id": 1, "tag": "x", "arr": [1]},
+            doc! {"$and": [{"tag": "x", "arr": {"$gte": 1}}, {"_id": {"$in": [1]}}]},
+            doc! {"$set": {"_id": 0, "arr.$": 7}},
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::ImmutableField);
+        // Still no element when the stored document's array holds no match.
+        let e = apply(
+            doc! {"_id": 1, "a": 1, "arr": [1]},
+            doc! {"a": 1},
+            doc! {"$set": {"arr.$": 7}},
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadValue);
     }
 
     #[test]
