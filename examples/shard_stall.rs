@@ -74,23 +74,8 @@ const KINDS: [&str; 6] = [
 
 /// `test.c`'s chunks as the router serves them: (min, max, shard).
 async fn chunks(client: &mongodb::Client) -> anyhow::Result<Vec<(Bson, Bson, String)>> {
-    let config = client.database("config");
-    let entry = config
-        .collection::<Document>("collections")
-        .find_one(doc! {"_id": "test.c"})
-        .await?
-        .ok_or_else(|| anyhow!("test.c is not sharded"))?;
-    let uuid = entry
-        .get("uuid")
-        .cloned()
-        .ok_or_else(|| anyhow!("no uuid"))?;
-    let mut cursor = config
-        .collection::<Document>("chunks")
-        .find(doc! {"uuid": uuid})
-        .await?;
     let mut out = Vec::new();
-    while cursor.advance().await? {
-        let d: Document = cursor.deserialize_current()?;
+    for d in sluice::bench::fleet::config_chunks(client, "test.c").await? {
         let key = |f: &str| -> anyhow::Result<Bson> {
             d.get_document(f)?
                 .get("_id")
