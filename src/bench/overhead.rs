@@ -105,8 +105,10 @@ pub struct Instructions {
     pub bulk: usize,
     /// Documents routed in the short and the long run.
     pub docs: (u64, u64),
-    /// The router's total instructions in those runs.
+    /// The counted process's total instructions in those runs.
     pub totals: (u64, u64),
+    /// Which process was counted.
+    pub counted: Counted,
 }
 
 impl Instructions {
@@ -123,6 +125,25 @@ struct Setup {
     bulk: usize,
     bulks: (usize, usize),
     single_ops: (usize, usize),
+}
+
+/// The process callgrind counts: the router, or the plain forwarder (the same operations
+/// through the hop with no logic, so that the router's count can be read against the count of
+/// any tokio proxy's floor: reading and writing the same bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Counted {
+    #[default]
+    Router,
+    Forwarder,
+}
+
+impl Counted {
+    fn label(self) -> &'static str {
+        match self {
+            Counted::Router => "router",
+            Counted::Forwarder => "forwarder",
+        }
+    }
 }
 
 /// What the router under callgrind routes.
@@ -183,32 +204,39 @@ pub async fn run(quick: bool) -> anyhow::Result<Report> {
         vec![false]
     };
     let loads_per_mode = s.rounds * s.clients.len() * 2 * 3;
-    let mut progress = Progress::new("overhead", modes.len() * (loads_per_mode + 1) + 8);
+    let mut progress = Progress::new("overhead", modes.len() * (loads_per_mode + 1) + 12);
     let mut lanes = Vec::new();
     for pinned in modes {
         lanes.push(side_by_side(&s, pinned, &mut progress).await?);
     }
     let mut counts = Vec::new();
     let workloads = [
-        (Workload::InsertMany, s.bulk, s.bulks),
-        (Workload::OrderedUpserts, s.bulk, s.bulks),
-        (Workload::InsertOne, 1, s.single_ops),
-        (Workload::FindOne, 1, s.single_ops),
+        (Workload::InsertMany, s.bulk, s.bulks, Counted::Router),
+        (Workload::OrderedUpserts, s.bulk, s.bulks, Counted::Router),
+        (Workload::InsertOne, 1, s.single_ops, Counted::Router),
+        (Workload::FindOne, 1, s.single_ops, Counted::Router),
+        (Workload::InsertOne, 1, s.single_ops, Counted::Forwarder),
+        (Workload::FindOne, 1, s.single_ops, Counted::Forwarder),
     ];
-    for (workload, bulk, (short, long)) in workloads {
+    for (workload, bulk, (short, long), counted) in workloads {
         let mut totals = Vec::new();
         for bulks in [short, long] {
             progress.step(&format!(
-                "callgrind: router under valgrind, {bulks} × {bulk} {}",
+                "callgrind: {} under valgrind, {bulks} × {bulk} {}",
+                counted.label(),
                 workload.label()
             ));
-            totals.push(callgrind_run(workload, bulk, bulks).await?);
+            totals.push(match counted {
+                Counted::Router => callgrind_run(workload, bulk, bulks).await?,
+                Counted::Forwarder => callgrind_forwarder_run(workload, bulks).await?,
+            });
         }
         counts.push(Instructions {
             workload: workload.label(),
             bulk,
             docs: ((short * bulk) as u64, (long * bulk) as u64),
             totals: (totals[0], totals[1]),
+            counted,
         });
     }
     progress.finish();
@@ -491,22 +519,15 @@ async fn callgrind_run(workload: Workload, bulk: usize, bulks: usize) -> anyhow:
     let fleet = Fleet::start(&[Latency::default(); 2], &spec).await?;
     let cl = &fleet.client;
     let coll = cl.database("bench").collection::<Document>("cpu");
-    if workload == Workload::FindOne {
-        for i in 0..FIND_PREFILL {
-            coll.insert_one(doc! {"_id": i as i64, "v": 1, "pad": "0123456789abcdef"})
-                .await?;
+    let bulk_commands = match workload {
+        Workload::InsertOne | Workload::FindOne => {
+            single_ops(&coll, workload, bulks).await?;
+            0
         }
-    }
-    for b in 0..bulks {
-        if workload == Workload::FindOne {
-            let id = (b % FIND_PREFILL) as i64;
-            if coll.find_one(doc! {"_id": id}).await?.is_none() {
-                bail!("document {id} of bench.cpu is missing");
-            }
-        } else if workload == Workload::InsertOne {
-            coll.insert_one(doc! {"_id": b as i64, "v": 1, "pad": "0123456789abcdef"})
-                .await?;
-        } else if workload == Workload::OrderedUpserts {
+        Workload::InsertMany | Workload::OrderedUpserts => bulks,
+    };
+    for b in 0..bulk_commands {
+        if workload == Workload::OrderedUpserts {
             let updates: Vec<Bson> = (0..bulk)
                 .map(|i| {
                     Bson::Document(doc! {
@@ -528,6 +549,63 @@ async fn callgrind_run(workload: Workload, bulk: usize, bulks: usize) -> anyhow:
         }
     }
     fleet.stop().await?;
+    callgrind_total(&out)
+}
+
+/// `ops` single-document operations of `workload` (`insert_one` or `find_one({_id})`, the
+/// latter after inserting [`FIND_PREFILL`] documents) on `coll`.
+async fn single_ops(
+    coll: &mongodb::Collection<Document>,
+    workload: Workload,
+    ops: usize,
+) -> anyhow::Result<()> {
+    if workload == Workload::FindOne {
+        for i in 0..FIND_PREFILL {
+            coll.insert_one(doc! {"_id": i as i64, "v": 1, "pad": "0123456789abcdef"})
+                .await?;
+        }
+    }
+    for b in 0..ops {
+        if workload == Workload::FindOne {
+            let id = (b % FIND_PREFILL) as i64;
+            if coll.find_one(doc! {"_id": id}).await?.is_none() {
+                bail!("document {id} of {} is missing", coll.namespace());
+            }
+        } else {
+            coll.insert_one(doc! {"_id": b as i64, "v": 1, "pad": "0123456789abcdef"})
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Starts one shard and a plain forwarder to it under callgrind, runs `ops` single-document
+/// operations of `workload` through the forwarder and returns the forwarder's total
+/// instructions.
+async fn callgrind_forwarder_run(workload: Workload, ops: usize) -> anyhow::Result<u64> {
+    let scratch = Scratch::new("callgrind")?;
+    let out = scratch.0.join("callgrind.out");
+    let fleet = Fleet::start(
+        &[Latency::default()],
+        &RouterSpec::new(Policy::RetrySafe, Vec::new()),
+    )
+    .await?;
+    let args = vec![
+        "--tool=callgrind".to_string(),
+        "--quiet".into(),
+        format!("--callgrind-out-file={}", out.display()),
+        sluice_exe()?.display().to_string(),
+        "forward".into(),
+        "--to".into(),
+        fleet.shards[0].addr.to_string(),
+    ];
+    let forwarder = Proc::start(std::path::Path::new(VALGRIND), &args).await?;
+    let cl = lane_client(forwarder.addr, true).await?;
+    let result = single_ops(&cl.database("bench").collection("cpu"), workload, ops).await;
+    cl.shutdown().await;
+    forwarder.stop().await?;
+    fleet.stop().await?;
+    result?;
     callgrind_total(&out)
 }
 
@@ -584,12 +662,13 @@ fn report(s: &Setup, lanes: &[Lanes], counts: &[Instructions]) -> Report {
     }
     let _ = writeln!(
         md,
-        "\nRouter CPU per routed document, `valgrind --tool=callgrind` on the router process (two shards, {profile} build): the difference between a short and a long run, divided by the difference of their documents.\n\n| workload | documents per command | documents (short / long run) | instructions (short / long run) | instructions per document |\n|---|---|---|---|---|"
+        "\nRouter CPU per routed document, `valgrind --tool=callgrind` on the router process (two shards, {profile} build): the difference between a short and a long run, divided by the difference of their documents. The forwarder rows count the plain forwarder instead (one shard behind it), for the same single-document operations.\n\n| process | workload | documents per command | documents (short / long run) | instructions (short / long run) | instructions per document |\n|---|---|---|---|---|---|"
     );
     for c in counts {
         let _ = writeln!(
             md,
-            "| {} | {} | {} / {} | {} / {} | {:.0} |",
+            "| {} | {} | {} | {} / {} | {} / {} | {:.0} |",
+            c.counted.label(),
             c.workload,
             c.bulk,
             c.docs.0,
@@ -598,6 +677,22 @@ fn report(s: &Setup, lanes: &[Lanes], counts: &[Instructions]) -> Report {
             c.totals.1,
             c.per_doc()
         );
+    }
+    for workload in [Workload::InsertOne, Workload::FindOne] {
+        let of = |counted| {
+            counts
+                .iter()
+                .find(|c| c.counted == counted && c.workload == workload.label())
+                .map(Instructions::per_doc)
+        };
+        if let (Some(r), Some(f)) = (of(Counted::Router), of(Counted::Forwarder)) {
+            let _ = writeln!(
+                md,
+                "\n{}: router / forwarder instructions {:.2} ({r:.0} / {f:.0}).",
+                workload.label(),
+                r / f
+            );
+        }
     }
     let side = |xs: &[Load]| {
         xs.iter()
@@ -648,6 +743,7 @@ fn report(s: &Setup, lanes: &[Lanes], counts: &[Instructions]) -> Report {
             .flat_map(|l| l.cells.iter().map(|c| cell_json(l.pinned, c)))
             .collect::<Vec<_>>(),
         "instructions": counts.iter().map(|c| serde_json::json!({
+            "process": c.counted.label(),
             "workload": c.workload,
             "bulk": c.bulk,
             "documents": [c.docs.0, c.docs.1],
