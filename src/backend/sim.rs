@@ -283,7 +283,7 @@ mod tests {
     /// against 5.5 ms, 2.85 times (docs/design/adaptive-limit.md section 13, which lists what
     /// was tried). 60 simulated seconds, as the benchmark: the limits may grow only after 12.5 s.
     #[test]
-    #[ignore = "issue 18 is open: the routers' limits do not converge (2.85 times; design section 13)"]
+    #[ignore = "not met: the routers' limits do not converge (2.85 times; docs/design/adaptive-limit.md section 13)"]
     fn eight_routers_keep_the_p99_within_one_and_a_half_times_one_routers() {
         let sixty = Duration::from_secs(60);
         let one = run(&overload_config(1, true, sixty));
