@@ -26,9 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
-use bson::{doc, Bson, Document};
+use bson::{doc, Document};
 use clap::Parser;
-use sluice::bench::fleet::{Proc, Scratch};
+use sluice::bench::fleet::{chunk_ranges, IdsOn, Proc, Scratch};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Parser, Debug)]
@@ -71,57 +71,6 @@ const KINDS: [&str; 6] = [
     "ordered-both",
     "unordered-both",
 ];
-
-/// `test.c`'s chunks as the router serves them: (min, max, shard).
-async fn chunks(client: &mongodb::Client) -> anyhow::Result<Vec<(Bson, Bson, String)>> {
-    let mut out = Vec::new();
-    for d in sluice::bench::fleet::config_chunks(client, "test.c").await? {
-        let key = |f: &str| -> anyhow::Result<Bson> {
-            d.get_document(f)?
-                .get("_id")
-                .cloned()
-                .ok_or_else(|| anyhow!("chunk without {f}._id"))
-        };
-        out.push((key("min")?, key("max")?, d.get_str("shard")?.to_string()));
-    }
-    Ok(out)
-}
-
-/// `_id`s of `test.c` that the chunks place on `shard`: `<prefix>-<k>`.
-struct IdsOn {
-    chunks: Arc<Vec<(Bson, Bson, String)>>,
-    shard: String,
-    prefix: String,
-    k: u64,
-}
-
-impl IdsOn {
-    fn new(chunks: &Arc<Vec<(Bson, Bson, String)>>, shard: &str, prefix: &str) -> IdsOn {
-        IdsOn {
-            chunks: chunks.clone(),
-            shard: shard.into(),
-            prefix: prefix.into(),
-            k: 0,
-        }
-    }
-
-    fn next_id(&mut self) -> String {
-        use sluice::value::compare::compare;
-        loop {
-            let id = format!("{}-{}", self.prefix, self.k);
-            self.k += 1;
-            let h = Bson::Int64(sluice::routing::hash64(&Bson::String(id.clone())));
-            let owner = self
-                .chunks
-                .iter()
-                .find(|(lo, hi, _)| compare(lo, &h).is_le() && compare(&h, hi).is_lt())
-                .map(|c| c.2.as_str());
-            if owner == Some(self.shard.as_str()) {
-                return id;
-            }
-        }
-    }
-}
 
 /// One limit reading: (time, limit, ratio) per shard, mutations.
 type Reading = (Instant, [f64; 2], [f64; 2]);
@@ -220,7 +169,11 @@ async fn main() -> anyhow::Result<()> {
         router.addr, args.retry_writes
     ))
     .await?;
-    let chunks = Arc::new(chunks(&client).await.context("reading test.c's chunks")?);
+    let chunks = Arc::new(
+        chunk_ranges(&client, "test.c")
+            .await
+            .context("reading test.c's chunks")?,
+    );
     let coll = client.database("test").collection::<Document>("c");
 
     let acks: Arc<Mutex<Vec<(usize, Instant)>>> = Arc::default();

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use bson::{doc, Bson, Document};
 use mongodb::event::command::CommandEvent;
 use mongodb::options::{ReadPreference, ReadPreferenceOptions, SelectionCriteria};
+use sluice::bench::fleet::{chunk_ranges, IdsOn};
 use sluice::config::{CollectionConfig, Config, Policy, ShardConfig};
 use sluice::embedded::{AfterWrite, EmbeddedReplicaSet, ReplicaSetOptions, ShardOptions};
 
@@ -957,76 +958,6 @@ async fn a_bulk_write_whose_cursor_cannot_be_read_reports_the_lost_results_as_er
     c.stop().await;
 }
 
-/// `test.c`'s chunks as the router serves `config.chunks`: (min, max, shard), hashed bounds.
-async fn hashed_chunks(client: &mongodb::Client) -> Vec<(Bson, Bson, String)> {
-    let config = client.database("config");
-    let entry = config
-        .collection::<Document>("collections")
-        .find_one(doc! {"_id": "test.c"})
-        .await
-        .unwrap()
-        .expect("test.c is sharded");
-    let uuid = entry.get("uuid").cloned().expect("a collection uuid");
-    common::all(
-        config
-            .collection::<Document>("chunks")
-            .find(doc! {"uuid": uuid})
-            .await
-            .unwrap(),
-    )
-    .await
-    .into_iter()
-    .map(|d| {
-        (
-            d.get_document("min").unwrap().get("_id").cloned().unwrap(),
-            d.get_document("max").unwrap().get("_id").cloned().unwrap(),
-            d.get_str("shard").unwrap().to_string(),
-        )
-    })
-    .collect()
-}
-
-/// String `_id`s of `test.c` that the chunks place on `shard`: `<prefix>-<k>`, skipping
-/// those of other shards.
-#[derive(Clone)]
-struct IdsOn {
-    chunks: Arc<Vec<(Bson, Bson, String)>>,
-    shard: String,
-    prefix: String,
-    k: u64,
-}
-
-impl IdsOn {
-    fn new(chunks: &Arc<Vec<(Bson, Bson, String)>>, shard: &str, prefix: &str) -> IdsOn {
-        IdsOn {
-            chunks: chunks.clone(),
-            shard: shard.to_string(),
-            prefix: prefix.to_string(),
-            k: 0,
-        }
-    }
-
-    fn owner(chunks: &[(Bson, Bson, String)], id: &str) -> String {
-        use sluice::value::compare::compare;
-        let h = Bson::Int64(sluice::routing::hash64(&Bson::String(id.to_string())));
-        chunks
-            .iter()
-            .find(|(lo, hi, _)| compare(lo, &h).is_le() && compare(&h, hi).is_lt())
-            .map(|c| c.2.clone())
-            .expect("a chunk owns every hash")
-    }
-
-    fn next_id(&mut self) -> String {
-        loop {
-            let id = format!("{}-{}", self.prefix, self.k);
-            self.k += 1;
-            if Self::owner(&self.chunks, &id) == self.shard {
-                return id;
-            }
-        }
-    }
-}
-
 /// Acknowledged operations by task (start, end), the acknowledged `_id`s and `$inc`s, and
 /// the errors the workload saw.
 #[derive(Default)]
@@ -1173,7 +1104,11 @@ async fn stalled_shard_under_load(policy: Policy, adaptive: bool) {
     })
     .await;
     let client = c.client("").await;
-    let chunks = Arc::new(hashed_chunks(&client).await);
+    let chunks = Arc::new(
+        chunk_ranges(&client, "test.c")
+            .await
+            .expect("test.c's chunks"),
+    );
     let (healthy, stalled) = (&c.sets[0], &c.sets[1]);
     let owners: std::collections::HashSet<&str> = chunks.iter().map(|c| c.2.as_str()).collect();
     assert!(

@@ -20,6 +20,7 @@ use bson::{doc, Bson, Document};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::value::compare::compare;
 use crate::write::plan::Policy;
 
 /// How long a process may take to say it is listening (valgrind makes start-up slow).
@@ -605,6 +606,76 @@ pub async fn config_chunks(client: &mongodb::Client, ns: &str) -> anyhow::Result
         out.push(cursor.deserialize_current()?);
     }
     Ok(out)
+}
+
+/// A collection's chunks as the router serves them: (min, max, shard), the bounds being the
+/// first field of the shard key (for `{_id: "hashed"}`, hashed `_id`s).
+pub async fn chunk_ranges(
+    client: &mongodb::Client,
+    ns: &str,
+) -> anyhow::Result<Vec<(Bson, Bson, String)>> {
+    let mut out = Vec::new();
+    for d in config_chunks(client, ns).await? {
+        let bound = |f: &str| -> anyhow::Result<Bson> {
+            d.get_document(f)?
+                .iter()
+                .next()
+                .map(|(_, v)| v.clone())
+                .ok_or_else(|| anyhow!("chunk of {ns} with an empty {f}"))
+        };
+        out.push((
+            bound("min")?,
+            bound("max")?,
+            d.get_str("shard")?.to_string(),
+        ));
+    }
+    Ok(out)
+}
+
+/// String `_id`s `<prefix>-<k>` (k = 0, 1, …) of a collection sharded on `{_id: "hashed"}`
+/// that `chunks` ([`chunk_ranges`]) place on `shard`, skipping those of other shards.
+#[derive(Clone)]
+pub struct IdsOn {
+    chunks: std::sync::Arc<Vec<(Bson, Bson, String)>>,
+    shard: String,
+    prefix: String,
+    k: u64,
+}
+
+impl IdsOn {
+    /// Ids `<prefix>-<k>` on `shard`.
+    pub fn new(
+        chunks: &std::sync::Arc<Vec<(Bson, Bson, String)>>,
+        shard: &str,
+        prefix: &str,
+    ) -> IdsOn {
+        IdsOn {
+            chunks: chunks.clone(),
+            shard: shard.to_string(),
+            prefix: prefix.to_string(),
+            k: 0,
+        }
+    }
+
+    /// The shard whose chunk holds the hashed string `id`, if any chunk does.
+    pub fn owner<'c>(chunks: &'c [(Bson, Bson, String)], id: &str) -> Option<&'c str> {
+        let h = Bson::Int64(crate::routing::hash64(&Bson::String(id.to_string())));
+        chunks
+            .iter()
+            .find(|(lo, hi, _)| compare(lo, &h).is_le() && compare(&h, hi).is_lt())
+            .map(|c| c.2.as_str())
+    }
+
+    /// The next id on this shard.
+    pub fn next_id(&mut self) -> String {
+        loop {
+            let id = format!("{}-{}", self.prefix, self.k);
+            self.k += 1;
+            if Self::owner(&self.chunks, &id) == Some(self.shard.as_str()) {
+                return id;
+            }
+        }
+    }
 }
 
 /// `metrics.commands.<name>.total` of one server.
