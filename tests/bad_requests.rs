@@ -716,3 +716,101 @@ async fn row14_write_batches_hold_at_most_100000_statements() {
     assert_cluster_serves(&c).await;
     c.stop().await;
 }
+
+/// A pipeline that computes for a long time (its cost grows with what it asks: here a `$reduce`
+/// over a range, for eight documents) runs beside the other connections instead of in front of
+/// them: with more such requests at once than the runtime has workers, another connection's
+/// pings are still answered at once. Before, each held the worker it ran on, and with two of
+/// them a `ping` waited up to 12 s (`sluice demo`, release build). Through the router (which
+/// runs a collection-less pipeline itself) and on the embedded shard directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row15_a_long_computation_does_not_hold_up_other_connections() {
+    let c = TestCluster::start(1, &sharded()).await;
+    pings_beside_long_pipelines(c.addr()).await;
+    pings_beside_long_pipelines(c.shards[0].local_addr()).await;
+    assert_cluster_serves(&c).await;
+    c.stop().await;
+}
+
+/// Runs three long pipelines at once on `addr` (the test runtime has two workers) and, beside
+/// them, pings on another connection: each ping must take under a quarter of one pipeline.
+async fn pings_beside_long_pipelines(addr: std::net::SocketAddr) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let heavy = doc! {
+        "aggregate": 1,
+        "pipeline": [
+            {"$documents": (0..8).map(|i| Bson::Document(doc! {"i": i})).collect::<Vec<_>>()},
+            {"$project": {"s": {"$reduce": {
+                "input": {"$range": [0, 50_000]},
+                "initialValue": 0,
+                "in": {"$add": ["$$value", "$$this"]},
+            }}}},
+            {"$count": "n"},
+        ],
+        "cursor": {},
+        "$db": "demo",
+    };
+    let mut ping = Raw::connect(addr).await;
+    // One alone first: how long it takes on this machine, which the pings are measured against.
+    let mut raw = Raw::connect(addr).await;
+    let t = Instant::now();
+    let r = raw.command(&heavy).await;
+    let batch = r
+        .get_document("cursor")
+        .unwrap()
+        .get_array("firstBatch")
+        .unwrap();
+    assert_eq!(
+        batch[0].as_document().unwrap().get_i32("n").unwrap(),
+        8,
+        "{r}"
+    );
+    let alone = t.elapsed();
+    assert!(
+        alone >= Duration::from_millis(100),
+        "too quick to show anything: {alone:?}"
+    );
+    // Three at once, each repeated until the pings are done.
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let (stop, started, heavy) = (stop.clone(), started.clone(), heavy.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut raw = Raw::connect(addr).await;
+            let mut done = 0;
+            started.fetch_add(1, Ordering::SeqCst);
+            while !stop.load(Ordering::SeqCst) {
+                let r = raw.command(&heavy).await;
+                assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+                done += 1;
+            }
+            done
+        }));
+    }
+    while started.load(Ordering::SeqCst) < 3 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(alone / 4).await;
+    let until = Instant::now() + (alone * 3).max(Duration::from_secs(1));
+    let (mut worst, mut pings) = (Duration::ZERO, 0);
+    while Instant::now() < until {
+        let t = Instant::now();
+        let r = ping.command(&doc! {"ping": 1, "$db": "admin"}).await;
+        assert_eq!(r.get_f64("ok").unwrap(), 1.0, "{r}");
+        worst = worst.max(t.elapsed());
+        pings += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut heavy_done = 0;
+    for t in tasks {
+        heavy_done += t.await.unwrap();
+    }
+    assert!(heavy_done >= 3, "the long requests ran: {heavy_done}");
+    assert!(
+        worst < alone / 4,
+        "{addr}: a ping waited {worst:?} ({pings} pings) beside requests taking {alone:?} each"
+    );
+}

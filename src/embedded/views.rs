@@ -241,7 +241,7 @@ pub fn view_documents(
         vars: aggregate::Variables::new(),
         namespaces: Some(&reader),
     };
-    aggregate::run_in(&stages, docs, &options, &env).map(Some)
+    crate::sync::off_the_worker(|| aggregate::run_in(&stages, docs, &options, &env)).map(Some)
 }
 
 #[cfg(test)]

@@ -593,8 +593,10 @@ async fn finish_aggregate(
         vars,
         namespaces: Some(&prefetched),
     };
-    let out = crate::engine::aggregate::run_in(router_part, merged, &options, &env)
-        .map_err(CommandError::from)?;
+    let out = crate::sync::off_the_worker(|| {
+        crate::engine::aggregate::run_in(router_part, merged, &options, &env)
+    })
+    .map_err(CommandError::from)?;
     let out = match (output, pipeline.last()) {
         (Some(o), Some(stage)) => {
             let (tdb, tcoll) = o.target();

@@ -501,7 +501,9 @@ fn local_aggregate(
     stage_memory: usize,
 ) -> Result<Document, CommandError> {
     let options = crate::engine::aggregate::AggregateOptions::for_request(stage_memory, body);
-    let docs = crate::engine::aggregate::run_with(pipeline, docs, &options)?;
+    let docs = crate::sync::off_the_worker(|| {
+        crate::engine::aggregate::run_with(pipeline, docs, &options)
+    })?;
     let bytes: usize = docs.iter().map(|d| crate::limits::measure(d).bytes).sum();
     if bytes > crate::wire::MAX_BSON_OBJECT_SIZE {
         return Err(CommandError::new(

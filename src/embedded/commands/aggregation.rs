@@ -77,7 +77,7 @@ pub(super) fn aggregate_cmd(
         vars,
         namespaces: Some(&reader),
     };
-    let out = aggregate::run_in(stages, docs, &options, &env)?;
+    let out = crate::sync::off_the_worker(|| aggregate::run_in(stages, docs, &options, &env))?;
     svc.bump_opcounter("command", 1);
     if let Some(stage) = output {
         crate::embedded::pipeline_output::write(svc, &stage, out, &env.vars)?;

@@ -193,7 +193,7 @@ impl StaticStore {
         };
         let options =
             AggregateOptions::for_request(crate::limits::DEFAULT_STAGE_MEMORY_BYTES, body);
-        let out = aggregate::run_in(stages, docs, &options, &env)?;
+        let out = crate::sync::off_the_worker(|| aggregate::run_in(stages, docs, &options, &env))?;
         Ok(self
             .cursors
             .first_batch(format!("{}.{coll}", req.db), out, spec.batch_size, false))
