@@ -60,6 +60,9 @@ soak:
 # The stable toolchain builds libFuzzer's instrumentation with RUSTC_BOOTSTRAP=1 (cargo-fuzz
 # passes nightly-only flags); cargo-fuzz itself comes from crates.io on first use.
 # `cargo test` (tests/fuzz_corpus.rs) replays fuzz/corpus/ and fuzz/regressions/.
+# libFuzzer's -timeout is wall-clock time: at the lowest priority beside a build, an input that
+# takes 1 s alone can wait 20 s for the CPU, so the limit is 120 s (a hang still stops the run;
+# replay a reported timeout alone to tell the two apart).
 FUZZ_TARGETS ?= wire_decode command_envelope matcher update aggregate write_plan
 SECONDS ?= 60
 RUNS ?=
@@ -84,7 +87,7 @@ fuzz: fuzz-build
 			wc -c < $$f; done | awk 'BEGIN {m = 4096} $$1 > m {m = $$1} END {print m}'); \
 		pids=""; for j in $$(seq $(JOBS)); do \
 			nice -n 19 fuzz/target/$(FUZZ_HOST)/release/$$t \
-				-artifact_prefix=fuzz/artifacts/$$t/ -timeout=20 -rss_limit_mb=4096 \
+				-artifact_prefix=fuzz/artifacts/$$t/ -timeout=120 -rss_limit_mb=4096 \
 				-max_len=$$len \
 				-print_final_stats=1 $(FUZZ_LIMIT) \
 				fuzz/work/$$t fuzz/corpus/$$t fuzz/regressions/$$t & pids="$$pids $$!"; \
