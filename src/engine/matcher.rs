@@ -56,8 +56,21 @@ enum Op {
     ElemMatch(ElemMatch),
     Size(usize),
     SizeNever,
-    All(Vec<Bson>),
+    All(Vec<AllItem>),
     Mod(i64, i64),
+}
+
+/// One item of `$all`, prepared when the filter is parsed: a regular expression is compiled
+/// and an `$elemMatch` parsed once, not again for every value tested (a pattern that takes the
+/// regex compiler milliseconds, in a `$pull` over thousands of elements, took minutes).
+#[derive(Debug, Clone)]
+enum AllItem {
+    /// `{$elemMatch: …}`: its operators, `None` when they do not parse (it never matches).
+    ElemMatch(Option<Vec<Op>>),
+    /// A regular expression, `None` when it does not compile (it never matches).
+    Regex(Option<Regex>),
+    /// Any other value, matched by equality.
+    Value(Bson),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -170,13 +183,8 @@ fn collate_ops(ops: &mut [Op], c: &Arc<Collation>) {
             }
             Op::All(items) => {
                 for item in items.iter_mut() {
-                    let keep = match item {
-                        Bson::RegularExpression(_) => true,
-                        Bson::Document(d) => d.contains_key("$elemMatch"),
-                        _ => false,
-                    };
-                    if !keep {
-                        *item = c.key_value(item);
+                    if let AllItem::Value(v) = item {
+                        *v = c.key_value(v);
                     }
                 }
             }
@@ -464,7 +472,20 @@ fn parse_ops(d: &Document) -> Result<Vec<Op>, EngineError> {
                 },
             },
             "$all" => match v {
-                Bson::Array(items) => Op::All(items.clone()),
+                Bson::Array(items) => Op::All(
+                    items
+                        .iter()
+                        .map(|item| match item {
+                            Bson::Document(d) if d.contains_key("$elemMatch") => {
+                                AllItem::ElemMatch(parse_ops(d).ok())
+                            }
+                            Bson::RegularExpression(r) => AllItem::Regex(
+                                build_regex(r.pattern.as_str(), r.options.as_str()).ok(),
+                            ),
+                            other => AllItem::Value(other.clone()),
+                        })
+                        .collect(),
+                ),
                 _ => return Err(bad("$all needs an array")),
             },
             "$mod" => match v {
@@ -613,17 +634,12 @@ fn eval_op(op: &Op, l: &Lookup, c: Option<&Collation>) -> bool {
         Op::All(items) => {
             !items.is_empty()
                 && items.iter().all(|item| match item {
-                    Bson::Document(d) if d.contains_key("$elemMatch") => match parse_ops(d) {
-                        Ok(ops) => ops.iter().all(|o| eval_op(o, l, None)),
-                        Err(_) => false,
-                    },
-                    Bson::RegularExpression(r) => {
-                        match build_regex(r.pattern.as_str(), r.options.as_str()) {
-                            Ok(re) => l.expanded().into_iter().any(|v| regex_matches(&re, v)),
-                            Err(_) => false,
-                        }
+                    AllItem::ElemMatch(Some(ops)) => ops.iter().all(|o| eval_op(o, l, None)),
+                    AllItem::Regex(Some(re)) => {
+                        l.expanded().into_iter().any(|v| regex_matches(re, v))
                     }
-                    other => eq_matches(other, l, c),
+                    AllItem::ElemMatch(None) | AllItem::Regex(None) => false,
+                    AllItem::Value(v) => eq_matches(v, l, c),
                 })
         }
         Op::Mod(div, rem) => l.expanded().into_iter().any(|v| {
