@@ -519,32 +519,31 @@ async fn callgrind_run(workload: Workload, bulk: usize, bulks: usize) -> anyhow:
     let fleet = Fleet::start(&[Latency::default(); 2], &spec).await?;
     let cl = &fleet.client;
     let coll = cl.database("bench").collection::<Document>("cpu");
-    let bulk_commands = match workload {
-        Workload::InsertOne | Workload::FindOne => {
-            single_ops(&coll, workload, bulks).await?;
-            0
-        }
-        Workload::InsertMany | Workload::OrderedUpserts => bulks,
-    };
-    for b in 0..bulk_commands {
-        if workload == Workload::OrderedUpserts {
-            let updates: Vec<Bson> = (0..bulk)
-                .map(|i| {
-                    Bson::Document(doc! {
-                        "q": {"_id": (b * bulk + i) as i64},
-                        "u": {"$set": {"v": i as i64}},
-                        "upsert": true,
+    match workload {
+        Workload::InsertOne | Workload::FindOne => single_ops(&coll, workload, bulks).await?,
+        Workload::OrderedUpserts => {
+            for b in 0..bulks {
+                let updates: Vec<Bson> = (0..bulk)
+                    .map(|i| {
+                        Bson::Document(doc! {
+                            "q": {"_id": (b * bulk + i) as i64},
+                            "u": {"$set": {"v": i as i64}},
+                            "upsert": true,
+                        })
                     })
-                })
-                .collect();
-            timed_update(&fleet.writer, "bench", "cpu", updates, true).await?;
-        } else {
-            let docs: Vec<Document> = (0..bulk)
-                .map(|i| doc! {"_id": (b * bulk + i) as i64, "v": i as i64, "pad": "0123456789abcdef"})
-                .collect();
-            let r = coll.insert_many(docs).await?;
-            if r.inserted_ids.len() != bulk {
-                bail!("insert_many inserted {} of {bulk}", r.inserted_ids.len());
+                    .collect();
+                timed_update(&fleet.writer, "bench", "cpu", updates, true).await?;
+            }
+        }
+        Workload::InsertMany => {
+            for b in 0..bulks {
+                let docs: Vec<Document> = (0..bulk)
+                    .map(|i| doc! {"_id": (b * bulk + i) as i64, "v": i as i64, "pad": "0123456789abcdef"})
+                    .collect();
+                let r = coll.insert_many(docs).await?;
+                if r.inserted_ids.len() != bulk {
+                    bail!("insert_many inserted {} of {bulk}", r.inserted_ids.len());
+                }
             }
         }
     }
