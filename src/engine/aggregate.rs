@@ -373,24 +373,7 @@ pub fn run_in(
                 }
             }
             "$group" => group(spec, docs, options, cap, vars)?,
-            "$documents" => {
-                let Bson::Array(items) = spec else {
-                    return Err(err(5858203, "an array is expected for $documents"));
-                };
-                let mut out = Sink::new("$documents", cap);
-                for i in items {
-                    match i {
-                        Bson::Document(d) => out.push(d.clone())?,
-                        _ => {
-                            return Err(err(
-                                5858203,
-                                "$documents must evaluate to an array of objects",
-                            ))
-                        }
-                    }
-                }
-                out.docs
-            }
+            "$documents" => documents(spec, cap, vars)?,
             "$unwind" => unwind(spec, docs, cap)?,
             "$replaceRoot" | "$replaceWith" => {
                 super::stages::replace_root(name, spec, docs, cap, vars)?
@@ -454,6 +437,50 @@ pub(super) fn check_expression(e: &Bson) -> Result<(), EngineError> {
         Bson::Array(items) => items.iter().try_for_each(check_expression),
         _ => Ok(()),
     }
+}
+
+/// `$documents: <expr>`: mongod reads it as `$project: {<gen>: <expr>}` on one empty document,
+/// then a strict `$unwind` and a `$replaceRoot`. So the value is an expression evaluated with
+/// no document (`[{a: {$add: [1, 2]}}]` gives `{a: 3}`, `{$map: ...}` is accepted); anything
+/// that is not an array, including a sub-projection (`{a: 1}`), a field path or an inclusion
+/// flag, fails the strict unwind (5858203); an element that is not an object fails the
+/// replacement (40228).
+fn documents(spec: &Bson, cap: usize, vars: &Variables) -> Result<Vec<Document>, EngineError> {
+    let not_an_array = || err(5858203, "an array is expected");
+    let value = match spec {
+        Bson::Document(d) if !d.keys().next().is_some_and(|k| k.starts_with('$')) => {
+            return Err(not_an_array())
+        }
+        Bson::Boolean(_)
+        | Bson::Int32(_)
+        | Bson::Int64(_)
+        | Bson::Double(_)
+        | Bson::Decimal128(_) => return Err(not_an_array()),
+        e => {
+            check_expression(e)?;
+            eval_with(e, &Document::new(), vars)?
+        }
+    };
+    let Some(Bson::Array(items)) = value else {
+        return Err(not_an_array());
+    };
+    let mut out = Sink::new("$documents", cap);
+    for item in items {
+        match item {
+            Bson::Document(d) => out.push(d)?,
+            v => {
+                return Err(err(
+                    40228,
+                    format!(
+                        "'newRoot' expression must evaluate to an object, but resulting value was: {}. Type of resulting value: '{}'.",
+                        crate::value::render::render_value(&v),
+                        crate::value::field::type_name(&v)
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(out.docs)
 }
 
 fn project(
@@ -1823,6 +1850,41 @@ mod tests {
                 .len(),
             3
         );
+    }
+
+    #[test]
+    fn documents_evaluates_its_expression_as_mongod_does() {
+        let out = |spec: Bson| run(&[Bson::Document(doc! {"$documents": spec})], Vec::new());
+        let code = |spec: Bson| out(spec).err().map(|e| e.code.0);
+        // A literal array is an array expression: its documents are evaluated with no input.
+        assert_eq!(
+            out(
+                bson::bson!([{"a": {"$add": [1, 2]}, "b": "$missing", "c": {"$literal": "$x"}}, {}])
+            )
+            .unwrap(),
+            vec![doc! {"a": 3, "c": "$x"}, doc! {}]
+        );
+        assert_eq!(
+            out(bson::bson!({"$map": {"input": {"$range": [0, 3]}, "in": {"i": "$$this"}}}))
+                .unwrap(),
+            vec![doc! {"i": 0}, doc! {"i": 1}, doc! {"i": 2}]
+        );
+        assert_eq!(out(bson::bson!([])).unwrap(), Vec::<Document>::new());
+        // Not an array: the strict unwind's error, whatever the value was.
+        for spec in [
+            bson::bson!({"a": 1}),
+            bson::bson!(1),
+            bson::bson!(true),
+            bson::bson!("$x"),
+            Bson::Null,
+            bson::bson!({"$literal": 5}),
+        ] {
+            assert_eq!(code(spec), Some(5858203));
+        }
+        // An element that is not a document: the replacement's error.
+        assert_eq!(code(bson::bson!([{"a": 1}, 2])), Some(40228));
+        // An unknown operator inside is the expression's error.
+        assert_eq!(code(bson::bson!([{"a": {"$nope": 1}}])), Some(168));
     }
 
     #[test]
