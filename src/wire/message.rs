@@ -132,10 +132,23 @@ fn decompress_frame(header: &Header, frame: &[u8]) -> Result<(Bytes, Compressor)
 
 /// Wraps an encoded message (header included) in OP_COMPRESSED.
 pub fn encode_compressed(message: &[u8], compressor: Compressor) -> Result<Bytes, WireError> {
+    let body = message
+        .get(HEADER_LEN..)
+        .ok_or_else(|| WireError::Fatal("message shorter than its header".into()))?;
+    compressed_frame(message, compressor, &compressor.compress(body)?)
+}
+
+/// The OP_COMPRESSED frame of `message` whose body, compressed by `compressor`, is `packed`:
+/// [`encode_compressed`] after the compression (the fuzz harness compresses zlib at the fastest
+/// level, which any zlib stream decoder reads alike).
+pub fn compressed_frame(
+    message: &[u8],
+    compressor: Compressor,
+    packed: &[u8],
+) -> Result<Bytes, WireError> {
     let header = Header::parse(message)
         .ok_or_else(|| WireError::Fatal("message shorter than its header".into()))?;
-    let body = &message[HEADER_LEN..];
-    let packed = compressor.compress(body)?;
+    let body_len = message.len() - HEADER_LEN;
     let length = HEADER_LEN + 9 + packed.len();
     let mut out = BytesMut::with_capacity(length);
     Header {
@@ -146,9 +159,9 @@ pub fn encode_compressed(message: &[u8], compressor: Compressor) -> Result<Bytes
     }
     .write(&mut out);
     out.put_i32_le(header.op_code.as_i32());
-    out.put_i32_le(body.len() as i32);
+    out.put_i32_le(body_len as i32);
     out.put_u8(compressor.id());
-    out.put_slice(&packed);
+    out.put_slice(packed);
     Ok(out.freeze())
 }
 

@@ -24,7 +24,7 @@ pub use bson_doc::{
 pub use compression::Compressor;
 pub use error::WireError;
 pub use header::{Header, OpCode, HEADER_LEN};
-pub use message::{decode, encode_compressed, frame_length, Incoming, Message};
+pub use message::{compressed_frame, decode, encode_compressed, frame_length, Incoming, Message};
 pub use op_msg::{DocumentSequence, MsgFlags, OpMsg, OpMsgBuilder};
 pub use op_query::{encode_op_reply, OpQuery, ReplyFlags};
 pub use reply::{cluster_time_document, Reply};
